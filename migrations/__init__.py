@@ -1,0 +1,1 @@
+"""Alembic migrations for taskline's schema; `taskline migrate` runs them under an advisory lock."""

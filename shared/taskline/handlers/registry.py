@@ -1,0 +1,79 @@
+"""Handler registry: job types mapped to the functions that run them.
+
+A handler is registered with `@handler("send_email")` in a module named by TASKLINE_HANDLERS.
+It receives the payload and a `JobContext`; what it returns (JSON-serialisable) becomes the
+job's result. It should check `ctx.stopping` in long loops: the flag is set when the job is
+cancelled, its lease is lost, its timeout passed or the worker is shutting down.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+HandlerFn = Callable[[Any, "JobContext"], Any]
+
+_registry: dict[str, HandlerFn] = {}
+BUILTIN_MODULES = ("taskline.handlers.builtin",)
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about the attempt it runs in."""
+
+    job_id: uuid.UUID
+    attempt: int
+    queue: str
+    type: str
+    worker_id: str
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    completion_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+
+    @property
+    def stopping(self) -> bool:
+        """True once the attempt should stop: cancelled, lease lost, timed out or shutdown."""
+        return self.stop_event.is_set()
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for the handler's side effects, stable across every attempt of this job."""
+        return f"taskline:{self.job_id}"
+
+    def on_complete(self, hook: Callable[[Any], None]) -> None:
+        """Run `hook(connection)` inside the transaction that records this attempt's success.
+
+        The hook's writes commit if and only if the fenced completion commits, which gives
+        exactly-once database side effects: a zombie or a re-run never commits them twice.
+        """
+        self.completion_hooks.append(hook)
+
+
+def handler(job_type: str) -> Callable[[HandlerFn], HandlerFn]:
+    """Register the decorated function as the handler of `job_type`."""
+    if not job_type or len(job_type) > 200:
+        raise ValueError("a job type is 1..200 characters")
+
+    def register(fn: HandlerFn) -> HandlerFn:
+        _registry[job_type] = fn
+        return fn
+
+    return register
+
+
+def get(job_type: str) -> HandlerFn | None:
+    return _registry.get(job_type)
+
+
+def registered_types() -> list[str]:
+    return sorted(_registry)
+
+
+def load(modules: Iterable[str]) -> list[str]:
+    """Import the built-ins and `modules` for their registrations; return the known types."""
+    for name in (*BUILTIN_MODULES, *modules):
+        importlib.import_module(name)
+    return registered_types()

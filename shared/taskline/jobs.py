@@ -1,0 +1,198 @@
+"""The job model and retry policy: pure, no Redis and no SQL.
+
+Invariant: every decision about a job's next state is made here from plain values, so the
+policy is unit-tested without I/O and the store only executes what was decided.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+class Status(enum.StrEnum):
+    """Job states; see the state diagram in DESIGN.md."""
+
+    SCHEDULED = "scheduled"
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+    @property
+    def pending(self) -> bool:
+        return self in PENDING
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.DEAD, Status.CANCELLED})
+PENDING = frozenset({Status.SCHEDULED, Status.QUEUED, Status.RETRYING})
+CANCELLABLE = PENDING | {Status.RUNNING}
+
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
+PRIORITY_NAMES = {"low": 2, "normal": 5, "high": 7, "critical": 9}
+DEFAULT_PRIORITY = PRIORITY_NAMES["normal"]
+
+
+class Outcome(enum.StrEnum):
+    """How one attempt (one job_leases row) ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    LOST = "lost"  # lease expired; recovered by the reaper
+    RELEASED = "released"  # handed back at shutdown, attempt not counted
+
+
+class Event(enum.StrEnum):
+    """Entries of the append-only job_events history."""
+
+    ENQUEUED = "enqueued"
+    SCHEDULED = "scheduled"
+    PROMOTED = "promoted"
+    CLAIMED = "claimed"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRY_SCHEDULED = "retry_scheduled"
+    DEAD_LETTERED = "dead_lettered"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCELLED = "cancelled"
+    RECOVERED = "recovered"
+    RELEASED = "released"
+    REQUEUED = "requeued"
+    RESTORED = "restored"
+
+
+def parse_priority(value: object) -> int:
+    """0..9 or a name (low, normal, high, critical); ValueError otherwise. Booleans are rejected."""
+    if isinstance(value, str) and value.lower() in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value.lower()]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if MIN_PRIORITY <= value <= MAX_PRIORITY:
+            return value
+    raise ValueError("priority must be an integer 0..9 or one of low, normal, high, critical")
+
+
+def new_job_id() -> uuid.UUID:
+    return uuid.uuid4()
+
+
+def parse_job_id(value: str) -> uuid.UUID | None:
+    """The UUID in `value`, or None when it is not one (the API answers 404 before any SQL)."""
+    try:
+        return uuid.UUID(value)
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter on the upper half: base * factor^(n-1), capped."""
+
+    base_s: float = 10.0
+    factor: float = 4.0
+    max_s: float = 3600.0
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Delay before the retry that follows failed attempt number `attempt` (1-based).
+
+        The jitter keeps at least half of the nominal delay, so the schedule stays recognisable
+        (10 s, 40 s, 160 s ...) while a burst of failures spreads instead of retrying in lockstep.
+        """
+        exponent = max(attempt - 1, 0)
+        try:
+            nominal = min(self.base_s * self.factor**exponent, self.max_s)
+        except OverflowError:
+            nominal = self.max_s
+        r = (rng or random).random()
+        return nominal / 2 + r * nominal / 2
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """What happens to a job after a failed attempt."""
+
+    retry: bool
+    delay_s: float
+    reason: str
+
+
+def decide_retry(
+    attempts: int,
+    max_retries: int,
+    backoff: Backoff,
+    *,
+    retryable: bool = True,
+    delay_override_s: float | None = None,
+    rng: random.Random | None = None,
+) -> RetryDecision:
+    """Retry while attempts (counted at claim) have not exceeded 1 + max_retries."""
+    if not retryable:
+        return RetryDecision(False, 0.0, "non-retryable error")
+    if attempts > max_retries:
+        return RetryDecision(False, 0.0, f"retries exhausted after {attempts} attempts")
+    if delay_override_s is not None:
+        return RetryDecision(True, max(delay_override_s, 0.0), "retry requested by handler")
+    return RetryDecision(True, backoff.delay(attempts, rng), "retry with backoff")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A row of `jobs`, as the store returns it."""
+
+    id: uuid.UUID
+    type: str
+    queue: str
+    payload: Any
+    priority: int
+    status: Status
+    attempts: int
+    max_retries: int
+    timeout_s: float
+    next_run_at: datetime | None
+    idempotency_key: str | None
+    last_error: str | None
+    result: Any
+    created_at: datetime
+    updated_at: datetime
+    cancel_requested: bool = False
+    trace_context: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Job:
+        m = row._mapping
+        return cls(
+            id=m["id"], type=m["type"], queue=m["queue"], payload=m["payload"],
+            priority=m["priority"], status=Status(m["status"]), attempts=m["attempts"],
+            max_retries=m["max_retries"], timeout_s=float(m["timeout_s"]),
+            next_run_at=m["next_run_at"], idempotency_key=m["idempotency_key"],
+            last_error=m["last_error"], result=m["result"], created_at=m["created_at"],
+            updated_at=m["updated_at"], cancel_requested=m["cancel_requested"],
+            trace_context=m.get("trace_context"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id), "type": self.type, "queue": self.queue, "payload": self.payload,
+            "priority": self.priority, "status": self.status.value, "attempts": self.attempts,
+            "max_retries": self.max_retries, "timeout_s": self.timeout_s,
+            "next_run_at": _iso(self.next_run_at), "idempotency_key": self.idempotency_key,
+            "last_error": self.last_error, "result": self.result,
+            "cancel_requested": self.cancel_requested,
+            "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

@@ -1,0 +1,131 @@
+"""The PostgreSQL schema as SQLAlchemy Core metadata.
+
+The migrations in `migrations/versions` create exactly this; a test applies them to an empty
+database and compares the result with this metadata, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+
+metadata = MetaData()
+
+NOW = text("now()")
+PENDING_SQL = "status IN ('queued', 'scheduled', 'retrying')"
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("type", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("priority", SmallInteger, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("max_retries", Integer, nullable=False),
+    Column("timeout_s", Float, nullable=False),
+    Column("next_run_at", DateTime(timezone=True), nullable=True),
+    Column("idempotency_key", Text, nullable=True),
+    Column("request_hash", Text, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+    Column("trace_context", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint(
+        "status IN ('scheduled','queued','running','retrying','succeeded','dead','cancelled')",
+        name="jobs_status_valid",
+    ),
+    CheckConstraint("priority BETWEEN 0 AND 9", name="jobs_priority_range"),
+    CheckConstraint("attempts >= 0", name="jobs_attempts_nonnegative"),
+)
+Index("jobs_queue_idempotency_key", jobs.c.queue, jobs.c.idempotency_key, unique=True,
+      postgresql_where=text("idempotency_key IS NOT NULL"))
+Index("jobs_pending_id", jobs.c.id, postgresql_where=text(PENDING_SQL))
+Index("jobs_due", jobs.c.next_run_at,
+      postgresql_where=text("status IN ('scheduled', 'retrying')"))
+Index("jobs_status_created", jobs.c.status, jobs.c.created_at, jobs.c.id)
+Index("jobs_created", jobs.c.created_at, jobs.c.id)
+
+job_leases = Table(
+    "job_leases",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
+           nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("worker_id", Text, nullable=False),
+    Column("leased_at", DateTime(timezone=True), nullable=False),
+    Column("leased_until", DateTime(timezone=True), nullable=False),
+    Column("released_at", DateTime(timezone=True), nullable=True),
+    Column("outcome", Text, nullable=True),
+)
+Index("job_leases_job", job_leases.c.job_id, job_leases.c.id)
+Index("job_leases_open", job_leases.c.leased_until,
+      postgresql_where=text("released_at IS NULL"))
+
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
+           nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("worker_id", Text, nullable=True),
+    Column("detail", JSONB, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False,
+           server_default=text("clock_timestamp()")),
+)
+Index("job_events_job", job_events.c.job_id, job_events.c.id)
+
+dead_letter_jobs = Table(
+    "dead_letter_jobs",
+    metadata,
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("final_error", Text, nullable=True),
+    Column("attempts", Integer, nullable=False),
+    Column("failed_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+Index("dead_letter_jobs_failed", dead_letter_jobs.c.failed_at, dead_letter_jobs.c.job_id)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("hostname", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("queues", ARRAY(Text), nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("last_heartbeat", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("active_jobs", Integer, nullable=False, server_default=text("0")),
+    Column("stopped_at", DateTime(timezone=True), nullable=True),
+)
+
+leader_leases = Table(
+    "leader_leases",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("leased_until", DateTime(timezone=True), nullable=False),
+)
