@@ -1,0 +1,94 @@
+"""`taskline` console script: server commands (migrate, api, worker, maintenance, dev) and
+client commands (enqueue, status, dlq, workers). Each service is imported only when its
+command runs, so the client commands start fast and need no server dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from taskline import log
+from taskline.errors import ConfigError
+from taskline.settings import Settings
+
+
+def _csv(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from taskline.store.migrate import upgrade
+    upgrade(settings.database_url)
+    print("schema is at the newest revision")
+    return 0
+
+
+def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    from taskline_producer.serve import run
+    return run(settings, bind=args.bind, workers=args.workers)
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from taskline_worker.main import run
+    port = settings.metrics_port if args.metrics_port is None else args.metrics_port
+    return run(settings, queues=args.queues, concurrency=args.concurrency, metrics_port=port)
+
+
+def cmd_maintenance(args: argparse.Namespace, settings: Settings) -> int:
+    from taskline_maintenance.main import run
+    port = settings.metrics_port if args.metrics_port is None else args.metrics_port
+    return run(settings, metrics_port=port)
+
+
+def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
+    from taskline_cli.devstack import run_dev
+    return run_dev(settings, api_bind=args.bind)
+
+
+def _server_commands(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("migrate", help="create or upgrade the schema").set_defaults(fn=cmd_migrate)
+    api = sub.add_parser("api", help="serve the producer API with gunicorn")
+    api.add_argument("--bind", default="0.0.0.0:8000", help="HOST:PORT (default 0.0.0.0:8000)")
+    api.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    api.set_defaults(fn=cmd_api)
+    worker = sub.add_parser("worker", help="run jobs")
+    worker.add_argument("--queues", type=_csv, default=["default"],
+                        help="comma-separated queues, taken in this order (default: default)")
+    worker.add_argument("--concurrency", type=int, default=4, help="handler threads")
+    worker.add_argument("--metrics-port", type=int, default=None,
+                        help="port of /metrics (default TASKLINE_METRICS_PORT; 0 = off)")
+    worker.set_defaults(fn=cmd_worker)
+    maint = sub.add_parser("maintenance", help="reaper, promoter and reconciliation")
+    maint.add_argument("--metrics-port", type=int, default=None,
+                       help="port of /metrics (default TASKLINE_METRICS_PORT; 0 = off)")
+    maint.set_defaults(fn=cmd_maintenance)
+    dev = sub.add_parser("dev", help="run api + worker + maintenance in the foreground")
+    dev.add_argument("--bind", default="127.0.0.1:8000", help="API HOST:PORT")
+    dev.set_defaults(fn=cmd_dev)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="taskline", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _server_commands(sub)
+    from taskline_cli.clientcmds import add_client_commands
+    add_client_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as err:
+        print(f"taskline: {err}", file=sys.stderr)
+        return 2
+    if args.command not in ("dev",):
+        log.setup(args.command, settings.log_format, settings.log_level)
+    return int(args.fn(args, settings) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

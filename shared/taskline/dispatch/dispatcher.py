@@ -1,0 +1,216 @@
+"""The dispatcher: every Redis operation taskline performs, over one non-retrying client.
+
+Redis moves ids only; PostgreSQL decides. The client never retries a command on its own:
+a retried LMOVE whose first reply was lost would strand an id (reconciliation repairs that,
+but we do not manufacture it). Connection errors surface as DispatchUnavailable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from importlib import resources
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from taskline.dispatch.keys import QUEUES_SET, QueueKeys, worker_key
+from taskline.errors import DispatchUnavailable
+
+SIGNAL_MAX = 64
+_SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot")
+
+
+def make_client(url: str, socket_timeout: float | None = 5.0) -> redis.Redis:
+    """A Redis client that fails fast and never retries a command behind our back."""
+    return redis.Redis.from_url(
+        url, decode_responses=True, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+        socket_timeout=socket_timeout, socket_connect_timeout=5, socket_keepalive=True,
+        health_check_interval=0,
+    )
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as err:
+        raise DispatchUnavailable(f"Redis unavailable: {type(err).__name__}") from None
+    except redis.ResponseError as err:
+        if "LOADING" in str(err) or "MASTERDOWN" in str(err):
+            raise DispatchUnavailable(f"Redis not ready: {err}") from None
+        raise
+
+
+class Dispatcher:
+    """Redis side of taskline: pushes, fetches, acks and moves job ids between structures."""
+
+    def __init__(self, url: str, block_timeout_s: float = 1.0) -> None:
+        self.client = make_client(url)
+        # Blocking waits need a socket timeout longer than the block itself.
+        self.blocking_client = make_client(url, socket_timeout=block_timeout_s + 5)
+        self.block_timeout_s = block_timeout_s
+        self._scripts = {name: self.client.register_script(_lua(name)) for name in _SCRIPTS}
+
+    def close(self) -> None:
+        self.client.close()
+        self.blocking_client.close()
+
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[object]) -> object:
+        with translate_errors():
+            return self._scripts[name](keys=list(keys), args=list(args))
+
+    # --- producer and promoter -----------------------------------------------------------
+
+    def push(self, jobs: Iterable[tuple[str, int, str]]) -> int:
+        """Make (queue, priority, id) dispatchable, in order, in one pipelined round trip."""
+        groups: dict[tuple[str, int], list[str]] = defaultdict(list)
+        for queue, priority, job_id in jobs:
+            groups[(queue, priority)].append(str(job_id))
+        if not groups:
+            return 0
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            for (queue, priority), ids in groups.items():
+                keys = QueueKeys(queue)
+                self._scripts["push"](keys=[keys.ready(priority), keys.signal],
+                                      args=[SIGNAL_MAX, *ids], client=pipe)
+            pipe.sadd(QUEUES_SET, *{queue for queue, _ in groups})
+            pipe.execute()
+        return sum(len(ids) for ids in groups.values())
+
+    def schedule(self, queue: str, job_id: str, due_ms: int, *, retry: bool = False) -> None:
+        """Hold a job in the scheduled (delayed first run) or retry set until it is due."""
+        keys = QueueKeys(queue)
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(keys.retry if retry else keys.scheduled, {str(job_id): due_ms})
+            pipe.sadd(QUEUES_SET, queue)
+            pipe.execute()
+
+    def promote(self, queue: str, priority: int, ids: Sequence[str]) -> int:
+        keys = QueueKeys(queue)
+        return int(self._script("promote", [keys.ready(priority), keys.retry, keys.scheduled,
+                                            keys.signal], [SIGNAL_MAX, *map(str, ids)]))
+
+    def unschedule(self, queue: str, job_id: str) -> None:
+        """Forget a cancelled job's delayed or retry entry; ready-list copies are dropped at claim."""
+        keys = QueueKeys(queue)
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            pipe.zrem(keys.retry, str(job_id))
+            pipe.zrem(keys.scheduled, str(job_id))
+            pipe.execute()
+
+    def remove_from_dlq(self, queue: str, job_id: str) -> None:
+        with translate_errors():
+            self.client.lrem(QueueKeys(queue).dlq, 0, str(job_id))
+
+    # --- worker --------------------------------------------------------------------------
+
+    def fetch(self, queue: str, worker_id: str, count: int) -> list[str]:
+        """Move up to `count` ids, most urgent first, into this worker's processing list."""
+        keys = QueueKeys(queue)
+        return list(self._script("fetch", [keys.processing(worker_id), keys.signal,
+                                           *keys.ready_by_urgency], [count, SIGNAL_MAX]))
+
+    def wait_for_work(self, queues: Sequence[str], timeout_s: float | None = None) -> bool:
+        """Block inside Redis until a queue is signalled or the timeout passes (no polling)."""
+        timeout = self.block_timeout_s if timeout_s is None else timeout_s
+        with translate_errors():
+            return self.blocking_client.blpop([QueueKeys(q).signal for q in queues],
+                                              timeout=timeout) is not None
+
+    def ack(self, items: Iterable[tuple[str, str]], worker_id: str) -> None:
+        """Drop (queue, id) pairs from this worker's processing lists in one round trip."""
+        items = list(items)
+        if not items:
+            return
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            for queue, job_id in items:
+                pipe.lrem(QueueKeys(queue).processing(worker_id), 1, str(job_id))
+            pipe.execute()
+
+    def retry_later(self, queue: str, worker_id: str, job_id: str, due_ms: int) -> None:
+        keys = QueueKeys(queue)
+        self._script("retry_later", [keys.processing(worker_id), keys.retry], [job_id, due_ms])
+
+    def dead_letter(self, queue: str, worker_id: str, job_id: str) -> None:
+        keys = QueueKeys(queue)
+        self._script("dead_letter", [keys.processing(worker_id), keys.dlq], [job_id])
+
+    def requeue(self, queue: str, priority: int, job_id: str, from_worker: str, *,
+                always: bool) -> bool:
+        """Move an id from a worker's processing list back to ready (next to be taken)."""
+        keys = QueueKeys(queue)
+        pushed = self._script("requeue", [keys.processing(from_worker), keys.ready(priority),
+                                          keys.signal],
+                              [job_id, "always" if always else "if_present", SIGNAL_MAX])
+        return bool(pushed)
+
+    def heartbeat(self, worker_id: str, ttl_s: float) -> None:
+        with translate_errors():
+            self.client.set(worker_key(worker_id), "1", px=max(int(ttl_s * 1000), 1))
+
+    def forget_worker(self, worker_id: str) -> None:
+        with translate_errors():
+            self.client.delete(worker_key(worker_id))
+
+    # --- maintenance and queries ---------------------------------------------------------
+
+    def known_queues(self) -> set[str]:
+        with translate_errors():
+            return set(self.client.smembers(QUEUES_SET))
+
+    def processing_lists(self, queue: str) -> list[str]:
+        with translate_errors():
+            return list(self.client.scan_iter(match=QueueKeys(queue).processing_pattern,
+                                              count=1000))
+
+    def list_range(self, key: str, start: int, stop: int) -> list[str]:
+        with translate_errors():
+            return self.client.lrange(key, start, stop)
+
+    def snapshot(self, dest: str, sources: Sequence[str], ttl_s: int) -> int:
+        return int(self._script("snapshot", [dest, *sources], [ttl_s]))
+
+    def scan_set(self, key: str, count: int = 5000) -> Iterator[list[str]]:
+        """Yield a set's members in chunks (SSCAN), so memory stays bounded."""
+        cursor = 0
+        while True:
+            with translate_errors():
+                cursor, members = self.client.sscan(key, cursor, count=count)
+            if members:
+                yield list(members)
+            if cursor == 0:
+                return
+
+    def members(self, key: str, ids: Sequence[str]) -> list[bool]:
+        if not ids:
+            return []
+        with translate_errors():
+            return [bool(x) for x in self.client.smismember(key, list(ids))]
+
+    def depths(self, queue: str) -> dict[str, object]:
+        """Lengths of a queue's structures: ready per priority, processing, retry, scheduled, dlq."""
+        keys = QueueKeys(queue)
+        processing = self.processing_lists(queue)
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            for key in keys.ready_by_urgency:
+                pipe.llen(key)
+            for key in processing:
+                pipe.llen(key)
+            pipe.zcard(keys.retry)
+            pipe.zcard(keys.scheduled)
+            pipe.llen(keys.dlq)
+            values = pipe.execute()
+        ready = dict(zip(range(9, -1, -1), values[:10], strict=True))
+        return {"ready": ready, "processing": sum(values[10:10 + len(processing)]),
+                "retry": values[-3], "scheduled": values[-2], "dlq": values[-1]}
+
+    def ping(self) -> None:
+        with translate_errors():
+            self.client.ping()
+
+
+def _lua(name: str) -> str:
+    return resources.files("taskline.dispatch").joinpath(f"lua/{name}.lua").read_text()

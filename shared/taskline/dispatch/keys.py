@@ -1,0 +1,77 @@
+"""Redis key names: the only place that builds them.
+
+Every key of a queue carries the hash tag `{queue}`, so each Lua script touches one cluster
+slot. Scripts receive keys only through KEYS, built here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from taskline.jobs import MAX_PRIORITY, MIN_PRIORITY
+
+PREFIX = "taskline"
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+QUEUES_SET = f"{PREFIX}:queues"
+
+
+def valid_queue_name(name: object) -> bool:
+    return isinstance(name, str) and QUEUE_NAME.fullmatch(name) is not None
+
+
+def worker_key(worker_id: str) -> str:
+    """Heartbeat key of a worker; it expires when the worker stops beating."""
+    return f"{PREFIX}:worker:{worker_id}"
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """The keys of one queue."""
+
+    queue: str
+
+    def __post_init__(self) -> None:
+        if not valid_queue_name(self.queue):
+            raise ValueError(f"invalid queue name {self.queue!r}")
+
+    @property
+    def base(self) -> str:
+        return f"{PREFIX}:{{{self.queue}}}"
+
+    def ready(self, priority: int) -> str:
+        return f"{self.base}:ready:{priority}"
+
+    @property
+    def ready_by_urgency(self) -> list[str]:
+        """Ready lists, most urgent first: the order a worker takes from them."""
+        return [self.ready(p) for p in range(MAX_PRIORITY, MIN_PRIORITY - 1, -1)]
+
+    def processing(self, worker_id: str) -> str:
+        return f"{self.base}:processing:{worker_id}"
+
+    @property
+    def processing_pattern(self) -> str:
+        return f"{self.base}:processing:*"
+
+    def worker_of(self, processing_key: str) -> str:
+        return processing_key.rsplit(":processing:", 1)[1]
+
+    @property
+    def retry(self) -> str:
+        return f"{self.base}:retry"
+
+    @property
+    def scheduled(self) -> str:
+        return f"{self.base}:scheduled"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.base}:dlq"
+
+    @property
+    def signal(self) -> str:
+        return f"{self.base}:signal"
+
+    def snapshot(self, name: str) -> str:
+        return f"{self.base}:reconcile:{name}"

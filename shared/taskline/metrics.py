@@ -1,0 +1,124 @@
+"""Prometheus metrics shared by the three services; names kept from the system taskline grew from.
+
+Label values come only from bounded sets: `type` is a registered handler type or "other", and
+`queue` is a configured or known queue name capped in number, so a client inventing job types
+or queues cannot create unbounded series. Queue-depth gauges are set by maintenance only, so
+Prometheus never sums duplicates across workers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+
+OTHER = "other"
+MAX_QUEUE_LABELS = 50
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                    60, 120, 300, 600)
+
+JOB_ENQUEUED = Counter("job_enqueued_total", "Jobs accepted", ["type", "queue"])
+JOB_COMPLETED = Counter("job_completed_total", "Attempts that succeeded", ["type", "queue"])
+JOB_FAILED = Counter("job_failed_total", "Attempts that failed (any reason)",
+                     ["type", "queue", "reason"])
+JOB_RETRIED = Counter("job_retried_total", "Failed attempts scheduled for a retry",
+                      ["type", "queue"])
+JOB_DLQ = Counter("job_dlq_total", "Jobs dead-lettered", ["type", "queue"])
+JOB_RECOVERED = Counter("job_recovered_total", "Jobs recovered by maintenance",
+                        ["queue", "cause"])
+JOB_CANCELLED = Counter("job_cancelled_total", "Jobs cancelled", ["queue"])
+RECONCILE_MISSING = Counter("reconciliation_missing_jobs_total",
+                            "Pending jobs missing from Redis and restored", ["queue", "kind"])
+RECONCILE_CORRUPTED = Counter("reconciliation_corrupted_metadata_total",
+                              "Redis entries removed or moved by reconciliation", ["queue", "kind"])
+RECONCILE_DURATION = Histogram("reconciliation_duration_seconds", "Reconciliation pass duration",
+                               buckets=_LATENCY_BUCKETS)
+PROMOTED = Counter("job_promoted_total", "Due retries and delayed jobs promoted", ["queue"])
+
+QUEUE_DEPTH = Gauge("job_queue_depth", "Ready jobs", ["queue", "priority"],
+                    multiprocess_mode="livemax")
+PROCESSING_DEPTH = Gauge("job_processing_queue_depth", "Ids in processing lists", ["queue"],
+                         multiprocess_mode="livemax")
+RETRY_DEPTH = Gauge("job_retry_queue_depth", "Jobs waiting for a retry", ["queue"],
+                    multiprocess_mode="livemax")
+SCHEDULED_DEPTH = Gauge("job_scheduled_queue_depth", "Delayed jobs not yet due", ["queue"],
+                        multiprocess_mode="livemax")
+DLQ_DEPTH = Gauge("job_dlq_depth", "Dead-lettered jobs", ["queue"], multiprocess_mode="livemax")
+OLDEST_READY = Gauge("job_oldest_ready_age_seconds", "Age of the oldest queued job", ["queue"],
+                     multiprocess_mode="livemax")
+LIVE_WORKERS = Gauge("taskline_live_workers", "Workers with a recent heartbeat",
+                     multiprocess_mode="livemax")
+
+PROCESSING_TIME = Histogram("job_processing_time_seconds", "Handler run time",
+                            ["type", "queue"], buckets=_LATENCY_BUCKETS)
+WAIT_TIME = Histogram("job_wait_time_seconds", "Time from ready to claimed", ["type", "queue"],
+                      buckets=_LATENCY_BUCKETS)
+CLAIM_CONFLICTS = Counter("job_claim_conflicts_total",
+                          "Fetched ids another worker or state change won", ["queue"])
+LEASE_RENEWALS = Counter("job_lease_renewals_total", "Lease renewals", ["result"])
+STALE_COMPLETIONS = Counter("job_stale_completions_total",
+                            "Outcomes rejected by fencing (lease no longer held)", ["queue"])
+BUSY_SLOTS = Gauge("taskline_worker_busy_slots", "Handler slots in use", ["worker"],
+                   multiprocess_mode="livesum")
+SLOTS = Gauge("taskline_worker_slots", "Handler slots", ["worker"], multiprocess_mode="livesum")
+LEADER = Gauge("taskline_maintenance_leader", "1 while this maintenance instance is active",
+               multiprocess_mode="livemax")
+LOOP_ERRORS = Counter("taskline_loop_errors_total", "Failed iterations of a service loop",
+                      ["loop"])
+
+HTTP_REQUESTS = Counter("taskline_http_requests_total", "API requests",
+                        ["route", "method", "status"])
+HTTP_LATENCY = Histogram("taskline_http_request_duration_seconds", "API request latency",
+                         ["route", "method"], buckets=_LATENCY_BUCKETS)
+
+
+class LabelGuard:
+    """Maps free-form values to a bounded label set: known values pass, others become 'other'."""
+
+    def __init__(self, known: Iterable[str] = (), limit: int = MAX_QUEUE_LABELS) -> None:
+        self._known = set(known)
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._known:
+            return value
+        with self._lock:
+            if len(self._known) < self._limit:
+                self._known.add(value)
+                return value
+        return OTHER
+
+
+class TypeLabels:
+    """Job types as labels: registered handler types only; anything else is 'other'."""
+
+    def __init__(self, types: Iterable[str]) -> None:
+        self._types = frozenset(types)
+
+    def __call__(self, job_type: str) -> str:
+        return job_type if job_type in self._types else OTHER
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:
+    """Serve /metrics on `port` (0 turns it off)."""
+    if port:
+        start_http_server(port, addr=addr, registry=_registry())
+
+
+def _registry() -> CollectorRegistry:
+    from prometheus_client import REGISTRY
+    return REGISTRY
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR")

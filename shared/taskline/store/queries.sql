@@ -1,0 +1,345 @@
+-- taskline's named SQL: every query the store runs, each with a one-line description.
+-- Every state change names the expected state (and, on the worker path, the lease) in its
+-- WHERE clause and returns the rows it changed: no row means another actor won.
+-- Time is always PostgreSQL's (now() / clock_timestamp()), never a process clock.
+
+-- name: insert_job
+-- Insert one job unless its (queue, idempotency key) exists; returns the row only when inserted.
+INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                  next_run_at, idempotency_key, request_hash, trace_context)
+VALUES (:id, :type, :queue, CAST(:payload AS jsonb), :priority, :status, :max_retries,
+        :timeout_s, COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)),
+        :idempotency_key, :request_hash, :trace_context)
+ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: insert_event
+-- Append one entry to a job's history.
+INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
+VALUES (:job_id, :attempt, :event, :worker_id, CAST(:detail AS jsonb));
+
+-- name: insert_events
+-- Append one entry per job id, all with the same event and attempt 0 detail.
+INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
+SELECT t.id, t.attempt, :event, :worker_id, CAST(:detail AS jsonb)
+FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS int[])) AS t(id, attempt);
+
+-- name: get_job_by_key
+-- The job holding an idempotency key in a queue.
+SELECT * FROM jobs WHERE queue = :queue AND idempotency_key = :idempotency_key;
+
+-- name: get_job
+-- One job by id.
+SELECT * FROM jobs WHERE id = :id;
+
+-- name: get_events
+-- A job's history, oldest first.
+SELECT id, attempt, event, worker_id, detail, created_at
+FROM job_events WHERE job_id = :id ORDER BY id;
+
+-- name: get_leases
+-- A job's attempts: who held which lease and how it ended, oldest first.
+SELECT id, attempt, worker_id, leased_at, leased_until, released_at, outcome
+FROM job_leases WHERE job_id = :id ORDER BY id;
+
+-- name: list_jobs
+-- Jobs newest first, filtered, paged by the (created_at, id) of the previous page's last row.
+SELECT * FROM jobs
+WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:type AS text) IS NULL OR type = :type)
+  AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+  AND (CAST(:after_created AS timestamptz) IS NULL
+       OR (created_at, id) < (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid)))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: claim_jobs
+-- Claim queued jobs for one worker: one winner per id, attempt counted, lease row and event written.
+WITH claimed AS (
+    UPDATE jobs SET status = 'running', attempts = attempts + 1, updated_at = now()
+    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'queued'
+    RETURNING *
+), leases AS (
+    INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until)
+    SELECT id, attempts, :worker_id, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => :lease_s)
+    FROM claimed
+    RETURNING id AS lease_id, job_id, leased_until
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, worker_id)
+    SELECT id, attempts, 'claimed', :worker_id FROM claimed
+)
+SELECT claimed.*, leases.lease_id, leases.leased_until
+FROM claimed JOIN leases ON leases.job_id = claimed.id;
+
+-- name: renew_leases
+-- Extend the open leases this worker still holds on running jobs; returns each kept lease.
+UPDATE job_leases l
+SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
+FROM jobs j
+WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
+  AND l.released_at IS NULL AND j.id = l.job_id AND j.status = 'running'
+  AND j.attempts = l.attempt
+RETURNING l.id AS lease_id, j.cancel_requested;
+
+-- name: complete_jobs
+-- Record successes of leases this worker holds (fenced); returns the jobs it changed.
+WITH input AS (
+    SELECT * FROM unnest(CAST(:lease_ids AS bigint[]), CAST(:results AS text[]))
+        AS t(lease_id, result)
+), leases AS (
+    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = 'succeeded'
+    FROM input, jobs j
+    WHERE l.id = input.lease_id AND l.worker_id = :worker_id AND l.released_at IS NULL
+      AND j.id = l.job_id AND j.status = 'running' AND j.attempts = l.attempt
+    RETURNING l.job_id, l.attempt, input.result
+), done AS (
+    UPDATE jobs j SET status = 'succeeded', result = CAST(leases.result AS jsonb),
+                      last_error = NULL, updated_at = now()
+    FROM leases WHERE j.id = leases.job_id AND j.status = 'running'
+    RETURNING j.id, j.queue, j.attempts
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, worker_id)
+    SELECT id, attempts, 'succeeded', :worker_id FROM done
+)
+SELECT id, queue, attempts FROM done;
+
+-- name: fail_job
+-- Record a failed attempt of a lease this worker holds (fenced): retrying with a delay, or dead.
+WITH lease AS (
+    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = :outcome
+    FROM jobs j
+    WHERE l.id = :lease_id AND l.worker_id = :worker_id AND l.released_at IS NULL
+      AND j.id = l.job_id AND j.status = 'running' AND j.attempts = l.attempt
+    RETURNING l.job_id, l.attempt
+), changed AS (
+    UPDATE jobs j SET status = :status, last_error = :error, updated_at = now(),
+        next_run_at = CASE WHEN :status = 'retrying'
+                           THEN now() + make_interval(secs => :delay_s) ELSE j.next_run_at END
+    FROM lease WHERE j.id = lease.job_id AND j.status = 'running'
+    RETURNING j.id, j.queue, j.priority, j.attempts, j.next_run_at
+), dead AS (
+    INSERT INTO dead_letter_jobs (job_id, final_error, attempts, failed_at)
+    SELECT id, :error, attempts, now() FROM changed WHERE :status = 'dead'
+    ON CONFLICT (job_id) DO UPDATE
+        SET final_error = EXCLUDED.final_error, attempts = EXCLUDED.attempts,
+            failed_at = EXCLUDED.failed_at
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
+    SELECT id, attempts, :event, :worker_id, CAST(:detail AS jsonb) FROM changed
+)
+SELECT id, queue, priority, attempts,
+       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
+FROM changed;
+
+-- name: release_jobs
+-- Hand running jobs back at shutdown without counting the attempt (fenced).
+WITH leases AS (
+    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = 'released'
+    FROM jobs j
+    WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
+      AND l.released_at IS NULL AND j.id = l.job_id AND j.status = 'running'
+      AND j.attempts = l.attempt
+    RETURNING l.job_id
+), changed AS (
+    UPDATE jobs j SET status = 'queued', attempts = attempts - 1, updated_at = now()
+    FROM leases WHERE j.id = leases.job_id AND j.status = 'running'
+    RETURNING j.id, j.queue, j.priority, j.attempts
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, worker_id)
+    SELECT id, attempts + 1, 'released', :worker_id FROM changed
+)
+SELECT id, queue, priority FROM changed;
+
+-- name: cancel_running_job
+-- Mark a running job's cancellation as requested; the worker's next renewal stops it.
+UPDATE jobs SET cancel_requested = true, updated_at = now()
+WHERE id = :id AND status = 'running'
+RETURNING *;
+
+-- name: cancel_pending_job
+-- Cancel a job that has not started; returns it only when this call cancelled it.
+UPDATE jobs SET status = 'cancelled', updated_at = now(), next_run_at = NULL
+WHERE id = :id AND status IN ('queued', 'scheduled', 'retrying')
+RETURNING *;
+
+-- name: cancel_job_attempt
+-- Record that a running attempt stopped because it was cancelled (fenced).
+WITH lease AS (
+    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = 'cancelled'
+    FROM jobs j
+    WHERE l.id = :lease_id AND l.worker_id = :worker_id AND l.released_at IS NULL
+      AND j.id = l.job_id AND j.status = 'running' AND j.attempts = l.attempt
+    RETURNING l.job_id
+), changed AS (
+    UPDATE jobs j SET status = 'cancelled', last_error = :error, updated_at = now()
+    FROM lease WHERE j.id = lease.job_id AND j.status = 'running'
+    RETURNING j.id, j.queue, j.attempts
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, worker_id)
+    SELECT id, attempts, 'cancelled', :worker_id FROM changed
+)
+SELECT id, queue FROM changed;
+
+-- name: requeue_dead_job
+-- Put a dead job back in the queue with a fresh retry budget; returns it only when requeued.
+WITH changed AS (
+    UPDATE jobs SET status = 'queued', attempts = 0, last_error = NULL, result = NULL,
+                    cancel_requested = false, next_run_at = now(), updated_at = now()
+    WHERE id = :id AND status = 'dead'
+    RETURNING *
+), undead AS (
+    DELETE FROM dead_letter_jobs d USING changed WHERE d.job_id = changed.id
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event) SELECT id, 0, 'requeued' FROM changed
+)
+SELECT * FROM changed;
+
+-- name: list_dead
+-- Dead-lettered jobs, newest failure first, paged by (failed_at, job_id).
+SELECT j.*, d.final_error, d.attempts AS dead_attempts, d.failed_at
+FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+WHERE (CAST(:queue AS text) IS NULL OR j.queue = :queue)
+  AND (CAST(:after_failed AS timestamptz) IS NULL
+       OR (d.failed_at, d.job_id) < (CAST(:after_failed AS timestamptz), CAST(:after_id AS uuid)))
+ORDER BY d.failed_at DESC, d.job_id DESC
+LIMIT :limit;
+
+-- name: promote_due
+-- Move due scheduled and retrying jobs to queued, oldest due first; skips rows others hold.
+WITH due AS (
+    SELECT id FROM jobs
+    WHERE status IN ('scheduled', 'retrying') AND next_run_at <= now()
+    ORDER BY next_run_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE jobs j SET status = 'queued', updated_at = now()
+    FROM due WHERE j.id = due.id
+    RETURNING j.id, j.queue, j.priority, j.attempts
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event) SELECT id, attempts, 'promoted' FROM changed
+)
+SELECT id, queue, priority FROM changed;
+
+-- name: recover_expired
+-- Recover running jobs whose lease expired in PostgreSQL time: back to queued, or dead when
+-- that attempt was the last; the lease is closed as lost and a recovered event written.
+WITH expired AS (
+    SELECT l.id AS lease_id, l.worker_id, j.id AS job_id
+    FROM job_leases l JOIN jobs j ON j.id = l.job_id
+    WHERE l.released_at IS NULL AND l.leased_until < now()
+      AND j.status = 'running' AND j.attempts = l.attempt
+    ORDER BY l.leased_until
+    LIMIT :limit
+    FOR UPDATE OF j SKIP LOCKED
+), leases AS (
+    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = 'lost'
+    FROM expired WHERE l.id = expired.lease_id
+    RETURNING l.job_id, l.worker_id
+), changed AS (
+    UPDATE jobs j
+    SET status = CASE WHEN j.attempts > j.max_retries THEN 'dead' ELSE 'queued' END,
+        last_error = 'lease expired: worker ' || leases.worker_id || ' stopped renewing',
+        updated_at = now()
+    FROM leases WHERE j.id = leases.job_id AND j.status = 'running'
+    RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.last_error, leases.worker_id
+), dead AS (
+    INSERT INTO dead_letter_jobs (job_id, final_error, attempts, failed_at)
+    SELECT id, last_error, attempts, now() FROM changed WHERE status = 'dead'
+    ON CONFLICT (job_id) DO UPDATE
+        SET final_error = EXCLUDED.final_error, attempts = EXCLUDED.attempts,
+            failed_at = EXCLUDED.failed_at
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
+    SELECT id, attempts, 'recovered', worker_id,
+           jsonb_build_object('cause', 'lease_expired', 'status', status)
+    FROM changed
+)
+SELECT id, queue, priority, status, worker_id FROM changed;
+
+-- name: pending_page
+-- One keyset page of jobs that Redis should hold (pending or dead), last touched before :before.
+SELECT id, queue, priority, status,
+       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
+FROM jobs
+WHERE status IN ('queued', 'scheduled', 'retrying') AND id > :after AND updated_at < :before
+ORDER BY id
+LIMIT :limit;
+
+-- name: dead_page
+-- One keyset page of dead jobs, for the DLQ list's reconciliation.
+SELECT d.job_id AS id, j.queue
+FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+WHERE d.job_id > :after AND j.status = 'dead' AND j.updated_at < :before
+ORDER BY d.job_id
+LIMIT :limit;
+
+-- name: statuses
+-- Status, queue and open-lease worker of the given ids (absent ids are simply missing).
+SELECT j.id, j.status, j.queue, j.priority, j.updated_at,
+       (SELECT l.worker_id FROM job_leases l
+        WHERE l.job_id = j.id AND l.attempt = j.attempts AND l.released_at IS NULL
+        ORDER BY l.id DESC LIMIT 1) AS lease_worker
+FROM jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
+
+-- name: pending_queues
+-- Queues that hold pending or running jobs.
+SELECT DISTINCT queue FROM jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running');
+
+-- name: queue_counts
+-- Job counts per queue, priority and status, for /queues and the depth gauges.
+SELECT queue, priority, status, count(*) AS n
+FROM jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running', 'dead')
+GROUP BY queue, priority, status;
+
+-- name: oldest_ready
+-- Age in seconds of the oldest queued job per queue.
+SELECT queue, extract(epoch FROM now() - min(updated_at)) AS age_s
+FROM jobs WHERE status = 'queued' GROUP BY queue;
+
+-- name: upsert_worker
+-- Register a worker at start-up.
+INSERT INTO workers (id, hostname, pid, queues, concurrency, started_at, last_heartbeat)
+VALUES (:id, :hostname, :pid, CAST(:queues AS text[]), :concurrency, now(), now())
+ON CONFLICT (id) DO UPDATE SET last_heartbeat = now(), stopped_at = NULL;
+
+-- name: heartbeat_worker
+-- A worker's periodic proof of life with its busy slots.
+UPDATE workers SET last_heartbeat = now(), active_jobs = :active_jobs WHERE id = :id;
+
+-- name: stop_worker
+-- Mark a worker stopped at shutdown.
+UPDATE workers SET stopped_at = now(), active_jobs = 0 WHERE id = :id;
+
+-- name: list_workers
+-- Workers seen within :within_s seconds and not stopped, with their running leases.
+SELECT w.*, extract(epoch FROM now() - w.last_heartbeat) AS heartbeat_age_s,
+       COALESCE((SELECT array_agg(l.job_id::text) FROM job_leases l
+                 WHERE l.worker_id = w.id AND l.released_at IS NULL), '{}') AS job_ids
+FROM workers w
+WHERE w.stopped_at IS NULL AND w.last_heartbeat > now() - make_interval(secs => :within_s)
+ORDER BY w.started_at;
+
+-- name: mark_silent_workers_stopped
+-- Close the registry rows of workers silent for longer than :silent_s seconds.
+UPDATE workers SET stopped_at = now(), active_jobs = 0
+WHERE stopped_at IS NULL AND last_heartbeat < now() - make_interval(secs => :silent_s)
+RETURNING id;
+
+-- name: acquire_leader
+-- Take or keep the named leadership lease; returns a row only when :holder holds it now.
+INSERT INTO leader_leases (name, holder, leased_until)
+VALUES (:name, :holder, now() + make_interval(secs => :ttl_s))
+ON CONFLICT (name) DO UPDATE
+    SET holder = EXCLUDED.holder, leased_until = EXCLUDED.leased_until
+    WHERE leader_leases.holder = EXCLUDED.holder OR leader_leases.leased_until < now()
+RETURNING holder;
+
+-- name: release_leader
+-- Give up the named leadership lease at shutdown.
+DELETE FROM leader_leases WHERE name = :name AND holder = :holder;
+
+-- name: ping
+-- Readiness probe.
+SELECT 1;

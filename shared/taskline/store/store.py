@@ -1,0 +1,281 @@
+"""The store: the one class that runs taskline's SQL against PostgreSQL.
+
+Method names are the query names in queries.sql. Each method is one round trip in its own
+transaction unless the caller passes a connection. Driver errors that mean "PostgreSQL is
+unreachable" become StoreUnavailable here, so services never catch driver exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, exc
+
+from taskline.errors import StoreUnavailable
+from taskline.jobs import Job
+from taskline.store.queries import load_queries
+
+_QUERIES = load_queries()
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The SQLAlchemy form of a libpq URL: psycopg 3 as the driver."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    raise ValueError("DATABASE_URL must start with postgresql://")
+
+
+def make_engine(url: str, pool_size: int = 5, **kwargs: Any) -> Engine:
+    """An engine with a fixed pool and TCP keepalives, so a dead link is noticed in seconds."""
+    connect_args = {
+        "connect_timeout": 5,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+        "application_name": kwargs.pop("application_name", "taskline"),
+    }
+    return create_engine(
+        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_timeout=10,
+        pool_recycle=3600, connect_args=connect_args, **kwargs,
+    )
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job this worker won, with the lease that fences every write of this attempt."""
+
+    job: Job
+    lease_id: int
+    leased_until: datetime
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+class Store:
+    """Runs named queries; every unreachable-database error surfaces as StoreUnavailable."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def connect(cls, url: str, pool_size: int = 5, **kwargs: Any) -> Store:
+        return cls(make_engine(url, pool_size=pool_size, **kwargs))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A connection inside one transaction, committed on success."""
+        with translate_errors(), self.engine.begin() as conn:
+            yield conn
+
+    def _run(self, name: str, params: dict[str, Any], conn: Connection | None = None) -> list:
+        if conn is not None:
+            with translate_errors():
+                return list(conn.execute(_QUERIES[name], params))
+        with self.transaction() as own:
+            return list(own.execute(_QUERIES[name], params))
+
+    # --- producer side -------------------------------------------------------------------
+
+    def insert_job(self, conn: Connection, **fields: Any) -> Job | None:
+        """Insert a job; None when its idempotency key already exists in its queue."""
+        params = {"run_at": None, "delay_s": 0.0, "trace_context": None, **fields}
+        params["payload"] = _json(params["payload"])
+        rows = self._run("insert_job", params, conn)
+        return Job.from_row(rows[0]) if rows else None
+
+    def insert_event(self, conn: Connection | None, job_id: uuid.UUID, attempt: int, event: str,
+                     worker_id: str | None = None, detail: Any = None) -> None:
+        self._run("insert_event", {"job_id": job_id, "attempt": attempt, "event": event,
+                                   "worker_id": worker_id, "detail": _json(detail)}, conn)
+
+    def get_job_by_key(self, queue: str, key: str, conn: Connection | None = None) -> Job | None:
+        rows = self._run("get_job_by_key", {"queue": queue, "idempotency_key": key}, conn)
+        return Job.from_row(rows[0]) if rows else None
+
+    def get_job(self, job_id: uuid.UUID, conn: Connection | None = None) -> Job | None:
+        rows = self._run("get_job", {"id": job_id}, conn)
+        return Job.from_row(rows[0]) if rows else None
+
+    def get_history(self, job_id: uuid.UUID) -> tuple[list[dict], list[dict]]:
+        """A job's (events, leases), oldest first, in one transaction."""
+        with self.transaction() as conn:
+            events = [dict(r._mapping) for r in self._run("get_events", {"id": job_id}, conn)]
+            leases = [dict(r._mapping) for r in self._run("get_leases", {"id": job_id}, conn)]
+        return events, leases
+
+    def list_jobs(self, *, status: str | None, type: str | None, queue: str | None,
+                  after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[Job]:
+        params = {"status": status, "type": type, "queue": queue, "limit": limit,
+                  "after_created": after[0] if after else None,
+                  "after_id": after[1] if after else None}
+        return [Job.from_row(r) for r in self._run("list_jobs", params)]
+
+    def cancel_pending_job(self, job_id: uuid.UUID) -> Job | None:
+        with self.transaction() as conn:
+            rows = self._run("cancel_pending_job", {"id": job_id}, conn)
+            if rows:
+                self.insert_event(conn, job_id, rows[0].attempts, "cancelled")
+        return Job.from_row(rows[0]) if rows else None
+
+    def cancel_running_job(self, job_id: uuid.UUID) -> Job | None:
+        with self.transaction() as conn:
+            rows = self._run("cancel_running_job", {"id": job_id}, conn)
+            if rows:
+                self.insert_event(conn, job_id, rows[0].attempts, "cancel_requested")
+        return Job.from_row(rows[0]) if rows else None
+
+    def requeue_dead_job(self, job_id: uuid.UUID) -> Job | None:
+        rows = self._run("requeue_dead_job", {"id": job_id})
+        return Job.from_row(rows[0]) if rows else None
+
+    def list_dead(self, *, queue: str | None, after: tuple[datetime, uuid.UUID] | None,
+                  limit: int) -> list[dict]:
+        params = {"queue": queue, "limit": limit, "after_failed": after[0] if after else None,
+                  "after_id": after[1] if after else None}
+        return [{"job": Job.from_row(r), "final_error": r.final_error,
+                 "attempts": r.dead_attempts, "failed_at": r.failed_at}
+                for r in self._run("list_dead", params)]
+
+    # --- worker side ---------------------------------------------------------------------
+
+    def claim_jobs(self, ids: Sequence[uuid.UUID | str], worker_id: str,
+                   lease_s: float) -> list[Claimed]:
+        """Claim what can be claimed of `ids`; the ids not returned were lost to someone else."""
+        rows = self._run("claim_jobs", {"ids": [str(i) for i in ids], "worker_id": worker_id,
+                                        "lease_s": lease_s})
+        return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
+
+    def renew_leases(self, lease_ids: Sequence[int], worker_id: str,
+                     lease_s: float) -> dict[int, bool]:
+        """Renew leases; returns {lease_id: cancel_requested} for the leases still held."""
+        if not lease_ids:
+            return {}
+        rows = self._run("renew_leases", {"lease_ids": list(lease_ids), "worker_id": worker_id,
+                                          "lease_s": lease_s})
+        return {r.lease_id: r.cancel_requested for r in rows}
+
+    def complete_jobs(self, completions: Sequence[tuple[int, Any]], worker_id: str,
+                      conn: Connection | None = None) -> list[tuple[uuid.UUID, str]]:
+        """Record (lease_id, result) successes; returns (job id, queue) of each one recorded."""
+        params = {"lease_ids": [c[0] for c in completions],
+                  "results": [_json(c[1]) or "null" for c in completions],
+                  "worker_id": worker_id}
+        return [(r.id, r.queue) for r in self._run("complete_jobs", params, conn)]
+
+    def complete_with_hooks(self, lease_id: int, result: Any, worker_id: str,
+                            hooks: Sequence[Callable[[Connection], None]]) -> bool:
+        """Record one success and run `hooks` in the same transaction; both or neither commit."""
+        with self.transaction() as conn:
+            if not self.complete_jobs([(lease_id, result)], worker_id, conn):
+                return False
+            for hook in hooks:
+                hook(conn)
+        return True
+
+    def fail_job(self, *, lease_id: int, worker_id: str, status: str, outcome: str, error: str,
+                 delay_s: float, event: str, detail: Any = None) -> Any | None:
+        """Record a failed attempt as retrying or dead; None when the lease was no longer ours."""
+        rows = self._run("fail_job", {
+            "lease_id": lease_id, "worker_id": worker_id, "status": status, "outcome": outcome,
+            "error": error, "delay_s": delay_s, "event": event, "detail": _json(detail)})
+        return rows[0] if rows else None
+
+    def cancel_job_attempt(self, lease_id: int, worker_id: str, error: str) -> bool:
+        rows = self._run("cancel_job_attempt", {"lease_id": lease_id, "worker_id": worker_id,
+                                                "error": error})
+        return bool(rows)
+
+    def release_jobs(self, lease_ids: Sequence[int], worker_id: str) -> list:
+        if not lease_ids:
+            return []
+        return self._run("release_jobs", {"lease_ids": list(lease_ids), "worker_id": worker_id})
+
+    def upsert_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str],
+                      concurrency: int) -> None:
+        self._run("upsert_worker", {"id": worker_id, "hostname": hostname, "pid": pid,
+                                    "queues": list(queues), "concurrency": concurrency})
+
+    def heartbeat_worker(self, worker_id: str, active_jobs: int) -> None:
+        self._run("heartbeat_worker", {"id": worker_id, "active_jobs": active_jobs})
+
+    def stop_worker(self, worker_id: str) -> None:
+        self._run("stop_worker", {"id": worker_id})
+
+    # --- maintenance side ----------------------------------------------------------------
+
+    def promote_due(self, limit: int) -> list:
+        return self._run("promote_due", {"limit": limit})
+
+    def recover_expired(self, limit: int) -> list:
+        return self._run("recover_expired", {"limit": limit})
+
+    def pending_page(self, after: uuid.UUID, before: datetime, limit: int) -> list:
+        return self._run("pending_page", {"after": after, "before": before, "limit": limit})
+
+    def dead_page(self, after: uuid.UUID, before: datetime, limit: int) -> list:
+        return self._run("dead_page", {"after": after, "before": before, "limit": limit})
+
+    def statuses(self, ids: Sequence[str]) -> dict[str, Any]:
+        """{id: row} for the ids that exist; absent ids are missing from the result."""
+        if not ids:
+            return {}
+        return {str(r.id): r for r in self._run("statuses", {"ids": list(ids)})}
+
+    def pending_queues(self) -> list[str]:
+        return [r.queue for r in self._run("pending_queues", {})]
+
+    def queue_counts(self) -> list:
+        return self._run("queue_counts", {})
+
+    def oldest_ready(self) -> dict[str, float]:
+        return {r.queue: float(r.age_s) for r in self._run("oldest_ready", {})}
+
+    def list_workers(self, within_s: float) -> list[dict]:
+        return [dict(r._mapping) for r in self._run("list_workers", {"within_s": within_s})]
+
+    def mark_silent_workers_stopped(self, silent_s: float) -> list[str]:
+        return [r.id for r in self._run("mark_silent_workers_stopped", {"silent_s": silent_s})]
+
+    def acquire_leader(self, name: str, holder: str, ttl_s: float) -> bool:
+        return bool(self._run("acquire_leader", {"name": name, "holder": holder,
+                                                 "ttl_s": ttl_s}))
+
+    def release_leader(self, name: str, holder: str) -> None:
+        self._run("release_leader", {"name": name, "holder": holder})
+
+    def now(self) -> datetime:
+        """PostgreSQL's clock: the only clock that decides leases and due times."""
+        with self.transaction() as conn:
+            return conn.exec_driver_sql("SELECT now()").scalar_one()
+
+    def ping(self) -> None:
+        self._run("ping", {})
+
+
+_UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Turn "cannot reach PostgreSQL" driver errors into StoreUnavailable."""
+    try:
+        yield
+    except exc.DBAPIError as err:
+        if isinstance(err, _UNAVAILABLE) or err.connection_invalidated:
+            raise StoreUnavailable(f"PostgreSQL unavailable: {type(err.orig).__name__}") from err
+        raise
+    except exc.TimeoutError as err:
+        raise StoreUnavailable("PostgreSQL connection pool exhausted") from err

@@ -1,0 +1,99 @@
+"""Test helpers: polling with a deadline, enqueuing without the API, service subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.jobs import Job
+from taskline.settings import Settings
+from taskline.store.store import Store
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.05,
+             message: str = "condition") -> T:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def enqueue(store: Store, dispatcher: Dispatcher, job_type: str = "echo", payload: Any = None,
+            *, queue: str = "default", priority: int = 5, max_retries: int = 3,
+            timeout_s: float = 30.0, push: bool = True) -> Job:
+    """Insert a queued job and (unless push=False) make it dispatchable, as the producer does."""
+    with store.transaction() as conn:
+        job = store.insert_job(conn, id=uuid.uuid4(), type=job_type, queue=queue,
+                               payload={} if payload is None else payload, priority=priority,
+                               status="queued", max_retries=max_retries, timeout_s=timeout_s,
+                               idempotency_key=None, request_hash=None)
+        store.insert_event(conn, job.id, 0, "enqueued")
+    if push:
+        dispatcher.push([(queue, priority, str(job.id))])
+    return job
+
+
+def service_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment a service subprocess needs to run with `settings`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLINE_")}
+    env.update({
+        "DATABASE_URL": settings.database_url, "REDIS_URL": settings.redis_url,
+        "TASKLINE_LEASE_S": str(settings.lease_s),
+        "TASKLINE_HEARTBEAT_S": str(settings.heartbeat_s),
+        "TASKLINE_REAPER_INTERVAL_S": str(settings.reaper_interval_s),
+        "TASKLINE_RECONCILE_INTERVAL_S": str(settings.reconcile_interval_s),
+        "TASKLINE_BACKOFF_BASE_S": str(settings.backoff_base_s),
+        "TASKLINE_BACKOFF_FACTOR": str(settings.backoff_factor),
+        "TASKLINE_BACKOFF_MAX_S": str(settings.backoff_max_s),
+        "TASKLINE_SHUTDOWN_GRACE_S": str(settings.shutdown_grace_s),
+        "TASKLINE_METRICS_PORT": "0",
+        "TASKLINE_LOG_FORMAT": "json",
+        "TASKLINE_HANDLERS": ",".join(settings.handlers),
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def service(args: list[str], env: dict[str, str], log_dir: Path) -> Iterator[subprocess.Popen]:
+    """Run `taskline <args>` as a subprocess; on exit, stop it (SIGTERM, then SIGKILL) by PID."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{args[0]}-{uuid.uuid4().hex[:6]}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "taskline_cli.main", *args], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    except ProcessLookupError:
+        pass
