@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -31,7 +32,9 @@ for _name in list(os.environ):
 
 
 def db_url(name: str) -> str:
-    return psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
+    """ADMIN_URL with its database replaced by `name`."""
+    parts = urlsplit(ADMIN_URL)
+    return urlunsplit(parts._replace(path="/" + name))
 
 
 def _admin(statement: sql.Composable) -> None:

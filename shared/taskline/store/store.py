@@ -81,11 +81,13 @@ class Store:
             yield conn
 
     def _run(self, name: str, params: dict[str, Any], conn: Connection | None = None) -> list:
+        """Run query `name`; the rows it returns, or [] for a statement without rows."""
         if conn is not None:
             with translate_errors():
-                return list(conn.execute(_QUERIES[name], params))
+                result = conn.execute(_QUERIES[name], params)
+                return list(result) if result.returns_rows else []
         with self.transaction() as own:
-            return list(own.execute(_QUERIES[name], params))
+            return self._run(name, params, own)
 
     # --- producer side -------------------------------------------------------------------
 

@@ -1,0 +1,134 @@
+"""Every Lua script of the dispatcher against a real Redis."""
+
+from __future__ import annotations
+
+import uuid
+
+from taskline.dispatch.dispatcher import SIGNAL_MAX, Dispatcher
+from taskline.dispatch.keys import QUEUES_SET, QueueKeys
+
+Q = QueueKeys("default")
+
+
+def ids(n: int) -> list[str]:
+    return [str(uuid.uuid4()) for _ in range(n)]
+
+
+def test_push_then_fetch_is_fifo_within_a_priority(dispatcher: Dispatcher):
+    jobs = ids(5)
+    dispatcher.push([("default", 5, j) for j in jobs])
+    assert dispatcher.fetch("default", "w1", 10) == jobs
+    assert dispatcher.client.lrange(Q.processing("w1"), 0, -1) == list(reversed(jobs))
+    assert dispatcher.client.sismember(QUEUES_SET, "default")
+
+
+def test_fetch_takes_strictly_by_priority(dispatcher: Dispatcher):
+    low, normal, urgent = ids(3)
+    dispatcher.push([("default", 0, low), ("default", 5, normal), ("default", 9, urgent)])
+    assert dispatcher.fetch("default", "w1", 1) == [urgent]
+    assert dispatcher.fetch("default", "w1", 5) == [normal, low]
+    assert dispatcher.fetch("default", "w1", 5) == []
+
+
+def test_fetch_wakes_another_worker_when_work_remains(dispatcher: Dispatcher):
+    dispatcher.push([("default", 5, j) for j in ids(3)])
+    dispatcher.client.delete(Q.signal)
+    dispatcher.fetch("default", "w1", 1)
+    assert dispatcher.client.llen(Q.signal) == 1
+    dispatcher.client.delete(Q.signal)
+    dispatcher.fetch("default", "w1", 2)
+    assert dispatcher.client.llen(Q.signal) == 0
+
+
+def test_push_signals_are_bounded(dispatcher: Dispatcher):
+    dispatcher.push([("default", 5, j) for j in ids(SIGNAL_MAX * 3)])
+    assert dispatcher.client.llen(Q.signal) == SIGNAL_MAX
+    assert dispatcher.wait_for_work(["default"], timeout_s=0.1)
+
+
+def test_wait_for_work_blocks_until_timeout_when_idle(dispatcher: Dispatcher):
+    assert dispatcher.wait_for_work(["default", "other"], timeout_s=0.1) is False
+
+
+def test_retry_later_and_promote(dispatcher: Dispatcher):
+    (job,) = ids(1)
+    dispatcher.push([("default", 3, job)])
+    dispatcher.fetch("default", "w1", 1)
+    dispatcher.retry_later("default", "w1", job, 1234)
+    assert dispatcher.client.llen(Q.processing("w1")) == 0
+    assert dispatcher.client.zscore(Q.retry, job) == 1234
+    assert dispatcher.promote("default", 3, [job]) == 1
+    assert dispatcher.client.zcard(Q.retry) == 0
+    assert dispatcher.fetch("default", "w2", 1) == [job]
+
+
+def test_schedule_and_unschedule(dispatcher: Dispatcher):
+    a, b = ids(2)
+    dispatcher.schedule("default", a, 10)
+    dispatcher.schedule("default", b, 20, retry=True)
+    assert dispatcher.client.zscore(Q.scheduled, a) == 10
+    assert dispatcher.client.zscore(Q.retry, b) == 20
+    dispatcher.unschedule("default", a)
+    dispatcher.unschedule("default", b)
+    assert dispatcher.client.zcard(Q.scheduled) == dispatcher.client.zcard(Q.retry) == 0
+
+
+def test_dead_letter_moves_out_of_processing(dispatcher: Dispatcher):
+    (job,) = ids(1)
+    dispatcher.push([("default", 5, job)])
+    dispatcher.fetch("default", "w1", 1)
+    dispatcher.dead_letter("default", "w1", job)
+    assert dispatcher.client.lrange(Q.dlq, 0, -1) == [job]
+    assert dispatcher.client.llen(Q.processing("w1")) == 0
+    dispatcher.remove_from_dlq("default", job)
+    assert dispatcher.client.llen(Q.dlq) == 0
+
+
+def test_requeue_puts_the_id_next_in_line(dispatcher: Dispatcher):
+    first, second = ids(2)
+    dispatcher.push([("default", 5, first), ("default", 5, second)])
+    assert dispatcher.fetch("default", "w1", 1) == [first]
+    assert dispatcher.requeue("default", 5, first, "w1", always=False)
+    assert dispatcher.fetch("default", "w2", 1) == [first]
+
+
+def test_requeue_if_present_does_nothing_for_an_absent_id(dispatcher: Dispatcher):
+    (job,) = ids(1)
+    assert not dispatcher.requeue("default", 5, job, "w1", always=False)
+    assert dispatcher.client.llen(Q.ready(5)) == 0
+    assert dispatcher.requeue("default", 5, job, "w1", always=True)
+    assert dispatcher.client.lrange(Q.ready(5), 0, -1) == [job]
+
+
+def test_ack_removes_from_processing(dispatcher: Dispatcher):
+    jobs = ids(3)
+    dispatcher.push([("default", 5, j) for j in jobs])
+    dispatcher.fetch("default", "w1", 3)
+    dispatcher.ack([("default", jobs[0]), ("default", jobs[2])], "w1")
+    assert dispatcher.client.lrange(Q.processing("w1"), 0, -1) == [jobs[1]]
+
+
+def test_snapshot_copies_lists_and_sets_into_one_set(dispatcher: Dispatcher):
+    ready, retry, processing = ids(7000), ids(3), ids(2)
+    dispatcher.push([("default", 5, j) for j in ready])
+    for j in retry:
+        dispatcher.schedule("default", j, 1, retry=True)
+    dispatcher.client.lpush(Q.processing("w9"), *processing, processing[0])
+    dest = Q.snapshot("seen")
+    n = dispatcher.snapshot(dest, [Q.ready(5), Q.retry, Q.processing("w9"), Q.ready(1)], 60)
+    assert n == 7005
+    assert dispatcher.members(dest, [ready[-1], retry[0], processing[1], "nope"]) == [
+        True, True, True, False]
+    assert 0 < dispatcher.client.ttl(dest) <= 60
+    chunks = list(dispatcher.scan_set(dest, count=1000))
+    assert sum(len(c) for c in chunks) >= 7005 and all(chunks)
+
+
+def test_depths_reports_every_structure(dispatcher: Dispatcher):
+    dispatcher.push([("default", 9, j) for j in ids(2)] + [("default", 0, j) for j in ids(1)])
+    dispatcher.fetch("default", "w1", 1)
+    dispatcher.schedule("default", "x", 5)
+    depths = dispatcher.depths("default")
+    assert depths["ready"][9] == 1 and depths["ready"][0] == 1
+    assert depths["processing"] == 1 and depths["scheduled"] == 1
+    assert depths["retry"] == 0 and depths["dlq"] == 0

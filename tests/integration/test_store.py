@@ -1,0 +1,153 @@
+"""The store's state changes against real PostgreSQL: one winner per claim, fencing on every
+write, recovery in PostgreSQL time, promotion, cancel, requeue and leadership."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+from sqlalchemy import text
+
+from taskline.store.store import Store
+from tests.helpers import enqueue, wait_for
+
+
+def claim_one(store: Store, dispatcher, worker="w1", lease_s=15.0, **kw):
+    job = enqueue(store, dispatcher, push=False, **kw)
+    (claimed,) = store.claim_jobs([job.id], worker, lease_s)
+    return claimed
+
+
+def test_claim_has_exactly_one_winner_among_racing_workers(store: Store, dispatcher):
+    jobs = [enqueue(store, dispatcher, push=False) for _ in range(30)]
+    ids = [j.id for j in jobs]
+    wins: dict[str, list] = {}
+    barrier = threading.Barrier(6)
+
+    def race(worker: str) -> None:
+        barrier.wait()
+        wins[worker] = [c.job.id for c in store.claim_jobs(ids, worker, 15)]
+
+    threads = [threading.Thread(target=race, args=(f"w{i}",)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    all_wins = [i for won in wins.values() for i in won]
+    assert sorted(all_wins) == sorted(ids)
+    with store.transaction() as conn:
+        leases = conn.execute(text("SELECT count(*) FROM job_leases")).scalar_one()
+        attempts = conn.execute(text("SELECT sum(attempts) FROM jobs")).scalar_one()
+    assert leases == 30 and attempts == 30
+
+
+def test_completion_is_fenced_by_the_lease(store: Store, dispatcher):
+    claimed = claim_one(store, dispatcher)
+    assert store.complete_jobs([(claimed.lease_id, {"n": 1})], "intruder") == []
+    assert store.complete_jobs([(claimed.lease_id, {"n": 1})], "w1") == [
+        (claimed.job.id, "default")]
+    assert store.complete_jobs([(claimed.lease_id, {"n": 2})], "w1") == []
+    job = store.get_job(claimed.job.id)
+    assert job.status == "succeeded" and job.result == {"n": 1}
+
+
+def test_a_zombie_cannot_record_after_its_lease_was_recovered(store: Store, dispatcher):
+    claimed = claim_one(store, dispatcher, lease_s=0.05)
+    time.sleep(0.1)
+    recovered = store.recover_expired(100)
+    assert [(r.id, r.status, r.worker_id) for r in recovered] == [
+        (claimed.job.id, "queued", "w1")]
+    (second,) = store.claim_jobs([claimed.job.id], "w2", 15)
+    assert second.job.attempts == 2
+    zombie_fail = store.fail_job(lease_id=claimed.lease_id, worker_id="w1", status="dead",
+                                 outcome="failed", error="late", delay_s=0, event="dead_lettered")
+    assert zombie_fail is None
+    assert store.complete_jobs([(claimed.lease_id, "late")], "w1") == []
+    assert store.renew_leases([claimed.lease_id], "w1", 15) == {}
+    assert store.release_jobs([claimed.lease_id], "w1") == []
+    assert store.complete_jobs([(second.lease_id, "ok")], "w2")
+    events, leases = store.get_history(claimed.job.id)
+    assert [e["event"] for e in events] == [
+        "enqueued", "claimed", "recovered", "claimed", "succeeded"]
+    assert [lease["outcome"] for lease in leases] == ["lost", "succeeded"]
+
+
+def test_recovery_of_the_last_attempt_dead_letters(store: Store, dispatcher):
+    claimed = claim_one(store, dispatcher, lease_s=0.05, max_retries=0)
+    time.sleep(0.1)
+    (row,) = store.recover_expired(100)
+    assert row.status == "dead"
+    (dead,) = store.list_dead(queue=None, after=None, limit=10)
+    assert dead["job"].id == claimed.job.id and dead["attempts"] == 1
+    assert "lease expired" in dead["final_error"]
+
+
+def test_live_leases_are_renewed_not_recovered(store: Store, dispatcher):
+    claimed = claim_one(store, dispatcher, lease_s=0.3)
+    for _ in range(4):
+        assert store.renew_leases([claimed.lease_id], "w1", 0.3) == {claimed.lease_id: False}
+        assert store.recover_expired(100) == []
+        time.sleep(0.1)
+
+
+def test_renewal_reports_a_cancel_request(store: Store, dispatcher):
+    claimed = claim_one(store, dispatcher)
+    assert store.cancel_running_job(claimed.job.id).cancel_requested
+    assert store.renew_leases([claimed.lease_id], "w1", 15) == {claimed.lease_id: True}
+    assert store.cancel_job_attempt(claimed.lease_id, "w1", "cancelled by request")
+    assert store.get_job(claimed.job.id).status == "cancelled"
+
+
+def test_failure_schedules_a_retry_in_postgresql_time(store: Store, dispatcher):
+    claimed = claim_one(store, dispatcher)
+    before = store.now()
+    row = store.fail_job(lease_id=claimed.lease_id, worker_id="w1", status="retrying",
+                         outcome="failed", error="boom", delay_s=0.2, event="retry_scheduled")
+    assert abs(row.due_ms - (before.timestamp() + 0.2) * 1000) < 1000
+    assert store.promote_due(10) == []
+    promoted = wait_for(lambda: store.promote_due(10), timeout=3)
+    assert [p.id for p in promoted] == [claimed.job.id]
+    assert store.get_job(claimed.job.id).status == "queued"
+
+
+def test_release_hands_back_without_counting_the_attempt(store: Store, dispatcher):
+    claimed = claim_one(store, dispatcher)
+    assert [r.id for r in store.release_jobs([claimed.lease_id], "w1")] == [claimed.job.id]
+    job = store.get_job(claimed.job.id)
+    assert job.status == "queued" and job.attempts == 0
+    (again,) = store.claim_jobs([job.id], "w2", 15)
+    assert again.job.attempts == 1
+
+
+def test_cancel_pending_and_requeue_dead(store: Store, dispatcher):
+    pending = enqueue(store, dispatcher, push=False)
+    assert store.cancel_pending_job(pending.id).status == "cancelled"
+    assert store.cancel_pending_job(pending.id) is None
+    claimed = claim_one(store, dispatcher)
+    store.fail_job(lease_id=claimed.lease_id, worker_id="w1", status="dead", outcome="failed",
+                   error="fatal", delay_s=0, event="dead_lettered")
+    requeued = store.requeue_dead_job(claimed.job.id)
+    assert requeued.status == "queued" and requeued.attempts == 0
+    assert store.requeue_dead_job(claimed.job.id) is None
+    assert store.list_dead(queue=None, after=None, limit=10) == []
+
+
+def test_idempotency_key_keeps_one_row(store: Store):
+    fields = dict(type="echo", queue="default", payload={}, priority=5, status="queued",
+                  max_retries=0, timeout_s=5, idempotency_key="k1", request_hash="h")
+    with store.transaction() as conn:
+        first = store.insert_job(conn, id=uuid.uuid4(), **fields)
+        second = store.insert_job(conn, id=uuid.uuid4(), **fields)
+    assert first is not None and second is None
+    assert store.get_job_by_key("default", "k1").id == first.id
+
+
+def test_only_one_leader_at_a_time(store: Store):
+    assert store.acquire_leader("m", "a", 0.3)
+    assert not store.acquire_leader("m", "b", 0.3)
+    assert store.acquire_leader("m", "a", 0.3)
+    wait_for(lambda: store.acquire_leader("m", "b", 5), timeout=3)
+    assert not store.acquire_leader("m", "a", 5)
+    store.release_leader("m", "b")
+    assert store.acquire_leader("m", "a", 5)

@@ -1,0 +1,72 @@
+"""The pure job model: priorities, ids, backoff and retry decisions."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from taskline.jobs import (
+    PENDING,
+    TERMINAL,
+    Backoff,
+    Status,
+    decide_retry,
+    parse_job_id,
+    parse_priority,
+)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (0, 0), (9, 9), (5, 5), ("low", 2), ("normal", 5), ("HIGH", 7), ("critical", 9),
+])
+def test_parse_priority_accepts_levels_and_names(value, expected):
+    assert parse_priority(value) == expected
+
+
+@pytest.mark.parametrize("value", [-1, 10, True, False, 5.0, "5", "urgent", None, [5]])
+def test_parse_priority_rejects_everything_else(value):
+    with pytest.raises(ValueError, match="priority"):
+        parse_priority(value)
+
+
+def test_parse_job_id():
+    assert parse_job_id("not-a-uuid") is None
+    assert parse_job_id("../../etc") is None
+    assert str(parse_job_id("0f8fad5b-d9cb-469f-a165-70867728950e")) == (
+        "0f8fad5b-d9cb-469f-a165-70867728950e")
+
+
+def test_states_partition():
+    assert Status.SUCCEEDED.terminal and Status.DEAD.terminal and Status.CANCELLED.terminal
+    assert not Status.RUNNING.terminal and not Status.RUNNING.pending
+    assert PENDING.isdisjoint(TERMINAL)
+
+
+def test_backoff_follows_the_documented_schedule_within_jitter():
+    backoff = Backoff(base_s=10, factor=4, max_s=3600)
+    rng = random.Random(7)
+    for attempt, nominal in [(1, 10), (2, 40), (3, 160), (4, 640), (5, 2560), (6, 3600)]:
+        delays = [backoff.delay(attempt, rng) for _ in range(200)]
+        assert nominal / 2 <= min(delays) and max(delays) <= nominal
+        assert max(delays) - min(delays) > nominal / 4, "jitter spreads the retries"
+
+
+def test_backoff_caps_huge_exponents():
+    assert Backoff(10, 4, 60).delay(10_000, random.Random(1)) <= 60
+
+
+def test_decide_retry_counts_attempts_at_claim():
+    backoff = Backoff(1, 2, 10)
+    assert decide_retry(1, 2, backoff).retry
+    assert decide_retry(2, 2, backoff).retry
+    final = decide_retry(3, 2, backoff)
+    assert not final.retry and "exhausted" in final.reason
+    assert not decide_retry(1, 0, backoff).retry
+
+
+def test_decide_retry_non_retryable_and_override():
+    backoff = Backoff(1, 2, 10)
+    assert not decide_retry(1, 5, backoff, retryable=False).retry
+    decision = decide_retry(1, 5, backoff, delay_override_s=42)
+    assert decision.retry and decision.delay_s == 42

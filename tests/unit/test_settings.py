@@ -1,0 +1,48 @@
+"""Settings: parsing from the environment, defaults, and the cross-field rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskline.errors import ConfigError
+from taskline.settings import Settings, env_names
+
+
+def test_defaults_are_the_documented_ones():
+    s = Settings.from_env(env={})
+    assert (s.lease_s, s.heartbeat_s, s.reaper_interval_s, s.reconcile_interval_s) == (
+        15, 5, 5, 30)
+    assert (s.backoff_base_s, s.backoff_factor, s.backoff_max_s) == (10, 4, 3600)
+    assert s.max_payload_bytes == 1_048_576 and s.api_tokens == ()
+    assert s.shutdown_grace_s == 30 and s.metrics_port == 9100
+    assert s.renew_every_s == 5
+
+
+def test_environment_is_parsed_with_fractions_and_lists():
+    s = Settings.from_env(env={
+        "DATABASE_URL": "postgresql://db/x", "TASKLINE_LEASE_S": "0.6",
+        "TASKLINE_HEARTBEAT_S": "0.2", "TASKLINE_API_TOKENS": "a, b,,",
+        "TASKLINE_HANDLERS": "mod.one,mod.two", "TASKLINE_METRICS_PORT": "0",
+    })
+    assert s.database_url == "postgresql://db/x" and s.lease_s == 0.6
+    assert s.api_tokens == ("a", "b") and s.handlers == ("mod.one", "mod.two")
+    assert s.metrics_port == 0
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"TASKLINE_LEASE_S": "abc"}, "TASKLINE_LEASE_S"),
+    ({"TASKLINE_HEARTBEAT_S": "20"}, "HEARTBEAT"),
+    ({"TASKLINE_BACKOFF_FACTOR": "0.5"}, "FACTOR"),
+    ({"TASKLINE_BACKOFF_MAX_S": "1"}, "BACKOFF_MAX"),
+    ({"TASKLINE_LOG_FORMAT": "xml"}, "LOG_FORMAT"),
+    ({"TASKLINE_METRICS_PORT": "70000"}, "METRICS_PORT"),
+])
+def test_invalid_values_fail_at_start_up_with_the_variable_named(env, message):
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env(env=env)
+
+
+def test_env_names_cover_the_documented_variables():
+    names = set(env_names())
+    assert {"DATABASE_URL", "REDIS_URL", "TASKLINE_LEASE_S", "TASKLINE_API_TOKENS",
+            "TASKLINE_SHUTDOWN_GRACE_S", "TASKLINE_METRICS_PORT"} <= names
