@@ -17,7 +17,6 @@ import psycopg
 import pytest
 import redis
 from psycopg import sql
-
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.migrate import upgrade

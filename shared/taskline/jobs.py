@@ -78,9 +78,9 @@ def parse_priority(value: object) -> int:
     """0..9 or a name (low, normal, high, critical); ValueError otherwise. Booleans are rejected."""
     if isinstance(value, str) and value.lower() in PRIORITY_NAMES:
         return PRIORITY_NAMES[value.lower()]
-    if isinstance(value, int) and not isinstance(value, bool):
-        if MIN_PRIORITY <= value <= MAX_PRIORITY:
-            return value
+    if isinstance(value, int) and not isinstance(value, bool) and (
+            MIN_PRIORITY <= value <= MAX_PRIORITY):
+        return value
     raise ValueError("priority must be an integer 0..9 or one of low, normal, high, critical")
 
 

@@ -1,4 +1,4 @@
-"""The migrations create exactly the schema the metadata describes, idempotently and concurrently."""
+"""Migrations create exactly the schema the metadata describes, idempotently, concurrently."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import sys
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
-
 from taskline.store.migrate import upgrade
 from taskline.store.schema import metadata
 from taskline.store.store import sqlalchemy_url

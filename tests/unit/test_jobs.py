@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from taskline.jobs import (
     PENDING,
     TERMINAL,

@@ -94,7 +94,7 @@ class Dispatcher:
                                             keys.signal], [SIGNAL_MAX, *map(str, ids)]))
 
     def unschedule(self, queue: str, job_id: str) -> None:
-        """Forget a cancelled job's delayed or retry entry; ready-list copies are dropped at claim."""
+        """Forget a cancelled job's delayed or retry entry (ready-list copies die at claim)."""
         keys = QueueKeys(queue)
         with translate_errors(), self.client.pipeline(transaction=False) as pipe:
             pipe.zrem(keys.retry, str(job_id))
@@ -191,7 +191,7 @@ class Dispatcher:
             return [bool(x) for x in self.client.smismember(key, list(ids))]
 
     def depths(self, queue: str) -> dict[str, object]:
-        """Lengths of a queue's structures: ready per priority, processing, retry, scheduled, dlq."""
+        """Lengths of a queue's ready (per priority), processing, retry, scheduled and DLQ."""
         keys = QueueKeys(queue)
         processing = self.processing_lists(queue)
         with translate_errors(), self.client.pipeline(transaction=False) as pipe:

@@ -1,4 +1,7 @@
-"""Loads the named SQL in queries.sql once: `-- name: x` starts a block, the next line describes it."""
+"""Loads the named SQL in queries.sql once.
+
+`-- name: x` starts a block; the comment line after it describes the query.
+"""
 
 from __future__ import annotations
 
