@@ -1,0 +1,296 @@
+"""The taskline Grafana dashboard, generated from code with grafana-foundation-sdk.
+
+`make dashboard` (python grafana/dashboard.py) rewrites grafana/dashboards/taskline.json from
+ROWS below; tests/unit/test_dashboard.py fails when the committed JSON differs from what this
+produces, so the JSON is never edited by hand. Every query uses only metrics that
+`taskline.metrics` defines or that Prometheus and the Redis/PostgreSQL exporters export, and
+`panel_expressions()` lists every query so tests can check or evaluate them.
+
+Queue-depth gauges are exported by maintenance only, possibly by several replicas, so they are
+combined with `max by (...)`; counters and worker gauges come from every replica and are summed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as dashboard_builders
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as dashboard_models
+
+OUTPUT = Path(__file__).resolve().parent / "dashboards" / "taskline.json"
+DATASOURCE = dashboard_models.DataSourceRef(type_val="prometheus", uid="prometheus")
+UID = "taskline"
+HEIGHT = 8
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One panel: a time series, or a stat showing the latest value."""
+
+    title: str
+    description: str
+    queries: tuple[Query, ...]
+    unit: str = "short"
+    stat: bool = False
+    width: int = 8
+    # Values at which the panel turns orange then red; empty for none.
+    thresholds: tuple[float, ...] = ()
+
+
+def _quantiles(histogram: str, by: str, legend: str) -> tuple[Query, ...]:
+    """p50/p95/p99 of a histogram, grouped by the labels in `by`."""
+    return tuple(
+        Query(f"histogram_quantile({q}, sum by (le, {by}) (rate({histogram}_bucket[5m])))",
+              f"p{round(q * 100)} {legend}")
+        for q in (0.5, 0.95, 0.99)
+    )
+
+
+READY_TOTAL = "sum(max by (queue, priority) (job_queue_depth))"
+
+QUEUES = (
+    Chart("Ready jobs by queue and priority",
+          "Jobs waiting in Redis ready lists, per queue and priority (9 is most urgent).",
+          (Query("max by (queue, priority) (job_queue_depth)", "{{queue}} p{{priority}}"),),
+          width=12),
+    Chart("Ready jobs", "All ready jobs, every queue and priority.", (Query(READY_TOTAL),),
+          stat=True, width=4),
+    Chart("Oldest ready job", "Age of the oldest ready job of any queue.",
+          (Query("max(job_oldest_ready_age_seconds)"),), unit="s", stat=True, width=4,
+          thresholds=(60, 300)),
+    Chart("Dead-lettered jobs", "Jobs in the DLQ of every queue, waiting for a person.",
+          (Query("sum(max by (queue) (job_dlq_depth))"),), stat=True, width=4,
+          thresholds=(1, 100)),
+    Chart("In processing", "Ids held in workers' processing lists (claimed, running).",
+          (Query("max by (queue) (job_processing_queue_depth)", "{{queue}}"),)),
+    Chart("Waiting for a retry", "Failed attempts whose backoff has not elapsed yet.",
+          (Query("max by (queue) (job_retry_queue_depth)", "{{queue}}"),)),
+    Chart("Scheduled (delayed)", "Jobs enqueued with delay_s or run_at, not yet due.",
+          (Query("max by (queue) (job_scheduled_queue_depth)", "{{queue}}"),)),
+    Chart("DLQ depth by queue", "Dead-lettered jobs per queue.",
+          (Query("max by (queue) (job_dlq_depth)", "{{queue}}"),), width=12),
+    Chart("Oldest ready job by queue", "How long the oldest ready job of each queue has waited; "
+          "a rising line is a queue that is not draining (alert at 5m).",
+          (Query("max by (queue) (job_oldest_ready_age_seconds)", "{{queue}}"),), unit="s",
+          width=12, thresholds=(60, 300)),
+)
+
+THROUGHPUT = (
+    Chart("Enqueued per second", "Jobs accepted by the API, per queue.",
+          (Query("sum by (queue) (rate(job_enqueued_total[5m]))", "{{queue}}"),), unit="ops"),
+    Chart("Attempts finished per second", "Attempts that succeeded or failed, per queue.",
+          (Query("sum by (queue) (rate(job_completed_total[5m]))", "completed {{queue}}"),
+           Query("sum by (queue) (rate(job_failed_total[5m]))", "failed {{queue}}")),
+          unit="ops"),
+    Chart("Promoted per second", "Due retries and delayed jobs moved to ready by maintenance.",
+          (Query("sum by (queue) (rate(job_promoted_total[5m]))", "{{queue}}"),), unit="ops"),
+    Chart("Processing time by type", "Handler run time, p50/p95/p99 per job type.",
+          _quantiles("job_processing_time_seconds", "type", "{{type}}"), unit="s", width=12),
+    Chart("Wait time by queue", "Time from ready to claimed, p50/p95/p99 per queue: "
+          "rising wait with flat processing time means too few workers.",
+          _quantiles("job_wait_time_seconds", "queue", "{{queue}}"), unit="s", width=12),
+)
+
+# A type that never succeeded (or never failed) has no series for that counter: `or ... * 0`
+# stands in a zero so its ratio is 0 (or 1) instead of missing.
+_SUCCEEDED = ("(sum by (type) (rate(job_completed_total[5m]))"
+              " or sum by (type) (rate(job_failed_total[5m])) * 0)")
+_FAILED = ("(sum by (type) (rate(job_failed_total[5m]))"
+           " or sum by (type) (rate(job_completed_total[5m])) * 0)")
+SUCCESS_RATIO = f"{_SUCCEEDED} / ({_SUCCEEDED} + {_FAILED})"
+
+RELIABILITY = (
+    Chart("Success ratio by type", "Share of attempts that succeeded over 5m, per job type.",
+          (Query(SUCCESS_RATIO, "{{type}}"),), unit="percentunit", width=12),
+    Chart("Failures by type and reason", "Failed attempts per second: error, timeout, "
+          "no handler, lease lost ...",
+          (Query("sum by (type, reason) (rate(job_failed_total[5m]))", "{{type}} {{reason}}"),),
+          unit="ops", width=12),
+    Chart("Retries by type", "Failed attempts scheduled for another try; a sudden jump for one "
+          "type is a retry storm.",
+          (Query("sum by (type) (rate(job_retried_total[5m]))", "{{type}}"),), unit="ops"),
+    Chart("Dead-lettered by type", "Jobs that exhausted their retries or failed for good.",
+          (Query("sum by (type) (rate(job_dlq_total[5m]))", "{{type}}"),), unit="ops"),
+    Chart("Cancelled per second", "Jobs cancelled through the API.",
+          (Query("sum by (queue) (rate(job_cancelled_total[5m]))", "{{queue}}"),), unit="ops"),
+    Chart("Stale completions", "Outcomes rejected by fencing: a worker finished an attempt "
+          "after its lease was taken (zombie). Each one is a re-run that was kept harmless.",
+          (Query("sum by (queue) (rate(job_stale_completions_total[5m]))", "{{queue}}"),),
+          unit="ops", width=12),
+    Chart("Claim conflicts", "Fetched ids that another worker or a state change had already "
+          "won; expected to be rare.",
+          (Query("sum by (queue) (rate(job_claim_conflicts_total[5m]))", "{{queue}}"),),
+          unit="ops", width=12),
+)
+
+SELF_HEALING = (
+    Chart("Recoveries by cause", "Jobs given back by the reaper in the last 5m: dead workers, "
+          "expired leases.",
+          (Query("sum by (cause) (increase(job_recovered_total[5m]))", "{{cause}}"),)),
+    Chart("Reconciliation repairs by kind", "Redis entries restored from or removed to match "
+          "PostgreSQL in the last 5m; non-zero after a Redis restart, zero in steady state.",
+          (Query("sum by (kind) (increase(reconciliation_missing_jobs_total[5m]))",
+                 "restored {{kind}}"),
+           Query("sum by (kind) (increase(reconciliation_corrupted_metadata_total[5m]))",
+                 "removed {{kind}}"))),
+    Chart("Reconciliation pass duration", "Mean and p99 time of one reconciliation pass.",
+          (Query("sum(rate(reconciliation_duration_seconds_sum[5m]))"
+                 " / sum(rate(reconciliation_duration_seconds_count[5m]))", "mean"),
+           Query("histogram_quantile(0.99, sum by (le) "
+                 "(rate(reconciliation_duration_seconds_bucket[5m])))", "p99")), unit="s"),
+    Chart("Lease renewals by result", "Lease renewals per second; anything but success means "
+          "attempts are losing their lease.",
+          (Query("sum by (result) (rate(job_lease_renewals_total[5m]))", "{{result}}"),),
+          unit="ops"),
+    # Every process that imports taskline.metrics exports the unlabelled leader gauge as 0, so
+    # the panel keeps to the maintenance job's instances.
+    Chart("Maintenance leader", "1 for the maintenance instance that is active; exactly one "
+          "instance should show 1.",
+          (Query('max by (instance) (taskline_maintenance_leader{job="maintenance"})',
+                 "{{instance}}"),),
+          stat=True),
+    Chart("Loop errors", "Failed iterations of service loops (reaper, promoter, reconciler, "
+          "heartbeat ...), per scrape job.",
+          (Query("sum by (job, loop) (rate(taskline_loop_errors_total[5m]))",
+                 "{{job}} {{loop}}"),), unit="ops"),
+)
+
+HTTP_ERRORS = ('sum(rate(taskline_http_requests_total{status=~"5.."}[5m]))'
+               " / sum(rate(taskline_http_requests_total[5m]))")
+
+INFRASTRUCTURE = (
+    Chart("Targets up per job", "Scrape targets up, and all targets, per Prometheus job.",
+          (Query("sum by (job) (up)", "{{job}} up"), Query("count by (job) (up)", "{{job}} all"))),
+    Chart("Live workers", "Workers with a recent heartbeat, as maintenance counts them.",
+          (Query("max(taskline_live_workers)"),), stat=True, width=4),
+    Chart("Slot utilisation", "Busy handler slots over all slots of every worker.",
+          (Query("sum(taskline_worker_busy_slots) / sum(taskline_worker_slots)"),),
+          unit="percentunit", stat=True, width=4, thresholds=(0.8, 0.9)),
+    Chart("Worker slots", "Busy and total handler slots over every worker.",
+          (Query("sum(taskline_worker_busy_slots)", "busy"),
+           Query("sum(taskline_worker_slots)", "total"))),
+    Chart("API requests by route and status", "Requests per second the API answered.",
+          (Query("sum by (route, status) (rate(taskline_http_requests_total[5m]))",
+                 "{{route}} {{status}}"),), unit="reqps", width=12),
+    Chart("API latency by route", "Request latency p50/p95/p99 per route.",
+          _quantiles("taskline_http_request_duration_seconds", "route", "{{route}}"),
+          unit="s", width=12),
+    Chart("API server error ratio", "Share of API requests answered with a 5xx.",
+          (Query(HTTP_ERRORS, "5xx"),), unit="percentunit", thresholds=(0.01, 0.05)),
+    Chart("Redis memory", "Memory Redis uses, against its maxmemory (0 means no limit).",
+          (Query("sum by (instance) (redis_memory_used_bytes)", "used {{instance}}"),
+           Query("sum by (instance) (redis_memory_max_bytes)", "max {{instance}}")),
+          unit="bytes"),
+    Chart("Redis clients", "Clients connected to Redis (workers block on BLMOVE, one each).",
+          (Query("sum by (instance) (redis_connected_clients)", "{{instance}}"),)),
+    Chart("PostgreSQL connections", "Backends per database, against max_connections.",
+          (Query("sum by (datname) (pg_stat_database_numbackends)", "{{datname}}"),
+           Query("max(pg_settings_max_connections)", "max_connections")), width=12),
+    Chart("PostgreSQL transactions per second", "Commits and rollbacks per database.",
+          (Query("sum by (datname) (rate(pg_stat_database_xact_commit[5m]))",
+                 "commit {{datname}}"),
+           Query("sum by (datname) (rate(pg_stat_database_xact_rollback[5m]))",
+                 "rollback {{datname}}")), unit="ops", width=12),
+)
+
+ROWS: tuple[tuple[str, tuple[Chart, ...]], ...] = (
+    ("Queue depths", QUEUES),
+    ("Throughput and latency", THROUGHPUT),
+    ("Reliability", RELIABILITY),
+    ("Self-healing", SELF_HEALING),
+    ("Infrastructure", INFRASTRUCTURE),
+)
+
+
+def panel_expressions() -> list[tuple[str, str]]:
+    """(panel title, PromQL expression) for every query of every panel, in dashboard order."""
+    return [(chart.title, query.expr)
+            for _, charts in ROWS for chart in charts for query in chart.queries]
+
+
+def _thresholds(levels: tuple[float, ...]) -> dashboard_builders.ThresholdsConfig:
+    steps = [dashboard_models.Threshold(None, "green")]
+    steps += [dashboard_models.Threshold(value, color)
+              for value, color in zip(levels, ("orange", "red"), strict=False)]
+    return (dashboard_builders.ThresholdsConfig()
+            .mode(dashboard_models.ThresholdsMode.ABSOLUTE).steps(steps))
+
+
+def _stat() -> stat.Panel:
+    return (stat.Panel()
+            .graph_mode(common.BigValueGraphMode.AREA)
+            .color_mode(common.BigValueColorMode.VALUE)
+            .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"])))
+
+
+def _timeseries(chart: Chart) -> timeseries.Panel:
+    legend = (common_builders.VizLegendOptions().show_legend(True)
+              .display_mode(common.LegendDisplayMode.LIST)
+              .placement(common.LegendPlacement.BOTTOM))
+    tooltip = (common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
+               .sort(common.SortOrder.DESCENDING))
+    panel = timeseries.Panel().legend(legend).tooltip(tooltip).fill_opacity(10).line_width(1)
+    if chart.thresholds:
+        panel = panel.thresholds_style(common_builders.GraphThresholdsStyleConfig()
+                                       .mode(common.GraphThresholdsStyleMode.DASHED))
+    return panel
+
+
+def _panel(chart: Chart, panel_id: int) -> stat.Panel | timeseries.Panel:
+    panel = _stat() if chart.stat else _timeseries(chart)
+    if chart.unit == "percentunit":
+        panel = panel.min(0).max(1)
+    panel = (panel.id(panel_id).title(chart.title).description(chart.description)
+             .datasource(DATASOURCE).unit(chart.unit).height(HEIGHT).span(chart.width)
+             .thresholds(_thresholds(chart.thresholds)))
+    for ref, query in zip("ABCDEFGH", chart.queries, strict=False):
+        panel = panel.with_target(prometheus.Dataquery().expr(query.expr)
+                                  .legend_format(query.legend or "__auto").ref_id(ref))
+    return panel
+
+
+def build() -> dict:
+    """The dashboard as a JSON-ready dict."""
+    board = (dashboard_builders.Dashboard("taskline").uid(UID).tags(["taskline"])
+             .description("Queues, throughput, reliability and self-healing of taskline; "
+                          "docs/observability.md says which panel answers which question.")
+             .refresh("10s").time("now-1h", "now").timezone("browser")
+             .tooltip(dashboard_models.DashboardCursorSync.CROSSHAIR).readonly())
+    panel_id = 0
+    for title, charts in ROWS:
+        panel_id += 1
+        board = board.with_row(dashboard_builders.Row(title).id(panel_id))
+        for chart in charts:
+            panel_id += 1
+            board = board.with_panel(_panel(chart, panel_id))
+    return json.loads(json.dumps(board.build(), cls=JSONEncoder))
+
+
+def render() -> str:
+    """The dashboard JSON exactly as committed: sorted keys, two-space indent, final newline."""
+    return json.dumps(build(), indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    target = Path(argv[0]) if argv else OUTPUT
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render(), encoding="utf-8")
+    print(f"wrote {target} ({len(panel_expressions())} queries)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
