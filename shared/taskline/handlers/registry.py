@@ -18,7 +18,7 @@ from typing import Any
 HandlerFn = Callable[[Any, "JobContext"], Any]
 
 _registry: dict[str, HandlerFn] = {}
-BUILTIN_MODULES = ("taskline.handlers.builtin",)
+BUILTIN_MODULES = ("taskline.handlers.builtin", "taskline.handlers.webhook")
 
 
 @dataclass

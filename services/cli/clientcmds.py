@@ -1,0 +1,292 @@
+"""Client commands of the `taskline` CLI: enqueue, status, cancel, dlq, workers, queues.
+
+Invariant: every command talks to the API only through `taskline.client.Client`, prints a
+readable table (or, with --json, the API's JSON unchanged) on stdout, and exits 0 on success,
+1 when the API refused or could not be reached (the message on stderr), 2 on a usage error.
+`--url` defaults to $TASKLINE_URL or http://127.0.0.1:8000, `--token` to $TASKLINE_TOKEN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from taskline.client import Client, ClientError
+from taskline.settings import Settings
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+EXIT_OK, EXIT_API, EXIT_USAGE = 0, 1, 2
+CELL_CHARS = 60
+
+Command = Callable[[argparse.Namespace, Client], int]
+
+
+class UsageError(Exception):
+    """The command line is well-formed but its values are not usable (exit 2)."""
+
+
+def client_command(fn: Command) -> Callable[[argparse.Namespace, Settings], int]:
+    """Give `fn` a Client built from --url/--token and turn failures into exit codes."""
+
+    @functools.wraps(fn)
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        try:
+            with Client(args.url, token=args.token, timeout=args.http_timeout) as client:
+                return fn(args, client)
+        except UsageError as err:
+            print(f"taskline {args.command}: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        except ClientError as err:
+            print(f"taskline {args.command}: {_describe(err)}", file=sys.stderr)
+            return EXIT_API
+        except TimeoutError as err:
+            print(f"taskline {args.command}: {err}", file=sys.stderr)
+            return EXIT_API
+
+    return run
+
+
+def _describe(err: ClientError) -> str:
+    text = str(err)
+    if err.details:
+        text += "\n" + json.dumps(err.details, indent=2, ensure_ascii=False)
+    return text
+
+
+# -- commands --------------------------------------------------------------------------------
+
+@client_command
+def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
+    job = client.enqueue(
+        args.type, _payload(args.payload), queue=args.queue, priority=_priority(args.priority),
+        max_retries=args.max_retries, timeout_s=args.timeout, delay_s=args.delay,
+        run_at=args.run_at, idempotency_key=args.idempotency_key)
+    if not args.wait:
+        _emit(args, job, lambda: print(f"{job.get('id')}  {job.get('status')}"))
+        return EXIT_OK
+    final = client.wait(job["id"], timeout=args.wait_timeout)
+    _emit(args, final, lambda: _print_job(final, events=False))
+    return EXIT_OK if final.get("status") == "succeeded" else EXIT_API
+
+
+@client_command
+def cmd_status(args: argparse.Namespace, client: Client) -> int:
+    job = client.get(args.id)
+    _emit(args, job, lambda: _print_job(job, events=True))
+    return EXIT_OK
+
+
+@client_command
+def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
+    job = client.cancel(args.id)
+    _emit(args, job, lambda: print(f"{job.get('id', args.id)}  {job.get('status', 'cancelled')}"))
+    return EXIT_OK
+
+
+@client_command
+def cmd_dlq_list(args: argparse.Namespace, client: Client) -> int:
+    page = client.dlq(queue=args.queue, limit=args.limit, cursor=args.cursor)
+    _emit(args, page, lambda: _print_page(page, DLQ_COLUMNS))
+    return EXIT_OK
+
+
+@client_command
+def cmd_dlq_retry(args: argparse.Namespace, client: Client) -> int:
+    job = client.retry(args.id)
+    _emit(args, job, lambda: print(f"{job.get('id', args.id)}  {job.get('status', 'queued')}"))
+    return EXIT_OK
+
+
+@client_command
+def cmd_workers(args: argparse.Namespace, client: Client) -> int:
+    data = client.workers()
+    _emit(args, data, lambda: _print_page(data, WORKER_COLUMNS))
+    return EXIT_OK
+
+
+@client_command
+def cmd_queues(args: argparse.Namespace, client: Client) -> int:
+    data = client.queues()
+    _emit(args, data, lambda: _print_page(data, QUEUE_COLUMNS))
+    return EXIT_OK
+
+
+# -- argument values -------------------------------------------------------------------------
+
+def _payload(text: str | None) -> Any:
+    """--payload: JSON text, `@path` for a file, or `-` for standard input."""
+    if text is None:
+        return None
+    source = text
+    try:
+        if text == "-":
+            source = sys.stdin.read()
+        elif text.startswith("@"):
+            source = Path(text[1:]).read_text(encoding="utf-8")
+        return json.loads(source)
+    except OSError as err:
+        raise UsageError(f"--payload: cannot read {text[1:]!r}: {err.strerror}") from None
+    except ValueError as err:
+        raise UsageError(f"--payload is not valid JSON: {err}") from None
+
+
+def _priority(text: str | None) -> int | str | None:
+    if text is None:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+# -- output ----------------------------------------------------------------------------------
+
+JOB_FIELDS = ("id", "type", "queue", "status", "priority", "payload", "attempts",
+              "max_retries", "timeout_s", "next_run_at", "created_at", "updated_at",
+              "last_error", "result", "lease")
+EVENT_COLUMNS = (("AT", "created_at"), ("ATTEMPT", "attempt"), ("EVENT", "event"),
+                 ("WORKER", "worker_id"), ("DETAIL", "detail"))
+DLQ_COLUMNS = (("ID", "job.id"), ("TYPE", "job.type"), ("QUEUE", "job.queue"),
+               ("ATTEMPTS", "attempts"), ("FAILED AT", "failed_at"), ("ERROR", "final_error"))
+WORKER_COLUMNS = (("ID", "id"), ("HOST", "hostname"), ("PID", "pid"), ("QUEUES", "queues"),
+                  ("CONCURRENCY", "concurrency"), ("ACTIVE", "active_jobs"),
+                  ("HEARTBEAT AGE S", "heartbeat_age_s"), ("STARTED", "started_at"))
+QUEUE_COLUMNS = (("QUEUE", "name"), ("SCHEDULED", "counts.scheduled"),
+                 ("QUEUED", "counts.queued"), ("RETRYING", "counts.retrying"),
+                 ("RUNNING", "counts.running"), ("DEAD", "counts.dead"),
+                 ("REDIS READY", "redis.ready_total"), ("REDIS PROCESSING", "redis.processing"))
+
+
+def _emit(args: argparse.Namespace, data: Any, readable: Callable[[], None]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+    else:
+        readable()
+
+
+def cell(value: Any, width: int = CELL_CHARS) -> str:
+    """One table cell: '-' for nothing, lists joined, objects as compact JSON, one line."""
+    if value is None or value == "":
+        text = "-"
+    elif isinstance(value, float):
+        text = f"{value:.2f}".rstrip("0").rstrip(".")
+    elif isinstance(value, list) and all(not isinstance(v, dict | list) for v in value):
+        text = ",".join(str(v) for v in value)
+    elif isinstance(value, dict | list):
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    else:
+        text = str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+    """Rows aligned under their headers, two spaces between columns."""
+    cells = [[header for header, _ in columns]]
+    cells += [[cell(lookup(row, key)) for _, key in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+                     for line in cells)
+
+
+def lookup(row: Any, path: str) -> Any:
+    """`row["job"]["id"]` for the path "job.id"; None where any step is missing."""
+    for step in path.split("."):
+        if not isinstance(row, dict):
+            return None
+        row = row.get(step)
+    return row
+
+
+def items_of(data: Any) -> list[dict[str, Any]]:
+    """The rows of a list answer: the answer itself, or its one list of objects."""
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        for value in data.values():
+            if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+                return value
+    return []
+
+
+def _print_page(data: Any, columns: Sequence[tuple[str, str]]) -> None:
+    rows = items_of(data)
+    print(table(rows, columns) if rows else "(none)")
+    cursor = data.get("next_cursor") if isinstance(data, dict) else None
+    if cursor:
+        print(f"more: --cursor {cursor}")
+
+
+def _print_job(job: dict[str, Any], *, events: bool) -> None:
+    shown = [(name, job[name]) for name in JOB_FIELDS if name in job]
+    width = max((len(name) for name, _ in shown), default=0)
+    for name, value in shown:
+        print(f"{name.ljust(width)}  {cell(value, 200)}")
+    if events and job.get("events"):
+        print()
+        print(table(job["events"], EVENT_COLUMNS))
+
+
+# -- parser ----------------------------------------------------------------------------------
+
+def _connection_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=os.environ.get("TASKLINE_URL") or DEFAULT_URL,
+                        help="API base URL (default $TASKLINE_URL or %(default)s)")
+    common.add_argument("--token", default=os.environ.get("TASKLINE_TOKEN") or None,
+                        help="bearer token (default $TASKLINE_TOKEN)")
+    common.add_argument("--http-timeout", type=float, default=10.0, metavar="S",
+                        help="seconds to wait for each API answer (default 10)")
+    common.add_argument("--json", action="store_true", help="print the API's JSON")
+    return common
+
+
+def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("enqueue", parents=[common], help="enqueue a job")
+    p.add_argument("type", help="job type (the handler's name)")
+    p.add_argument("--payload", help="JSON payload, @FILE, or - for stdin (default {})")
+    p.add_argument("--queue", help="queue (default: default)")
+    p.add_argument("--priority", help="0..9 or low/normal/high/critical (default normal)")
+    p.add_argument("--max-retries", type=int, help="retries after the first attempt")
+    p.add_argument("--timeout", type=float, metavar="S", help="handler timeout, seconds")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=float, metavar="S", help="first run in S seconds")
+    when.add_argument("--run-at", metavar="TIME", help="first run at an ISO 8601 time")
+    p.add_argument("--idempotency-key", metavar="K",
+                   help="dedupe key (default: a fresh one per command)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for the job to finish; exit 1 unless it succeeded")
+    p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
+                   help="how long --wait waits (default 60)")
+    p.set_defaults(fn=cmd_enqueue)
+
+
+def _dlq_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    dlq = sub.add_parser("dlq", help="dead-lettered jobs")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    listing = dlq_sub.add_parser("list", parents=[common], help="list dead-lettered jobs")
+    listing.add_argument("--queue", help="only this queue")
+    listing.add_argument("--limit", type=int, help="at most N jobs")
+    listing.add_argument("--cursor", help="continue after a previous page")
+    listing.set_defaults(fn=cmd_dlq_list)
+    retry = dlq_sub.add_parser("retry", parents=[common], help="requeue a dead-lettered job")
+    retry.add_argument("id", help="job id")
+    retry.set_defaults(fn=cmd_dlq_retry)
+
+
+def add_client_commands(sub: argparse._SubParsersAction) -> None:
+    """Register the client commands on the `taskline` parser's subcommands."""
+    common = _connection_options()
+    _enqueue_parser(sub, common)
+    status = sub.add_parser("status", parents=[common], help="show a job and its history")
+    status.add_argument("id", help="job id")
+    status.set_defaults(fn=cmd_status)
+    cancel = sub.add_parser("cancel", parents=[common], help="cancel a job")
+    cancel.add_argument("id", help="job id")
+    cancel.set_defaults(fn=cmd_cancel)
+    _dlq_parser(sub, common)
+    sub.add_parser("workers", parents=[common], help="live workers").set_defaults(fn=cmd_workers)
+    sub.add_parser("queues", parents=[common], help="depth per queue").set_defaults(fn=cmd_queues)

@@ -1,0 +1,175 @@
+"""The Python client against a real `taskline api` subprocess (real PostgreSQL and Redis).
+
+Dead jobs and live workers are produced the way a worker produces them (claim, fail, dead-letter;
+register), through the library's Store and Dispatcher, so these tests need no worker process.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from taskline.client import Client, ClientError
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.settings import Settings
+from taskline.store.store import Store
+
+from tests.helpers import enqueue, service, service_env, wait_for
+
+WORKER = "client-test-worker"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_api(settings: Settings, log_dir: Path, **env: str) -> Iterator[str]:
+    """Run `taskline api` on a free loopback port until the caller is done; yield its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with service(["api", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+                 service_env(settings, **env), log_dir) as proc:
+
+        def answering() -> bool:
+            assert proc.poll() is None, f"taskline api exited; see {log_dir}"
+            try:
+                return requests.get(url + "/healthz", timeout=1).ok
+            except requests.ConnectionError:
+                return False
+
+        wait_for(answering, timeout=30, interval=0.1, message="taskline api to answer")
+        yield url
+
+
+@pytest.fixture
+def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
+    yield from start_api(settings, tmp_path / "logs")
+
+
+@pytest.fixture
+def client(api_url: str) -> Iterator[Client]:
+    with Client(api_url, attempts=2) as c:
+        yield c
+
+
+def make_dead(store: Store, dispatcher: Dispatcher, queue: str = "default") -> str:
+    """A job that failed its only attempt, recorded as the worker records it."""
+    job = enqueue(store, dispatcher, "simulate", {"fail_first": 1}, queue=queue, max_retries=0)
+    [fetched] = dispatcher.fetch(queue, WORKER, 1)
+    [claimed] = store.claim_jobs([fetched], WORKER, 30)
+    assert store.fail_job(lease_id=claimed.lease_id, worker_id=WORKER, status="dead",
+                          outcome="failed", error="simulated failure", delay_s=0,
+                          event="dead_lettered") is not None
+    dispatcher.dead_letter(queue, WORKER, fetched)
+    return str(job.id)
+
+
+def test_enqueue_get_and_list(client: Client) -> None:
+    job = client.enqueue("echo", {"hello": "world"}, queue="emails", priority="high",
+                         max_retries=1, timeout_s=5)
+    assert job["status"] == "queued"
+    assert (job["queue"], job["priority"], job["max_retries"]) == ("emails", 7, 1)
+    detail = client.get(job["id"])
+    assert detail["payload"] == {"hello": "world"}
+    assert [e["event"] for e in detail["events"]] == ["enqueued"]
+    page = client.list(queue="emails", status="queued")
+    assert [j["id"] for j in page["jobs"]] == [job["id"]]
+    assert client.list(queue="other")["jobs"] == []
+
+
+def test_replayed_enqueue_returns_the_same_job(client: Client) -> None:
+    first = client.enqueue("echo", {"n": 1}, idempotency_key="order-7")
+    again = client.enqueue("echo", {"n": 1}, idempotency_key="order-7")
+    assert again["id"] == first["id"]
+    with pytest.raises(ClientError) as info:
+        client.enqueue("echo", {"n": 2}, idempotency_key="order-7")
+    assert (info.value.status, info.value.code) == (422, "idempotency_key_reused")
+    assert len(client.list()["jobs"]) == 1
+
+
+def test_delayed_job_is_scheduled(client: Client) -> None:
+    job = client.enqueue("echo", delay_s=3600)
+    assert job["status"] == "scheduled"
+
+
+def test_list_pages_with_the_cursor(client: Client) -> None:
+    ids = {client.enqueue("echo", {"i": i})["id"] for i in range(3)}
+    first = client.list(limit=2)
+    assert len(first["jobs"]) == 2 and first["next_cursor"]
+    second = client.list(limit=2, cursor=first["next_cursor"])
+    assert second["next_cursor"] is None
+    assert {j["id"] for j in first["jobs"] + second["jobs"]} == ids
+
+
+def test_batch(client: Client) -> None:
+    answer = client.enqueue_batch([{"type": "echo", "payload": {"i": 1}},
+                                   {"type": "echo", "queue": "q2", "priority": 9}])
+    assert answer["created"] == 2
+    assert [item["job"]["queue"] for item in answer["jobs"]] == ["default", "q2"]
+
+
+def test_cancel_then_wait_returns_at_once(client: Client) -> None:
+    job = client.enqueue("echo")
+    assert client.cancel(job["id"])["status"] == "cancelled"
+    assert client.wait(job["id"], timeout=5)["status"] == "cancelled"
+    with pytest.raises(ClientError) as info:
+        client.cancel(job["id"])
+    assert (info.value.status, info.value.code) == (409, "invalid_state")
+
+
+def test_wait_times_out_on_a_job_nobody_runs(client: Client) -> None:
+    job = client.enqueue("echo")
+    with pytest.raises(TimeoutError, match="still queued"):
+        client.wait(job["id"], timeout=0.5, poll=0.1)
+
+
+def test_unknown_and_malformed_ids_are_404(client: Client) -> None:
+    for job_id in (uuid.uuid4(), "not-a-uuid", "../workers"):
+        with pytest.raises(ClientError) as info:
+            client.get(job_id)
+        assert (info.value.status, info.value.code) == (404, "not_found")
+
+
+def test_validation_errors_carry_details(client: Client) -> None:
+    with pytest.raises(ClientError) as info:
+        client.enqueue("echo", priority=12)
+    assert (info.value.status, info.value.code) == (422, "validation_failed")
+    assert any(d["field"] == "priority" for d in info.value.details)
+
+
+def test_dlq_and_retry(client: Client, store: Store, dispatcher: Dispatcher) -> None:
+    dead_id = make_dead(store, dispatcher)
+    dead = client.dlq()
+    assert [entry["job"]["id"] for entry in dead["jobs"]] == [dead_id]
+    assert dead["jobs"][0]["final_error"] == "simulated failure"
+    assert client.dlq(queue="other")["jobs"] == []
+    assert client.wait(dead_id, timeout=1)["status"] == "dead"
+    assert client.retry(dead_id)["status"] == "queued"
+    assert client.dlq()["jobs"] == []
+    with pytest.raises(ClientError) as info:
+        client.retry(dead_id)
+    assert info.value.status == 409
+
+
+def test_workers_and_queues(client: Client, store: Store) -> None:
+    client.enqueue("echo", queue="reports")
+    store.upsert_worker(WORKER, "host-a", 4242, ["reports"], 3)
+    workers = client.workers()["workers"]
+    assert [(w["id"], w["pid"], w["concurrency"]) for w in workers] == [(WORKER, 4242, 3)]
+    queues = {q["name"]: q for q in client.queues()["queues"]}
+    assert queues["reports"]["counts"]["queued"] == 1
+
+
+def test_token_is_required_when_configured(settings: Settings, tmp_path: Path) -> None:
+    for url in start_api(settings, tmp_path / "logs", TASKLINE_API_TOKENS="s3cret"):
+        with Client(url) as anonymous, pytest.raises(ClientError) as info:
+            anonymous.queues()
+        assert (info.value.status, info.value.code) == (401, "unauthorized")
+        with Client(url, token="s3cret") as authorised:
+            assert authorised.enqueue("echo")["status"] == "queued"
