@@ -20,7 +20,10 @@ from taskline.dispatch.keys import QUEUES_SET, QueueKeys, worker_key
 from taskline.errors import DispatchUnavailable
 
 SIGNAL_MAX = 64
-_SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot")
+_SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot",
+            "discard")
+# Stands in for an entry being discarded; job ids are UUIDs, so no id can equal it.
+DISCARD_MARKER = "taskline:discarded"
 
 
 def make_client(url: str, socket_timeout: float | None = 5.0) -> redis.Redis:
@@ -189,6 +192,78 @@ class Dispatcher:
             return []
         with translate_errors():
             return [bool(x) for x in self.client.smismember(key, list(ids))]
+
+    def take(self, key: str, ids: Sequence[str]) -> list[bool]:
+        """Which of `ids` the set `key` holds, removing them from it, in one round trip."""
+        if not ids:
+            return []
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            pipe.smismember(key, list(ids))
+            pipe.srem(key, *ids)
+            present, _ = pipe.execute()
+        return [bool(x) for x in present]
+
+    def schedule_many(self, queue: str, entries: Sequence[tuple[str, int]], *,
+                      retry: bool = False) -> None:
+        """Hold (id, due_ms) entries in the retry or scheduled set, in one round trip."""
+        if not entries:
+            return
+        keys = QueueKeys(queue)
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(keys.retry if retry else keys.scheduled,
+                      {str(job_id): due_ms for job_id, due_ms in entries})
+            pipe.sadd(QUEUES_SET, queue)
+            pipe.execute()
+
+    def restore_dead(self, queue: str, ids: Sequence[str]) -> None:
+        """Put dead jobs' ids back in the queue's DLQ list (after Redis lost them)."""
+        if not ids:
+            return
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            pipe.lpush(QueueKeys(queue).dlq, *map(str, ids))
+            pipe.sadd(QUEUES_SET, queue)
+            pipe.execute()
+
+    def unschedule_many(self, queue: str, ids: Sequence[str]) -> tuple[int, int]:
+        """Drop ids from the retry and scheduled sets; returns (removed from retry, scheduled)."""
+        if not ids:
+            return 0, 0
+        keys = QueueKeys(queue)
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            pipe.zrem(keys.retry, *map(str, ids))
+            pipe.zrem(keys.scheduled, *map(str, ids))
+            retry, scheduled = pipe.execute()
+        return int(retry), int(scheduled)
+
+    def collect(self, key: str, ids: Sequence[str], ttl_s: int) -> None:
+        """Add ids to a temporary working set that expires after ttl_s seconds."""
+        if not ids:
+            return
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            pipe.sadd(key, *map(str, ids))
+            pipe.expire(key, ttl_s)
+            pipe.execute()
+
+    def discard(self, drop_key: str, lists: Sequence[str]) -> int:
+        """Remove every id of the set `drop_key` from `lists`, one pass per list; returns the
+        number of entries removed."""
+        if not lists:
+            return 0
+        return int(self._script("discard", [drop_key, *lists], [DISCARD_MARKER]))
+
+    def remove_all(self, key: str, ids: Sequence[str]) -> int:
+        """Remove every copy of `ids` from one short list (a processing list); returns the count."""
+        if not ids:
+            return 0
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.lrem(key, 0, str(job_id))
+            return sum(int(n) for n in pipe.execute())
+
+    def delete(self, keys: Sequence[str]) -> None:
+        if keys:
+            with translate_errors():
+                self.client.delete(*keys)
 
     def depths(self, queue: str) -> dict[str, object]:
         """Lengths of a queue's ready (per priority), processing, retry, scheduled and DLQ."""

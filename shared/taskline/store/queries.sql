@@ -243,7 +243,8 @@ WITH expired AS (
         last_error = 'lease expired: worker ' || leases.worker_id || ' stopped renewing',
         updated_at = now()
     FROM leases WHERE j.id = leases.job_id AND j.status = 'running'
-    RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.last_error, leases.worker_id
+    RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.last_error, leases.worker_id,
+              j.type
 ), dead AS (
     INSERT INTO dead_letter_jobs (job_id, final_error, attempts, failed_at)
     SELECT id, last_error, attempts, now() FROM changed WHERE status = 'dead'
@@ -256,10 +257,10 @@ WITH expired AS (
            jsonb_build_object('cause', 'lease_expired', 'status', status)
     FROM changed
 )
-SELECT id, queue, priority, status, worker_id FROM changed;
+SELECT id, queue, priority, status, worker_id, type, attempts FROM changed;
 
 -- name: pending_page
--- One keyset page of jobs that Redis should hold (pending or dead), last touched before :before.
+-- One keyset page of pending jobs (which Redis should hold), last touched before :before.
 SELECT id, queue, priority, status,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
 FROM jobs

@@ -1,0 +1,116 @@
+"""Entry point of `taskline maintenance`: the leader and every component, each in a thread.
+
+Invariant: components act only while this instance holds the maintenance lease, and the lease
+is released only after every component has stopped (or the stop deadline passed), so on a
+clean shutdown a standby takes over within one renewal period and the two never overlap.
+SIGTERM or SIGINT stops the process within about `STOP_TIMEOUT_S` seconds with exit status 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+from taskline import metrics
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.handlers import registry
+from taskline.metrics import LabelGuard, TypeLabels
+from taskline.settings import Settings
+from taskline.store.store import Store
+from taskline_maintenance.depths import DepthGauges
+from taskline_maintenance.leader import Leader, leader_ttl
+from taskline_maintenance.promoter import Promoter
+from taskline_maintenance.reaper import Reaper
+from taskline_maintenance.reconciler import Reconciler
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 2.0
+"""How long shutdown waits for components to finish their current pass, seconds."""
+
+
+class Maintenance:
+    """One maintenance instance: a leader loop and the component loops it gates."""
+
+    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+                 holder: str | None = None, types: Callable[[str], str] | None = None) -> None:
+        queues = LabelGuard()
+        self.leader = Leader(store, leader_ttl(settings), holder)
+        self.reaper = Reaper(store, dispatcher, settings, types=types, queues=queues)
+        self.promoter = Promoter(store, dispatcher, settings, queues=queues)
+        self.reconciler = Reconciler(store, dispatcher, settings, queues=queues)
+        self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self._spawn("leader", lambda: self.leader.run(self._stop))
+        for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
+                                ("reconciler", self.reconciler), ("depths", self.depths)):
+            self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=f"maintenance-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop every loop, wait for passes in flight (up to the deadline), then release."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        if stuck:
+            log.warning("stopping with passes still in flight: %s", stuck,
+                        extra={"action": "shutdown"})
+        self.leader.release()
+        self.depths.clear()
+
+
+def type_labels(settings: Settings) -> TypeLabels:
+    """Job types usable as metric labels: the registered handlers' types.
+
+    Maintenance never runs handlers; a handler module that fails to import must not stop the
+    service that repairs the system, so it costs only precise labels ("other" instead).
+    """
+    try:
+        return TypeLabels(registry.load(settings.handlers))
+    except Exception:
+        log.exception("could not import the handler modules; DLQ metrics label them 'other'",
+                      extra={"action": "startup"})
+        return TypeLabels(registry.load(()))
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    def handle(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name,
+                 extra={"action": "shutdown"})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def run(settings: Settings, metrics_port: int) -> int:
+    """Run maintenance until SIGTERM or SIGINT; returns the exit status."""
+    stop = threading.Event()
+    _stop_on_signals(stop)
+    metrics.serve(metrics_port)
+    store = Store.connect(settings.database_url, pool_size=4,
+                          application_name="taskline-maintenance")
+    dispatcher = Dispatcher(settings.redis_url)
+    service = Maintenance(store, dispatcher, settings, types=type_labels(settings))
+    service.start()
+    log.info("maintenance started", extra={"action": "startup", "holder": service.leader.holder,
+                                           "metrics_port": metrics_port})
+    while not stop.wait(0.5):
+        pass
+    service.stop()
+    dispatcher.close()
+    store.dispose()
+    log.info("maintenance stopped", extra={"action": "shutdown"})
+    return 0

@@ -1,0 +1,108 @@
+"""The reaper: gives back the jobs of workers that stopped renewing their leases.
+
+Invariant: a job is recovered when, and only when, its PostgreSQL lease has expired in
+PostgreSQL time (`Store.recover_expired` compares `leased_until < now()` inside PostgreSQL,
+never a process clock). A missing heartbeat key alone is never a reason to recover a job: after
+a Redis restart every key is gone while every worker is alive and renewing, so this module does
+not read heartbeat keys at all. Recovery puts the job back to queued (or dead when the expired
+attempt was its last; attempts are counted at claim, so a job that kills its worker every time
+still reaches the DLQ), closes the lease as `lost` and writes a `recovered` event, all in one
+transaction; only then is the id moved in Redis. If this process dies between the two, the job
+is queued (or dead) in PostgreSQL but not where Redis should hold it, and the reconciler
+restores it on a later pass.
+
+It also closes the registry rows of workers silent for ten heartbeat periods, so
+`GET /workers` and the live-worker gauge stop listing them; that is bookkeeping only and never
+touches a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.metrics import JOB_DLQ, JOB_RECOVERED, LabelGuard, TypeLabels
+from taskline.settings import Settings
+from taskline.store.store import Store
+from taskline_maintenance.loop import always, run_every
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 500
+"""Expired leases recovered per transaction; the reaper pages until none are left."""
+SILENT_HEARTBEATS = 10
+"""A worker silent for this many heartbeat periods has its registry row closed."""
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """Counts of one reaper pass."""
+
+    requeued: int = 0
+    dead_lettered: int = 0
+    workers_stopped: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.requeued or self.dead_lettered or self.workers_stopped)
+
+
+class Reaper:
+    """Recovers expired leases (PostgreSQL first, then Redis) and closes silent workers."""
+
+    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+                 page_size: int = PAGE_SIZE, types: Callable[[str], str] | None = None,
+                 queues: Callable[[str], str] | None = None) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.page_size = page_size
+        self.type_label = types or TypeLabels(())
+        self.queue_label = queues or LabelGuard()
+
+    @property
+    def interval_s(self) -> float:
+        return self.settings.reaper_interval_s
+
+    def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
+        run_every("reaper", self.interval_s, self.run_once, stop, active)
+
+    def run_once(self) -> ReapResult:
+        requeued = dead = 0
+        while True:
+            rows = self.store.recover_expired(self.page_size)
+            for row in rows:
+                if self._move(row):
+                    dead += 1
+                else:
+                    requeued += 1
+            if len(rows) < self.page_size:
+                break
+        silent_s = SILENT_HEARTBEATS * self.settings.heartbeat_s
+        stopped = self.store.mark_silent_workers_stopped(silent_s)
+        if stopped:
+            log.info("closed the registry rows of %d silent workers", len(stopped),
+                     extra={"action": "reap", "workers": stopped})
+        result = ReapResult(requeued, dead, len(stopped))
+        if not result.changed:
+            log.debug("reaper pass: nothing expired", extra={"action": "reap"})
+        return result
+
+    def _move(self, row) -> bool:
+        """Move one recovered job's id in Redis; True when it was dead-lettered."""
+        queue, job_id = row.queue, str(row.id)
+        JOB_RECOVERED.labels(queue=self.queue_label(queue), cause="lease_expired").inc()
+        extra = {"action": "recover", "job_id": job_id, "queue": queue, "attempt": row.attempts,
+                 "worker": row.worker_id, "type": row.type}
+        if row.status == "dead":
+            self.dispatcher.dead_letter(queue, row.worker_id, job_id)
+            JOB_DLQ.labels(type=self.type_label(row.type), queue=self.queue_label(queue)).inc()
+            log.error("lease expired on the last attempt: job dead-lettered", extra=extra)
+            return True
+        self.dispatcher.requeue(queue, row.priority, job_id, from_worker=row.worker_id,
+                                always=True)
+        log.warning("lease expired: job requeued", extra=extra)
+        return False
