@@ -6,7 +6,7 @@ import random
 import time
 from typing import Any
 
-from taskline.errors import NonRetryableError
+from taskline.errors import JobCancelled, NonRetryableError
 from taskline.handlers.registry import JobContext, handler
 
 
@@ -26,6 +26,9 @@ def simulate(payload: Any, ctx: JobContext) -> dict[str, Any]:
     params = payload if isinstance(payload, dict) else {}
     _sleep(float(params.get("sleep_s", 0) or 0), ctx)
     _burn_cpu(float(params.get("cpu_ms", 0) or 0), ctx)
+    if ctx.stopping:
+        # Cut short by cancel, timeout, lost lease or shutdown: the work did not finish.
+        raise JobCancelled("stopped before the simulated work finished")
     message = str(params.get("error") or "simulated failure")
     failing = ctx.attempt <= int(params.get("fail_first", 0) or 0)
     failing = failing or random.random() < float(params.get("fail_rate", 0) or 0)

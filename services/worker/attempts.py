@@ -1,0 +1,190 @@
+"""Attempts a worker holds: one claimed job's lease, handler context and fate, and the set of them.
+
+Invariant: exactly one party settles an attempt (the handler's return, its timeout, the
+self-fence or the shutdown hand-back), and only that party decides what, if anything, is
+recorded for it. An attempt stays in the held set, occupying a slot and being renewed, until
+its outcome has been written or given up, so a worker never holds more than `concurrency`
+leases.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskline.handlers.registry import JobContext
+from taskline.jobs import Job
+from taskline.store.store import Claimed
+
+
+class Settler(enum.StrEnum):
+    """Who settled an attempt, i.e. who owns its outcome."""
+
+    HANDLER = "handler"  # the handler returned or raised: its result is recorded
+    TIMEOUT = "timeout"  # the timeout passed first: recorded as a timeout
+    FENCE = "fence"  # the local lease deadline passed: nothing may be recorded
+    HANDBACK = "handback"  # shutdown gave the job back: released, attempt not counted
+
+
+@dataclass(eq=False)
+class Attempt:
+    """One run of one job under one lease."""
+
+    claimed: Claimed
+    ctx: JobContext
+    lease_deadline: float
+    """Local monotonic instant after which the lease may have lapsed: no write after it."""
+    lost: bool = False
+    """A renewal found the lease no longer ours (reaped, or the job left `running`)."""
+    fenced: bool = False
+    """The lease lapsed locally without renewal: the outcome is never recorded."""
+    cancel_requested: bool = False
+    settled_by: Settler | None = None
+    lease_check: Any = None
+    """The pending deadline that self-fences this attempt (see fencing.Fence)."""
+    _running: bool = False
+    _written_off: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def begin(cls, claimed: Claimed, worker_id: str, sent_at: float, lease_s: float,
+              margin_s: float) -> Attempt:
+        """An attempt for a job just claimed; `sent_at` is when the claim was sent (monotonic)."""
+        job = claimed.job
+        ctx = JobContext(job_id=job.id, attempt=job.attempts, queue=job.queue, type=job.type,
+                         worker_id=worker_id)
+        attempt = cls(claimed=claimed, ctx=ctx, lease_deadline=sent_at + lease_s - margin_s)
+        if job.cancel_requested:
+            attempt.request_cancel()
+        return attempt
+
+    @property
+    def job(self) -> Job:
+        return self.claimed.job
+
+    @property
+    def lease_id(self) -> int:
+        return self.claimed.lease_id
+
+    @property
+    def queue(self) -> str:
+        return self.claimed.job.queue
+
+    @property
+    def job_id(self) -> str:
+        return str(self.claimed.job.id)
+
+    def settle(self, by: Settler) -> bool:
+        """Take ownership of the outcome; True only for the first caller."""
+        with self._lock:
+            if self.settled_by is not None:
+                return False
+            self.settled_by = by
+            return True
+
+    @property
+    def renewable(self) -> bool:
+        """Whether the lease keeper should still extend this lease."""
+        if self.lost or self.fenced:
+            return False
+        return self.settled_by in (None, Settler.HANDLER)
+
+    def renewed(self, sent_at: float, lease_s: float, margin_s: float) -> None:
+        """A renewal sent at `sent_at` (monotonic) succeeded: move the local deadline on."""
+        self.lease_deadline = max(self.lease_deadline, sent_at + lease_s - margin_s)
+
+    def lease_valid(self, now: float | None = None) -> bool:
+        """Whether this worker may still write the attempt's outcome."""
+        now = time.monotonic() if now is None else now
+        return not self.fenced and now < self.lease_deadline
+
+    def stop(self) -> None:
+        """Ask the handler to stop (it sees `ctx.stopping`)."""
+        self.ctx.stop_event.set()
+
+    def request_cancel(self) -> None:
+        self.cancel_requested = True
+        self.stop()
+
+    def begin_run(self) -> None:
+        with self._lock:
+            self._running = True
+
+    def end_run(self) -> bool:
+        """The handler returned; True when its thread had been written off meanwhile."""
+        with self._lock:
+            self._running = False
+            return self._written_off
+
+    def write_off(self) -> bool:
+        """Abandon the thread running the handler; False when the handler already returned."""
+        with self._lock:
+            if not self._running:
+                return False
+            self._written_off = True
+            return True
+
+    def log_extra(self, action: str, **more: Any) -> dict[str, Any]:
+        """The fields every job-path log record carries."""
+        job = self.claimed.job
+        return {"action": action, "job_id": str(job.id), "queue": job.queue,
+                "attempt": job.attempts, "worker": self.ctx.worker_id, "type": job.type, **more}
+
+
+class Attempts:
+    """The attempts whose leases this worker holds; their number is bounded by concurrency."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self._held: dict[int, Attempt] = {}
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._held)
+
+    def add(self, attempt: Attempt) -> None:
+        with self._cond:
+            self._held[attempt.lease_id] = attempt
+
+    def discard(self, attempt: Attempt) -> None:
+        """Stop holding `attempt` (idempotent) and wake whoever waits for a slot."""
+        with self._cond:
+            if self._held.get(attempt.lease_id) is attempt:
+                del self._held[attempt.lease_id]
+                self._cond.notify_all()
+
+    def holds(self, attempt: Attempt) -> bool:
+        with self._cond:
+            return self._held.get(attempt.lease_id) is attempt
+
+    def snapshot(self) -> list[Attempt]:
+        with self._cond:
+            return list(self._held.values())
+
+    def free_slots(self) -> int:
+        with self._cond:
+            return self.concurrency - len(self._held)
+
+    def wait_for_free_slot(self, stop: threading.Event, timeout: float) -> int:
+        """Block until a slot is free or `stop` is set (see `wake`); returns the free slots."""
+        self._wait(lambda: len(self._held) < self.concurrency or stop.is_set(), timeout)
+        return self.free_slots()
+
+    def wait_until_empty(self, timeout: float, force: threading.Event | None = None) -> bool:
+        """Block until nothing is held, `force` is set or `timeout` passes; True when empty."""
+        self._wait(lambda: not self._held or (force is not None and force.is_set()), timeout)
+        return len(self) == 0
+
+    def wake(self) -> None:
+        """Re-check every waiter's condition (a stop or force flag changed)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def _wait(self, predicate: Callable[[], bool], timeout: float) -> None:
+        with self._cond:
+            self._cond.wait_for(predicate, timeout=max(timeout, 0))

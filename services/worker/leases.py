@@ -1,0 +1,86 @@
+"""The lease keeper: extends every lease this worker holds, in one statement per period.
+
+Invariant: a lease is renewed only while its attempt may still report (not lost, fenced, timed
+out or handed back). A lease PostgreSQL no longer returns is not ours any more (the reaper took
+it, or the job left `running`): that attempt is told to stop and its outcome will be rejected
+by fencing. A returned lease whose job has a cancel request stops its attempt cooperatively.
+A failed renewal changes nothing here: the self-fence watches each lease's deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from taskline.errors import StoreUnavailable
+from taskline.metrics import LEASE_RENEWALS, LOOP_ERRORS
+from taskline.settings import Settings
+from taskline.store.store import Store
+from taskline_worker.attempts import Attempt, Attempts
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Renews held leases every `settings.renew_every_s`; `run(stop)` is its loop."""
+
+    def __init__(self, *, store: Store, worker_id: str, settings: Settings, attempts: Attempts,
+                 on_renewed: Callable[[Attempt], None]) -> None:
+        self._store = store
+        self._worker_id = worker_id
+        self._lease_s = settings.lease_s
+        self._every_s = settings.renew_every_s
+        self._attempts = attempts
+        self._on_renewed = on_renewed
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(self._every_s):
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("lease renewal pass failed", extra={"action": "renew"})
+                LOOP_ERRORS.labels("lease_keeper").inc()
+
+    def run_once(self) -> dict[str, int]:
+        """One renewal round trip; returns counts by result (ok, lost, error)."""
+        held = [a for a in self._attempts.snapshot() if a.renewable]
+        if not held:
+            return {}
+        sent_at = time.monotonic()
+        try:
+            kept = self._store.renew_leases([a.lease_id for a in held], self._worker_id,
+                                            self._lease_s)
+        except StoreUnavailable as err:
+            LEASE_RENEWALS.labels("error").inc(len(held))
+            log.warning("lease renewal failed", extra={"action": "renew", "error": str(err),
+                                                       "leases": len(held)})
+            return {"error": len(held)}
+        counts = {"ok": 0, "lost": 0}
+        for attempt in held:
+            if attempt.lease_id in kept:
+                counts["ok"] += 1
+                self._keep(attempt, sent_at, cancel_requested=kept[attempt.lease_id])
+            elif attempt.settled_by is None:
+                counts["lost"] += 1
+                self._lose(attempt)
+        for result, n in counts.items():
+            if n:
+                LEASE_RENEWALS.labels(result).inc(n)
+        return counts
+
+    def _keep(self, attempt: Attempt, sent_at: float, *, cancel_requested: bool) -> None:
+        attempt.renewed(sent_at, self._lease_s, self._every_s)
+        self._on_renewed(attempt)
+        if cancel_requested and not attempt.cancel_requested:
+            log.info("cancel requested: stopping the handler",
+                     extra=attempt.log_extra("cancel_requested"))
+            attempt.request_cancel()
+
+    def _lose(self, attempt: Attempt) -> None:
+        # A lease we have already recorded is simply gone; only an unsettled one is lost.
+        attempt.lost = True
+        attempt.stop()
+        log.warning("lease lost: stopping the handler; its outcome will be rejected",
+                    extra=attempt.log_extra("lease_lost"))

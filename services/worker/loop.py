@@ -1,0 +1,138 @@
+"""The worker loop: fetch ids from Redis, claim them in PostgreSQL, start their handlers.
+
+Invariant: an id is taken from Redis only into this worker's processing list (atomically, most
+urgent first, queues in the configured order) and is started only after PostgreSQL granted its
+lease; an id not won is acked away. With nothing to fetch the loop blocks inside Redis on the
+queues' signal lists, so an idle worker starts a new job milliseconds after its push. While
+PostgreSQL is unreachable the loop takes nothing; once it answers again, ids fetched but never
+claimed are put back (their priority comes from PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.errors import DispatchUnavailable, StoreUnavailable
+from taskline.metrics import CLAIM_CONFLICTS, LOOP_ERRORS, WAIT_TIME, TypeLabels
+from taskline.settings import Settings
+from taskline.store.store import Claimed, Store
+from taskline_worker.attempts import Attempts
+from taskline_worker.fencing import Fence
+from taskline_worker.handback import Handback
+
+log = logging.getLogger(__name__)
+
+Fetched = list[tuple[str, str]]  # (queue, job id), in the order Redis gave them
+Execute = Callable[[list[Claimed], float], None]
+
+SLOT_WAIT_S = 1.0
+ERROR_BACKOFF_S = (0.1, 5.0)
+
+
+class FetchLoop:
+    """fetch → claim → execute, until stopped; `run_once` is one turn."""
+
+    def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
+                 queues: Sequence[str], settings: Settings, batch: int, slots: Attempts,
+                 fence: Fence, handback: Handback, types: TypeLabels, execute: Execute) -> None:
+        self._store = store
+        self._dispatcher = dispatcher
+        self._worker_id = worker_id
+        self._queues = list(queues)
+        self._lease_s = settings.lease_s
+        self._batch = batch
+        self._slots = slots
+        self._fence = fence
+        self._handback = handback
+        self._types = types
+        self._execute = execute
+
+    def run(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                self.run_once(stop)
+                failures = 0
+            except Exception:
+                failures += 1
+                log.exception("worker loop iteration failed", extra={"action": "fetch"})
+                LOOP_ERRORS.labels("fetch").inc()
+                low, cap = ERROR_BACKOFF_S
+                stop.wait(min(low * 2 ** (failures - 1), cap))
+
+    def run_once(self, stop: threading.Event) -> None:
+        if self._fence.tripped:
+            if self._fence.recover(stop):
+                self._handback.sweep()
+            return
+        free = self._slots.wait_for_free_slot(stop, SLOT_WAIT_S)
+        if free <= 0 or stop.is_set():
+            return
+        fetched = self.fetch(min(free, self._batch))
+        if not fetched:
+            self._dispatcher.wait_for_work(self._queues)
+            return
+        sent_at = time.monotonic()
+        self._execute(self.claim(fetched), sent_at)
+
+    def fetch(self, count: int) -> Fetched:
+        """Up to `count` ids, queues in order, most urgent first inside each queue."""
+        fetched: Fetched = []
+        for queue in self._queues:
+            if len(fetched) >= count:
+                break
+            try:
+                ids = self._dispatcher.fetch(queue, self._worker_id, count - len(fetched))
+            except DispatchUnavailable:
+                if not fetched:
+                    raise
+                break  # claim what is already in our processing list
+            fetched += [(queue, job_id) for job_id in ids]
+        return fetched
+
+    def claim(self, fetched: Fetched) -> list[Claimed]:
+        """Claim in one round trip; returns the winners in fetch order, acks the rest."""
+        try:
+            won = self._store.claim_jobs([job_id for _, job_id in fetched], self._worker_id,
+                                         self._lease_s)
+        except StoreUnavailable as err:
+            self._fence.trip(f"claim failed: {err}")
+            return []
+        except Exception:
+            self._fence.trip("claim failed")  # recovery sweeps the fetched ids back
+            raise
+        by_id = {str(c.job.id): c for c in won}
+        winners, losers = [], []
+        for queue, job_id in fetched:
+            claimed = by_id.pop(job_id, None)
+            if claimed is None:
+                losers.append((queue, job_id))
+            else:
+                winners.append(claimed)
+        self._drop(losers)
+        self._observe_wait(winners)
+        return winners
+
+    def _drop(self, losers: Fetched) -> None:
+        for queue, _ in losers:
+            CLAIM_CONFLICTS.labels(queue).inc()
+        if not losers:
+            return
+        try:
+            self._dispatcher.ack(losers, self._worker_id)
+        except DispatchUnavailable as err:
+            log.warning("could not ack ids lost at claim; reconciliation removes them",
+                        extra={"action": "claim_conflict", "error": str(err)})
+
+    def _observe_wait(self, winners: list[Claimed]) -> None:
+        for claimed in winners:
+            job = claimed.job
+            # Both instants are PostgreSQL's: updated_at is the claim, next_run_at when it
+            # became runnable (enqueue, delay or retry due time).
+            if job.next_run_at is not None:
+                waited = max((job.updated_at - job.next_run_at).total_seconds(), 0.0)
+                WAIT_TIME.labels(self._types(job.type), job.queue).observe(waited)

@@ -1,0 +1,99 @@
+"""Entry point of `taskline worker`: builds the worker, serves metrics, maps signals to a
+graceful stop and re-executes the process when the worker asks to be recycled.
+
+Invariant: the first SIGTERM/SIGINT stops fetching and lets running jobs finish within the
+grace period; a second one hands the rest back at once. A recycle is a graceful stop followed
+by `os.execv` of the same command, so stuck handler threads die with the old process image.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from taskline import metrics
+from taskline.errors import ConfigError, StoreUnavailable
+from taskline.settings import Settings
+from taskline_worker.worker import Exit, Worker
+
+log = logging.getLogger(__name__)
+
+JOIN_POLL_S = 0.5
+
+
+def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_port: int) -> int:
+    """Run a worker until it is signalled to stop; returns the process exit code."""
+    try:
+        worker = Worker(settings, queues, concurrency)
+    except (ConfigError, ImportError) as err:
+        log.error("cannot start the worker", extra={"action": "start", "error": str(err)})
+        return 2
+    try:
+        metrics.serve(metrics_port)
+    except OSError as err:
+        log.error("cannot serve /metrics", extra={"action": "start", "port": metrics_port,
+                                                  "error": str(err)})
+        return 2
+    install_signal_handlers(worker)
+    outcome = run_in_thread(worker)
+    if outcome is None:
+        return 1
+    if outcome is Exit.RECYCLE:
+        reexec(queues, concurrency, metrics_port)
+    return 0
+
+
+def run_in_thread(worker: Worker) -> Exit | None:
+    """Run the worker on its own thread while the main thread only waits.
+
+    Signal handlers run on the main thread; keeping it out of the worker's locks means a
+    handler can never wait for a lock its own thread holds.
+    """
+    result: list[Exit] = []
+
+    def body() -> None:
+        try:
+            result.append(worker.run())
+        except StoreUnavailable as err:
+            log.error("cannot register the worker: PostgreSQL unreachable",
+                      extra={"action": "start", "error": str(err)})
+        except Exception:
+            log.exception("the worker failed", extra={"action": "run"})
+
+    thread = threading.Thread(target=body, name="taskline-worker")
+    thread.start()
+    while thread.is_alive():
+        thread.join(JOIN_POLL_S)
+    return result[0] if result else None
+
+
+def install_signal_handlers(worker: Worker) -> None:
+    def handle(signum: int, _frame: object) -> None:
+        force = worker.stopping.is_set()
+        log.warning("signal received: " + ("handing running jobs back now" if force
+                                           else "stopping gracefully"),
+                    extra={"action": "signal", "signal": signal.Signals(signum).name})
+        worker.stop(force=force)
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def reexec(queues: Sequence[str], concurrency: int, metrics_port: int) -> None:
+    """Replace this process with a fresh `taskline worker` with the same options.
+
+    The environment (and so the settings) is inherited unchanged; the options are rebuilt from
+    what `run` received, which is what the original command line said.
+    """
+    args = ["worker", "--queues", ",".join(queues), "--concurrency", str(concurrency),
+            "--metrics-port", str(metrics_port)]
+    log.warning("re-executing the worker", extra={"action": "recycle", "argv": args})
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "taskline_cli.main", *args])

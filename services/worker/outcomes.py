@@ -1,0 +1,344 @@
+"""Outcomes: records how each attempt ended, fenced on its lease, then moves its id in Redis.
+
+Invariant: PostgreSQL is written first and decides; Redis follows. Every write names the lease,
+so a zero-row answer means the attempt was no longer ours (a zombie): nothing changes, the
+outcome is counted as stale and the id only acked. Successes are grouped for a few milliseconds
+and written with one statement and one pipelined ack. A write that fails because PostgreSQL is
+unreachable is retried while the lease is still valid, then given up: the job runs again (at
+least once, never lost). A Redis failure after the PostgreSQL write is logged; reconciliation
+repairs Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import tenacity
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.errors import DispatchUnavailable, NonRetryableError, StoreUnavailable
+from taskline.jobs import Backoff, Event, Outcome, RetryDecision, Status, decide_retry
+from taskline.metrics import (
+    JOB_CANCELLED,
+    JOB_COMPLETED,
+    JOB_DLQ,
+    JOB_FAILED,
+    JOB_RETRIED,
+    LOOP_ERRORS,
+    STALE_COMPLETIONS,
+    TypeLabels,
+)
+from taskline.settings import Settings
+from taskline.store.store import Store
+from taskline_worker.attempts import Attempt, Attempts
+from taskline_worker.runner import BadResult, NoHandler
+
+log = logging.getLogger(__name__)
+
+SUCCESS, FAILURE, CANCEL = "success", "failure", "cancel"
+BATCH_WINDOW_S = 0.002
+BATCH_MAX = 100
+ERROR_MAX = 2000
+TRACEBACK_MAX = 8000
+CANCELLED_ERROR = "cancelled while running"
+
+
+@dataclass(frozen=True, eq=False)
+class Report:
+    """How one attempt ended, waiting to be recorded (compared by identity)."""
+
+    attempt: Attempt
+    kind: str
+    result: Any = None
+    error: BaseException | None = None
+    outcome: Outcome = Outcome.FAILED
+
+
+def printable(text: str) -> str:
+    """`text` without what PostgreSQL's text and jsonb refuse (NUL, lone surrogates)."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def error_text(err: BaseException) -> str:
+    """`Type: message`, storable and truncated: the job's last_error."""
+    try:
+        message = str(err)
+    except Exception:
+        message = "<unprintable message>"
+    text = f"{type(err).__name__}: {message}" if message else type(err).__name__
+    return printable(text)[:ERROR_MAX]
+
+
+def error_detail(err: BaseException, decision: RetryDecision, outcome: Outcome) -> dict[str, Any]:
+    """The event detail of a failed attempt: error, decision and the traceback's tail."""
+    trace = printable("".join(traceback.format_exception(err)))
+    detail: dict[str, Any] = {"error": error_text(err), "outcome": outcome.value,
+                              "reason": decision.reason, "traceback": trace[-TRACEBACK_MAX:]}
+    if decision.retry:
+        detail["delay_s"] = round(decision.delay_s, 3)
+    return detail
+
+
+def failure_reason(err: BaseException, outcome: Outcome) -> str:
+    """The bounded `reason` label of job_failed_total."""
+    if outcome is Outcome.TIMEOUT:
+        return "timeout"
+    if isinstance(err, NoHandler):
+        return "no_handler"
+    if isinstance(err, BadResult):
+        return "bad_result"
+    if isinstance(err, NonRetryableError):
+        return "non_retryable"
+    return "error"
+
+
+def _batchable(report: Report) -> bool:
+    """Plain successes share one statement; hooks need a transaction of their own."""
+    return report.kind == SUCCESS and not report.attempt.ctx.completion_hooks
+
+
+def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
+    """The reports whose success was written, given the job ids the statement changed.
+
+    A zombie attempt and the job's current attempt can share a batch; only the newest attempt
+    can have been the running one, so the older report is the stale one.
+    """
+    newest: dict[str, Report] = {}
+    for report in live:
+        job_id = report.attempt.job_id
+        if job_id in done and (job_id not in newest or report.attempt.job.attempts
+                               > newest[job_id].attempt.job.attempts):
+            newest[job_id] = report
+    return list(newest.values())
+
+
+class Recorder:
+    """Writes reported outcomes from its own thread (`run`), in batches where that helps."""
+
+    def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
+                 settings: Settings, attempts: Attempts, types: TypeLabels,
+                 forget: Callable[[Attempt], None]) -> None:
+        self._store = store
+        self._dispatcher = dispatcher
+        self._worker_id = worker_id
+        self._attempts = attempts
+        self._types = types
+        self._forget = forget
+        self._backoff = Backoff(settings.backoff_base_s, settings.backoff_factor,
+                                settings.backoff_max_s)
+        self._queue: queue.SimpleQueue[Report | None] = queue.SimpleQueue()
+
+    # --- reporting (any thread) ----------------------------------------------------------
+
+    def success(self, attempt: Attempt, result: Any) -> None:
+        self._queue.put(Report(attempt, SUCCESS, result=result, outcome=Outcome.SUCCEEDED))
+
+    def failure(self, attempt: Attempt, error: BaseException, outcome: Outcome) -> None:
+        self._queue.put(Report(attempt, FAILURE, error=error, outcome=outcome))
+
+    def cancelled(self, attempt: Attempt) -> None:
+        self._queue.put(Report(attempt, CANCEL, outcome=Outcome.CANCELLED))
+
+    def stop(self) -> None:
+        """Record what was reported so far, then end `run`."""
+        self._queue.put(None)
+
+    # --- the recorder thread -------------------------------------------------------------
+
+    def run(self) -> None:
+        more = True
+        while more:
+            batch, more = self._collect()
+            if batch:
+                self._record(batch)
+
+    def _collect(self) -> tuple[list[Report], bool]:
+        """The next batch: wait for one report, then gather for a few ms; False after stop."""
+        first = self._queue.get()
+        if first is None:
+            return [], False
+        batch = [first]
+        deadline = time.monotonic() + BATCH_WINDOW_S
+        while len(batch) < BATCH_MAX:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                report = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if report is None:
+                return batch, False
+            batch.append(report)
+        return batch, True
+
+    def _record(self, batch: list[Report]) -> None:
+        plain = [r for r in batch if _batchable(r)]
+        others = [r for r in batch if not _batchable(r)]
+        steps: list[tuple[Callable[[Any], None], Any]] = [(self._complete, plain)] if plain else []
+        steps += [(self._record_one, r) for r in others]
+        for step, arg in steps:
+            try:
+                step(arg)
+            except Exception:
+                # The lease lapses and the reaper re-runs the job: late, but never lost.
+                log.exception("recording an outcome failed", extra={"action": "record"})
+                LOOP_ERRORS.labels("recorder").inc()
+        for report in batch:
+            self._forget(report.attempt)
+            self._attempts.discard(report.attempt)
+
+    def _record_one(self, report: Report) -> None:
+        if report.kind == SUCCESS:
+            self._complete_with_hooks(report)
+        elif report.kind == CANCEL:
+            self._cancel(report)
+        else:
+            self._fail(report)
+
+    def _persist(self, reports: Sequence[Report],
+                 write: Callable[[list[Report]], Any]) -> tuple[list[Report], Any] | None:
+        """`write` the reports whose lease is valid, retrying while PostgreSQL is unreachable
+        and some lease is still valid; returns (written reports, answer), None if none was."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(StoreUnavailable),
+            wait=tenacity.wait_exponential(multiplier=0.05, max=1.0),
+            stop=lambda _state: not any(r.attempt.lease_valid() for r in reports),
+            reraise=True)
+        try:
+            for try_ in retrying:
+                with try_:
+                    live = [r for r in reports if r.attempt.lease_valid()]
+                    if not live:
+                        return None
+                    return live, write(live)
+        except StoreUnavailable:
+            return None
+        return None
+
+    def _complete(self, reports: list[Report]) -> None:
+        written = self._persist(reports, lambda live: self._store.complete_jobs(
+            [(r.attempt.lease_id, r.result) for r in live], self._worker_id))
+        live, rows = written if written is not None else ([], [])
+        self._gave_up([r for r in reports if r not in live])
+        recorded = newest_recorded(live, {str(job_id) for job_id, _queue in rows})
+        for report in live:
+            if report in recorded:
+                self._completed(report)
+            else:
+                self._stale(report)
+        self._ack(live)
+
+    def _complete_with_hooks(self, report: Report) -> None:
+        attempt = report.attempt
+        try:
+            written = self._persist([report], lambda _live: self._store.complete_with_hooks(
+                attempt.lease_id, report.result, self._worker_id, attempt.ctx.completion_hooks))
+        except Exception as err:  # a hook failed: the completion rolled back with it
+            self._fail(replace(report, kind=FAILURE, error=err, outcome=Outcome.FAILED))
+            return
+        if written is None:
+            self._gave_up([report])
+            return
+        if written[1]:
+            self._completed(report)
+        else:
+            self._stale(report)
+        self._ack([report])
+
+    def _cancel(self, report: Report) -> None:
+        attempt = report.attempt
+        written = self._persist([report], lambda _live: self._store.cancel_job_attempt(
+            attempt.lease_id, self._worker_id, CANCELLED_ERROR))
+        if written is None:
+            self._gave_up([report])
+            return
+        if written[1]:
+            JOB_CANCELLED.labels(attempt.queue).inc()
+            log.info("job cancelled while running", extra=attempt.log_extra("cancelled"))
+        else:
+            self._stale(report)
+        self._ack([report])
+
+    def _fail(self, report: Report) -> None:
+        attempt, err = report.attempt, report.error
+        assert err is not None
+        job = attempt.job
+        decision = decide_retry(job.attempts, job.max_retries, self._backoff,
+                                retryable=not isinstance(err, NonRetryableError),
+                                delay_override_s=getattr(err, "delay_s", None))
+        status, event = ((Status.RETRYING, Event.RETRY_SCHEDULED) if decision.retry
+                         else (Status.DEAD, Event.DEAD_LETTERED))
+        text = error_text(err)
+        written = self._persist([report], lambda _live: self._store.fail_job(
+            lease_id=attempt.lease_id, worker_id=self._worker_id, status=status.value,
+            outcome=report.outcome.value, error=text, delay_s=decision.delay_s,
+            event=event.value, detail=error_detail(err, decision, report.outcome)))
+        if written is None:
+            self._gave_up([report])
+            return
+        row = written[1]
+        if row is None:
+            self._stale(report)
+            self._ack([report])
+            return
+        reason = failure_reason(err, report.outcome)
+        JOB_FAILED.labels(self._types(job.type), job.queue, reason).inc()
+        if decision.retry:
+            self._retry_later(report, int(row.due_ms), text, decision)
+        else:
+            self._dead_letter(report, text, decision)
+
+    def _retry_later(self, report: Report, due_ms: int, text: str,
+                     decision: RetryDecision) -> None:
+        attempt = report.attempt
+        JOB_RETRIED.labels(self._types(attempt.job.type), attempt.queue).inc()
+        log.warning("attempt failed, retry scheduled", extra=attempt.log_extra(
+            "retry_scheduled", error=text, delay_s=round(decision.delay_s, 3),
+            outcome=report.outcome.value))
+        self._redis(lambda: self._dispatcher.retry_later(
+            attempt.queue, self._worker_id, attempt.job_id, due_ms), attempt)
+
+    def _dead_letter(self, report: Report, text: str, decision: RetryDecision) -> None:
+        attempt = report.attempt
+        JOB_DLQ.labels(self._types(attempt.job.type), attempt.queue).inc()
+        log.error("job dead-lettered", extra=attempt.log_extra(
+            "dead_lettered", error=text, reason=decision.reason, outcome=report.outcome.value))
+        self._redis(lambda: self._dispatcher.dead_letter(
+            attempt.queue, self._worker_id, attempt.job_id), attempt)
+
+    def _completed(self, report: Report) -> None:
+        attempt = report.attempt
+        JOB_COMPLETED.labels(self._types(attempt.job.type), attempt.queue).inc()
+        log.debug("job succeeded", extra=attempt.log_extra("succeeded"))
+
+    def _stale(self, report: Report) -> None:
+        attempt = report.attempt
+        STALE_COMPLETIONS.labels(attempt.queue).inc()
+        log.warning("outcome rejected: the lease is no longer ours", extra=attempt.log_extra(
+            "stale_outcome", outcome=report.outcome.value))
+
+    def _gave_up(self, reports: list[Report]) -> None:
+        for report in reports:
+            log.error("outcome not recorded: the lease lapsed while PostgreSQL was unreachable; "
+                      "the job will run again", extra=report.attempt.log_extra(
+                          "outcome_given_up", outcome=report.outcome.value))
+
+    def _ack(self, reports: list[Report]) -> None:
+        if reports:
+            items = [(r.attempt.queue, r.attempt.job_id) for r in reports]
+            self._redis(lambda: self._dispatcher.ack(items, self._worker_id), reports[0].attempt)
+
+    def _redis(self, write: Callable[[], object], attempt: Attempt) -> None:
+        try:
+            write()
+        except DispatchUnavailable as err:
+            log.warning("Redis write failed after PostgreSQL recorded the outcome; "
+                        "reconciliation will repair it",
+                        extra=attempt.log_extra("redis_after_record", error=str(err)))

@@ -1,0 +1,144 @@
+"""The handler runner: a pool of daemon threads that run handlers, each under its job's timeout.
+
+Invariant: the pool always has `concurrency` threads able to take work. Python cannot kill a
+thread, so a handler that outlives its timeout is abandoned: its thread is written off and a
+replacement is started at once. When more than `concurrency` abandoned threads are still
+running, the runner asks for the worker to be recycled (a fresh process), so stuck handlers
+cannot leak threads forever. The threads are daemons: a stuck one never blocks the exit.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from taskline.errors import NonRetryableError
+from taskline.handlers import registry
+from taskline_worker.attempts import Attempt
+from taskline_worker.deadlines import Deadlines
+
+log = logging.getLogger(__name__)
+
+Finished = Callable[[Attempt, Any, BaseException | None, float], None]
+
+
+class NoHandler(NonRetryableError):
+    """No handler is registered for this job type."""
+
+
+class BadResult(NonRetryableError):
+    """The handler's result cannot be stored as JSON."""
+
+
+def check_result(result: Any) -> None:
+    """Raise BadResult unless PostgreSQL's jsonb can store `result` as it is."""
+    try:
+        text = json.dumps(result, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")  # lone surrogates fail here, as they would in jsonb
+    except (TypeError, ValueError) as err:
+        raise BadResult(f"result is not storable as JSON: {err}") from None
+    if "\\u0000" in text:
+        raise BadResult("result contains a NUL character, which jsonb cannot store")
+
+
+class Runner:
+    """Runs submitted attempts on `concurrency` threads; reports every end through callbacks.
+
+    `on_finished(attempt, result, error, seconds)` runs on the handler's thread when it returns
+    or raises; `on_timeout(attempt)` runs on the deadline thread when a handler is abandoned;
+    `on_recycle()` runs once abandoned threads outnumber the slots.
+    """
+
+    def __init__(self, concurrency: int, deadlines: Deadlines, *, on_finished: Finished,
+                 on_timeout: Callable[[Attempt], None], on_recycle: Callable[[], None]) -> None:
+        self.concurrency = concurrency
+        self._deadlines = deadlines
+        self._on_finished = on_finished
+        self._on_timeout = on_timeout
+        self._on_recycle = on_recycle
+        self._queue: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._abandoned = 0
+        self._names = itertools.count(1)
+
+    @property
+    def abandoned(self) -> int:
+        """Written-off handler threads that are still running."""
+        with self._lock:
+            return self._abandoned
+
+    def start(self) -> None:
+        for _ in range(self.concurrency):
+            self._spawn()
+
+    def submit(self, attempt: Attempt) -> None:
+        self._queue.put(attempt)
+
+    def stop(self) -> None:
+        """Let every pool thread exit once it is idle; abandoned ones exit when they return."""
+        for _ in range(self.concurrency):
+            self._queue.put(None)
+
+    def _spawn(self) -> None:
+        name = f"taskline-handler-{next(self._names)}"
+        threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            attempt = self._queue.get()
+            if attempt is None:
+                return
+            if attempt.settled_by is not None:
+                # Fenced or handed back before a thread took it: never start its side effects.
+                self._on_finished(attempt, None, None, 0.0)
+            elif not self._run(attempt):
+                return
+
+    def _run(self, attempt: Attempt) -> bool:
+        """Run one handler; False when this thread was written off and must end."""
+        started = time.monotonic()
+        attempt.begin_run()
+        timer = self._deadlines.call_at(started + attempt.job.timeout_s,
+                                        functools.partial(self._timed_out, attempt))
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = self._call(attempt)
+        except BaseException as err:  # a handler's SystemExit must not kill a pool thread
+            error = err
+        finally:
+            self._deadlines.cancel(timer)
+        written_off = attempt.end_run()
+        if written_off:
+            with self._lock:
+                self._abandoned -= 1
+        self._on_finished(attempt, result, error, time.monotonic() - started)
+        return not written_off
+
+    def _call(self, attempt: Attempt) -> Any:
+        fn = registry.get(attempt.job.type)
+        if fn is None:
+            raise NoHandler(f"no handler registered for type {attempt.job.type}")
+        result = fn(attempt.job.payload, attempt.ctx)
+        check_result(result)
+        return result
+
+    def _timed_out(self, attempt: Attempt) -> None:
+        if not attempt.write_off():
+            return  # the handler returned while this deadline fired
+        with self._lock:
+            self._abandoned += 1
+            abandoned = self._abandoned
+        self._spawn()
+        log.warning("handler thread abandoned after its timeout",
+                    extra=attempt.log_extra("abandon", abandoned_threads=abandoned))
+        self._on_timeout(attempt)
+        if abandoned > self.concurrency:
+            self._on_recycle()

@@ -1,0 +1,262 @@
+"""The worker: wires the loop, runner, recorder, lease keeper, fence and heartbeat together and
+runs the lifecycle from registration to graceful shutdown.
+
+Invariant: every claimed attempt ends in exactly one of: its outcome recorded (fenced on its
+lease), its outcome given up because the lease lapsed (the reaper re-runs it), or its job handed
+back at shutdown (not counted as an attempt). One Store and one Dispatcher serve the whole
+process; there is no per-job connection set-up.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.dispatch.keys import valid_queue_name
+from taskline.errors import ConfigError
+from taskline.handlers import registry, webhook
+from taskline.jobs import Outcome
+from taskline.metrics import BUSY_SLOTS, PROCESSING_TIME, TypeLabels
+from taskline.settings import Settings
+from taskline.store.store import Claimed, Store
+from taskline_worker.attempts import Attempt, Attempts, Settler
+from taskline_worker.deadlines import Deadlines
+from taskline_worker.fencing import Fence
+from taskline_worker.handback import Handback
+from taskline_worker.heartbeat import Heartbeat
+from taskline_worker.leases import LeaseKeeper
+from taskline_worker.loop import FetchLoop
+from taskline_worker.outcomes import Recorder
+from taskline_worker.runner import Runner
+
+log = logging.getLogger(__name__)
+
+EXTRA_CONNECTIONS = 4  # loop, lease keeper, recorder, heartbeat
+THREAD_JOIN_S = 5.0
+
+
+class Exit(enum.StrEnum):
+    """Why `Worker.run` returned."""
+
+    STOPPED = "stopped"
+    RECYCLE = "recycle"  # too many abandoned handler threads: start a fresh process
+
+
+def new_worker_id() -> str:
+    """`<hostname>-<pid>-<random hex>`: unique even when a pid is reused."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def check_options(queues: Sequence[str], concurrency: int) -> None:
+    if not queues:
+        raise ConfigError("a worker needs at least one queue")
+    bad = [q for q in queues if not valid_queue_name(q)]
+    if bad:
+        raise ConfigError(f"invalid queue names: {', '.join(map(repr, bad))}")
+    if not 1 <= concurrency <= 1000:
+        raise ConfigError("--concurrency must be 1..1000")
+
+
+class Worker:
+    """One worker process's engine; `run()` blocks until `stop()` (or a recycle) completes."""
+
+    def __init__(self, settings: Settings, queues: Sequence[str], concurrency: int, *,
+                 block_timeout_s: float = 1.0) -> None:
+        check_options(queues, concurrency)
+        self.settings = settings
+        self.queues = list(dict.fromkeys(queues))
+        self.concurrency = concurrency
+        self.worker_id = new_worker_id()
+        self.types = TypeLabels(registry.load(settings.handlers))
+        webhook.configure(settings)  # the built-in webhook handler's address allow-list
+        self.store = Store.connect(settings.database_url, pool_size=concurrency + EXTRA_CONNECTIONS,
+                                   application_name="taskline-worker")
+        self.dispatcher = Dispatcher(settings.redis_url, block_timeout_s=block_timeout_s)
+        self.stopping = threading.Event()
+        self.forced = threading.Event()
+        self.started = threading.Event()
+        self.recycle_requested = False
+        self._background_stop = threading.Event()
+        self._build()
+
+    def _build(self) -> None:
+        s = self.settings
+        self.attempts = Attempts(self.concurrency)
+        self.deadlines = Deadlines()
+        self.fence = Fence(self.store, self.deadlines, self.attempts)
+        self.handback = Handback(self.store, self.dispatcher, self.worker_id, self.queues)
+        self.recorder = Recorder(store=self.store, dispatcher=self.dispatcher,
+                                 worker_id=self.worker_id, settings=s, attempts=self.attempts,
+                                 types=self.types, forget=self.fence.forget)
+        self.runner = Runner(self.concurrency, self.deadlines, on_finished=self._finished,
+                             on_timeout=self._timed_out, on_recycle=self._recycle)
+        self.keeper = LeaseKeeper(store=self.store, worker_id=self.worker_id, settings=s,
+                                  attempts=self.attempts, on_renewed=self.fence.watch)
+        self.heartbeat = Heartbeat(store=self.store, dispatcher=self.dispatcher,
+                                   worker_id=self.worker_id, period_s=s.heartbeat_s,
+                                   attempts=self.attempts)
+        self.loop = FetchLoop(store=self.store, dispatcher=self.dispatcher,
+                              worker_id=self.worker_id, queues=self.queues, settings=s,
+                              batch=s.claim_batch or self.concurrency, slots=self.attempts,
+                              fence=self.fence, handback=self.handback, types=self.types,
+                              execute=self._execute)
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def run(self) -> Exit:
+        """Register, take work until stopped, then shut down gracefully."""
+        try:
+            self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
+                                     self.queues, self.concurrency)
+        except Exception:
+            self._close()
+            raise
+        threads = self._start_threads()
+        log.info("worker started", extra={"action": "start", "worker": self.worker_id,
+                                          "queues": self.queues, "concurrency": self.concurrency})
+        self.started.set()
+        try:
+            self.loop.run(self.stopping)
+        finally:
+            self._shutdown(threads)
+        return Exit.RECYCLE if self.recycle_requested else Exit.STOPPED
+
+    def stop(self, force: bool = False) -> None:
+        """Stop taking work; with `force`, hand running jobs back without waiting the grace."""
+        self.stopping.set()
+        if force:
+            self.forced.set()
+        self.attempts.wake()
+
+    def _start_threads(self) -> list[threading.Thread]:
+        self.runner.start()
+        bg = self._background_stop
+        targets: list[tuple[str, Callable[[], Any]]] = [
+            ("deadlines", lambda: self.deadlines.run(bg)),
+            ("recorder", self.recorder.run),
+            ("lease-keeper", lambda: self.keeper.run(bg)),
+            ("heartbeat", lambda: self.heartbeat.run(bg)),
+        ]
+        threads = [threading.Thread(target=fn, name=f"taskline-{name}", daemon=True)
+                   for name, fn in targets]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def _shutdown(self, threads: list[threading.Thread]) -> None:
+        running = len(self.attempts)
+        log.info("worker stopping", extra={"action": "stop", "worker": self.worker_id,
+                                           "running": running,
+                                           "grace_s": self.settings.shutdown_grace_s})
+        self.attempts.wait_until_empty(self.settings.shutdown_grace_s, self.forced)
+        self._hand_back()
+        # Outcomes already reported are still being written (renewed meanwhile); the wait is
+        # bounded because the recorder gives up once a lease lapses.
+        self.attempts.wait_until_empty(self.settings.lease_s + 1)
+        self._background_stop.set()
+        self.recorder.stop()
+        self.deadlines.wake()
+        self.runner.stop()
+        for thread in threads:
+            thread.join(THREAD_JOIN_S)
+        self._best_effort("sweep", self.handback.sweep)
+        self._best_effort("deregister", self._deregister)
+        self._close()
+        log.info("worker stopped", extra={"action": "stopped", "worker": self.worker_id})
+
+    def _hand_back(self) -> None:
+        remaining = []
+        for attempt in self.attempts.snapshot():
+            if attempt.settle(Settler.HANDBACK):
+                attempt.stop()
+                remaining.append(attempt)
+            elif attempt.settled_by is Settler.FENCE:
+                self.attempts.discard(attempt)
+        if not remaining:
+            return
+        log.warning("grace period over: handing running jobs back",
+                    extra={"action": "handback", "worker": self.worker_id,
+                           "jobs": len(remaining)})
+        try:
+            self._best_effort("hand back", lambda: self.handback.release(remaining))
+        finally:
+            for attempt in remaining:
+                self.fence.forget(attempt)
+                self.attempts.discard(attempt)
+
+    def _close(self) -> None:
+        self.store.dispose()
+        self.dispatcher.close()
+
+    def _deregister(self) -> None:
+        BUSY_SLOTS.labels(self.worker_id).set(0)
+        try:
+            self.store.stop_worker(self.worker_id)
+        finally:
+            self.dispatcher.forget_worker(self.worker_id)
+
+    def _best_effort(self, what: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception as err:
+            log.warning(f"shutdown step failed: {what}",
+                        extra={"action": "stop", "worker": self.worker_id,
+                               "error": f"{type(err).__name__}: {err}"})
+
+    def _recycle(self) -> None:
+        log.warning("too many abandoned handler threads: recycling the worker process",
+                    extra={"action": "recycle", "worker": self.worker_id,
+                           "abandoned_threads": self.runner.abandoned})
+        self.recycle_requested = True
+        self.stop()
+
+    # --- per attempt ---------------------------------------------------------------------
+
+    def _execute(self, claimed: list[Claimed], sent_at: float) -> None:
+        """Start the claimed jobs' handlers, in fetch order."""
+        s = self.settings
+        for c in claimed:
+            attempt = Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.renew_every_s)
+            self.attempts.add(attempt)
+            self.fence.watch(attempt)
+            self.runner.submit(attempt)
+
+    def _finished(self, attempt: Attempt, result: Any, error: BaseException | None,
+                  seconds: float) -> None:
+        """The handler returned or raised (on its own thread)."""
+        if attempt.settle(Settler.HANDLER):
+            PROCESSING_TIME.labels(self.types(attempt.job.type), attempt.queue).observe(seconds)
+            if error is None:
+                # A handler that finishes its work despite a cancel request succeeded.
+                self.recorder.success(attempt, result)
+            elif attempt.cancel_requested:
+                self.recorder.cancelled(attempt)
+            else:
+                self.recorder.failure(attempt, error, Outcome.FAILED)
+        elif attempt.settled_by is Settler.FENCE:
+            self._discard(attempt)
+
+    def _timed_out(self, attempt: Attempt) -> None:
+        """The handler ran past its timeout and its thread was abandoned (deadline thread)."""
+        attempt.stop()
+        if attempt.settle(Settler.TIMEOUT):
+            timeout_s = attempt.job.timeout_s
+            PROCESSING_TIME.labels(self.types(attempt.job.type), attempt.queue).observe(timeout_s)
+            if attempt.cancel_requested:
+                self.recorder.cancelled(attempt)
+            else:
+                error = TimeoutError(f"handler ran past its timeout of {timeout_s:g} s")
+                self.recorder.failure(attempt, error, Outcome.TIMEOUT)
+        elif attempt.settled_by is Settler.FENCE:
+            self._discard(attempt)
+
+    def _discard(self, attempt: Attempt) -> None:
+        self.fence.forget(attempt)
+        self.attempts.discard(attempt)

@@ -1,0 +1,98 @@
+"""An attempt's fate is settled exactly once, its local lease deadline only moves forward, and
+the held set bounds the worker's slots."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime
+
+from taskline.jobs import Job, Status
+from taskline.store.store import Claimed
+from taskline_worker.attempts import Attempt, Attempts, Settler
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def make_attempt(lease_id: int = 1, cancel_requested: bool = False, sent_at: float = 100.0,
+                 attempts: int = 1, job_id: uuid.UUID | None = None) -> Attempt:
+    job = Job(id=job_id or uuid.uuid4(), type="echo", queue="default", payload={}, priority=5,
+              status=Status.RUNNING, attempts=attempts, max_retries=3, timeout_s=30.0,
+              next_run_at=NOW, idempotency_key=None, last_error=None, result=None,
+              created_at=NOW, updated_at=NOW, cancel_requested=cancel_requested)
+    return Attempt.begin(Claimed(job, lease_id, NOW), "w1", sent_at, lease_s=15, margin_s=5)
+
+
+def test_only_the_first_settler_owns_the_outcome():
+    attempt = make_attempt()
+    barrier = threading.Barrier(8)
+    wins: list[Settler] = []
+
+    def race(by: Settler) -> None:
+        barrier.wait()
+        if attempt.settle(by):
+            wins.append(by)
+
+    threads = [threading.Thread(target=race, args=(by,)) for by in list(Settler) * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1 and attempt.settled_by is wins[0]
+
+
+def test_the_local_lease_deadline_keeps_a_safety_margin_and_only_moves_forward():
+    attempt = make_attempt(sent_at=100.0)
+    assert attempt.lease_deadline == 110.0  # sent + lease 15 - margin 5
+    assert attempt.lease_valid(now=109.9) and not attempt.lease_valid(now=110.0)
+    attempt.renewed(sent_at=104.0, lease_s=15, margin_s=5)
+    assert attempt.lease_deadline == 114.0
+    attempt.renewed(sent_at=101.0, lease_s=15, margin_s=5)  # a late answer to an old renewal
+    assert attempt.lease_deadline == 114.0
+    attempt.fenced = True
+    assert not attempt.lease_valid(now=105.0)
+
+
+def test_renewal_stops_once_the_attempt_cannot_report():
+    attempt = make_attempt()
+    assert attempt.renewable
+    attempt.settle(Settler.HANDLER)
+    assert attempt.renewable  # its success may still be waiting to be written
+    timed_out = make_attempt(lease_id=2)
+    timed_out.settle(Settler.TIMEOUT)
+    lost = make_attempt(lease_id=3)
+    lost.lost = True
+    assert not timed_out.renewable and not lost.renewable
+
+
+def test_a_job_claimed_with_a_cancel_request_starts_stopping():
+    attempt = make_attempt(cancel_requested=True)
+    assert attempt.cancel_requested and attempt.ctx.stopping
+    assert attempt.ctx.attempt == 1 and attempt.ctx.worker_id == "w1"
+
+
+def test_a_thread_is_written_off_only_while_its_handler_runs():
+    attempt = make_attempt()
+    assert not attempt.write_off()
+    attempt.begin_run()
+    assert attempt.write_off()
+    assert attempt.end_run() is True
+    finished = make_attempt(lease_id=2)
+    finished.begin_run()
+    assert finished.end_run() is False and not finished.write_off()
+
+
+def test_held_attempts_bound_the_free_slots():
+    held = Attempts(concurrency=2)
+    first, second = make_attempt(1), make_attempt(2)
+    held.add(first)
+    held.add(second)
+    stop = threading.Event()
+    assert held.wait_for_free_slot(stop, timeout=0.01) == 0
+    threading.Timer(0.05, held.discard, args=(first,)).start()
+    assert held.wait_for_free_slot(stop, timeout=5) == 1
+    held.discard(first)  # idempotent
+    assert held.snapshot() == [second] and held.holds(second) and not held.holds(first)
+    force = threading.Event()
+    force.set()
+    assert held.wait_until_empty(timeout=5, force=force) is False
