@@ -70,7 +70,7 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="taskline", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="taskline", description="taskline job engine")
     sub = parser.add_subparsers(dest="command", required=True)
     _server_commands(sub)
     from taskline_cli.clientcmds import add_client_commands

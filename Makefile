@@ -1,0 +1,44 @@
+# Developer entry points: `make run` starts the whole stack, `make test` runs every check CI runs.
+# Everything runs from .venv, (re)built when pyproject.toml changes; see docs/development.md.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BIND ?= 127.0.0.1:8000
+# Every fault scenario is marked `faults` (run by `make faults`); the quick ones are also
+# marked `fast`, and `make test` runs those too. A missing folder is skipped (git keeps none empty).
+TEST_DIRS := $(wildcard tests/unit tests/integration tests/faults)
+
+.PHONY: venv run test lint faults bench migrate clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+run: venv
+	$(BIN)/taskline dev --bind $(BIND)
+
+test: venv lint
+	$(BIN)/pytest -q -m "not faults or fast" $(TEST_DIRS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+faults: venv
+	$(BIN)/pytest -q -m faults tests/faults
+
+bench: venv
+	$(BIN)/python bench/run.py
+
+migrate: venv
+	$(BIN)/taskline migrate
+
+# Build and test leftovers only: .venv and .data (the dev database) stay; remove them by hand.
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache test-artifacts bench-results
+	find . \( -path ./.venv -o -path ./.data \) -prune -o -type d -name __pycache__ -exec rm -rf {} +

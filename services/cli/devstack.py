@@ -1,0 +1,283 @@
+"""`taskline dev`: the whole stack in one terminal, for development.
+
+PostgreSQL and Redis are the ones the settings name when they answer. When one does not, is
+meant to be on this machine, and its server programs are installed, a private one is started
+under the checkout's `.data/` (kept across runs; git ignores it) and stopped again on exit;
+when its programs are missing, the command says which server, at which URL, and how to install
+it, and exits 2. Then the database is created and migrated, and api, worker and maintenance run
+as children of one supervisor (supervisor.py). Ctrl-C or SIGTERM stops everything this command
+started and exits 0; a service that dies on its own stops the rest and exits 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import sqlalchemy.exc
+from taskline.errors import TasklineError
+from taskline.settings import Settings, env_names
+from taskline.store.migrate import ensure_database, upgrade
+from taskline_cli.localservers import (
+    LOOPBACK,
+    PrivatePostgres,
+    PrivateRedis,
+    PrivateServer,
+    ServerError,
+    free_port,
+    port_free,
+    postgres_bindir,
+    redis_binary,
+)
+from taskline_cli.supervisor import Console, ServiceSpec, Supervisor
+
+LABEL = "dev"
+NAMES = (LABEL, "api", "worker", "maintenance")
+WORKER_METRICS_PORT = 9101
+MAINTENANCE_METRICS_PORT = 9102
+_LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
+_INSTALL = {
+    "postgres": {"darwin": "brew install postgresql@15",
+                 "linux": "sudo apt-get install -y postgresql"},
+    "redis": {"darwin": "brew install redis", "linux": "sudo apt-get install -y redis-server"},
+}
+
+
+class SetupFailed(TasklineError):
+    """The dev stack could not get a working PostgreSQL and Redis."""
+
+
+def default_data_dir() -> Path:
+    """`.data/` in the checkout (editable install), else in the current folder."""
+    root = Path(__file__).resolve().parents[2]
+    return (root if (root / "pyproject.toml").is_file() else Path.cwd()) / ".data"
+
+
+def run_dev(settings: Settings, api_bind: str, *, data_dir: Path | None = None) -> int:
+    """Run api, worker and maintenance in the foreground until Ctrl-C; the exit status."""
+    console = Console(sys.stdout, NAMES)
+    with _interrupt_on_stop_signals():
+        try:
+            with contextlib.ExitStack() as started:
+                try:
+                    settings = LocalServers.discover(data_dir or default_data_dir(),
+                                                     console).ensure(settings, started)
+                    prepare_database(settings.database_url, console)
+                except (SetupFailed, ServerError) as err:
+                    for line in str(err).splitlines():
+                        console.line(LABEL, line)
+                    return 2
+                return _supervise(settings, api_bind, console)
+        except KeyboardInterrupt:
+            console.line(LABEL, "interrupted while starting; stopped what was started")
+            return 130
+
+
+@contextlib.contextmanager
+def _interrupt_on_stop_signals() -> Iterator[None]:
+    """Until the supervisor takes over, SIGTERM and SIGHUP unwind like Ctrl-C, so private
+    servers started so far are stopped rather than orphaned."""
+    stops = (signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _supervise(settings: Settings, api_bind: str, console: Console) -> int:
+    worker_port = _metrics_port(WORKER_METRICS_PORT, avoid=())
+    maintenance_port = _metrics_port(MAINTENANCE_METRICS_PORT, avoid=(worker_port,))
+    specs = service_specs(settings, api_bind, worker_port, maintenance_port)
+    console.line(LABEL, f"api on http://{api_bind}; metrics: worker :{worker_port}, "
+                        f"maintenance :{maintenance_port}; Ctrl-C stops everything")
+    # The worker may spend its whole grace period finishing jobs; give it a little more.
+    return Supervisor(specs, console, settings.shutdown_grace_s + 10, LABEL).run()
+
+
+def service_specs(settings: Settings, api_bind: str, worker_metrics_port: int,
+                  maintenance_metrics_port: int) -> list[ServiceSpec]:
+    """The three services as `taskline` subprocesses sharing this stack's servers."""
+    env = {**os.environ, **settings_env(settings), "TASKLINE_LOG_FORMAT": "text",
+           "PYTHONUNBUFFERED": "1"}
+    cli = [sys.executable, "-m", "taskline_cli.main"]
+    return [
+        ServiceSpec("api", [*cli, "api", "--bind", api_bind], env),
+        ServiceSpec("worker", [*cli, "worker", "--metrics-port", str(worker_metrics_port)], env),
+        ServiceSpec("maintenance",
+                    [*cli, "maintenance", "--metrics-port", str(maintenance_metrics_port)], env),
+    ]
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a child's Settings.from_env() equal `settings`."""
+    env = {}
+    for f, name in zip(fields(settings), env_names(), strict=True):
+        value = getattr(settings, f.name)
+        env[name] = ",".join(value) if isinstance(value, tuple) else str(value)
+    return env
+
+
+def _metrics_port(preferred: int, avoid: tuple[int, ...]) -> int:
+    if preferred not in avoid and port_free(preferred, "0.0.0.0"):
+        return preferred
+    port = free_port("0.0.0.0")
+    while port in avoid:
+        port = free_port("0.0.0.0")
+    return port
+
+
+def prepare_database(database_url: str, console: Console) -> None:
+    """Create the database if missing and bring its schema to the newest revision."""
+    try:
+        created = ensure_database(database_url)
+        upgrade(database_url, create=False)
+    except (psycopg.Error, sqlalchemy.exc.SQLAlchemyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SetupFailed(f"could not create or migrate the database at "
+                          f"{redact(database_url)}: {first}") from None
+    name = psycopg.conninfo.conninfo_to_dict(database_url).get("dbname", "")
+    verb = "created and migrated" if created else "migrated"
+    console.line(LABEL, f"database {name} {verb} to the newest schema revision")
+
+
+def redact(url: str) -> str:
+    """`url` without its password, for messages (DSNs are never printed whole)."""
+    url = re.sub(r"password=\S+", "password=***", url)
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _listening(host: str, port: int) -> bool:
+    """True when something accepts connections at host:port (or at a Unix socket path)."""
+    family, address = socket.AF_INET, (host or "localhost", port)
+    if host.startswith("/"):
+        family, address = socket.AF_UNIX, f"{host}/.s.PGSQL.{port}"
+    if family == socket.AF_INET:
+        with contextlib.suppress(OSError):
+            socket.create_connection(address, timeout=2).close()
+            return True
+        return False
+    with socket.socket(family) as sock, contextlib.suppress(OSError):
+        sock.settimeout(2)
+        sock.connect(address)
+        return True
+    return False
+
+
+def postgres_endpoint(url: str) -> tuple[str, int]:
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    return str(info.get("host") or "localhost"), int(info.get("port") or 5432)
+
+
+def redis_endpoint(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "localhost", parts.port or 6379
+
+
+def install_hint(kind: str) -> str:
+    platform = "darwin" if sys.platform == "darwin" else "linux"
+    return _INSTALL[kind][platform]
+
+
+class LocalServers:
+    """Finds PostgreSQL and Redis for the dev stack, starting private ones where it may."""
+
+    def __init__(self, data_dir: Path, console: Console, pg_bindir: Path | None,
+                 redis_bin: Path | None):
+        self.data_dir = Path(data_dir)
+        self.console = console
+        self.pg_bindir = pg_bindir
+        self.redis_bin = redis_bin
+
+    @classmethod
+    def discover(cls, data_dir: Path, console: Console) -> LocalServers:
+        return cls(data_dir, console, postgres_bindir(), redis_binary())
+
+    def ensure(self, settings: Settings, started: contextlib.ExitStack) -> Settings:
+        """Settings whose URLs answer; private servers started here are stopped by `started`."""
+        pg_down = not _listening(*postgres_endpoint(settings.database_url))
+        redis_down = not _listening(*redis_endpoint(settings.redis_url))
+        problems = [
+            *([self._problem("postgres", settings.database_url)] if pg_down else []),
+            *([self._problem("redis", settings.redis_url)] if redis_down else []),
+        ]
+        if any(problems):
+            raise SetupFailed("\n".join(p for p in problems if p))
+        changes: dict[str, object] = {}
+        if pg_down:
+            changes["database_url"] = self._start_postgres(settings.database_url, started)
+        if redis_down:
+            changes["redis_url"] = self._start_redis(settings.redis_url, started)
+        return settings.replace(**changes) if changes else settings
+
+    def _problem(self, kind: str, url: str) -> str | None:
+        """Why no private server can stand in for `url`, or None when one can."""
+        title = "PostgreSQL" if kind == "postgres" else "Redis"
+        host = (postgres_endpoint if kind == "postgres" else redis_endpoint)(url)[0]
+        if host not in _LOCAL_HOSTS and not host.startswith("/"):
+            return (f"{title} is not reachable at {redact(url)}; that is not this machine, so "
+                    "no private server was started. Start it, or point the URL elsewhere.")
+        installed = self.pg_bindir if kind == "postgres" else self.redis_bin
+        if installed is None:
+            return (f"{title} is not reachable at {redact(url)} and its server program is not "
+                    f"installed. Install it with:\n    {install_hint(kind)}")
+        return None
+
+    def _start_postgres(self, url: str, started: contextlib.ExitStack) -> str:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+        user = str(info.get("user") or getpass.getuser())
+        dbname = str(info.get("dbname") or user)
+        server = PrivatePostgres(self.data_dir / "postgres",
+                                 port=self._port_for(postgres_endpoint(url)[1]),
+                                 bindir=self.pg_bindir)
+        leftover = server.adopt_leftover()
+        if leftover:
+            self.console.line(LABEL, f"reusing the private PostgreSQL (pid {leftover}) an "
+                                     "earlier run left running; it stays up after this one")
+        else:
+            if server.init():
+                self.console.line(LABEL, f"created a PostgreSQL cluster in {server.data_dir}")
+            self._start(server, started)
+        server.ensure_role(user)
+        return self._announce("PostgreSQL", url, server.url(dbname, user=user), server)
+
+    def _start_redis(self, url: str, started: contextlib.ExitStack) -> str:
+        server = PrivateRedis(self.data_dir / "redis", port=self._port_for(redis_endpoint(url)[1]),
+                              binary=self.redis_bin)
+        self._start(server, started)
+        db = urlsplit(url).path.strip("/") or "0"
+        return self._announce("Redis", url, f"redis://{LOOPBACK}:{server.port}/{db}", server)
+
+    @staticmethod
+    def _port_for(port: int) -> int | None:
+        """The URL's own port when free (so the URL keeps working), else any free port."""
+        return port if port_free(port) else None
+
+    def _start(self, server: PrivateServer, started: contextlib.ExitStack) -> None:
+        server.start()
+        started.callback(self._stop, server)
+
+    def _stop(self, server: PrivateServer) -> None:
+        self.console.line(LABEL, f"stopping the private {server.name} (pid {server.pid})")
+        server.stop()
+
+    def _announce(self, title: str, old: str, new: str, server: PrivateServer) -> str:
+        self.console.line(LABEL, f"{title} was not reachable at {redact(old)}: using a private "
+                                 f"one at {new} (files in {server.workdir}, "
+                                 f"log {server.log_path})")
+        return new
