@@ -17,6 +17,7 @@ import psycopg
 import pytest
 import redis
 from psycopg import sql
+
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.migrate import upgrade

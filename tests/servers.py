@@ -27,6 +27,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+
 from taskline.settings import Settings
 from taskline.store.migrate import upgrade
 from taskline_cli.localservers import PrivatePostgres, PrivateRedis, ServerError, free_port

@@ -1,12 +1,12 @@
 """Initial schema: jobs, job_leases, job_events, dead_letter_jobs, workers, leader_leases.
 
 Revision ID: 0001
-Revises: 
+Revises: (none)
 Create Date: 2026-11-29 09:23:50.849714
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = '0001'

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import sqlalchemy.exc
+
 from taskline.errors import TasklineError
 from taskline.settings import Settings, env_names
 from taskline.store.migrate import ensure_database, upgrade

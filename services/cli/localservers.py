@@ -27,6 +27,7 @@ import redis
 from psycopg import sql
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
 from taskline.errors import TasklineError
 
 LOOPBACK = "127.0.0.1"

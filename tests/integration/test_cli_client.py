@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-
 from tests.helpers import service, service_env
 from tests.integration.test_client_api import WORKER, make_dead, start_api
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import requests
+
 from taskline.client import Client, ClientError
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-
 from tests.helpers import enqueue, service, service_env, wait_for
 
 WORKER = "client-test-worker"

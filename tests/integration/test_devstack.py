@@ -18,11 +18,11 @@ import psycopg
 import pytest
 import redis
 import requests
+
 from taskline.settings import Settings
 from taskline_cli.devstack import NAMES, LocalServers, SetupFailed, prepare_database
 from taskline_cli.localservers import PrivatePostgres, free_port, group_alive
 from taskline_cli.supervisor import Console
-
 from tests.helpers import service_env, stop_process, wait_for
 from tests.servers import scratch_dir
 

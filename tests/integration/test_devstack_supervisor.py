@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
+
 from taskline_cli.localservers import group_alive
 from taskline_cli.supervisor import Console, ServiceSpec, Supervisor
-
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.slow

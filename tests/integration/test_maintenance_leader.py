@@ -10,13 +10,13 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import text
+
 from taskline.dispatch.keys import QueueKeys
 from taskline.errors import StoreUnavailable
 from taskline.store.store import Store
 from taskline_maintenance.leader import Leader
 from taskline_maintenance.loop import run_every
 from taskline_maintenance.main import Maintenance
-
 from tests.helpers import enqueue, wait_for
 
 READY = QueueKeys("default").ready(5)

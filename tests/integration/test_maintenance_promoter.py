@@ -7,13 +7,13 @@ from __future__ import annotations
 import uuid
 
 from sqlalchemy import text
+
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.jobs import Job
 from taskline.store.store import Store
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reconciler import Reconciler
-
 from tests.helpers import enqueue
 
 KEYS = QueueKeys("default")

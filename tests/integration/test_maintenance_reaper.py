@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 from sqlalchemy import text
+
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys, worker_key
 from taskline.store.store import Claimed, Store
 from taskline_maintenance.reaper import Reaper
-
 from tests.helpers import enqueue, wait_for
 
 KEYS = QueueKeys("default")

@@ -9,12 +9,12 @@ import time
 import uuid
 
 from sqlalchemy import text
+
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.jobs import Job
 from taskline.store.store import Store
 from taskline_maintenance.reconciler import Reconciler
-
 from tests.helpers import enqueue
 
 DEFAULT = QueueKeys("default")

@@ -9,10 +9,10 @@ import uuid
 
 from prometheus_client import REGISTRY
 from sqlalchemy import text
+
 from taskline.dispatch.keys import QueueKeys
 from taskline.store.store import Store
 from taskline_maintenance.depths import DepthGauges
-
 from tests.helpers import enqueue, service, service_env, wait_for
 
 

@@ -8,6 +8,7 @@ import sys
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
+
 from taskline.store.migrate import upgrade
 from taskline.store.schema import metadata
 from taskline.store.store import sqlalchemy_url

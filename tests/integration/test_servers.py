@@ -11,9 +11,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from sqlalchemy import create_engine, inspect
+
 from taskline.store.store import sqlalchemy_url
 from taskline_cli.localservers import group_alive
-
 from tests.servers import (
     PrivatePostgres,
     PrivateRedis,

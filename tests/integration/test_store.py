@@ -8,8 +8,8 @@ import time
 import uuid
 
 from sqlalchemy import text
-from taskline.store.store import Store
 
+from taskline.store.store import Store
 from tests.helpers import enqueue, wait_for
 
 

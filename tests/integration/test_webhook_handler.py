@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import requests
+
 from taskline.errors import NonRetryableError, RetryableError
 from taskline.handlers import registry
 from taskline.handlers.webhook import AddressPolicy, AddressRefused, PinnedAdapter, configure

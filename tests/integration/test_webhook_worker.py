@@ -13,11 +13,11 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.jobs import Job
 from taskline.settings import Settings
 from taskline.store.store import Store
-
 from tests.helpers import enqueue, service, service_env, wait_for
 from tests.integration.test_webhook_handler import Receiver, _serve, _url
 

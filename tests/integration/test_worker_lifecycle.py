@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from psycopg import sql
 from sqlalchemy import text
-from taskline.dispatch.keys import QueueKeys, worker_key
 
+from taskline.dispatch.keys import QueueKeys, worker_key
 from tests.conftest import ADMIN_URL
 from tests.helpers import enqueue, service, service_env, wait_for
 from tests.integration import worker_handlers as th

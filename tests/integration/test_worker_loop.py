@@ -10,8 +10,8 @@ import time
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import text
-from taskline.dispatch.keys import QueueKeys
 
+from taskline.dispatch.keys import QueueKeys
 from tests.helpers import enqueue, wait_for
 from tests.integration import worker_handlers as th
 from tests.integration.worker_handlers import running_worker

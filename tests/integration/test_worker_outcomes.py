@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import text
+
 from taskline.dispatch.keys import QueueKeys
 from taskline_worker.worker import Exit
-
 from tests.helpers import enqueue, wait_for
 from tests.integration import worker_handlers as th
 from tests.integration.worker_handlers import WorkerThread, running_worker

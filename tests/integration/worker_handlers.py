@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import text
+
 from taskline.dispatch.keys import QueueKeys
 from taskline.errors import JobCancelled, NonRetryableError
 from taskline.handlers.registry import JobContext, handler

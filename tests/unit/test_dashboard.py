@@ -19,9 +19,9 @@ import promql_parser
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
-from taskline import metrics
 
 from grafana import dashboard
+from taskline import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

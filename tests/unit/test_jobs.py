@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from taskline.jobs import (
     PENDING,
     TERMINAL,

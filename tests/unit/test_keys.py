@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from taskline.dispatch.keys import QueueKeys, valid_queue_name, worker_key
 
 

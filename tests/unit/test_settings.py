@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from taskline.errors import ConfigError
 from taskline.settings import Settings, env_names
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+
 from taskline.errors import ConfigError, NonRetryableError
 from taskline.handlers.webhook import (
     AddressPolicy,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+
 from taskline.errors import NonRetryableError, RetryableError
 from taskline.handlers.webhook import (
     MAX_TIMEOUT_S,

@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from taskline_worker.deadlines import Deadlines
 
+from taskline_worker.deadlines import Deadlines
 from tests.helpers import wait_for
 
 

@@ -7,6 +7,7 @@ import math
 import uuid
 
 import pytest
+
 from taskline.errors import NonRetryableError, RetryableError
 from taskline.jobs import Outcome, RetryDecision
 from taskline_worker.outcomes import (
@@ -20,7 +21,6 @@ from taskline_worker.outcomes import (
     printable,
 )
 from taskline_worker.runner import BadResult, NoHandler, check_result
-
 from tests.unit.test_worker_attempts import make_attempt
 
 
