@@ -24,6 +24,24 @@ INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
 SELECT t.id, t.attempt, :event, :worker_id, CAST(:detail AS jsonb)
 FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS int[])) AS t(id, attempt);
 
+-- name: insert_jobs
+-- Insert many jobs in input order unless their (queue, idempotency key) exists; returns those inserted.
+INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                  next_run_at, idempotency_key, request_hash)
+SELECT t.id, t.type, t.queue, CAST(t.payload AS jsonb), t.priority, t.status, t.max_retries,
+       t.timeout_s, COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
+       t.idempotency_key, t.request_hash
+FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[]), CAST(:queues AS text[]),
+            CAST(:payloads AS text[]), CAST(:priorities AS smallint[]),
+            CAST(:statuses AS text[]), CAST(:max_retries AS int[]),
+            CAST(:timeouts AS float8[]), CAST(:run_ats AS timestamptz[]),
+            CAST(:delays AS float8[]), CAST(:keys AS text[]), CAST(:hashes AS text[]))
+     WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries, timeout_s,
+                          run_at, delay_s, idempotency_key, request_hash, ord)
+ORDER BY t.ord
+ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
 -- name: get_job_by_key
 -- The job holding an idempotency key in a queue.
 SELECT * FROM jobs WHERE queue = :queue AND idempotency_key = :idempotency_key;

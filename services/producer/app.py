@@ -1,0 +1,43 @@
+"""The app factory (flaskr style): `create_app(settings)` builds a configured API.
+
+Invariant: the app holds no connection when it is created; each process opens its own on first
+use (see backends), so an app built before a fork is safe to serve after it. Every response is
+JSON, Flask's routing errors included, except the Prometheus scrape.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.settings import Settings
+from taskline.store.store import Store
+from taskline_producer import apidoc, auth, errors, health, jobs, operations, telemetry
+from taskline_producer.backends import Backends
+
+
+def create_app(settings: Settings | None = None, store: Store | None = None,
+               dispatcher: Dispatcher | None = None) -> Flask:
+    """The producer API; `settings` default to the environment, `store`/`dispatcher` to new ones."""
+    settings = settings or Settings.from_env()
+    app = Flask(__name__, static_folder=None)
+    app.config.update(
+        MAX_CONTENT_LENGTH=settings.max_payload_bytes,
+        # Automatic OPTIONS answers are empty text/html; without them OPTIONS is a JSON 405.
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    # Werkzeug answers `//api/v1/jobs` with an HTML redirect; a JSON 404 is what clients parse.
+    app.url_map.merge_slashes = False
+    app.extensions["taskline"] = Backends(settings, store, dispatcher)
+    telemetry.init_app(app)
+    auth.init_app(app, settings.api_tokens)
+    errors.init_app(app)
+    for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp):
+        app.register_blueprint(blueprint)
+    return app
+
+
+def close_app(app: Flask) -> None:
+    """Release the connections the app opened in this process."""
+    app.extensions["taskline"].close()

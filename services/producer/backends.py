@@ -1,0 +1,87 @@
+"""The PostgreSQL store, Redis dispatcher and enqueuer one API process uses.
+
+Invariant: connections are never shared across fork. What this holder creates it creates
+lazily, in the process that first needs it, and again in any process forked after that (the pid
+is checked), so every gunicorn worker has its own pool. A store or dispatcher passed in (tests)
+is used as it is and never closed here.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from flask import current_app
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.settings import Settings
+from taskline.store.store import Store
+from taskline_producer.enqueuer import Enqueuer
+from taskline_producer.telemetry import JobMetrics
+
+POOL_SIZE = 5  # gthread runs 4 threads per process; one spare for /readyz
+
+
+@dataclass(frozen=True)
+class _Live:
+    pid: int
+    store: Store
+    dispatcher: Dispatcher
+    enqueuer: Enqueuer
+
+
+class Backends:
+    """Per-process Store, Dispatcher and Enqueuer built from one Settings."""
+
+    def __init__(self, settings: Settings, store: Store | None = None,
+                 dispatcher: Dispatcher | None = None) -> None:
+        self.settings = settings
+        self._given_store = store
+        self._given_dispatcher = dispatcher
+        self._lock = threading.Lock()
+        self._live: _Live | None = None
+        self.metrics = JobMetrics()
+
+    def _current(self) -> _Live:
+        live = self._live
+        if live is not None and live.pid == os.getpid():
+            return live
+        with self._lock:
+            if self._live is None or self._live.pid != os.getpid():
+                # A forked child drops its parent's objects without closing their sockets.
+                store = self._given_store or Store.connect(
+                    self.settings.database_url, pool_size=POOL_SIZE,
+                    application_name="taskline-api")
+                dispatcher = self._given_dispatcher or Dispatcher(self.settings.redis_url)
+                self._live = _Live(os.getpid(), store, dispatcher,
+                                   Enqueuer(store, dispatcher, self.metrics))
+            return self._live
+
+    @property
+    def store(self) -> Store:
+        return self._current().store
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self._current().dispatcher
+
+    @property
+    def enqueuer(self) -> Enqueuer:
+        return self._current().enqueuer
+
+    def close(self) -> None:
+        """Release what this process created (pools and Redis connections)."""
+        with self._lock:
+            live, self._live = self._live, None
+        if live is None or live.pid != os.getpid():
+            return
+        if self._given_store is None:
+            live.store.dispose()
+        if self._given_dispatcher is None:
+            live.dispatcher.close()
+
+
+def backends() -> Backends:
+    """The Backends of the app serving the current request."""
+    return current_app.extensions["taskline"]

@@ -1,0 +1,129 @@
+"""Accepting jobs: write them to PostgreSQL, commit, and only then hand their ids to Redis.
+
+Invariant: a job and its first event are inserted in one transaction (a batch in one
+transaction for all of its jobs); Redis hears of a job only after that commit, so Redis never
+holds an id PostgreSQL does not. A failed push after the commit loses nothing: the job is
+durable and reconciliation pushes it within its interval. An idempotency key names one request
+body per queue: the unique index makes concurrent duplicates insert one row, and a replay with
+another body is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import Connection
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.errors import IdempotencyConflict
+from taskline.jobs import Event, Job, Status, new_job_id
+from taskline.store.store import Store
+from taskline_producer.jobspec import JobSpec
+from taskline_producer.telemetry import JobMetrics
+
+log = logging.getLogger(__name__)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A job the API answers with, and whether this request created it or replayed it."""
+
+    job: Job
+    created: bool
+
+
+def initial_status(spec: JobSpec, db_now: datetime | None) -> Status:
+    """Scheduled when the first run lies in the future (by PostgreSQL's clock), else queued."""
+    if spec.run_at is not None and db_now is not None:
+        return Status.SCHEDULED if spec.run_at > db_now else Status.QUEUED
+    return Status.SCHEDULED if spec.delay_s > 0 else Status.QUEUED
+
+
+def _row(spec: JobSpec, db_now: datetime | None) -> dict[str, object]:
+    """The insert_jobs fields of one spec, with a fresh id."""
+    return {"id": new_job_id(), "type": spec.type, "queue": spec.queue, "payload": spec.payload,
+            "priority": spec.priority, "status": initial_status(spec, db_now).value,
+            "max_retries": spec.max_retries, "timeout_s": spec.timeout_s,
+            "run_at": spec.run_at, "delay_s": spec.delay_s,
+            "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash}
+
+
+def due_ms(when: datetime) -> int:
+    """Epoch ms of `when`, rounded like PostgreSQL's `(extract(epoch ...) * 1000)::bigint`."""
+    micros = (when - _EPOCH) // timedelta(microseconds=1)
+    return (micros + 500) // 1000 if micros >= 0 else -((-micros + 500) // 1000)
+
+
+class Enqueuer:
+    """Inserts jobs in one transaction, then makes the new ones dispatchable."""
+
+    def __init__(self, store: Store, dispatcher: Dispatcher, metrics: JobMetrics) -> None:
+        self._store = store
+        self._dispatcher = dispatcher
+        self._metrics = metrics
+
+    def enqueue(self, spec: JobSpec) -> Accepted:
+        return self.enqueue_many([spec])[0]
+
+    def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Accepted]:
+        """All of `specs` or none of them; IdempotencyConflict rolls the whole call back."""
+        db_now = self._store.now() if any(s.run_at is not None for s in specs) else None
+        # Keys are taken in one global order, so two batches sharing keys cannot deadlock.
+        order = sorted(range(len(specs)),
+                       key=lambda i: (specs[i].queue, specs[i].idempotency_key or ""))
+        with self._store.transaction() as conn:
+            in_order = self._insert(conn, [specs[i] for i in order], db_now)
+        by_index = dict(zip(order, in_order, strict=True))
+        accepted = [by_index[i] for i in range(len(specs))]
+        created = [a.job for a in accepted if a.created]
+        self._dispatch(created)
+        for job in created:
+            self._metrics.accepted(job.type, job.queue)
+        return accepted
+
+    def _insert(self, conn: Connection, specs: Sequence[JobSpec],
+                db_now: datetime | None) -> list[Accepted]:
+        """One multi-row INSERT, one INSERT per first event; replays looked up by key."""
+        rows = [_row(spec, db_now) for spec in specs]
+        inserted = {job.id: job for job in self._store.insert_jobs(conn, rows)}
+        accepted = [Accepted(inserted[row["id"]], created=True) if row["id"] in inserted
+                    else self._replay(conn, spec) for row, spec in zip(rows, specs, strict=True)]
+        for status, event in ((Status.QUEUED, Event.ENQUEUED), (Status.SCHEDULED, Event.SCHEDULED)):
+            ids = [a.job.id for a in accepted if a.created and a.job.status is status]
+            self._store.insert_events(conn, ids, event.value)
+        return accepted
+
+    def _replay(self, conn: Connection, spec: JobSpec) -> Accepted:
+        """The key exists in this queue: the same body gets the same job, another body fails."""
+        key = spec.idempotency_key or ""
+        found = self._store.get_job_and_hash_by_key(spec.queue, key, conn)
+        if found is None:
+            # ON CONFLICT waited for the other insert to commit, so its row is visible here.
+            raise RuntimeError(f"idempotency key {key!r} conflicted but no job holds it")
+        job, digest = found
+        if digest != spec.request_hash:
+            raise IdempotencyConflict(
+                f"idempotency key {key!r} was used for job {job.id} with a different body")
+        return Accepted(job, created=False)
+
+    def _dispatch(self, jobs: Sequence[Job]) -> None:
+        ready = [(j.queue, j.priority, str(j.id)) for j in jobs if j.status is Status.QUEUED]
+        delayed: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for job in jobs:
+            if job.status is Status.SCHEDULED and job.next_run_at is not None:
+                delayed[job.queue].append((str(job.id), due_ms(job.next_run_at)))
+        try:
+            self._dispatcher.push(ready)
+            for queue, entries in delayed.items():
+                self._dispatcher.schedule_many(queue, entries)
+        except Exception:
+            # Whatever Redis said, the jobs are committed; reconciliation restores them.
+            log.warning("jobs accepted but not pushed to Redis; reconciliation will push them",
+                        exc_info=True, extra={"action": "enqueue", "jobs": len(jobs),
+                                              "job_id": str(jobs[0].id) if jobs else None})

@@ -1,0 +1,53 @@
+"""Liveness, readiness and the Prometheus scrape; open even when API tokens are configured.
+
+Invariant: /healthz does no I/O (a live process answers it even when its dependencies are
+down, so an orchestrator does not restart it for their outage); /readyz answers 200 only when
+PostgreSQL and Redis both answer, and says which one did not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from flask import Blueprint, Response, jsonify
+
+from taskline.errors import TasklineError
+from taskline_producer import telemetry
+from taskline_producer.backends import backends
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("health", __name__)
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    return jsonify({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    b = backends()
+    checks = {"postgresql": _check(b.store.ping), "redis": _check(b.dispatcher.ping)}
+    ready = all(value == "ok" for value in checks.values())
+    response = jsonify({"status": "ready" if ready else "unavailable", "checks": checks})
+    response.status_code = 200 if ready else 503
+    return response
+
+
+def _check(ping: Callable[[], None]) -> str:
+    """"ok", or why not: any failure of a probe means not ready, never a 500."""
+    try:
+        ping()
+    except TasklineError as err:
+        return str(err)
+    except Exception as err:
+        log.warning("readiness probe failed", exc_info=True)
+        return f"unavailable: {type(err).__name__}"
+    return "ok"
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    return telemetry.exposition()

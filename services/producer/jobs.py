@@ -1,0 +1,139 @@
+"""The jobs blueprint: enqueue (one or a batch), read, list, cancel and requeue jobs.
+
+Invariant: every route validates fully before it touches PostgreSQL (job ids are matched by
+the router's uuid converter, so anything else is a 404 before any SQL), and every state change
+is one conditional UPDATE in PostgreSQL that Redis follows afterwards; a Redis failure after
+the change is logged, never reported as a failure of the change.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+from flask import Blueprint, Response, jsonify, request
+
+from taskline.jobs import Job
+from taskline_producer import paging, views
+from taskline_producer.backends import backends
+from taskline_producer.body import read_json
+from taskline_producer.errors import InvalidState, NotFound, ValidationFailed
+from taskline_producer.jobspec import FieldError, JobSpec, parse_batch, parse_job
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
+
+
+def _location(job_id: uuid.UUID) -> str:
+    return f"/api/v1/jobs/{job_id}"
+
+
+@bp.post("")
+def create_job() -> Response:
+    b = backends()
+    body = read_json(request, b.settings.max_payload_bytes)
+    spec = parse_job(body, b.settings, request.headers.get("Idempotency-Key"))
+    if not isinstance(spec, JobSpec):
+        raise ValidationFailed(details=[e.to_dict() for e in spec])
+    accepted = b.enqueuer.enqueue(spec)
+    response = jsonify(views.job(accepted.job))
+    response.status_code = 201 if accepted.created else 200
+    response.headers["Location"] = _location(accepted.job.id)
+    return response
+
+
+@bp.post("/batch")
+def create_batch() -> Response:
+    b = backends()
+    body = read_json(request, b.settings.max_payload_bytes)
+    if "Idempotency-Key" in request.headers:
+        raise ValidationFailed(details=[{"field": "Idempotency-Key", "message":
+                                         "a batch takes idempotency_key per job"}])
+    parsed = parse_batch(body, b.settings)
+    errors = [e.to_dict() for e in parsed if isinstance(e, FieldError)]
+    if errors:
+        raise ValidationFailed(details=errors)
+    accepted = b.enqueuer.enqueue_many([s for s in parsed if isinstance(s, JobSpec)])
+    created = sum(a.created for a in accepted)
+    response = jsonify({
+        "jobs": [{"index": i, "created": a.created, "job": views.job(a.job)}
+                 for i, a in enumerate(accepted)],
+        "created": created, "replayed": len(accepted) - created})
+    response.status_code = 201 if created else 200
+    return response
+
+
+@bp.get("/<uuid:job_id>")
+def get_job(job_id: uuid.UUID) -> Response:
+    store = backends().store
+    job = store.get_job(job_id)
+    if job is None:
+        raise NotFound(details={"id": str(job_id)})
+    events, leases = store.get_history(job_id)
+    return jsonify(views.job_detail(job, events, leases))
+
+
+@bp.get("")
+def list_jobs() -> Response:
+    args = request.args
+    filters = {"status": paging.status(args), "type": paging.job_type(args),
+               "queue": paging.queue(args)}
+    size = paging.limit(args)
+    after = paging.decode_cursor(args.get("cursor"))
+    rows = backends().store.list_jobs(**filters, after=after, limit=size + 1)
+    page = rows[:size]
+    more = len(rows) > size
+    cursor = paging.encode_cursor(page[-1].created_at, page[-1].id) if more else None
+    return jsonify({"jobs": [views.job(j) for j in page], "next_cursor": cursor})
+
+
+@bp.delete("/<uuid:job_id>")
+def cancel_job(job_id: uuid.UUID) -> Response:
+    """Pending: cancelled now (200). Running: asked to stop at its next renewal (202)."""
+    b = backends()
+    job = b.store.cancel_pending_job(job_id)
+    if job is not None:
+        b.metrics.cancelled(job.queue)
+        _follow_in_redis("unschedule", lambda: b.dispatcher.unschedule(job.queue, str(job.id)),
+                         job.id)
+        return jsonify(views.job(job))
+    job = b.store.cancel_running_job(job_id)
+    if job is not None:
+        response = jsonify(views.job(job))
+        response.status_code = 202
+        return response
+    raise _not_in_state(b.store.get_job(job_id), job_id, "cancelled")
+
+
+@bp.post("/<uuid:job_id>/retry")
+def retry_job(job_id: uuid.UUID) -> Response:
+    """Requeue a dead job with a fresh retry budget; anything else is a 409."""
+    b = backends()
+    job = b.store.requeue_dead_job(job_id)
+    if job is None:
+        raise _not_in_state(b.store.get_job(job_id), job_id, "retried (only dead jobs can)")
+
+    def requeue() -> None:
+        b.dispatcher.remove_from_dlq(job.queue, str(job.id))
+        b.dispatcher.push([(job.queue, job.priority, str(job.id))])
+
+    _follow_in_redis("requeue", requeue, job.id)
+    return jsonify(views.job(job))
+
+
+def _not_in_state(job: Job | None, job_id: uuid.UUID, action: str) -> Exception:
+    if job is None:
+        return NotFound(details={"id": str(job_id)})
+    return InvalidState(f"a {job.status} job cannot be {action}",
+                        {"id": str(job_id), "status": job.status.value})
+
+
+def _follow_in_redis(action: str, step: Callable[[], None], job_id: uuid.UUID) -> None:
+    """Mirror a committed change in Redis; on failure, reconciliation repairs Redis later."""
+    try:
+        step()
+    except Exception:
+        log.warning("Redis not updated after a committed change; reconciliation will repair it",
+                    exc_info=True, extra={"action": action, "job_id": str(job_id)})

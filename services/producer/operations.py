@@ -1,0 +1,45 @@
+"""The operations blueprint: the dead-letter queue, the worker registry and queue depths.
+
+Invariant: read-only. Counts come from PostgreSQL (the truth); Redis depths are reported beside
+them for the queues either side knows, so an operator sees drift between the two at a glance.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, jsonify, request
+
+from taskline.dispatch.keys import valid_queue_name
+from taskline_producer import paging, views
+from taskline_producer.backends import backends
+
+bp = Blueprint("operations", __name__, url_prefix="/api/v1")
+
+
+@bp.get("/dlq")
+def list_dead() -> Response:
+    args = request.args
+    queue, size = paging.queue(args), paging.limit(args)
+    after = paging.decode_cursor(args.get("cursor"))
+    rows = backends().store.list_dead(queue=queue, after=after, limit=size + 1)
+    page = rows[:size]
+    cursor = None
+    if len(rows) > size:
+        cursor = paging.encode_cursor(page[-1]["failed_at"], page[-1]["job"].id)
+    return jsonify({"jobs": [views.dead(row) for row in page], "next_cursor": cursor})
+
+
+@bp.get("/workers")
+def list_workers() -> Response:
+    b = backends()
+    rows = b.store.list_workers(within_s=3 * b.settings.heartbeat_s)
+    return jsonify({"workers": [views.worker(row) for row in rows]})
+
+
+@bp.get("/queues")
+def list_queues() -> Response:
+    b = backends()
+    counts = list(b.store.queue_counts())
+    names = b.dispatcher.known_queues() | {row.queue for row in counts}
+    depths = {name: b.dispatcher.depths(name) for name in sorted(names)
+              if valid_queue_name(name)}
+    return jsonify({"queues": views.queues(counts, depths)})

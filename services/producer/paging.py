@@ -1,0 +1,84 @@
+"""Query parameters of the list routes: limits, filters and opaque keyset cursors.
+
+Invariant: a cursor is base64url of the (timestamp, id) of the last row of a page, and nothing
+read from the query string reaches SQL before it is checked (a NUL or a malformed cursor is a
+400, never a driver error).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import uuid
+from datetime import datetime
+
+from werkzeug.datastructures import MultiDict
+
+from taskline.dispatch.keys import valid_queue_name
+from taskline.jobs import Status
+from taskline_producer.errors import InvalidParameter
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+MAX_CURSOR_CHARS = 200
+_DIGITS = re.compile(r"[0-9]{1,6}")
+
+Position = tuple[datetime, uuid.UUID]
+
+
+def encode_cursor(at: datetime, row_id: uuid.UUID) -> str:
+    raw = json.dumps([at.isoformat(), str(row_id)], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str | None) -> Position | None:
+    """The position a cursor names, None when absent; InvalidParameter when it is not ours."""
+    if text is None:
+        return None
+    try:
+        if len(text) > MAX_CURSOR_CHARS:
+            raise ValueError("too long")
+        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
+        at, row_id = json.loads(base64.b64decode(padded, altchars=b"-_", validate=True))
+        parsed = datetime.fromisoformat(at)
+        if parsed.tzinfo is None:
+            raise ValueError("naive timestamp")
+        return parsed, uuid.UUID(row_id)
+    except (ValueError, TypeError, AttributeError, binascii.Error, UnicodeError):
+        raise InvalidParameter("cursor is not a cursor this API returned",
+                               {"parameter": "cursor"}) from None
+
+
+def limit(args: MultiDict[str, str]) -> int:
+    raw = args.get("limit")
+    if raw is None:
+        return DEFAULT_LIMIT
+    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_LIMIT:
+        raise InvalidParameter(f"limit must be an integer 1..{MAX_LIMIT}", {"parameter": "limit"})
+    return int(raw)
+
+
+def status(args: MultiDict[str, str]) -> str | None:
+    raw = args.get("status")
+    if raw is not None and raw not in {s.value for s in Status}:
+        raise InvalidParameter("status must be one of " + ", ".join(s.value for s in Status),
+                               {"parameter": "status"})
+    return raw
+
+
+def queue(args: MultiDict[str, str]) -> str | None:
+    raw = args.get("queue")
+    if raw is not None and not valid_queue_name(raw):
+        raise InvalidParameter("queue must be 1..64 characters of A-Z a-z 0-9 _ . : -",
+                               {"parameter": "queue"})
+    return raw
+
+
+def job_type(args: MultiDict[str, str]) -> str | None:
+    raw = args.get("type")
+    if raw is not None and (not 1 <= len(raw) <= 200 or "\x00" in raw):
+        raise InvalidParameter("type must be 1..200 characters without NUL",
+                               {"parameter": "type"})
+    return raw

@@ -1,0 +1,85 @@
+"""JSON representations of what the API returns; the shapes openapi.json documents.
+
+Invariant: every value leaving here is plain JSON (ISO 8601 strings for times, floats for
+PostgreSQL numerics, strings for ids), so the Flask encoder never guesses.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from taskline.jobs import Job
+
+STATUSES = ("scheduled", "queued", "retrying", "running", "dead")
+
+
+def plain(value: Any) -> Any:
+    """A JSON-ready copy of a value from a row."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def job(j: Job) -> dict[str, Any]:
+    return j.to_dict()
+
+
+def event(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: plain(row[k]) for k in ("id", "attempt", "event", "worker_id", "detail",
+                                       "created_at")}
+
+
+def lease(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: plain(row[k]) for k in ("id", "attempt", "worker_id", "leased_at",
+                                       "leased_until", "released_at", "outcome")}
+
+
+def job_detail(j: Job, events: list[Mapping[str, Any]],
+               leases: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """A job with its history, its attempts and the lease currently held, if any."""
+    open_leases = [row for row in leases if row["released_at"] is None]
+    current = lease(open_leases[-1]) if open_leases and j.status == "running" else None
+    return {**job(j), "events": [event(e) for e in events],
+            "leases": [lease(row) for row in leases], "lease": current}
+
+
+def dead(entry: Mapping[str, Any]) -> dict[str, Any]:
+    return {"job": job(entry["job"]), "final_error": entry["final_error"],
+            "attempts": entry["attempts"], "failed_at": plain(entry["failed_at"])}
+
+
+def worker(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: plain(row[k]) for k in ("id", "hostname", "pid", "queues", "concurrency",
+                                       "started_at", "last_heartbeat", "heartbeat_age_s",
+                                       "active_jobs", "job_ids")}
+
+
+def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]]) -> list[dict]:
+    """Per queue: PostgreSQL counts by status and by priority, and Redis depths."""
+    names = sorted(set(depths) | {row.queue for row in counts})
+    by_queue: dict[str, dict[str, Any]] = {
+        name: {"name": name, "counts": dict.fromkeys(STATUSES, 0), "priorities": {},
+               "redis": _redis_depths(depths.get(name))} for name in names}
+    for row in counts:
+        entry = by_queue[row.queue]
+        entry["counts"][row.status] += row.n
+        level = entry["priorities"].setdefault(str(row.priority), dict.fromkeys(STATUSES, 0))
+        level[row.status] += row.n
+    return [by_queue[name] for name in names]
+
+
+def _redis_depths(depth: Mapping[str, Any] | None) -> dict[str, Any]:
+    depth = depth or {"ready": {}, "processing": 0, "retry": 0, "scheduled": 0, "dlq": 0}
+    ready = {str(p): n for p, n in sorted(depth["ready"].items())}
+    return {"ready": ready, "ready_total": sum(ready.values()),
+            **{k: depth[k] for k in ("processing", "retry", "scheduled", "dlq")}}
