@@ -40,7 +40,7 @@ def start_api(settings: Settings, log_dir: Path, **env: str) -> Iterator[str]:
             assert proc.poll() is None, f"taskline api exited; see {log_dir}"
             try:
                 return requests.get(url + "/healthz", timeout=1).ok
-            except requests.ConnectionError:
+            except requests.RequestException:  # refused, or still booting under load
                 return False
 
         wait_for(answering, timeout=30, interval=0.1, message="taskline api to answer")

@@ -161,7 +161,7 @@ def test_dev_command_runs_a_job_and_stops_cleanly_on_ctrl_c(private_settings: Se
 def _get(url: str) -> dict:
     try:
         response = requests.get(url, timeout=2)
-    except requests.ConnectionError:
+    except requests.RequestException:  # refused, or still booting under load
         return {}
     return response.json() if response.ok else {}
 

@@ -98,14 +98,15 @@ def test_an_idle_worker_picks_up_a_pushed_job_at_once(settings, store, dispatche
         return any(c.get("cmd") == "blpop" and str(c.get("db")) == str(db)
                    for c in dispatcher.client.client_list())
 
-    # A 10 s block: a worker that slept between polls would miss the 1 s bound below.
-    with running_worker(settings, block_timeout_s=10.0):
+    # A 30 s block: a worker that slept between polls would miss the 5 s bound below, which is
+    # generous so a loaded machine cannot fail it; the benchmark measures the real latency.
+    with running_worker(settings, block_timeout_s=30.0):
         wait_for(blocked_in_redis, message="worker blocked in BLPOP")
         job = enqueue(store, dispatcher, "echo", {"hello": "world"})
         pushed = time.monotonic()
-        wait_for(lambda: store.get_job(job.id).status.value == "succeeded", timeout=1.0,
-                 interval=0.01, message="job done within 1 s of its push")
-        assert time.monotonic() - pushed < 1.0
+        wait_for(lambda: store.get_job(job.id).status.value == "succeeded", timeout=5.0,
+                 interval=0.01, message="job done within 5 s of its push")
+        assert time.monotonic() - pushed < 5.0
     assert store.get_job(job.id).result == {"hello": "world"}
 
 
