@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BIND ?= 127.0.0.1:8000
 # Every fault scenario is marked `faults` (run by `make faults`); the quick ones are also
 # marked `fast`, and `make test` runs those too. A missing folder is skipped (git keeps none empty).
-TEST_DIRS := $(wildcard tests/unit tests/integration tests/faults)
+TEST_DIRS := $(wildcard tests/unit tests/integration tests/browser tests/faults)
 
 .PHONY: venv run test lint faults bench migrate clean
 

@@ -155,12 +155,11 @@ SELF_HEALING = (
           "attempts are losing their lease.",
           (Query("sum by (result) (rate(job_lease_renewals_total[5m]))", "{{result}}"),),
           unit="ops"),
-    # Every process that imports taskline.metrics exports the unlabelled leader gauge as 0, so
-    # the panel keeps to the maintenance job's instances.
+    # Only maintenance exports the leader gauge (taskline.metrics.maintenance()), one series
+    # per maintenance instance.
     Chart("Maintenance leader", "1 for the maintenance instance that is active; exactly one "
           "instance should show 1.",
-          (Query('max by (instance) (taskline_maintenance_leader{job="maintenance"})',
-                 "{{instance}}"),),
+          (Query("max by (instance) (taskline_maintenance_leader)", "{{instance}}"),),
           stat=True),
     Chart("Loop errors", "Failed iterations of service loops (reaper, promoter, reconciler, "
           "heartbeat ...), per scrape job.",
@@ -168,7 +167,8 @@ SELF_HEALING = (
                  "{{job}} {{loop}}"),), unit="ops"),
 )
 
-HTTP_ERRORS = ('sum(rate(taskline_http_requests_total{status=~"5.."}[5m]))'
+# Without any 5xx there is no 5xx series at all: `or vector(0)` makes the ratio 0, not "no data".
+HTTP_ERRORS = ('(sum(rate(taskline_http_requests_total{status=~"5.."}[5m])) or vector(0))'
                " / sum(rate(taskline_http_requests_total[5m]))")
 
 INFRASTRUCTURE = (
@@ -185,7 +185,8 @@ INFRASTRUCTURE = (
     Chart("API requests by route and status", "Requests per second the API answered.",
           (Query("sum by (route, status) (rate(taskline_http_requests_total[5m]))",
                  "{{route}} {{status}}"),), unit="reqps", width=12),
-    Chart("API latency by route", "Request latency p50/p95/p99 per route.",
+    Chart("API latency by route", "Request latency p50/p95/p99 per route, every status "
+          "together (the histogram also has a status label, for ad-hoc queries).",
           _quantiles("taskline_http_request_duration_seconds", "route", "{{route}}"),
           unit="s", width=12),
     Chart("API server error ratio", "Share of API requests answered with a 5xx.",

@@ -15,11 +15,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from taskline import metrics
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import valid_queue_name
 from taskline.metrics import (
     DLQ_DEPTH,
-    LIVE_WORKERS,
     OLDEST_READY,
     PROCESSING_DEPTH,
     QUEUE_DEPTH,
@@ -75,7 +75,7 @@ class DepthGauges:
         oldest = self.store.oldest_ready()
         totals = [self._export(q, oldest.get(q, 0.0)) for q in queues]
         live = len(self.store.list_workers(LIVE_HEARTBEATS * self.settings.heartbeat_s))
-        LIVE_WORKERS.set(live)
+        metrics.maintenance().live_workers.set(live)
         self._exported = True
         result = DepthResult(len(queues), *(sum(t[i] for t in totals) for i in range(5)), live)
         log.debug("depth gauges updated", extra={"action": "depths", "queues": len(queues)})
@@ -102,5 +102,5 @@ class DepthGauges:
         QUEUE_DEPTH.clear()
         for gauge in _PER_QUEUE:
             gauge.clear()
-        LIVE_WORKERS.set(0)
+        metrics.maintenance().live_workers.set(0)
         self._exported = False

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taskline.metrics import LEADER
+from taskline import metrics
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_maintenance.loop import guarded
@@ -123,4 +123,4 @@ class Leader:
         with self._lock:
             self._held = held
             self._valid_until = valid_until
-        LEADER.set(1 if held else 0)
+        metrics.maintenance().leader.set(1 if held else 0)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from taskline import metrics
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.handlers import registry
-from taskline.metrics import LabelGuard, TypeLabels
+from taskline.metrics import LOOP_ERRORS, LabelGuard, TypeLabels
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_maintenance.depths import DepthGauges
@@ -53,6 +53,8 @@ class Maintenance:
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        # Exported as 0 from the start: "no errors" reads as 0 on a dashboard, not "no data".
+        LOOP_ERRORS.labels(loop=name)
         thread = threading.Thread(target=target, name=f"maintenance-{name}", daemon=True)
         thread.start()
         self._threads.append(thread)

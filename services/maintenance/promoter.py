@@ -78,9 +78,7 @@ class Promoter:
             promoted += self._push(rows)
             if len(rows) < self.page_size:
                 break
-        if promoted:
-            log.info("promoted %d due jobs", promoted, extra={"action": "promote"})
-        else:
+        if not promoted:
             log.debug("promoter pass: nothing due", extra={"action": "promote"})
         return PromoteResult(promoted)
 
@@ -91,4 +89,7 @@ class Promoter:
         for (queue, priority), ids in groups.items():
             self.dispatcher.promote(queue, priority, ids)
             PROMOTED.labels(queue=self.queue_label(queue)).inc(len(ids))
+        for row in rows:
+            log.info("job promoted", extra={"action": "promoted", "job_id": str(row.id),
+                                            "queue": row.queue, "priority": row.priority})
         return len(rows)

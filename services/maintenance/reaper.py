@@ -95,7 +95,7 @@ class Reaper:
         """Move one recovered job's id in Redis; True when it was dead-lettered."""
         queue, job_id = row.queue, str(row.id)
         JOB_RECOVERED.labels(queue=self.queue_label(queue), cause="lease_expired").inc()
-        extra = {"action": "recover", "job_id": job_id, "queue": queue, "attempt": row.attempts,
+        extra = {"action": "recovered", "job_id": job_id, "queue": queue, "attempt": row.attempts,
                  "worker": row.worker_id, "type": row.type}
         if row.status == "dead":
             self.dispatcher.dead_letter(queue, row.worker_id, job_id)

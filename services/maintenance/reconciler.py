@@ -49,12 +49,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from taskline import metrics
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys, valid_queue_name
 from taskline.jobs import TERMINAL, Status
 from taskline.metrics import (
     RECONCILE_CORRUPTED,
-    RECONCILE_DURATION,
     RECONCILE_MISSING,
     LabelGuard,
 )
@@ -221,7 +221,7 @@ class Reconciler:
         return self._finish(tally, time.perf_counter() - started)
 
     def _finish(self, tally: _Tally, duration_s: float) -> ReconcileResult:
-        RECONCILE_DURATION.observe(duration_s)
+        metrics.maintenance().reconcile_duration.observe(duration_s)
         tally.publish(self.queue_label)
         result = tally.result(duration_s)
         extra = {"action": "reconcile", "missing": dict(result.missing),

@@ -2,7 +2,8 @@
 
 Invariant: the app holds no connection when it is created; each process opens its own on first
 use (see backends), so an app built before a fork is safe to serve after it. Every response is
-JSON, Flask's routing errors included, except the Prometheus scrape.
+JSON, Flask's routing errors included, except the Prometheus scrape, the dashboard's
+files and the event stream.
 """
 
 from __future__ import annotations
@@ -12,7 +13,17 @@ from flask import Flask
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_producer import apidoc, auth, errors, health, jobs, operations, telemetry
+from taskline_producer import (
+    apidoc,
+    auth,
+    dashboard,
+    errors,
+    events,
+    health,
+    jobs,
+    operations,
+    telemetry,
+)
 from taskline_producer.backends import Backends
 
 
@@ -33,11 +44,13 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     telemetry.init_app(app)
     auth.init_app(app, settings.api_tokens)
     errors.init_app(app)
-    for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp):
+    events.init_app(app, settings.database_url)
+    for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp):
         app.register_blueprint(blueprint)
     return app
 
 
 def close_app(app: Flask) -> None:
     """Release the connections the app opened in this process."""
+    events.close_streams(app)
     app.extensions["taskline"].close()

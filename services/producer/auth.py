@@ -2,8 +2,10 @@
 
 Invariant: a request to /api/v1/* without one of the configured tokens gets a 401 with
 `WWW-Authenticate: Bearer realm="taskline"` before any route runs (unknown paths too, so routes
-are not revealed). Tokens are compared with hmac.compare_digest against every configured token,
-without stopping at the first match, so timing says nothing about which one or how much matched.
+are not revealed); the event stream alone also accepts the token as `?token=`, because
+EventSource cannot send headers. Tokens are compared with hmac.compare_digest against every
+configured token, without stopping at the first match, so timing says nothing about which one
+or how much matched.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from taskline_producer.errors import Unauthorized
 
 PROTECTED_PREFIX = "/api/"
 REALM = 'Bearer realm="taskline"'
+# EventSource cannot send headers, so the event stream (only) also takes `?token=`.
+QUERY_TOKEN_PATHS = frozenset({"/api/v1/events"})
 
 
 def token_matches(presented: str, tokens: Sequence[bytes]) -> bool:
@@ -47,6 +51,8 @@ def init_app(app: Flask, tokens: Sequence[str]) -> None:
         if not request.path.startswith(PROTECTED_PREFIX):
             return
         token = bearer_token(request.headers.get("Authorization"))
+        if token is None and request.path in QUERY_TOKEN_PATHS:
+            token = request.args.get("token") or None
         if token is None:
             raise Unauthorized("a bearer token is required", headers={"WWW-Authenticate": REALM})
         if not token_matches(token, encoded):

@@ -18,9 +18,11 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_producer.enqueuer import Enqueuer
-from taskline_producer.telemetry import JobMetrics
+from taskline_producer.telemetry import JobMetrics, type_labels
 
-POOL_SIZE = 5  # gthread runs 4 threads per process; one spare for /readyz
+# gthread runs 16 threads per process, at most 8 of them in event streams (which use the pool
+# only to replay); the pool's overflow (as many again) absorbs bursts above 5.
+POOL_SIZE = 5
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Backends:
         self._given_dispatcher = dispatcher
         self._lock = threading.Lock()
         self._live: _Live | None = None
-        self.metrics = JobMetrics()
+        self.metrics = JobMetrics(type_labels(settings.handlers))
 
     def _current(self) -> _Live:
         live = self._live

@@ -23,7 +23,7 @@ from taskline.errors import IdempotencyConflict
 from taskline.jobs import Event, Job, Status, new_job_id
 from taskline.store.store import Store
 from taskline_producer.jobspec import JobSpec
-from taskline_producer.telemetry import JobMetrics
+from taskline_producer.telemetry import JobMetrics, job_log_extra
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +45,14 @@ def initial_status(spec: JobSpec, db_now: datetime | None) -> Status:
     return Status.SCHEDULED if spec.delay_s > 0 else Status.QUEUED
 
 
-def _row(spec: JobSpec, db_now: datetime | None) -> dict[str, object]:
+def _row(spec: JobSpec, db_now: datetime | None, trace_context: str | None) -> dict[str, object]:
     """The insert_jobs fields of one spec, with a fresh id."""
     return {"id": new_job_id(), "type": spec.type, "queue": spec.queue, "payload": spec.payload,
             "priority": spec.priority, "status": initial_status(spec, db_now).value,
             "max_retries": spec.max_retries, "timeout_s": spec.timeout_s,
             "run_at": spec.run_at, "delay_s": spec.delay_s,
-            "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash}
+            "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
+            "trace_context": trace_context}
 
 
 def due_ms(when: datetime) -> int:
@@ -68,29 +69,35 @@ class Enqueuer:
         self._dispatcher = dispatcher
         self._metrics = metrics
 
-    def enqueue(self, spec: JobSpec) -> Accepted:
-        return self.enqueue_many([spec])[0]
+    def enqueue(self, spec: JobSpec, trace_context: str | None = None) -> Accepted:
+        return self.enqueue_many([spec], trace_context)[0]
 
-    def enqueue_many(self, specs: Sequence[JobSpec]) -> list[Accepted]:
-        """All of `specs` or none of them; IdempotencyConflict rolls the whole call back."""
+    def enqueue_many(self, specs: Sequence[JobSpec],
+                     trace_context: str | None = None) -> list[Accepted]:
+        """All of `specs` or none of them; IdempotencyConflict rolls the whole call back.
+
+        `trace_context` (taskline.tracing) is stored with every job this call creates.
+        """
         db_now = self._store.now() if any(s.run_at is not None for s in specs) else None
         # Keys are taken in one global order, so two batches sharing keys cannot deadlock.
         order = sorted(range(len(specs)),
                        key=lambda i: (specs[i].queue, specs[i].idempotency_key or ""))
         with self._store.transaction() as conn:
-            in_order = self._insert(conn, [specs[i] for i in order], db_now)
+            in_order = self._insert(conn, [specs[i] for i in order], db_now, trace_context)
         by_index = dict(zip(order, in_order, strict=True))
         accepted = [by_index[i] for i in range(len(specs))]
         created = [a.job for a in accepted if a.created]
         self._dispatch(created)
         for job in created:
             self._metrics.accepted(job.type, job.queue)
+            event = Event.SCHEDULED if job.status is Status.SCHEDULED else Event.ENQUEUED
+            log.info("job accepted", extra=job_log_extra(event.value, job))
         return accepted
 
-    def _insert(self, conn: Connection, specs: Sequence[JobSpec],
-                db_now: datetime | None) -> list[Accepted]:
+    def _insert(self, conn: Connection, specs: Sequence[JobSpec], db_now: datetime | None,
+                trace_context: str | None) -> list[Accepted]:
         """One multi-row INSERT, one INSERT per first event; replays looked up by key."""
-        rows = [_row(spec, db_now) for spec in specs]
+        rows = [_row(spec, db_now, trace_context) for spec in specs]
         inserted = {job.id: job for job in self._store.insert_jobs(conn, rows)}
         accepted = [Accepted(inserted[row["id"]], created=True) if row["id"] in inserted
                     else self._replay(conn, spec) for row, spec in zip(rows, specs, strict=True)]

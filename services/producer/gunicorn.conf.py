@@ -2,12 +2,15 @@
 
 Invariant: each worker process builds its own app (no preload), so no pool connection crosses
 a fork; prometheus-client's multiprocess files of a worker that exits are marked dead so its
-live gauges disappear and its counters still add up.
+live gauges disappear and its counters still add up. Event streams never take more than half
+of a worker's threads and end when the worker is told to stop.
 """
 
-# gthread: a few threads per process keep a slow PostgreSQL round trip from idling a process.
+# gthread: threads keep a slow PostgreSQL round trip from idling a process. An event stream
+# (/api/v1/events) holds a thread for as long as its browser stays, so streams may take at most
+# half of them (post_worker_init below); the other half always serves ordinary requests.
 worker_class = "gthread"
-threads = 4
+threads = 16
 preload_app = False
 # Seconds a silent worker may block before the master replaces it; above the 10 s pool timeout.
 timeout = 30
@@ -17,6 +20,8 @@ keepalive = 5
 # Access logging is off: the request metrics count every request by route and status.
 accesslog = None
 errorlog = "-"
+# gunicorn's messages go to the root logger, formatted like every other line of the service.
+logger_class = "taskline_producer.serve.ServiceLogger"
 loglevel = "info"
 proc_name = "taskline-api"
 # No control socket: its default path is per user, so two APIs on one host would share it.
@@ -25,6 +30,13 @@ control_socket_disable = True
 limit_request_line = 8190
 limit_request_fields = 100
 limit_request_field_size = 8190
+
+
+def post_worker_init(worker):
+    # worker.wsgi is this process's Flask app; its signal handlers are installed by now.
+    from taskline_producer.events import adopt_gunicorn_worker
+
+    adopt_gunicorn_worker(worker.wsgi, worker.cfg.threads)
 
 
 def child_exit(server, worker):

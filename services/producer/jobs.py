@@ -14,12 +14,14 @@ from collections.abc import Callable
 
 from flask import Blueprint, Response, jsonify, request
 
+from taskline import tracing
 from taskline.jobs import Job
 from taskline_producer import paging, views
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.errors import InvalidState, NotFound, ValidationFailed
 from taskline_producer.jobspec import FieldError, JobSpec, parse_batch, parse_job
+from taskline_producer.telemetry import job_log_extra
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,9 @@ def create_job() -> Response:
     spec = parse_job(body, b.settings, request.headers.get("Idempotency-Key"))
     if not isinstance(spec, JobSpec):
         raise ValidationFailed(details=[e.to_dict() for e in spec])
-    accepted = b.enqueuer.enqueue(spec)
+    with tracing.enqueue(request.headers) as trace_context:
+        accepted = b.enqueuer.enqueue(spec, trace_context)
+        tracing.accepted([accepted.job])
     response = jsonify(views.job(accepted.job))
     response.status_code = 201 if accepted.created else 200
     response.headers["Location"] = _location(accepted.job.id)
@@ -55,7 +59,10 @@ def create_batch() -> Response:
     errors = [e.to_dict() for e in parsed if isinstance(e, FieldError)]
     if errors:
         raise ValidationFailed(details=errors)
-    accepted = b.enqueuer.enqueue_many([s for s in parsed if isinstance(s, JobSpec)])
+    with tracing.enqueue(request.headers) as trace_context:
+        accepted = b.enqueuer.enqueue_many([s for s in parsed if isinstance(s, JobSpec)],
+                                           trace_context)
+        tracing.accepted([a.job for a in accepted])
     created = sum(a.created for a in accepted)
     response = jsonify({
         "jobs": [{"index": i, "created": a.created, "job": views.job(a.job)}
@@ -96,11 +103,14 @@ def cancel_job(job_id: uuid.UUID) -> Response:
     job = b.store.cancel_pending_job(job_id)
     if job is not None:
         b.metrics.cancelled(job.queue)
+        log.info("job cancelled", extra=job_log_extra("cancelled", job))
         _follow_in_redis("unschedule", lambda: b.dispatcher.unschedule(job.queue, str(job.id)),
                          job.id)
         return jsonify(views.job(job))
     job = b.store.cancel_running_job(job_id)
     if job is not None:
+        log.info("cancel requested: the worker stops the job at its next lease renewal",
+                 extra=job_log_extra("cancel_requested", job))
         response = jsonify(views.job(job))
         response.status_code = 202
         return response
@@ -114,6 +124,7 @@ def retry_job(job_id: uuid.UUID) -> Response:
     job = b.store.requeue_dead_job(job_id)
     if job is None:
         raise _not_in_state(b.store.get_job(job_id), job_id, "retried (only dead jobs can)")
+    log.info("dead job requeued", extra=job_log_extra("requeued", job))
 
     def requeue() -> None:
         b.dispatcher.remove_from_dlq(job.queue, str(job.id))

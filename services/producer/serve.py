@@ -15,11 +15,24 @@ from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger
 
+from taskline import tracing
 from taskline.settings import Settings
 
 CONFIG_FILE = Path(__file__).with_name("gunicorn.conf.py")
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class ServiceLogger(Logger):
+    """gunicorn's own records go through the service's log set-up (JSON lines or text), so
+    every line the API writes has one format; gunicorn keeps deciding their level."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for logger in (self.error_log, self.access_log):
+            logger.handlers.clear()
+            logger.propagate = True
 
 
 class ProducerServer(BaseApplication):
@@ -39,6 +52,7 @@ class ProducerServer(BaseApplication):
         # Runs in each worker after the fork: the app, and its pools, belong to that process.
         from taskline_producer.app import create_app
 
+        tracing.setup("api", self.settings)
         return create_app(self.settings)
 
 
@@ -70,12 +84,15 @@ def prepare_metrics_dir() -> tuple[Path, bool]:
 def run(settings: Settings, bind: str = "0.0.0.0:8000", workers: int = 2) -> int:
     """Serve until SIGTERM or SIGINT; returns gunicorn's exit status."""
     metrics_dir, created = prepare_metrics_dir()
+    master = os.getpid()
     server = ProducerServer(settings, gunicorn_options(bind, workers))
     try:
         server.run()
     except SystemExit as stop:
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     finally:
-        if created:
+        # A gunicorn worker is a fork of this call and leaves through it too (its SystemExit
+        # passes here): only the master may remove the folder, which other workers still use.
+        if created and os.getpid() == master:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0

@@ -1,36 +1,60 @@
 """Request metrics and the /metrics exposition of the API.
 
 Invariant: every label value is bounded. Routes are labelled by their template
-(`/api/v1/jobs/<uuid:job_id>`, or `unmatched`), methods by a fixed set, job types and queues through
-LabelGuard, so a client inventing paths, methods or job types cannot create unbounded series.
+(`/api/v1/jobs/<uuid:job_id>`, or `unmatched`), methods by a fixed set, status codes by what
+HTTP allows, job types by the registered handler types (anything else is "other", as the worker
+labels them) and queues through LabelGuard, so a client inventing paths, methods, job types or
+queues cannot create unbounded series.
 Under gunicorn, every process writes to PROMETHEUS_MULTIPROC_DIR and /metrics merges them.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from flask import Flask, Response, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client import multiprocess as prometheus_multiprocess
 
+from taskline.handlers import registry
+from taskline.jobs import Job
 from taskline.metrics import (
     HTTP_LATENCY,
     HTTP_REQUESTS,
     JOB_CANCELLED,
     JOB_ENQUEUED,
     LabelGuard,
+    TypeLabels,
     multiprocess_dir,
 )
 
+log = logging.getLogger(__name__)
+
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def type_labels(modules: Sequence[str]) -> TypeLabels:
+    """Job types usable as labels: the types the handler modules register.
+
+    The API never runs a handler; a module that fails to import here must not stop it from
+    accepting jobs, so it costs only precise labels ("other" instead).
+    """
+    try:
+        return TypeLabels(registry.load(modules))
+    except Exception:
+        log.exception("could not import the handler modules; job metrics label types 'other'",
+                      extra={"action": "startup"})
+        return TypeLabels(registry.load(()))
 
 
 class JobMetrics:
     """Counts accepted and cancelled jobs; each label kept to a bounded set per process."""
 
-    def __init__(self) -> None:
-        self._types = LabelGuard()
+    def __init__(self, types: Callable[[str], str] | None = None) -> None:
+        self._types = types or TypeLabels(registry.registered_types())
         self._queues = LabelGuard()
 
     def accepted(self, job_type: str, queue: str) -> None:
@@ -40,6 +64,12 @@ class JobMetrics:
         JOB_CANCELLED.labels(queue=self._queues(queue)).inc()
 
 
+def job_log_extra(action: str, job: Job) -> dict[str, Any]:
+    """The fields of a job-path log record, named as the worker and maintenance name them."""
+    return {"action": action, "job_id": str(job.id), "queue": job.queue, "type": job.type,
+            "attempt": job.attempts}
+
+
 def _start_timer() -> None:
     g.taskline_started = time.perf_counter()
 
@@ -47,10 +77,12 @@ def _start_timer() -> None:
 def _record(response: Response) -> Response:
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"
     method = request.method if request.method in _METHODS else "other"
-    HTTP_REQUESTS.labels(route=route, method=method, status=str(response.status_code)).inc()
+    status = str(response.status_code)
+    HTTP_REQUESTS.labels(route=route, method=method, status=status).inc()
     started = g.get("taskline_started")
     if started is not None:
-        HTTP_LATENCY.labels(route=route, method=method).observe(time.perf_counter() - started)
+        HTTP_LATENCY.labels(route=route, method=method, status=status).observe(
+            time.perf_counter() - started)
     return response
 
 

@@ -46,6 +46,8 @@ class Attempt:
     settled_by: Settler | None = None
     lease_check: Any = None
     """The pending deadline that self-fences this attempt (see fencing.Fence)."""
+    duration_s: float | None = None
+    """How long the handler ran, seconds, once it returned, raised or timed out."""
     _running: bool = False
     _written_off: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -131,8 +133,11 @@ class Attempt:
     def log_extra(self, action: str, **more: Any) -> dict[str, Any]:
         """The fields every job-path log record carries."""
         job = self.claimed.job
-        return {"action": action, "job_id": str(job.id), "queue": job.queue,
-                "attempt": job.attempts, "worker": self.ctx.worker_id, "type": job.type, **more}
+        extra = {"action": action, "job_id": str(job.id), "queue": job.queue,
+                 "attempt": job.attempts, "worker": self.ctx.worker_id, "type": job.type}
+        if self.duration_s is not None:
+            extra["duration_s"] = round(self.duration_s, 6)
+        return {**extra, **more}
 
 
 class Attempts:

@@ -1,10 +1,11 @@
 """Self-fencing: a worker that cannot keep a lease stops that attempt and takes no new work.
 
 Invariant: no outcome is written for an attempt after its local lease deadline (the monotonic
-time its last successful renewal was sent + lease_s - one renewal period), because by then the
-reaper may have given the job to someone else; and while PostgreSQL cannot be reached the
-worker claims nothing, until a ping answers again. Each lease's deadline is watched on the
-deadline thread, so a renewal call hanging on a dead connection cannot delay the fence.
+time its last successful renewal was sent + lease_s - Settings.fence_margin_s), because just
+after it the lease may expire and the reaper give the job to someone else; and while
+PostgreSQL cannot be reached the worker claims nothing, until a ping answers again. Each
+lease's deadline is watched on the deadline thread, so a renewal call hanging on a dead
+connection cannot delay the fence.
 """
 
 from __future__ import annotations

@@ -32,11 +32,16 @@ class LeaseKeeper:
         self._worker_id = worker_id
         self._lease_s = settings.lease_s
         self._every_s = settings.renew_every_s
+        self._margin_s = settings.fence_margin_s
         self._attempts = attempts
         self._on_renewed = on_renewed
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.wait(self._every_s):
+        # Passes start every period, however long the last one took: on a slow link a pass
+        # lasts seconds, and waiting a full period after it would eat the lease's margin.
+        next_at = time.monotonic() + self._every_s
+        while not stop.wait(max(next_at - time.monotonic(), 0.0)):
+            next_at = time.monotonic() + self._every_s
             try:
                 self.run_once()
             except Exception:
@@ -71,7 +76,7 @@ class LeaseKeeper:
         return counts
 
     def _keep(self, attempt: Attempt, sent_at: float, *, cancel_requested: bool) -> None:
-        attempt.renewed(sent_at, self._lease_s, self._every_s)
+        attempt.renewed(sent_at, self._lease_s, self._margin_s)
         self._on_renewed(attempt)
         if cancel_requested and not attempt.cancel_requested:
             log.info("cancel requested: stopping the handler",

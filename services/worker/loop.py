@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, StoreUnavailable
 from taskline.metrics import CLAIM_CONFLICTS, LOOP_ERRORS, WAIT_TIME, TypeLabels
@@ -96,6 +97,7 @@ class FetchLoop:
 
     def claim(self, fetched: Fetched) -> list[Claimed]:
         """Claim in one round trip; returns the winners in fetch order, acks the rest."""
+        started_ns = time.time_ns()
         try:
             won = self._store.claim_jobs([job_id for _, job_id in fetched], self._worker_id,
                                          self._lease_s)
@@ -115,6 +117,9 @@ class FetchLoop:
                 winners.append(claimed)
         self._drop(losers)
         self._observe_wait(winners)
+        ended_ns = time.time_ns()
+        for claimed in winners:
+            tracing.record("claim", claimed.job, self._worker_id, started_ns, ended_ns)
         return winners
 
     def _drop(self, losers: Fetched) -> None:

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from taskline import metrics
+from taskline import metrics, tracing
 from taskline.errors import ConfigError, StoreUnavailable
 from taskline.settings import Settings
 from taskline_worker.worker import Exit, Worker
@@ -38,6 +38,7 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
         log.error("cannot serve /metrics", extra={"action": "start", "port": metrics_port,
                                                   "error": str(err)})
         return 2
+    tracing.setup("worker", settings)
     install_signal_handlers(worker)
     outcome = run_in_thread(worker)
     if outcome is None:

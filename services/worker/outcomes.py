@@ -16,10 +16,12 @@ import queue
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import tenacity
+
+from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, NonRetryableError, StoreUnavailable
 from taskline.jobs import Backoff, Event, Outcome, RetryDecision, Status, decide_retry
@@ -57,6 +59,8 @@ class Report:
     result: Any = None
     error: BaseException | None = None
     outcome: Outcome = Outcome.FAILED
+    reported_ns: int = field(default_factory=time.time_ns)
+    """When the attempt ended (time.time_ns()): the start of its `complete` span."""
 
 
 def printable(text: str) -> str:
@@ -217,7 +221,12 @@ class Recorder:
                     live = [r for r in reports if r.attempt.lease_valid()]
                     if not live:
                         return None
-                    return live, write(live)
+                    answer = write(live)
+                    # PostgreSQL has decided these attempts: their lease deadline guards
+                    # nothing now, so a slow Redis step after this cannot self-fence them.
+                    for report in live:
+                        self._forget(report.attempt)
+                    return live, answer
         except StoreUnavailable:
             return None
         return None
@@ -262,6 +271,7 @@ class Recorder:
         if written[1]:
             JOB_CANCELLED.labels(attempt.queue).inc()
             log.info("job cancelled while running", extra=attempt.log_extra("cancelled"))
+            self._traced(report, "cancelled")
         else:
             self._stale(report)
         self._ack([report])
@@ -302,6 +312,7 @@ class Recorder:
         log.warning("attempt failed, retry scheduled", extra=attempt.log_extra(
             "retry_scheduled", error=text, delay_s=round(decision.delay_s, 3),
             outcome=report.outcome.value))
+        self._traced(report, "retry_scheduled", text)
         self._redis(lambda: self._dispatcher.retry_later(
             attempt.queue, self._worker_id, attempt.job_id, due_ms), attempt)
 
@@ -310,25 +321,34 @@ class Recorder:
         JOB_DLQ.labels(self._types(attempt.job.type), attempt.queue).inc()
         log.error("job dead-lettered", extra=attempt.log_extra(
             "dead_lettered", error=text, reason=decision.reason, outcome=report.outcome.value))
+        self._traced(report, "dead_lettered", text)
         self._redis(lambda: self._dispatcher.dead_letter(
             attempt.queue, self._worker_id, attempt.job_id), attempt)
 
     def _completed(self, report: Report) -> None:
         attempt = report.attempt
         JOB_COMPLETED.labels(self._types(attempt.job.type), attempt.queue).inc()
-        log.debug("job succeeded", extra=attempt.log_extra("succeeded"))
+        log.info("job succeeded", extra=attempt.log_extra("succeeded"))
+        self._traced(report, "succeeded")
 
     def _stale(self, report: Report) -> None:
         attempt = report.attempt
         STALE_COMPLETIONS.labels(attempt.queue).inc()
         log.warning("outcome rejected: the lease is no longer ours", extra=attempt.log_extra(
             "stale_outcome", outcome=report.outcome.value))
+        self._traced(report, "stale_outcome", "the lease is no longer ours")
 
     def _gave_up(self, reports: list[Report]) -> None:
         for report in reports:
             log.error("outcome not recorded: the lease lapsed while PostgreSQL was unreachable; "
                       "the job will run again", extra=report.attempt.log_extra(
                           "outcome_given_up", outcome=report.outcome.value))
+            self._traced(report, "outcome_given_up", "the lease lapsed before the write")
+
+    def _traced(self, report: Report, event: str, error: str | None = None) -> None:
+        """The attempt's `complete` span: from the handler's end to its outcome's write."""
+        tracing.record("complete", report.attempt.job, self._worker_id, report.reported_ns,
+                       time.time_ns(), error, **{"taskline.outcome": event})
 
     def _ack(self, reports: list[Report]) -> None:
         if reports:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from taskline import tracing
 from taskline.errors import NonRetryableError
 from taskline.handlers import registry
 from taskline_worker.attempts import Attempt
@@ -123,12 +124,13 @@ class Runner:
         return not written_off
 
     def _call(self, attempt: Attempt) -> Any:
-        fn = registry.get(attempt.job.type)
-        if fn is None:
-            raise NoHandler(f"no handler registered for type {attempt.job.type}")
-        result = fn(attempt.job.payload, attempt.ctx)
-        check_result(result)
-        return result
+        with tracing.execute(attempt.job, attempt.ctx.worker_id):
+            fn = registry.get(attempt.job.type)
+            if fn is None:
+                raise NoHandler(f"no handler registered for type {attempt.job.type}")
+            result = fn(attempt.job.payload, attempt.ctx)
+            check_result(result)
+            return result
 
     def _timed_out(self, attempt: Attempt) -> None:
         if not attempt.write_off():

@@ -23,7 +23,15 @@ from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import ConfigError
 from taskline.handlers import registry, webhook
 from taskline.jobs import Outcome
-from taskline.metrics import BUSY_SLOTS, PROCESSING_TIME, TypeLabels
+from taskline.metrics import (
+    BUSY_SLOTS,
+    CLAIM_CONFLICTS,
+    LEASE_RENEWALS,
+    LOOP_ERRORS,
+    PROCESSING_TIME,
+    STALE_COMPLETIONS,
+    TypeLabels,
+)
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
 from taskline_worker.attempts import Attempt, Attempts, Settler
@@ -39,6 +47,8 @@ from taskline_worker.runner import Runner
 log = logging.getLogger(__name__)
 
 EXTRA_CONNECTIONS = 4  # loop, lease keeper, recorder, heartbeat
+LOOPS = ("fetch", "recorder", "lease_keeper", "heartbeat", "deadlines")
+"""The `loop` label values of taskline_loop_errors_total this process can report."""
 THREAD_JOIN_S = 5.0
 
 
@@ -118,6 +128,7 @@ class Worker:
         except Exception:
             self._close()
             raise
+        self._export_zeroes()
         threads = self._start_threads()
         log.info("worker started", extra={"action": "start", "worker": self.worker_id,
                                           "queues": self.queues, "concurrency": self.concurrency})
@@ -127,6 +138,16 @@ class Worker:
         finally:
             self._shutdown(threads)
         return Exit.RECYCLE if self.recycle_requested else Exit.STOPPED
+
+    def _export_zeroes(self) -> None:
+        """Rare events start at 0, so a dashboard shows 0 rather than "no data" for them."""
+        for loop in LOOPS:
+            LOOP_ERRORS.labels(loop)
+        for result in ("ok", "lost", "error"):
+            LEASE_RENEWALS.labels(result)
+        for queue in self.queues:
+            CLAIM_CONFLICTS.labels(queue)
+            STALE_COMPLETIONS.labels(queue)
 
     def stop(self, force: bool = False) -> None:
         """Stop taking work; with `force`, hand running jobs back without waiting the grace."""
@@ -223,7 +244,8 @@ class Worker:
         """Start the claimed jobs' handlers, in fetch order."""
         s = self.settings
         for c in claimed:
-            attempt = Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.renew_every_s)
+            attempt = Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.fence_margin_s)
+            log.info("job claimed", extra=attempt.log_extra("claimed"))
             self.attempts.add(attempt)
             self.fence.watch(attempt)
             self.runner.submit(attempt)
@@ -232,6 +254,7 @@ class Worker:
                   seconds: float) -> None:
         """The handler returned or raised (on its own thread)."""
         if attempt.settle(Settler.HANDLER):
+            attempt.duration_s = seconds
             PROCESSING_TIME.labels(self.types(attempt.job.type), attempt.queue).observe(seconds)
             if error is None:
                 # A handler that finishes its work despite a cancel request succeeded.
@@ -248,6 +271,7 @@ class Worker:
         attempt.stop()
         if attempt.settle(Settler.TIMEOUT):
             timeout_s = attempt.job.timeout_s
+            attempt.duration_s = timeout_s
             PROCESSING_TIME.labels(self.types(attempt.job.type), attempt.queue).observe(timeout_s)
             if attempt.cancel_requested:
                 self.recorder.cancelled(attempt)

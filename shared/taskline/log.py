@@ -1,7 +1,9 @@
 """Logging set-up: JSON lines in production, readable text for `make run`.
 
 Job-path records carry their context as `extra` fields (job_id, queue, attempt, worker, type,
-event, duration, error); the JSON formatter emits every such field, the text one appends them.
+action, duration_s, error); the JSON formatter emits every such field, the text one appends them.
+In JSON every record names its service, and a record with an `action` also carries it as
+`event`, the field log pipelines key on: one schema for all three services (docs/observability.md).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        if "action" in fields:
+            entry["event"] = fields["action"]
+        entry.update(fields)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)

@@ -3,11 +3,13 @@
 Label values come only from bounded sets: `type` is a registered handler type or "other", and
 `queue` is a configured or known queue name capped in number, so a client inventing job types
 or queues cannot create unbounded series. Queue-depth gauges are set by maintenance only, so
-Prometheus never sums duplicates across workers.
+Prometheus never sums duplicates across workers, and maintenance's unlabelled series (live
+workers, leader flag, reconciliation duration) exist only in maintenance: see `maintenance()`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterable
@@ -40,8 +42,6 @@ RECONCILE_MISSING = Counter("reconciliation_missing_jobs_total",
                             "Pending jobs missing from Redis and restored", ["queue", "kind"])
 RECONCILE_CORRUPTED = Counter("reconciliation_corrupted_metadata_total",
                               "Redis entries removed or moved by reconciliation", ["queue", "kind"])
-RECONCILE_DURATION = Histogram("reconciliation_duration_seconds", "Reconciliation pass duration",
-                               buckets=_LATENCY_BUCKETS)
 PROMOTED = Counter("job_promoted_total", "Due retries and delayed jobs promoted", ["queue"])
 
 QUEUE_DEPTH = Gauge("job_queue_depth", "Ready jobs", ["queue", "priority"],
@@ -54,8 +54,6 @@ SCHEDULED_DEPTH = Gauge("job_scheduled_queue_depth", "Delayed jobs not yet due",
                         multiprocess_mode="livemax")
 DLQ_DEPTH = Gauge("job_dlq_depth", "Dead-lettered jobs", ["queue"], multiprocess_mode="livemax")
 OLDEST_READY = Gauge("job_oldest_ready_age_seconds", "Age of the oldest queued job", ["queue"],
-                     multiprocess_mode="livemax")
-LIVE_WORKERS = Gauge("taskline_live_workers", "Workers with a recent heartbeat",
                      multiprocess_mode="livemax")
 
 PROCESSING_TIME = Histogram("job_processing_time_seconds", "Handler run time",
@@ -70,15 +68,44 @@ STALE_COMPLETIONS = Counter("job_stale_completions_total",
 BUSY_SLOTS = Gauge("taskline_worker_busy_slots", "Handler slots in use", ["worker"],
                    multiprocess_mode="livesum")
 SLOTS = Gauge("taskline_worker_slots", "Handler slots", ["worker"], multiprocess_mode="livesum")
-LEADER = Gauge("taskline_maintenance_leader", "1 while this maintenance instance is active",
-               multiprocess_mode="livemax")
 LOOP_ERRORS = Counter("taskline_loop_errors_total", "Failed iterations of a service loop",
                       ["loop"])
 
+EVENT_STREAMS = Gauge("taskline_event_streams", "Open /api/v1/events streams",
+                      multiprocess_mode="livesum")
+EVENT_STREAM_DROPS = Counter("taskline_event_stream_drops_total",
+                             "Event streams the API ended (slow client, lost LISTEN, shutdown)",
+                             ["reason"])
 HTTP_REQUESTS = Counter("taskline_http_requests_total", "API requests",
                         ["route", "method", "status"])
 HTTP_LATENCY = Histogram("taskline_http_request_duration_seconds", "API request latency",
-                         ["route", "method"], buckets=_LATENCY_BUCKETS)
+                         ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
+
+
+class MaintenanceMetrics:
+    """The unlabelled series only maintenance exports, created by `maintenance()` on first use.
+
+    An unlabelled metric is exported (as 0) by every process that creates it, and under
+    gunicorn's multiprocess mode creating it writes a sample the API would serve; so these are
+    not created at import, and a worker or the API never exports a live-worker count or a
+    leader flag of 0 for Prometheus to mistake for maintenance's.
+    """
+
+    def __init__(self) -> None:
+        self.live_workers = Gauge("taskline_live_workers", "Workers with a recent heartbeat",
+                                  multiprocess_mode="livemax")
+        self.leader = Gauge("taskline_maintenance_leader",
+                            "1 while this maintenance instance is active",
+                            multiprocess_mode="livemax")
+        self.reconcile_duration = Histogram("reconciliation_duration_seconds",
+                                            "Reconciliation pass duration",
+                                            buckets=_LATENCY_BUCKETS)
+
+
+@functools.cache
+def maintenance() -> MaintenanceMetrics:
+    """The maintenance-only metrics of this process, registered in the default registry."""
+    return MaintenanceMetrics()
 
 
 class LabelGuard:

@@ -62,6 +62,9 @@ class Settings:
     """CIDRs or host names the webhook handler may reach although private or loopback."""
     claim_batch: int = 0
     """Ids a worker claims per PostgreSQL round trip; 0 means its concurrency."""
+    otlp_endpoint: str = ""
+    """OTLP/HTTP base URL traces are exported to (env OTEL_EXPORTER_OTLP_ENDPOINT, e.g.
+    http://collector:4318; spans go to its /v1/traces); empty turns tracing off."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -114,8 +117,16 @@ class Settings:
         """How often a running attempt renews its lease: a third of the lease."""
         return self.lease_s / 3
 
+    @property
+    def fence_margin_s(self) -> float:
+        """How long before its lease could expire a worker stops an attempt it cannot renew,
+        measured from the last renewal's send: a tenth of the lease. Small, so that a process
+        paused for half a lease resumes, renews and keeps the attempt PostgreSQL still grants."""
+        return self.lease_s / 10
 
-_UNPREFIXED = {"database_url": "DATABASE_URL", "redis_url": "REDIS_URL"}
+
+_UNPREFIXED = {"database_url": "DATABASE_URL", "redis_url": "REDIS_URL",
+               "otlp_endpoint": "OTEL_EXPORTER_OTLP_ENDPOINT"}
 
 
 def _env_name(field_name: str) -> str:

@@ -1,20 +1,30 @@
 """docker-compose.yml is a valid Compose Specification file (no Docker engine runs here, so the
-JSON schema is the check) and keeps the properties the servers need: PostgreSQL 15 and Redis 7
-with health checks, data in named volumes, Redis never evicting and never persisting."""
+JSON schema is the check) and keeps the stack's promises: PostgreSQL 15 and Redis 7 with health
+checks and named volumes, Redis never evicting; a one-shot migrate that every taskline service
+waits for; workers that scale (no fixed name, no host port) and get their whole shutdown grace;
+two maintenance replicas; and the service names, ports and mounts that
+deploy/prometheus/prometheus.yml and grafana/provisioning expect."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
 
+from taskline.settings import Settings
+
 ROOT = Path(__file__).resolve().parents[2]
 # shared/ (the project's common folder) sits beside the checkout, in CI as on a developer's box.
 SCHEMA_PLACES = [ROOT.parent / "shared" / "schemas" / "compose-spec.json",
                  Path("/work/shared/schemas/compose-spec.json")]
+TASKLINE = ("migrate", "api", "worker", "maintenance")
+SERVED = ("api", "worker", "maintenance")
+EXPECTED = {"postgres", "redis", *TASKLINE, "prometheus", "grafana", "redis-exporter",
+            "postgres-exporter"}
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +33,36 @@ def compose() -> dict:
 
 
 @pytest.fixture(scope="module")
+def services(compose: dict) -> dict:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
 def schema() -> dict:
     for place in SCHEMA_PLACES:
         if place.is_file():
             return json.loads(place.read_text())
     raise AssertionError(f"compose-spec.json not found in any of {SCHEMA_PLACES}")
+
+
+def _default(value: str) -> str:
+    """A string with every `${NAME:-default}` replaced by its default (innermost first)."""
+    pattern = re.compile(r"\$\{[A-Z_][A-Z0-9_]*:-([^${}]*)\}")
+    while pattern.search(value):
+        value = pattern.sub(lambda m: m[1], value)
+    return value
+
+
+def _seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, u in re.findall(r"([\d.]+)(ms|s|m|h)", duration))
+
+
+def _env_example_value(name: str) -> str:
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        if line.startswith(name + "="):
+            return line.split("=", 1)[1]
+    raise AssertionError(f"{name} missing from .env.example")
 
 
 def test_compose_file_matches_the_compose_specification(compose: dict, schema: dict):
@@ -43,29 +78,149 @@ def test_the_schema_rejects_a_broken_file(schema: dict):
     assert list(jsonschema.Draft7Validator(schema).iter_errors(broken))
 
 
-def test_servers_are_the_versions_taskline_supports(compose: dict):
-    services = compose["services"]
-    assert set(services) == {"postgres", "redis"}
+def test_the_stack_has_exactly_the_services_prometheus_scrapes(services: dict):
+    assert set(services) == EXPECTED
+
+
+def test_servers_are_the_versions_taskline_supports(services: dict):
     assert services["postgres"]["image"].startswith("postgres:15")
     assert services["redis"]["image"].startswith("redis:7")
 
 
-def test_every_server_has_a_health_check_and_a_named_volume(compose: dict):
+def test_servers_have_health_checks_and_named_volumes(compose: dict, services: dict):
     declared = set(compose["volumes"])
-    for name, service in compose["services"].items():
+    for name in ("postgres", "redis", "prometheus", "grafana"):
+        service = services[name]
         assert service["healthcheck"]["test"], name
-        named = {v.split(":", 1)[0] for v in service["volumes"]}
-        assert named <= declared, name
+        sources = [v.split(":", 1)[0] for v in service["volumes"]]
+        named = {s for s in sources if not s.startswith((".", "/"))}
+        assert named and named <= declared, name
 
 
-def test_redis_never_evicts_and_keeps_nothing_on_disk(compose: dict):
-    command = compose["services"]["redis"]["command"]
+def test_redis_never_evicts_and_keeps_nothing_on_disk(services: dict):
+    command = services["redis"]["command"]
     options = dict(zip(command[1::2], command[2::2], strict=True))
     assert options["--maxmemory-policy"] == "noeviction"
     assert options["--save"] == ""
     assert options["--appendonly"] == "no"
 
 
-def test_ports_are_published_on_loopback_only(compose: dict):
-    for service in compose["services"].values():
-        assert all(str(p).startswith("127.0.0.1:") for p in service["ports"])
+def test_migrate_runs_once_and_every_service_waits_for_it(services: dict):
+    migrate = services["migrate"]
+    assert migrate["command"] == ["migrate"]
+    assert migrate["restart"] == "no"
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in SERVED:
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully", name
+        assert depends["redis"]["condition"] == "service_healthy", name
+
+
+def test_taskline_services_run_the_one_image_against_the_stack_servers(services: dict):
+    images = {services[name]["image"] for name in TASKLINE}
+    assert len(images) == 1
+    for name in TASKLINE:
+        service = services[name]
+        assert service["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert service["command"][0] == name
+        env = service["environment"]
+        assert "@postgres:5432/" in _default(env["DATABASE_URL"]), name
+        assert _default(env["REDIS_URL"]).startswith("redis://redis:6379"), name
+
+
+def test_served_services_use_the_image_health_check(services: dict):
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    for name in SERVED:
+        test = services[name]["healthcheck"]["test"]
+        assert test[0] == "CMD" and json.dumps(test[1:]) in dockerfile, name
+    assert services["migrate"]["healthcheck"] == {"disable": True}
+
+
+def test_workers_scale_freely(services: dict):
+    for name in ("worker", "maintenance"):
+        assert "container_name" not in services[name], name
+        assert "ports" not in services[name], name
+
+
+def test_worker_stop_grace_covers_the_shutdown_grace(services: dict):
+    grace = max(Settings().shutdown_grace_s,
+                float(_env_example_value("TASKLINE_SHUTDOWN_GRACE_S")))
+    assert _seconds(services["worker"]["stop_grace_period"]) > grace
+
+
+def test_two_maintenance_replicas(services: dict):
+    assert services["maintenance"]["deploy"]["replicas"] == 2
+
+
+def _scrape_jobs() -> dict[str, int]:
+    """Prometheus job name -> the port it scrapes, from deploy/prometheus/prometheus.yml."""
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    ports = {}
+    for job in config["scrape_configs"]:
+        for sd in job.get("dns_sd_configs", []):
+            ports[job["job_name"]] = sd["port"]
+        for static in job.get("static_configs", []):
+            ports[job["job_name"]] = int(static["targets"][0].rsplit(":", 1)[1])
+    return ports
+
+
+def _listens_on(service: dict) -> set[int]:
+    ports = {int(p) for p in service.get("expose", [])}
+    ports |= {int(str(p).rsplit(":", 1)[1]) for p in service.get("ports", [])}
+    command = service.get("command", [])
+    if "--bind" in command:
+        ports.add(int(command[command.index("--bind") + 1].rsplit(":", 1)[1]))
+    return ports
+
+
+def test_every_prometheus_target_is_a_service_on_its_port(services: dict):
+    jobs = _scrape_jobs()
+    assert set(jobs) - {"prometheus"} == {"api", "worker", "maintenance", "redis-exporter",
+                                           "postgres-exporter"}
+    for job, port in jobs.items():
+        if job != "prometheus":
+            assert port in _listens_on(services[job]), job
+
+
+def test_worker_and_maintenance_serve_metrics_where_prometheus_looks(services: dict):
+    for name in ("worker", "maintenance"):
+        command = services[name]["command"]
+        assert command[command.index("--metrics-port") + 1] == str(_scrape_jobs()[name])
+
+
+def test_prometheus_and_grafana_mount_the_repository_config(services: dict):
+    assert "./deploy/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
+    grafana = services["grafana"]
+    assert "./grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
+    assert "./grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana["volumes"]
+    assert "127.0.0.1:3000:3000" in grafana["ports"]
+    datasources = (ROOT / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
+    assert "http://prometheus:9090" in datasources.read_text()
+
+
+def test_exporters_watch_the_stack_servers(services: dict):
+    assert services["redis-exporter"]["image"].startswith("oliver006/redis_exporter:")
+    assert services["redis-exporter"]["environment"]["REDIS_ADDR"] == "redis://redis:6379"
+    assert services["postgres-exporter"]["image"].startswith(
+        "prometheuscommunity/postgres-exporter:")
+    dsn = _default(services["postgres-exporter"]["environment"]["DATA_SOURCE_NAME"])
+    assert "@postgres:5432/taskline" in dsn
+
+
+def test_third_party_images_are_pinned(services: dict):
+    for name in EXPECTED - set(TASKLINE):
+        image = services[name]["image"]
+        assert ":" in image and not image.endswith(":latest"), name
+
+
+def test_ports_are_published_on_loopback_only(services: dict):
+    for name, service in services.items():
+        assert all(str(p).startswith("127.0.0.1:") for p in service.get("ports", [])), name
+
+
+def test_every_interpolation_has_a_default():
+    # `docker compose up` works without a .env file.
+    text = (ROOT / "docker-compose.yml").read_text()
+    bare = re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", text)
+    assert bare == []
+    assert "${" not in _default(text)

@@ -44,7 +44,7 @@ SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",),
 def _taskline_series() -> dict[str, frozenset[str]]:
     """Every sample name taskline exports, with the labels it carries."""
     series: dict[str, frozenset[str]] = {}
-    for metric in vars(metrics).values():
+    for metric in [*vars(metrics).values(), *vars(metrics.maintenance()).values()]:
         if not isinstance(metric, MetricWrapperBase):
             continue
         family = metric.describe()[0]

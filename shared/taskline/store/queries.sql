@@ -27,17 +27,18 @@ FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS int[])) AS t(id, attempt);
 -- name: insert_jobs
 -- Insert many jobs in input order unless their (queue, idempotency key) exists; returns those inserted.
 INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                  next_run_at, idempotency_key, request_hash)
+                  next_run_at, idempotency_key, request_hash, trace_context)
 SELECT t.id, t.type, t.queue, CAST(t.payload AS jsonb), t.priority, t.status, t.max_retries,
        t.timeout_s, COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
-       t.idempotency_key, t.request_hash
+       t.idempotency_key, t.request_hash, t.trace_context
 FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[]), CAST(:queues AS text[]),
             CAST(:payloads AS text[]), CAST(:priorities AS smallint[]),
             CAST(:statuses AS text[]), CAST(:max_retries AS int[]),
             CAST(:timeouts AS float8[]), CAST(:run_ats AS timestamptz[]),
-            CAST(:delays AS float8[]), CAST(:keys AS text[]), CAST(:hashes AS text[]))
+            CAST(:delays AS float8[]), CAST(:keys AS text[]), CAST(:hashes AS text[]),
+            CAST(:traces AS text[]))
      WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries, timeout_s,
-                          run_at, delay_s, idempotency_key, request_hash, ord)
+                          run_at, delay_s, idempotency_key, request_hash, trace_context, ord)
 ORDER BY t.ord
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
@@ -59,6 +60,15 @@ FROM job_events WHERE job_id = :id ORDER BY id;
 -- A job's attempts: who held which lease and how it ended, oldest first.
 SELECT id, attempt, worker_id, leased_at, leased_until, released_at, outcome
 FROM job_leases WHERE job_id = :id ORDER BY id;
+
+-- name: events_after
+-- The newest :limit history entries above id :after as event-stream payloads (migration 0002), newest first.
+SELECT e.id, taskline_event_payload(e.id, e.job_id, e.attempt, e.event, e.worker_id, e.detail,
+                                    e.created_at, j.queue, j.type, j.priority) AS payload
+FROM job_events e LEFT JOIN jobs j ON j.id = e.job_id
+WHERE e.id > :after
+ORDER BY e.id DESC
+LIMIT :limit;
 
 -- name: list_jobs
 -- Jobs newest first, filtered, paged by the (created_at, id) of the previous page's last row.

@@ -1,0 +1,207 @@
+"""The event stream: `GET /api/v1/events`, every committed job state change as Server-Sent Events.
+
+Invariant: a stream carries only committed changes (they come from LISTEN, which PostgreSQL
+fills at commit), each frame's `id` is its job_events id, and a client that reconnects with
+`Last-Event-ID` first gets what it missed (the newest `replay_limit` events above that id,
+from job_events) and then the live changes, without a gap: LISTEN is in place before the
+replay is read, and a change both replayed and heard live is sent once. An idle stream gets a
+comment every `heartbeat_s`. A process serves at most `max_streams` streams (503 beyond), and
+each stream holds at most `queue_limit` unsent frames before it is ended (see broadcaster).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from flask import Blueprint, Flask, Response, current_app, request
+
+from taskline.store.listener import Listener
+from taskline_producer.backends import backends
+from taskline_producer.broadcaster import Broadcaster, Frame, Subscription, TooManyStreams
+from taskline_producer.errors import ApiError, InvalidParameter
+
+bp = Blueprint("events", __name__, url_prefix="/api/v1")
+
+EXTENSION = "taskline_events"
+RETRY_AFTER_S = 5
+_ID = re.compile(r"[0-9]{1,18}")
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """How streams behave; every field is per process."""
+
+    heartbeat_s: float = 15.0
+    """Seconds of silence after which a stream sends a `: heartbeat` comment."""
+    queue_limit: int = 2000
+    """Unsent frames a stream may hold; one more and the stream is ended (slow client)."""
+    max_streams: int = 8
+    """Open streams; more get 503. Under gunicorn: half the threads (gunicorn.conf.py)."""
+    replay_limit: int = 1000
+    """Most events replayed to a reconnecting client; older ones are announced as a gap."""
+    retry_ms: int = 2000
+    """The reconnection delay the stream asks EventSource to use."""
+    live_wait_s: float = 5.0
+    """How long a new stream waits for this process's LISTEN connection before a 503."""
+
+
+class StreamsBusy(ApiError):
+    """This API process serves as many event streams as it may; retry later."""
+
+    status = 503
+    code = "too_many_streams"
+
+
+class EventsUnavailable(ApiError):
+    """The event stream cannot listen to PostgreSQL right now; retry later."""
+
+    status = 503
+    code = "store_unavailable"
+
+
+class _Streams:
+    """The limits and this process's Broadcaster, built on first use after any fork."""
+
+    def __init__(self, database_url: str, limits: StreamLimits) -> None:
+        self.database_url = database_url
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._broadcaster: Broadcaster | None = None
+
+    def broadcaster(self) -> Broadcaster:
+        with self._lock:
+            if self._broadcaster is None:
+                self._broadcaster = Broadcaster(
+                    Listener(self.database_url), queue_limit=self.limits.queue_limit,
+                    max_streams=self.limits.max_streams)
+            return self._broadcaster
+
+    def stop(self) -> None:
+        with self._lock:
+            broadcaster, self._broadcaster = self._broadcaster, None
+        if broadcaster is not None:
+            broadcaster.stop()
+
+
+def init_app(app: Flask, database_url: str, limits: StreamLimits | None = None) -> None:
+    """Register the stream route's state; tests pass shorter limits."""
+    app.extensions[EXTENSION] = _Streams(database_url, limits or StreamLimits())
+
+
+def set_limits(app: Flask, **changes: Any) -> None:
+    """Change the limits before the first stream of this process opens."""
+    streams: _Streams = app.extensions[EXTENSION]
+    streams.limits = replace(streams.limits, **changes)
+
+
+def close_streams(app: Flask) -> None:
+    """End every stream of this process and stop its listener (shutdown)."""
+    app.extensions[EXTENSION].stop()
+
+
+def adopt_gunicorn_worker(app: Flask, threads: int) -> None:
+    """Under gunicorn: streams take at most half the threads and end when the worker stops.
+
+    Called from gunicorn's post_worker_init, after the worker installed its signal handlers.
+    Without the SIGTERM hook a graceful stop would wait graceful_timeout for browsers that
+    never hang up; ending the streams lets EventSource reconnect to a live process at once.
+    """
+    set_limits(app, max_streams=max(1, threads // 2))
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        # Locks are taken off the signal handler, in a thread of its own.
+        threading.Thread(target=close_streams, args=(app,), daemon=True).start()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def last_event_id() -> int | None:
+    """The id a reconnecting client saw last: the Last-Event-ID header or `last_event_id`."""
+    raw = request.headers.get("Last-Event-ID")
+    if raw is None:
+        raw = request.args.get("last_event_id")
+    if raw is None or raw == "":
+        return None
+    if not _ID.fullmatch(raw):
+        raise InvalidParameter("Last-Event-ID must be an event id (a non-negative integer)",
+                               {"parameter": "last_event_id"})
+    return int(raw)
+
+
+@bp.get("/events")
+def stream() -> Response:
+    streams: _Streams = current_app.extensions[EXTENSION]
+    limits = streams.limits
+    after = last_event_id()
+    broadcaster = streams.broadcaster()
+    try:
+        sub = broadcaster.subscribe()
+    except TooManyStreams:
+        raise StreamsBusy(headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    try:
+        if not broadcaster.wait_live(limits.live_wait_s):
+            raise EventsUnavailable(headers={"Retry-After": str(RETRY_AFTER_S)})
+        replay, skipped = _replay(after, limits.replay_limit)
+    except BaseException:
+        broadcaster.unsubscribe(sub)
+        raise
+    body = EventStream(broadcaster, sub, replay, skipped, limits)
+    return Response(body, mimetype="text/event-stream", headers={
+        "Cache-Control": "no-cache, no-store", "X-Accel-Buffering": "no"})
+
+
+def _replay(after: int | None, limit: int) -> tuple[list[Frame], bool]:
+    """The frames above `after` (at most `limit`, the newest) and whether older ones were cut."""
+    if after is None:
+        return [], False
+    rows = backends().store.events_after(after, limit + 1)
+    skipped = len(rows) > limit
+    return [Frame.from_payload(payload) for _, payload in rows[-limit:]], skipped
+
+
+class EventStream:
+    """One response body: preamble, replay, then live frames or heartbeats until ended."""
+
+    def __init__(self, broadcaster: Broadcaster, sub: Subscription, replay: list[Frame],
+                 skipped: bool, limits: StreamLimits) -> None:
+        self._broadcaster = broadcaster
+        self._sub = sub
+        self._replay = replay
+        self._skipped = skipped
+        self._limits = limits
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield f"retry: {self._limits.retry_ms}\n: connected\n\n".encode()
+        if self._skipped:
+            yield _control("gap", {"replayed": len(self._replay)})
+        if self._replay:
+            yield b"".join(frame.data for frame in self._replay)
+        replayed = {frame.id for frame in self._replay}
+        while True:
+            frames = self._sub.take(self._limits.heartbeat_s)
+            if frames:
+                data = b"".join(f.data for f in frames if f.id not in replayed)
+                if data:
+                    yield data
+            elif self._sub.ended is not None:
+                yield _control("dropped", {"reason": self._sub.ended})
+                return
+            else:
+                yield b": heartbeat\n\n"
+
+    def close(self) -> None:
+        """Called by the WSGI server when the response ends, whether or not it was read."""
+        self._broadcaster.unsubscribe(self._sub)
+
+
+def _control(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()

@@ -1,0 +1,627 @@
+// taskline dashboard: plain JavaScript, no dependency, no build step.
+//
+// Truth comes from the API: pipeline totals from GET /api/v1/queues, workers from
+// GET /api/v1/workers, dead jobs from GET /api/v1/dlq, a job from GET /api/v1/jobs/<id>.
+// The live stream (GET /api/v1/events, Server-Sent Events) makes it move: every change
+// re-reads the affected totals (at most once a second), feeds the chart and the event list,
+// and counts succeeded/cancelled since the page opened. Actions are the CLI's API calls.
+"use strict";
+
+(() => {
+  const API = "/api/v1";
+  const TOKEN_KEY = "taskline-token";
+  const BATCH = 1000;                    // POST /api/v1/jobs/batch takes at most 1,000 jobs
+  const BUCKET_S = 5;                    // chart resolution
+  const WINDOW_S = 300;                  // chart span: five minutes
+  const FEED_SIZE = 40;
+  const SEEN_SIZE = 20000;               // event ids remembered to drop a replayed duplicate
+  const STAGES = ["scheduled", "queued", "running", "retrying", "succeeded", "dead", "cancelled"];
+  const PRIORITIES = { low: 2, normal: 5, high: 7, critical: 9 };
+  const FAILED_EVENTS = new Set(["retry_scheduled", "dead_lettered"]);
+  const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+  const $ = (id) => document.getElementById(id);
+
+  const state = {
+    token: sessionStorage.getItem(TOKEN_KEY) || "",
+    source: null,
+    lastId: null,
+    reconnectDelay: 1000,
+    reconnectTimer: null,
+    seen: new Set(),
+    seenOrder: [],
+    since: { succeeded: 0, cancelled: 0 },
+    buckets: new Map(),                 // bucket start (s) -> {ok, failed}
+    feed: [],
+    historyId: null,
+    dirty: { queues: true, workers: true, dead: true, history: false, view: true },
+    lastFetch: { queues: 0, workers: 0, dead: 0, history: 0 },
+    inflight: {},
+  };
+
+  // --- the API ----------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, message) { super(message); this.status = status; }
+  }
+
+  async function api(method, path, body) {
+    const headers = { Accept: "application/json" };
+    if (state.token) headers.Authorization = `Bearer ${state.token}`;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const response = await fetch(API + path, {
+      method, headers, cache: "no-store",
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const data = await response.json().catch(() => null);
+    if (response.status === 401) {
+      askForToken(state.token ? "That token was refused." : "");
+      throw new ApiError(401, "a valid API token is required");
+    }
+    if (!response.ok) {
+      const message = data && data.error ? data.error.message : response.statusText;
+      throw new ApiError(response.status, message);
+    }
+    return data;
+  }
+
+  function notify(message, kind = "info") {
+    const notice = $("notice");
+    notice.textContent = message;
+    notice.dataset.kind = kind;
+  }
+
+  // --- token ------------------------------------------------------------------------------
+
+  function askForToken(error) {
+    const dialog = $("token-dialog");
+    $("token-error").textContent = error || "";
+    if (!dialog.open) dialog.showModal();
+    $("token-input").focus();
+  }
+
+  function onTokenSubmit(event) {
+    event.preventDefault();
+    const token = $("token-input").value.trim();
+    if (!token) return;
+    state.token = token;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("token-dialog").close();
+    $("token-input").value = "";
+    markAllDirty();
+    connect();
+  }
+
+  // --- the live stream --------------------------------------------------------------------
+
+  function setConnection(kind, text) {
+    const el = $("connection");
+    el.dataset.state = kind;
+    el.textContent = text;
+  }
+
+  function connect() {
+    clearTimeout(state.reconnectTimer);
+    if (state.source) state.source.close();
+    const params = new URLSearchParams();
+    if (state.token) params.set("token", state.token);
+    if (state.lastId !== null) params.set("last_event_id", String(state.lastId));
+    const query = params.toString();
+    const source = new EventSource(`${API}/events${query ? `?${query}` : ""}`);
+    state.source = source;
+    setConnection("connecting", "connecting…");
+    source.addEventListener("open", () => {
+      state.reconnectDelay = 1000;
+      setConnection("live", "live");
+    });
+    source.addEventListener("job", (e) => onChange(JSON.parse(e.data)));
+    source.addEventListener("gap", () => {
+      notify("Some events were missed while disconnected; totals were re-read.", "info");
+      markAllDirty();
+    });
+    source.addEventListener("dropped", () => setConnection("reconnecting", "reconnecting…"));
+    source.addEventListener("error", () => onStreamError(source));
+  }
+
+  function onStreamError(source) {
+    if (source !== state.source) return;
+    if (source.readyState !== EventSource.CLOSED) {
+      setConnection("reconnecting", "reconnecting…");   // EventSource retries by itself
+      return;
+    }
+    // Closed for good (401, 503, server gone): retry with a growing delay, resuming after
+    // the last event seen; an API call tells whether a token is what is missing.
+    setConnection("offline", "offline, retrying…");
+    api("GET", "/queues").then(applyQueues).catch(() => {});
+    const delay = state.reconnectDelay;
+    state.reconnectDelay = Math.min(delay * 2, 30000);
+    state.reconnectTimer = setTimeout(connect, delay);
+  }
+
+  function remember(id) {
+    if (state.seen.has(id)) return false;
+    state.seen.add(id);
+    state.seenOrder.push(id);
+    if (state.seenOrder.length > SEEN_SIZE) state.seen.delete(state.seenOrder.shift());
+    return true;
+  }
+
+  function onChange(change) {
+    if (!remember(change.id)) return;
+    state.lastId = change.id;
+    if (change.status === "succeeded") state.since.succeeded += 1;
+    if (change.status === "cancelled") state.since.cancelled += 1;
+    countInChart(change);
+    state.feed.unshift(change);
+    if (state.feed.length > FEED_SIZE) state.feed.length = FEED_SIZE;
+    state.dirty.queues = true;
+    state.dirty.workers = true;
+    if (change.status === "dead" || change.event === "requeued") state.dirty.dead = true;
+    if (change.job_id === state.historyId) state.dirty.history = true;
+    state.dirty.view = true;
+  }
+
+  // --- chart ------------------------------------------------------------------------------
+
+  function countInChart(change) {
+    const ok = change.event === "succeeded";
+    const failed = FAILED_EVENTS.has(change.event);
+    if (!ok && !failed) return;
+    const at = Math.floor(Date.parse(change.created_at) / 1000) || Math.floor(Date.now() / 1000);
+    const start = at - (at % BUCKET_S);
+    const bucket = state.buckets.get(start) || { ok: 0, failed: 0 };
+    if (ok) bucket.ok += 1; else bucket.failed += 1;
+    state.buckets.set(start, bucket);
+  }
+
+  function series(now) {
+    const last = now - (now % BUCKET_S);
+    const points = [];
+    for (let start = last - WINDOW_S + BUCKET_S; start <= last; start += BUCKET_S) {
+      const bucket = state.buckets.get(start) || { ok: 0, failed: 0 };
+      points.push({ start, ok: bucket.ok / BUCKET_S, failed: bucket.failed / BUCKET_S });
+    }
+    for (const start of state.buckets.keys()) {
+      if (start <= last - WINDOW_S) state.buckets.delete(start);
+    }
+    return points;
+  }
+
+  function sumSince(now, seconds) {
+    let ok = 0; let failed = 0;
+    for (const [start, bucket] of state.buckets) {
+      if (start > now - seconds - BUCKET_S) { ok += bucket.ok; failed += bucket.failed; }
+    }
+    return { ok, failed };
+  }
+
+  function svg(tag, attrs, text) {
+    const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+    if (text !== undefined) el.textContent = text;
+    return el;
+  }
+
+  function renderChart() {
+    const now = Math.floor(Date.now() / 1000);
+    const points = series(now);
+    const top = Math.max(1, ...points.map((p) => Math.max(p.ok, p.failed)));
+    const [w, h, left, bottom, pad] = [600, 170, 44, 22, 8];
+    const x = (i) => left + (i * (w - left - pad)) / (points.length - 1);
+    const y = (v) => pad + (h - bottom - pad) * (1 - v / top);
+    const chart = $("chart");
+    chart.querySelectorAll("g").forEach((g) => g.remove());
+    const g = svg("g", {});
+    g.append(svg("line", { class: "axis", x1: left, y1: y(0), x2: w - pad, y2: y(0) }));
+    g.append(svg("line", { class: "axis", x1: left, y1: pad, x2: left, y2: y(0) }));
+    g.append(svg("text", { x: left - 6, y: pad + 8, "text-anchor": "end" }, fmtRate(top)));
+    g.append(svg("text", { x: left - 6, y: y(0), "text-anchor": "end" }, "0"));
+    g.append(svg("text", { x: left, y: h - 6 }, "−5 min"));
+    g.append(svg("text", { x: w - pad, y: h - 6, "text-anchor": "end" }, "now"));
+    for (const key of ["ok", "failed"]) {
+      const line = points.map((p, i) => `${x(i).toFixed(1)},${y(p[key]).toFixed(1)}`).join(" ");
+      g.append(svg("polyline", { class: key, points: line }));
+    }
+    chart.append(g);
+    const recent = sumSince(now, 10);
+    const minute = sumSince(now, 60);
+    const attempts = minute.ok + minute.failed;
+    $("throughput").textContent = fmtRate(recent.ok / 10);
+    $("failure-rate").textContent = attempts ? `${Math.round((100 * minute.failed) / attempts)}%` : "0%";
+    $("chart-summary").textContent = `Peak ${fmtRate(top)} jobs per second in the last five minutes; `
+      + `${minute.ok} succeeded and ${minute.failed} failed attempts in the last minute.`;
+  }
+
+  function fmtRate(value) {
+    return value >= 10 ? String(Math.round(value)) : value.toFixed(1);
+  }
+
+  // --- pipeline ---------------------------------------------------------------------------
+
+  function applyQueues(data) {
+    const totals = Object.fromEntries(STAGES.map((s) => [s, 0]));
+    const byPriority = Array(10).fill(0);
+    for (const queue of data.queues) {
+      for (const [status, n] of Object.entries(queue.counts)) totals[status] = (totals[status] || 0) + n;
+      for (const [level, counts] of Object.entries(queue.priorities)) byPriority[Number(level)] += counts.queued || 0;
+    }
+    for (const stage of ["scheduled", "queued", "running", "retrying", "dead"]) setCount(stage, totals[stage]);
+    renderPriorities(byPriority);
+  }
+
+  function setCount(stage, value) {
+    const out = $(`count-${stage}`);
+    const text = String(value);
+    if (out.textContent === text) return;
+    out.textContent = text;
+    const item = out.closest(".stage");
+    item.classList.add("bump");
+    setTimeout(() => item.classList.remove("bump"), 600);
+  }
+
+  function renderPriorities(byPriority) {
+    const list = $("priorities");
+    const top = Math.max(1, ...byPriority);
+    list.replaceChildren(...byPriority.map((n, level) => level).reverse().map((level) => {
+      const n = byPriority[level];
+      const li = document.createElement("li");
+      li.setAttribute("aria-label", `priority ${level}: ${n} queued`);
+      const bar = document.createElement("span");
+      bar.className = "bar";
+      const fill = document.createElement("span");
+      fill.className = "fill";
+      fill.style.height = `${(100 * n) / top}%`;
+      bar.append(fill);
+      const count = document.createElement("strong");
+      count.textContent = String(n);
+      li.append(bar, count, document.createTextNode(`p${level}`));
+      return li;
+    }));
+  }
+
+  // --- workers ----------------------------------------------------------------------------
+
+  function cell(content, className) {
+    const td = document.createElement("td");
+    if (className) td.className = className;
+    if (content instanceof Node) td.append(content); else td.textContent = content ?? "";
+    return td;
+  }
+
+  function jobLink(id) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "link job-link";
+    button.textContent = id.slice(0, 8);
+    button.title = id;
+    button.setAttribute("aria-label", `Open job ${id}`);
+    button.addEventListener("click", () => openJob(id));
+    return button;
+  }
+
+  function emptyRow(body, columns, text) {
+    const tr = document.createElement("tr");
+    const td = cell(text, "empty");
+    td.colSpan = columns;
+    tr.append(td);
+    body.replaceChildren(tr);
+  }
+
+  function applyWorkers(data) {
+    const body = $("workers-body");
+    if (!data.workers.length) { emptyRow(body, 4, "No live worker."); return; }
+    body.replaceChildren(...data.workers.map((w) => {
+      const tr = document.createElement("tr");
+      tr.dataset.worker = w.id;
+      const name = document.createElement("span");
+      name.textContent = `${w.hostname}:${w.pid}`;
+      name.title = w.id;
+      const age = Number(w.heartbeat_age_s || 0);
+      const beat = cell(`${age.toFixed(1)} s ago`, age > 10 ? "stale" : "");
+      const meter = document.createElement("meter");
+      meter.min = 0; meter.max = w.concurrency; meter.value = w.active_jobs;
+      meter.setAttribute("aria-label", `${w.active_jobs} of ${w.concurrency} slots busy`);
+      const busy = document.createElement("span");
+      busy.append(meter, ` ${w.active_jobs}/${w.concurrency}`);
+      const jobs = document.createElement("span");
+      for (const id of w.job_ids.slice(0, 6)) jobs.append(jobLink(id), " ");
+      if (w.job_ids.length > 6) jobs.append(`+${w.job_ids.length - 6}`);
+      tr.append(cell(name), beat, cell(busy), cell(w.job_ids.length ? jobs : "idle"));
+      return tr;
+    }));
+  }
+
+  // --- dead jobs --------------------------------------------------------------------------
+
+  function ago(iso) {
+    const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+    if (seconds < 90) return `${Math.round(seconds)} s ago`;
+    if (seconds < 5400) return `${Math.round(seconds / 60)} min ago`;
+    return new Date(iso).toLocaleString();
+  }
+
+  function applyDead(data) {
+    const body = $("dead-body");
+    if (!data.jobs.length) { emptyRow(body, 5, "No dead job."); return; }
+    body.replaceChildren(...data.jobs.map((entry) => {
+      const tr = document.createElement("tr");
+      tr.dataset.job = entry.job.id;
+      const requeue = document.createElement("button");
+      requeue.type = "button";
+      requeue.className = "requeue";
+      requeue.textContent = "Requeue";
+      requeue.setAttribute("aria-label", `Requeue job ${entry.job.id}`);
+      requeue.addEventListener("click", () => requeueJob(entry.job.id, requeue));
+      tr.append(cell(jobLink(entry.job.id)), cell(entry.job.type),
+        cell(entry.final_error, "error-text"), cell(ago(entry.failed_at)), cell(requeue));
+      return tr;
+    }));
+  }
+
+  async function requeueJob(id, button) {
+    if (button) button.disabled = true;
+    try {
+      await api("POST", `/jobs/${id}/retry`);
+      notify(`Job ${id} requeued.`);
+      state.dirty.dead = true;
+      if (state.historyId === id) state.dirty.history = true;
+    } catch (err) {
+      notify(`Could not requeue ${id}: ${err.message}`, "error");
+      if (button) button.disabled = false;
+    }
+  }
+
+  async function cancelJob(id, button) {
+    button.disabled = true;
+    try {
+      const data = await api("DELETE", `/jobs/${id}`);
+      notify(data.status === "cancelled" ? `Job ${id} cancelled.` : `Job ${id} asked to stop.`);
+      state.dirty.history = true;
+    } catch (err) {
+      notify(`Could not cancel ${id}: ${err.message}`, "error");
+      button.disabled = false;
+    }
+  }
+
+  // --- one job's history ------------------------------------------------------------------
+
+  function openJob(id) {
+    $("search-input").value = id;
+    state.historyId = id;
+    state.dirty.history = true;
+    refresh("history").then(() => $("history").focus());
+  }
+
+  function onSearch(event) {
+    event.preventDefault();
+    const id = $("search-input").value.trim();
+    if (!UUID.test(id)) {
+      $("history").replaceChildren(paragraph("A job id is a UUID, like 3f2b8c1e-…", "error"));
+      return;
+    }
+    openJob(id.toLowerCase());
+  }
+
+  function paragraph(text, className) {
+    const p = document.createElement("p");
+    p.textContent = text;
+    if (className) p.className = className;
+    return p;
+  }
+
+  function badge(status) {
+    const span = document.createElement("span");
+    span.className = "badge";
+    span.dataset.status = status;
+    span.textContent = status;
+    return span;
+  }
+
+  function summary(job) {
+    const dl = document.createElement("dl");
+    const rows = [
+      ["Id", job.id], ["Status", badge(job.status)], ["Type", job.type], ["Queue", job.queue],
+      ["Priority", String(job.priority)], ["Attempts", `${job.attempts} of ${job.max_retries + 1}`],
+      ["Created", new Date(job.created_at).toLocaleString()],
+    ];
+    if (job.last_error) rows.push(["Last error", job.last_error]);
+    if (job.result !== null && job.result !== undefined) rows.push(["Result", JSON.stringify(job.result)]);
+    for (const [name, value] of rows) {
+      const dt = document.createElement("dt");
+      dt.textContent = name;
+      const dd = document.createElement("dd");
+      dd.append(value);
+      dl.append(dt, dd);
+    }
+    return dl;
+  }
+
+  function eventsTable(events) {
+    const table = document.createElement("table");
+    table.className = "table history-events";
+    const caption = document.createElement("caption");
+    caption.className = "visually-hidden";
+    caption.textContent = "Event history, oldest first";
+    const head = document.createElement("thead");
+    head.innerHTML = "<tr><th scope=\"col\">Time</th><th scope=\"col\">Event</th><th scope=\"col\">Attempt</th><th scope=\"col\">Worker</th><th scope=\"col\">Detail</th></tr>";
+    const body = document.createElement("tbody");
+    for (const e of events) {
+      const tr = document.createElement("tr");
+      tr.dataset.event = e.event;
+      const detail = e.detail && (e.detail.error || e.detail.status || "");
+      tr.append(cell(new Date(e.created_at).toLocaleTimeString()), cell(e.event),
+        cell(String(e.attempt)), cell(e.worker_id || ""), cell(detail || ""));
+      body.append(tr);
+    }
+    table.append(caption, head, body);
+    return table;
+  }
+
+  function jobActions(job) {
+    const actions = document.createElement("div");
+    actions.className = "actions";
+    if (job.status === "dead") {
+      const requeue = document.createElement("button");
+      requeue.type = "button";
+      requeue.textContent = "Requeue";
+      requeue.addEventListener("click", () => requeueJob(job.id, requeue));
+      actions.append(requeue);
+    }
+    if (["queued", "scheduled", "retrying", "running"].includes(job.status)) {
+      const cancel = document.createElement("button");
+      cancel.type = "button";
+      cancel.textContent = job.status === "running" ? "Ask to stop" : "Cancel";
+      cancel.addEventListener("click", () => cancelJob(job.id, cancel));
+      actions.append(cancel);
+    }
+    return actions;
+  }
+
+  function applyHistory(job) {
+    $("history").replaceChildren(summary(job), jobActions(job), eventsTable(job.events));
+  }
+
+  // --- feed -------------------------------------------------------------------------------
+
+  function renderFeed() {
+    $("feed").replaceChildren(...state.feed.map((c) => {
+      const li = document.createElement("li");
+      const time = document.createElement("time");
+      time.dateTime = c.created_at;
+      time.textContent = new Date(c.created_at).toLocaleTimeString();
+      const where = c.worker_id ? ` on ${c.worker_id}` : "";
+      li.append(time, ` ${c.event.padEnd(15)} ${c.job_id.slice(0, 8)} ${c.type || ""}${where}`);
+      if (c.error) li.title = c.error;
+      return li;
+    }));
+  }
+
+  function renderView() {
+    $("count-succeeded").textContent = String(state.since.succeeded);
+    $("count-cancelled").textContent = String(state.since.cancelled);
+    renderFeed();
+  }
+
+  // --- flood ------------------------------------------------------------------------------
+
+  function floodSpec(form) {
+    const number = (name) => Number(form.elements[name].value);
+    const spec = {
+      count: Math.floor(number("count")), failure: number("failure") / 100,
+      duration: number("duration") / 1000, retries: Math.floor(number("retries")),
+      queue: form.elements.queue.value.trim(),
+      weights: Object.entries(PRIORITIES).map(([name, level]) => [level, Math.max(0, number(name) || 0)]),
+    };
+    if (!(spec.count >= 1 && spec.count <= 100000)) return [null, "Jobs must be 1..100000."];
+    if (!(spec.failure >= 0 && spec.failure <= 1)) return [null, "Failure rate must be 0..100 %."];
+    if (!(spec.duration >= 0 && spec.duration <= 60)) return [null, "Duration must be 0..60000 ms."];
+    if (!(spec.retries >= 0 && spec.retries <= 100)) return [null, "Retries must be 0..100."];
+    if (!spec.queue) return [null, "A queue is required."];
+    if (!spec.weights.some(([, w]) => w > 0)) return [null, "Give at least one priority a weight."];
+    return [spec, ""];
+  }
+
+  function pickPriority(weights) {
+    const total = weights.reduce((sum, [, w]) => sum + w, 0);
+    let r = Math.random() * total;
+    for (const [level, w] of weights) { r -= w; if (r < 0) return level; }
+    return weights[weights.length - 1][0];
+  }
+
+  function floodJob(spec) {
+    return {
+      type: "simulate", queue: spec.queue, priority: pickPriority(spec.weights),
+      max_retries: spec.retries,
+      payload: { sleep_s: spec.duration, fail_rate: spec.failure, error: "flood: simulated failure" },
+    };
+  }
+
+  async function onFlood(event) {
+    event.preventDefault();
+    const form = event.target;
+    const status = $("flood-status");
+    const [spec, problem] = floodSpec(form);
+    if (!spec) { status.textContent = problem; return; }
+    const button = $("flood-button");
+    button.disabled = true;
+    let sent = 0;
+    try {
+      while (sent < spec.count) {
+        const size = Math.min(BATCH, spec.count - sent);
+        const jobs = Array.from({ length: size }, () => floodJob(spec));
+        await api("POST", "/jobs/batch", { jobs });
+        sent += size;
+        status.textContent = `Enqueued ${sent} of ${spec.count}…`;
+      }
+      status.textContent = `Enqueued ${sent} jobs.`;
+    } catch (err) {
+      status.textContent = `Stopped after ${sent} jobs: ${err.message}`;
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  // --- refresh loop -----------------------------------------------------------------------
+
+  const SOURCES = {
+    queues: { path: () => "/queues", apply: applyQueues, every: 5000, min: 1000 },
+    workers: { path: () => "/workers", apply: applyWorkers, every: 3000, min: 1000 },
+    dead: { path: () => "/dlq?limit=10", apply: applyDead, every: 10000, min: 1000 },
+    history: { path: () => `/jobs/${state.historyId}`, apply: applyHistory, every: 0, min: 500 },
+  };
+
+  async function refresh(name) {
+    const source = SOURCES[name];
+    if (state.inflight[name] || (name === "history" && !state.historyId)) return;
+    state.inflight[name] = true;
+    state.dirty[name] = false;
+    state.lastFetch[name] = Date.now();
+    try {
+      source.apply(await api("GET", source.path()));
+    } catch (err) {
+      if (name === "history" && err.status === 404) {
+        $("history").replaceChildren(paragraph(`No job has the id ${state.historyId}.`, "error"));
+        state.historyId = null;
+      } else if (err.status !== 401) {
+        notify(`Could not read ${name}: ${err.message}`, "error");
+      }
+    } finally {
+      state.inflight[name] = false;
+    }
+  }
+
+  function due(name, now) {
+    const source = SOURCES[name];
+    const since = now - state.lastFetch[name];
+    if (state.dirty[name]) return since >= source.min;
+    return source.every > 0 && since >= source.every;
+  }
+
+  function tick() {
+    if ($("token-dialog").open) return;
+    const now = Date.now();
+    for (const name of Object.keys(SOURCES)) {
+      if (due(name, now)) refresh(name);
+    }
+    if (state.dirty.view) { state.dirty.view = false; renderView(); }
+  }
+
+  function markAllDirty() {
+    for (const name of Object.keys(SOURCES)) state.dirty[name] = true;
+    state.dirty.view = true;
+  }
+
+  function start() {
+    $("token-form").addEventListener("submit", onTokenSubmit);
+    $("token-button").addEventListener("click", () => askForToken(""));
+    $("search-form").addEventListener("submit", onSearch);
+    $("flood-form").addEventListener("submit", onFlood);
+    renderPriorities(Array(10).fill(0));
+    renderChart();
+    connect();
+    setInterval(tick, 250);
+    setInterval(renderChart, 1000);
+  }
+
+  start();
+})();

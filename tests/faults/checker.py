@@ -1,0 +1,428 @@
+"""The offline checker: reads a scenario's history, PostgreSQL and Redis after healing, and judges.
+
+Invariant: it decides from recorded facts only (the client's history, the append-only
+`job_events`, the `job_leases` audit, the handlers' `fault_exec_log` and `fault_effects`, the
+Redis keys, the services' JSON logs), never from what the test believes happened. Every job the
+API acknowledged (2xx) is classified as exactly one of:
+- ok: terminal in an expected state, with one committed effect if it succeeded, first try;
+- recovered: the same, but it needed more than one execution or a repair;
+- lost: absent, or still not terminal after the bounded wait;
+- duplicated: two or more committed effects;
+- unexpected: terminal, but in a state or with effects the scenario did not allow.
+Then every job in the database must satisfy: one terminal event per life (a dead job's requeue
+starts a new life); only the newest attempt completes; no two leases overlap (each starts after
+the previous one was released); two executions overlap only after the earlier one's lease had
+ended (expired, or released with an outcome such as a timeout); each lost lease was recovered
+once; the DLQ (status dead, dead_letter_jobs, the DLQ list) holds exactly the jobs that
+exhausted their attempts or failed permanently; Redis converges to PostgreSQL; every API
+answer was JSON and the only 5xx was 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from taskline.dispatch.keys import QUEUES_SET, QueueKeys
+from tests.faults.cluster import Cluster
+from tests.faults.history import History
+
+TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
+TERMINAL_EVENTS = frozenset({"succeeded", "dead_lettered", "cancelled"})
+REPAIR_EVENTS = frozenset({"recovered", "released", "requeued"})
+EFFECT_TYPES = frozenset({"fault.work", "fault.crash_before_commit"})
+DEFAULT_EXPECT: Mapping[str, frozenset[str]] = {
+    "fault.kill_worker": frozenset({"dead"}), "fault.hang": frozenset({"dead"})}
+SUCCEEDED = frozenset({"succeeded"})
+STALE_ACTIONS = frozenset({"stale_outcome", "self_fence", "outcome_given_up"})
+CLASSES = ("ok", "recovered", "lost", "duplicated", "unexpected")
+CONVERGE_S = 20.0
+"""Reconciliation ignores jobs changed in the last 5 s and runs every 2 s here: 20 s is ample."""
+
+
+@dataclass
+class CheckResult:
+    """Counts and violations of one scenario run; `row()` is its line in the final table."""
+
+    scenario: str
+    runs: int
+    faults: int
+    acknowledged: int
+    classes: dict[str, str] = field(default_factory=dict)
+    stale: int = 0
+    recover_s: float | None = None
+    violations: list[str] = field(default_factory=list)
+
+    def count(self, cls: str) -> int:
+        return sum(1 for c in self.classes.values() if c == cls)
+
+    def row(self) -> dict[str, Any]:
+        counts = {c: self.count(c) for c in CLASSES}
+        return {"scenario": self.scenario, "runs": self.runs, "faults": self.faults,
+                "acknowledged": self.acknowledged, **counts,
+                "ok": counts["ok"] + counts["recovered"], "ok_first_try": counts["ok"],
+                "stale_rejected": self.stale, "recover_s": self.recover_s,
+                "violations": len(self.violations)}
+
+
+@dataclass
+class Snapshot:
+    """What PostgreSQL holds about every job, grouped by job id."""
+
+    jobs: dict[str, dict]
+    events: dict[str, list[dict]]
+    leases: dict[str, list[dict]]
+    execs: dict[str, list[dict]]
+    effects: dict[str, list[dict]]
+    dead_letters: dict[str, dict]
+
+
+def _grouped(rows: Iterable[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        out[str(row["job_id"])].append(row)
+    return out
+
+
+class Checker:
+    """Judges one scenario; `check()` waits (bounded) for terminal states, then reads all."""
+
+    def __init__(self, cluster: Cluster, history: History, scenario: str, *, runs: int = 1,
+                 expect: Mapping[str, Iterable[str]] | None = None, wait_s: float = 60.0,
+                 converge_s: float = CONVERGE_S) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.scenario = scenario
+        self.runs = runs
+        self.expect = {k: frozenset(v) for k, v in (expect or {}).items()}
+        self.wait_s = wait_s
+        self.converge_s = converge_s
+        self.url = cluster.settings.database_url
+
+    def check(self) -> CheckResult:
+        requests = self.history.entries("request")
+        acked = acknowledged(requests)
+        self.wait_terminal(acked)
+        result = CheckResult(self.scenario, self.runs, len(self.history.entries("fault")),
+                             len(acked))
+        result.violations += api_violations(requests)
+        snap = self.snapshot()
+        for job_id in acked:
+            result.classes[job_id] = self.classify(job_id, snap)
+        result.violations += [f"job {j}: {c}" for j, c in result.classes.items()
+                              if c not in ("ok", "recovered")]
+        for job_id in snap.jobs:
+            result.violations += [f"job {job_id}: {v}" for v in job_violations(job_id, snap)]
+        result.violations += dlq_violations(snap)
+        result.violations += self.redis_violations()
+        result.stale = stale_rejections(self.cluster.log_events(("worker",)))
+        result.recover_s = self.recovery(acked, snap)
+        return result
+
+    # --- waiting and reading -------------------------------------------------------------
+
+    def _query(self, sql: str, params: tuple = ()) -> list[dict]:
+        with psycopg.connect(self.url, autocommit=True, row_factory=dict_row) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def wait_terminal(self, acked: Mapping[str, float]) -> None:
+        """Until every acknowledged job that exists is terminal, or `wait_s` passed."""
+        ids = list(acked)
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            rows = self._query("SELECT count(*) AS n FROM jobs WHERE id = ANY(%s::uuid[]) "
+                               "AND status NOT IN ('succeeded', 'dead', 'cancelled')", (ids,))
+            if rows[0]["n"] == 0:
+                return
+            time.sleep(0.2)
+
+    def snapshot(self) -> Snapshot:
+        jobs = {str(r["id"]): r for r in self._query(
+            "SELECT id, type, queue, status, attempts, max_retries, updated_at FROM jobs")}
+        return Snapshot(
+            jobs=jobs,
+            events=_grouped(self._query(
+                "SELECT job_id, id, attempt, event, detail, created_at FROM job_events "
+                "ORDER BY id")),
+            leases=_grouped(self._query(
+                "SELECT job_id, id, attempt, worker_id, leased_at, leased_until, released_at, "
+                "outcome FROM job_leases ORDER BY id")),
+            execs=_grouped(self._query(
+                "SELECT job_id, id, attempt, worker_id, pid, started_at, ended_at "
+                "FROM fault_exec_log ORDER BY id")),
+            effects=_grouped(self._query(
+                "SELECT job_id, attempt, worker_id FROM fault_effects ORDER BY id")),
+            dead_letters={str(r["job_id"]): r for r in self._query(
+                "SELECT job_id, attempts FROM dead_letter_jobs")},
+        )
+
+    # --- classification ------------------------------------------------------------------
+
+    def allowed(self, job: Mapping[str, Any]) -> frozenset[str]:
+        job_id = str(job["id"])
+        if job_id in self.expect:
+            return self.expect[job_id]
+        return self.expect.get(job["type"], DEFAULT_EXPECT.get(job["type"], SUCCEEDED))
+
+    def classify(self, job_id: str, snap: Snapshot) -> str:
+        job = snap.jobs.get(job_id)
+        if job is None or job["status"] not in TERMINAL:
+            return "lost"
+        effects = len(snap.effects.get(job_id, []))
+        if effects > 1:
+            return "duplicated"
+        wants_effect = job["type"] in EFFECT_TYPES and job["status"] == "succeeded"
+        if job["status"] not in self.allowed(job) or (
+                job["type"] in EFFECT_TYPES and effects != int(wants_effect)):
+            return "unexpected"
+        repaired = any(e["event"] in REPAIR_EVENTS for e in snap.events.get(job_id, []))
+        if repaired or job["attempts"] > 1 or len(snap.execs.get(job_id, [])) > 1:
+            return "recovered"
+        return "ok"
+
+    # --- Redis ---------------------------------------------------------------------------
+
+    def redis_violations(self) -> list[str]:
+        """Poll until Redis matches PostgreSQL (reconciliation runs meanwhile), else report."""
+        deadline = time.monotonic() + self.converge_s
+        while True:
+            problems = redis_drift(self.cluster, {str(r["id"]): r for r in self._query(
+                "SELECT id, queue, status FROM jobs")})
+            if not problems or time.monotonic() > deadline:
+                return [f"redis: {p}" for p in problems[:50]]
+            time.sleep(0.5)
+
+    # --- time to recover -----------------------------------------------------------------
+
+    def recovery(self, acked: Mapping[str, float], snap: Snapshot) -> float | None:
+        """Seconds from the last nemesis action until the last job acknowledged before it was
+        terminal (every acknowledged job when none was acknowledged before it)."""
+        marks = [e["wall"] for e in self.history.entries() if e["kind"] in ("fault", "heal")]
+        if not marks:
+            return None
+        healed = max(marks)
+        before = [j for j, at in acked.items() if at <= healed] or list(acked)
+        done = [snap.jobs[j]["updated_at"].timestamp() for j in before
+                if j in snap.jobs and snap.jobs[j]["status"] in TERMINAL]
+        if not done:
+            return None
+        return round(max(max(done) - healed, 0.0), 2)
+
+
+# --- the history --------------------------------------------------------------------------
+
+def acknowledged(requests: Iterable[dict]) -> dict[str, float]:
+    """{job id: wall time of its first 2xx answer} over every enqueue request."""
+    acked: dict[str, float] = {}
+    for r in requests:
+        if r["op"] == "enqueue" and r["status"] is not None and 200 <= r["status"] < 300:
+            for job_id in r["job_ids"]:
+                acked.setdefault(job_id, r["recv_wall"])
+    return acked
+
+
+def api_violations(requests: list[dict]) -> list[str]:
+    """Every answer JSON; 5xx only as 503 with Retry-After; one key, one job."""
+    problems = []
+    for r in requests:
+        where = f"{r['method']} {r['path']} -> {r['status']}"
+        if r["status"] is not None and not r["json"]:
+            problems.append(f"api: non-JSON answer: {where}")
+        if r["status"] is not None and r["status"] >= 500 and not (
+                r["status"] == 503 and r["retry_after"]):
+            problems.append(f"api: {where} ({r.get('error_code')}); only 503 + Retry-After")
+    by_key: dict[str, set[str]] = defaultdict(set)
+    for r in requests:
+        if r["key"] and r["status"] is not None and 200 <= r["status"] < 300:
+            by_key[r["key"]].update(r["job_ids"])
+    problems += [f"api: idempotency key {k} answered with jobs {sorted(v)}"
+                 for k, v in by_key.items() if len(v) > 1]
+    return problems
+
+
+# --- per-job invariants -------------------------------------------------------------------
+
+def job_violations(job_id: str, snap: Snapshot) -> list[str]:
+    job = snap.jobs[job_id]
+    leases = snap.leases.get(job_id, [])
+    return (terminal_event_violations(job, snap.events.get(job_id, []))
+            + completion_violations(job, leases, snap.effects.get(job_id, []))
+            + lease_overlap_violations(leases)
+            + recovery_violations(leases, snap.events.get(job_id, []))
+            + execution_overlap_violations(snap.execs.get(job_id, []), leases))
+
+
+def _is_terminal_event(event: Mapping[str, Any]) -> bool:
+    if event["event"] in TERMINAL_EVENTS:
+        return True
+    detail = event["detail"] or {}
+    return event["event"] == "recovered" and detail.get("status") == "dead"
+
+
+def terminal_event_violations(job: Mapping[str, Any], events: list[dict]) -> list[str]:
+    """Each life (split at `requeued`) ends with one terminal event; the last one only if the
+    job is terminal now."""
+    lives: list[int] = [0]
+    for event in events:
+        if event["event"] == "requeued":
+            lives.append(0)
+        elif _is_terminal_event(event):
+            lives[-1] += 1
+    expected = [1] * (len(lives) - 1) + [1 if job["status"] in TERMINAL else 0]
+    if lives != expected:
+        return [f"terminal events per life {lives}, expected {expected} ({job['status']})"]
+    return []
+
+
+def completion_violations(job: Mapping[str, Any], leases: list[dict],
+                          effects: list[dict]) -> list[str]:
+    """At most one lease succeeds: the newest, of the current attempt; its effect matches it."""
+    won = [lease for lease in leases if lease["outcome"] == "succeeded"]
+    problems = []
+    if len(won) > 1:
+        problems.append(f"{len(won)} leases recorded a success")
+    if won and (won[-1]["id"] != leases[-1]["id"] or won[-1]["attempt"] != job["attempts"]):
+        problems.append(f"attempt {won[-1]['attempt']} completed but the newest attempt is "
+                        f"{job['attempts']}")
+    if won and job["status"] != "succeeded":
+        problems.append(f"a lease recorded a success but the job is {job['status']}")
+    for effect in effects:
+        if not any(w["attempt"] == effect["attempt"] and w["worker_id"] == effect["worker_id"]
+                   for w in won):
+            problems.append(f"effect of attempt {effect['attempt']} by {effect['worker_id']} "
+                            "committed without that attempt's recorded success")
+    return problems
+
+
+def lease_overlap_violations(leases: list[dict]) -> list[str]:
+    """Each lease starts only after the previous one was released."""
+    problems = []
+    for prev, nxt in pairwise(leases):
+        if prev["released_at"] is None or nxt["leased_at"] < prev["released_at"]:
+            problems.append(f"lease {nxt['id']} (attempt {nxt['attempt']}) began at "
+                            f"{nxt['leased_at']} while lease {prev['id']} was held "
+                            f"(released {prev['released_at']})")
+    return problems
+
+
+def recovery_violations(leases: list[dict], events: list[dict]) -> list[str]:
+    """Each lease the reaper closed as lost has exactly one `recovered` event: no instance of
+    maintenance recovered an attempt twice."""
+    lost = Counter(lease["attempt"] for lease in leases if lease["outcome"] == "lost")
+    recovered = Counter(e["attempt"] for e in events if e["event"] == "recovered")
+    if lost != recovered:
+        return [f"lost leases by attempt {dict(lost)} but recovered events {dict(recovered)}"]
+    return []
+
+
+def _lease_of(execution: Mapping[str, Any], leases: list[dict]) -> dict | None:
+    mine = [lease for lease in leases if lease["attempt"] == execution["attempt"]
+            and lease["worker_id"] == execution["worker_id"]
+            and lease["leased_at"] <= execution["started_at"]]
+    return mine[-1] if mine else None
+
+
+def _lease_end(lease: Mapping[str, Any]) -> Any:
+    """When a lease stopped protecting its attempt: its expiry, or its release if earlier (an
+    outcome was recorded, e.g. a timeout whose handler thread could only be abandoned)."""
+    released = lease["released_at"]
+    return lease["leased_until"] if released is None else min(released, lease["leased_until"])
+
+
+def execution_overlap_violations(execs: list[dict], leases: list[dict]) -> list[str]:
+    """Every execution ran under a lease; a later one may overlap an earlier one only after
+    the earlier one's lease had ended (expired, or released with a recorded outcome)."""
+    problems = []
+    for i, first in enumerate(execs):
+        lease = _lease_of(first, leases)
+        if lease is None:
+            problems.append(f"execution {first['id']} (attempt {first['attempt']}) had no lease")
+            continue
+        end = _lease_end(lease)
+        for later in execs[i + 1:]:
+            overlaps = first["ended_at"] is None or first["ended_at"] > later["started_at"]
+            if overlaps and later["started_at"] < end:
+                problems.append(f"execution {later['id']} started at {later['started_at']} "
+                                f"while execution {first['id']} ran under a lease valid until "
+                                f"{end}")
+    return problems
+
+
+# --- the DLQ ------------------------------------------------------------------------------
+
+def dlq_violations(snap: Snapshot) -> list[str]:
+    """status dead == dead_letter_jobs, each with its attempts, each justified."""
+    dead = {j for j, row in snap.jobs.items() if row["status"] == "dead"}
+    problems = [f"dlq: job {j} is dead but not in dead_letter_jobs"
+                for j in sorted(dead - set(snap.dead_letters))]
+    problems += [f"dlq: job {j} in dead_letter_jobs but {snap.jobs[j]['status']}"
+                 for j in sorted(set(snap.dead_letters) - dead) if j in snap.jobs]
+    for job_id in sorted(dead & set(snap.dead_letters)):
+        job = snap.jobs[job_id]
+        if snap.dead_letters[job_id]["attempts"] != job["attempts"]:
+            problems.append(f"dlq: job {job_id} recorded {snap.dead_letters[job_id]['attempts']}"
+                            f" attempts, has {job['attempts']}")
+        if not (job["attempts"] > job["max_retries"]
+                or _failed_permanently(snap.events.get(job_id, []))):
+            problems.append(f"dlq: job {job_id} dead after {job['attempts']} attempts of "
+                            f"{job['max_retries'] + 1} without a permanent failure")
+    return problems
+
+
+def _failed_permanently(events: list[dict]) -> bool:
+    last = [e for e in events if e["event"] == "dead_lettered"]
+    return bool(last) and (last[-1]["detail"] or {}).get("reason") == "non-retryable error"
+
+
+# --- Redis against PostgreSQL -------------------------------------------------------------
+
+def redis_drift(cluster: Cluster, jobs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Where Redis disagrees with PostgreSQL about where each id should be."""
+    client = cluster.dispatcher.client
+    queues = set(client.smembers(QUEUES_SET)) | {j["queue"] for j in jobs.values()}
+    problems: list[str] = []
+    for queue in sorted(queues):
+        problems += _queue_drift(client, QueueKeys(queue), jobs)
+    return problems
+
+
+def _queue_drift(client: Any, keys: QueueKeys, jobs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    ready = Counter(i for key in keys.ready_by_urgency for i in client.lrange(key, 0, -1))
+    processing = Counter(i for key in client.scan_iter(match=keys.processing_pattern)
+                         for i in client.lrange(key, 0, -1))
+    sets = {"retrying": set(client.zrange(keys.retry, 0, -1)),
+            "scheduled": set(client.zrange(keys.scheduled, 0, -1)),
+            "dead": Counter(client.lrange(keys.dlq, 0, -1))}
+    status = {j: row["status"] for j, row in jobs.items() if row["queue"] == keys.queue}
+    problems = [f"{keys.queue}: queued job {j} is in no ready or processing list"
+                for j, s in status.items() if s == "queued" and j not in ready | processing]
+    problems += [f"{keys.queue}: {s} job {j} is missing from its set"
+                 for j, s in status.items() if s in sets and j not in sets[s]]
+    problems += [f"{keys.queue}: id {i} is {n} times in the DLQ" for i, n in sets["dead"].items()
+                 if n > 1]
+    problems += [f"{keys.queue}: garbage id {i} in ready lists (job {status.get(i, 'absent')})"
+                 for i in ready if status.get(i) not in ("queued", "running")]
+    problems += [f"{keys.queue}: garbage id {i} in a processing list (job "
+                 f"{status.get(i, 'absent')})" for i in processing
+                 if status.get(i) not in ("queued", "running")]
+    for kind, members in sets.items():
+        problems += [f"{keys.queue}: garbage id {i} in the {kind} set (job "
+                     f"{status.get(i, 'absent')})" for i in members if status.get(i) != kind]
+    return problems
+
+
+# --- logs ---------------------------------------------------------------------------------
+
+def stale_rejections(records: Iterable[Mapping[str, Any]]) -> int:
+    """Attempts whose outcome was refused because their lease was no longer held: by
+    PostgreSQL's fenced write (stale_outcome) or by the worker's own lease deadline
+    (self_fence, outcome_given_up); each attempt counted once."""
+    return len({(r.get("worker"), r.get("job_id"), r.get("attempt")) for r in records
+                if r.get("action") in STALE_ACTIONS})

@@ -1,0 +1,160 @@
+"""Server faults under load: the private Redis killed and restarted empty, flushed, frozen; the
+private PostgreSQL stopped and crashed. Each scenario runs a real cluster on fresh servers with
+producers enqueuing through the API the whole time, and is judged by the offline checker.
+
+Invariant under test: Redis is disposable (whatever it loses, reconciliation rebuilds from
+PostgreSQL, and nothing runs twice), and PostgreSQL's absence costs availability, never an
+acknowledged job (the API answers 503 with Retry-After and accepts nothing it cannot keep).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import psycopg
+import pytest
+
+from tests.faults.workload import Answer
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.faults
+
+WORK = "fault.work"
+
+
+def acked(answers: list[Answer]) -> int:
+    return sum(1 for a in list(answers) if a.ok)
+
+
+def wait_acked(answers: list[Answer], n: int, timeout: float = 60.0) -> None:
+    wait_for(lambda: acked(answers) >= n, timeout=timeout, interval=0.05,
+             message=f"{n} acknowledged enqueues")
+
+
+def load(run, sleep_s: float = 0.2):
+    """Two producer threads enqueuing fault.work jobs until the block ends (bounded)."""
+    return run.workload.background(
+        lambda i: run.workload.enqueue(WORK, {"sleep_s": sleep_s}), threads=2, limit=400)
+
+
+def executions_per_job(run) -> Counter[str]:
+    with psycopg.connect(run.cluster.settings.database_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT job_id::text FROM fault_exec_log").fetchall()
+    return Counter(job_id for (job_id,) in rows)
+
+
+def answers_with(run, status: int) -> list[dict]:
+    return [r for r in run.history.entries("request") if r["status"] == status]
+
+
+def reconciled(run, kind: str) -> int:
+    """How many ids of `kind` the reconciler restored (from its JSON log records)."""
+    return sum(int((r.get("missing") or {}).get(kind, 0))
+               for r in run.cluster.log_events(("maintenance",))
+               if r.get("action") == "reconcile")
+
+
+def assert_ran_once(run, result) -> None:
+    """Every acknowledged job succeeded after exactly one execution."""
+    run.assert_clean(result)
+    assert result.count("lost") == 0 and result.count("duplicated") == 0
+    runs = executions_per_job(run)
+    assert set(result.classes) <= set(runs)
+    twice = {job_id: n for job_id, n in runs.items() if n > 1}
+    assert twice == {}, f"jobs executed more than once: {twice}"
+
+
+# --- Redis -------------------------------------------------------------------------------
+
+@pytest.mark.fast
+@pytest.mark.timeout(120)
+def test_flushall_under_load(fault_run):
+    run = fault_run("FLUSHALL under load", workers=2, concurrency=4)
+    with load(run) as answers:
+        wait_acked(answers, 30)
+        run.nemesis.flushall()
+        wait_acked(answers, 80)
+    result = run.check()
+    assert_ran_once(run, result)
+    assert result.acknowledged >= 80
+    assert reconciled(run, "queued") >= 1  # the backlog the flush erased came back
+
+
+@pytest.mark.timeout(150)
+def test_redis_killed_and_restarted_empty_under_load(fault_run):
+    run = fault_run("Redis killed and restarted empty under load", workers=2, concurrency=4)
+    with load(run) as answers:
+        wait_acked(answers, 30)
+        run.nemesis.kill_redis()
+        down_from = acked(answers)
+        wait_acked(answers, down_from + 20)  # the API keeps accepting: PostgreSQL is the truth
+        run.nemesis.start_redis()
+        wait_acked(answers, down_from + 60)
+    result = run.check()
+    assert_ran_once(run, result)
+    assert reconciled(run, "queued") >= 1
+
+
+@pytest.mark.timeout(240)
+def test_redis_frozen_for_30s(fault_run):
+    run = fault_run("Redis frozen (SIGSTOP) for 30 s", workers=2, concurrency=4)
+    with load(run) as answers:
+        wait_acked(answers, 30)
+        with run.nemesis.frozen("redis", 30.0):
+            pass
+        thawed_at = acked(answers)
+        wait_acked(answers, thawed_at + 40)
+    result = run.check(wait_s=90)
+    assert_ran_once(run, result)
+
+
+# --- PostgreSQL --------------------------------------------------------------------------
+
+def postgres_outage(run, answers: list[Answer], seconds: float, *, crash: bool) -> None:
+    """Take PostgreSQL away under load for `seconds` (stopped, or its postmaster killed)."""
+    wait_acked(answers, 30)
+    if crash:
+        run.nemesis.crash_postgres()
+    else:
+        run.nemesis.stop_postgres()
+    until = time.monotonic() + seconds
+    # The producers keep trying meanwhile: the API must refuse with 503 + Retry-After.
+    wait_for(lambda: len(answers_with(run, 503)) >= 3, timeout=seconds + 10, interval=0.1,
+             message="503 answers while PostgreSQL is down")
+    time.sleep(max(until - time.monotonic(), 0.0))  # the outage lasts what the scenario says
+    run.nemesis.start_postgres()
+    back_at = acked(answers)
+    wait_acked(answers, back_at + 30)
+
+
+def assert_outage_answers(run) -> None:
+    unavailable = answers_with(run, 503)
+    assert unavailable and all(r["retry_after"] and r["json"] for r in unavailable)
+    assert answers_with(run, 500) == []
+
+
+@pytest.mark.parametrize("seconds", [
+    pytest.param(6.0, marks=[pytest.mark.fast, pytest.mark.timeout(150)], id="6s"),
+    pytest.param(30.0, marks=pytest.mark.timeout(240), id="30s"),
+])
+def test_postgres_stopped_under_producer_load(fault_run, seconds: float):
+    run = fault_run(f"PostgreSQL stopped for {seconds:g} s under producer load", workers=2,
+                    concurrency=4)
+    with load(run) as answers:
+        postgres_outage(run, answers, seconds, crash=False)
+    result = run.check(wait_s=90)
+    run.assert_clean(result)
+    assert_outage_answers(run)
+    assert result.count("lost") == 0 and result.count("duplicated") == 0
+
+
+@pytest.mark.timeout(180)
+def test_postgres_postmaster_sigkill(fault_run):
+    run = fault_run("PostgreSQL postmaster SIGKILL", workers=2, concurrency=4)
+    with load(run) as answers:
+        postgres_outage(run, answers, 3.0, crash=True)
+    result = run.check(wait_s=90)
+    run.assert_clean(result)
+    assert_outage_answers(run)
+    assert result.count("lost") == 0 and result.count("duplicated") == 0
