@@ -137,8 +137,8 @@ RELIABILITY = (
 )
 
 SELF_HEALING = (
-    Chart("Recoveries by cause", "Jobs given back by the reaper in the last 5m: dead workers, "
-          "expired leases.",
+    Chart("Recoveries by cause", "Jobs given back by the reaper in the last 5m, by cause "
+          "(lease_expired: the worker died or stalled past its lease).",
           (Query("sum by (cause) (increase(job_recovered_total[5m]))", "{{cause}}"),)),
     Chart("Reconciliation repairs by kind", "Redis entries restored from or removed to match "
           "PostgreSQL in the last 5m; non-zero after a Redis restart, zero in steady state.",

@@ -166,6 +166,7 @@ def test_worker_redis_blackhole_then_reset(fault_run):
         wait_acked(answers, cut_from + 60)
     result = run.check()
     assert_ran_once(run, result)
+    assert result.stale == 0  # a silent Redis costs no lease: PostgreSQL alone decides those
 
 
 @pytest.mark.fast
@@ -201,7 +202,7 @@ def test_two_seconds_of_latency_on_the_postgres_link(fault_run):
                     concurrency=4, proxied={("worker", "postgres")},
                     settings={"lease_s": 15.0, "heartbeat_s": 5.0})
     run.nemesis.latency("worker", "postgres", 1.0)
-    ids = enqueue_work(run, 12, sleep_s=1.0) + enqueue_work(run, 2, sleep_s=20.0)
+    ids = enqueue_work(run, 6, sleep_s=1.0) + enqueue_work(run, 2, sleep_s=20.0)
     wait_succeeded(run, ids, timeout=150)
     run.nemesis.latency("worker", "postgres", 0.0)
     result = run.check()

@@ -56,8 +56,10 @@ def reconciled(run, kind: str) -> int:
 
 
 def assert_ran_once(run, result) -> None:
-    """Every acknowledged job succeeded after exactly one execution."""
+    """Every acknowledged job succeeded after exactly one execution, and no attempt was
+    refused: a Redis fault must not cost a lease (PostgreSQL alone decides those)."""
     run.assert_clean(result)
+    assert result.stale == 0
     assert result.count("lost") == 0 and result.count("duplicated") == 0
     runs = executions_per_job(run)
     assert set(result.classes) <= set(runs)

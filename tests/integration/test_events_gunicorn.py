@@ -58,8 +58,7 @@ def test_streams_take_half_the_threads_and_end_at_sigterm(settings: Settings,
     cap = threads // 2
     assert cap >= 2
     port = free_port()
-    env = service_env(settings, TASKLINE_API_TOKENS=TOKEN,
-                      PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"))
+    env = service_env(settings, TASKLINE_API_TOKENS=TOKEN)
     with service(["api", "--bind", f"127.0.0.1:{port}", "--workers", "1"], env,
                  tmp_path / "logs") as proc:
         wait_for(lambda: ready(port) or proc.poll() is not None, timeout=20, message="api up")

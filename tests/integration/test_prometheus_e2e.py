@@ -229,7 +229,7 @@ class Workload:
     def lose_a_lease(self) -> str:
         """Expire the lease of a running job until the reaper recovers it; its worker then
         finds the lease gone and its outcome is rejected as stale."""
-        job_id = self.post({"type": "simulate", "payload": {"sleep_s": 2}, "max_retries": 3})
+        job_id = self.post({"type": "simulate", "payload": {"sleep_s": 3}, "max_retries": 3})
         wait_for(lambda: self.status(job_id) == "running", message="the slow job running")
         wait_for(lambda: self._expire(job_id) or self._recovered(job_id), timeout=15,
                  interval=0.2, message="the job recovered by the reaper")
@@ -282,6 +282,8 @@ def test_every_panel_shows_data_and_every_alert_parses(settings: Settings, store
             wait_for(lambda n=name: prometheus.total(f"sum({n})") >= 1, timeout=20,
                      interval=0.25, message=f"{name} counted and scraped")
         assert panels_without_data(prometheus, timeout=20) == []
+        assert prometheus.total('sum(taskline_http_request_duration_seconds_count'
+                                '{route="/api/v1/jobs", method="POST", status="201"})') >= 20
         for name in MAINTENANCE_ONLY:
             assert prometheus.jobs_exporting(name) == {"maintenance"}, name
         for name, expr in alert_expressions():

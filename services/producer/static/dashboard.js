@@ -21,6 +21,7 @@
   const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
   const $ = (id) => document.getElementById(id);
+  const clock = (iso) => new Date(iso).toLocaleTimeString([], { hour12: false });
 
   const state = {
     token: sessionStorage.getItem(TOKEN_KEY) || "",
@@ -179,7 +180,9 @@
     const points = [];
     for (let start = last - WINDOW_S + BUCKET_S; start <= last; start += BUCKET_S) {
       const bucket = state.buckets.get(start) || { ok: 0, failed: 0 };
-      points.push({ start, ok: bucket.ok / BUCKET_S, failed: bucket.failed / BUCKET_S });
+      // The current bucket is still filling: a rate over the seconds it has lasted so far.
+      const span = Math.min(BUCKET_S, now - start + 1);
+      points.push({ start, ok: bucket.ok / span, failed: bucket.failed / span });
     }
     for (const start of state.buckets.keys()) {
       if (start <= last - WINDOW_S) state.buckets.delete(start);
@@ -449,7 +452,7 @@
       const tr = document.createElement("tr");
       tr.dataset.event = e.event;
       const detail = e.detail && (e.detail.error || e.detail.status || "");
-      tr.append(cell(new Date(e.created_at).toLocaleTimeString()), cell(e.event),
+      tr.append(cell(clock(e.created_at)), cell(e.event),
         cell(String(e.attempt)), cell(e.worker_id || ""), cell(detail || ""));
       body.append(tr);
     }
@@ -488,7 +491,7 @@
       const li = document.createElement("li");
       const time = document.createElement("time");
       time.dateTime = c.created_at;
-      time.textContent = new Date(c.created_at).toLocaleTimeString();
+      time.textContent = clock(c.created_at);
       const where = c.worker_id ? ` on ${c.worker_id}` : "";
       li.append(time, ` ${c.event.padEnd(15)} ${c.job_id.slice(0, 8)} ${c.type || ""}${where}`);
       if (c.error) li.title = c.error;
