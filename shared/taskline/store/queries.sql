@@ -65,10 +65,10 @@ FROM job_leases WHERE job_id = :id ORDER BY id;
 -- The newest :limit history entries above id :after as event-stream payloads (migration 0002), newest first.
 SELECT e.id, taskline_event_payload(e.id, e.job_id, e.attempt, e.event, e.worker_id, e.detail,
                                     e.created_at, j.queue, j.type, j.priority) AS payload
-FROM job_events e LEFT JOIN jobs j ON j.id = e.job_id
-WHERE e.id > :after
-ORDER BY e.id DESC
-LIMIT :limit;
+FROM (SELECT * FROM job_events WHERE id > :after ORDER BY id DESC LIMIT :limit) e
+LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs WHERE jobs.id = e.job_id OFFSET 0) j
+    ON true
+ORDER BY e.id DESC;
 
 -- name: list_jobs
 -- Jobs newest first, filtered, paged by the (created_at, id) of the previous page's last row.
