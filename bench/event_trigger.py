@@ -127,6 +127,21 @@ def per_job_ms(store: Store, make: Callable[[Store], Scenario], enabled: bool) -
     return (time.perf_counter() - started) * 1000 / scenario.jobs
 
 
+def trigger_us_per_event(store: Store, events: int, samples: int = 7) -> float:
+    """The trigger's own time per event as PostgreSQL measures it (EXPLAIN ANALYZE), median."""
+    set_trigger(store, True)
+    times = []
+    for _ in range(samples):
+        ids = [str(i) for i in enqueue(store, events)]
+        with store.transaction() as conn:
+            plan = conn.execute(text(
+                "EXPLAIN (ANALYZE, FORMAT JSON) INSERT INTO job_events (job_id, attempt, event) "
+                "SELECT unnest(CAST(:ids AS uuid[])), 0, 'promoted'"), {"ids": ids}).scalar_one()
+        [trigger] = [t for t in plan[0]["Triggers"] if t["Trigger Name"] == "job_events_notify"]
+        times.append(trigger["Time"] * 1000 / events)
+    return statistics.median(times)
+
+
 SCENARIOS: dict[str, Callable[[Store], Scenario]] = {
     "batch enqueue (1,000 per transaction)": batch_enqueue,
     "single enqueue, 1 thread": lambda store: single_enqueue(store, 1),
@@ -158,6 +173,9 @@ def main() -> None:
             ratios.append(times[True] / times[False])
         print(f"{name:40} {statistics.median(on):10.3f} {statistics.median(off):8.3f} "
               f"{100 * (statistics.median(ratios) - 1):+6.1f}%")
+    for events in (1, 50, 1000):
+        print(f"trigger time inside PostgreSQL, {events:>4} events per statement: "
+              f"{trigger_us_per_event(store, events):6.1f} us per event")
     drain.close()
     store.dispose()
     print(f"notifications heard by the listener: {drain.count}")

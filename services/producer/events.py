@@ -83,8 +83,9 @@ class _Streams:
             return self._broadcaster
 
     def stop(self) -> None:
+        """End every stream; the stopped broadcaster stays, so later streams get a 503."""
         with self._lock:
-            broadcaster, self._broadcaster = self._broadcaster, None
+            broadcaster = self._broadcaster
         if broadcaster is not None:
             broadcaster.stop()
 

@@ -10,14 +10,17 @@ Under gunicorn, every process writes to PROMETHEUS_MULTIPROC_DIR and /metrics me
 
 from __future__ import annotations
 
+import glob
 import logging
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from flask import Flask, Response, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client import multiprocess as prometheus_multiprocess
+from prometheus_client.metrics_core import Metric
 
 from taskline.handlers import registry
 from taskline.jobs import Job
@@ -92,11 +95,36 @@ def init_app(app: Flask) -> None:
     app.after_request(_record)
 
 
+class SettledFiles(prometheus_multiprocess.MultiProcessCollector):
+    """prometheus-client's merge of every process's samples, minus files still being created.
+
+    A process creates its `.db` file before sizing it, and prometheus-client fails the whole
+    scrape on a file found at 0 bytes (client_python issue 1199); a process killed in that
+    window would fail every later scrape. Such a file holds no sample yet: it is skipped.
+    """
+
+    def __init__(self, registry: CollectorRegistry, path: str) -> None:
+        super().__init__(registry, path)
+        self._folder = path
+
+    def collect(self) -> Iterable[Metric]:
+        files = [f for f in glob.glob(os.path.join(self._folder, "*.db")) if _sized(f)]
+        return self.merge(files, accumulate=True)
+
+
+def _sized(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except FileNotFoundError:  # a live gauge of a process that just exited
+        return False
+
+
 def exposition() -> Response:
     """The Prometheus text format of this process, or of every gunicorn process when shared."""
-    if multiprocess_dir():
+    folder = multiprocess_dir()
+    if folder:
         registry = CollectorRegistry()
-        prometheus_multiprocess.MultiProcessCollector(registry)
+        SettledFiles(registry, folder)
     else:
         registry = REGISTRY
     return Response(generate_latest(registry), mimetype=None,

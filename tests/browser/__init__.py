@@ -1,1 +1,1 @@
-"""Browser tests: Playwright driving Debian's Chromium (/usr/bin/chromium) against the real stack."""
+"""Browser tests: Playwright driving Debian's Chromium (/usr/bin/chromium) against the stack."""

@@ -45,10 +45,6 @@ def enqueue_work(run, n: int, sleep_s: float = 0.0, payload_extra: dict | None =
     return [a.job_id for a in answers]
 
 
-def status_of(run, job_id: str) -> str:
-    return query(run, "SELECT status FROM jobs WHERE id = %s", (job_id,))[0][0]
-
-
 def wait_succeeded(run, ids: list[str], timeout: float = 30.0) -> None:
     def done() -> bool:
         rows = query(run, "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) "

@@ -1,4 +1,4 @@
-"""The event stream under the real `taskline api` (gunicorn, gthread): streams never starve requests.
+"""The event stream under the real `taskline api` (gunicorn gthread): streams never starve requests.
 
 Invariants checked: a gunicorn worker serves at most half its threads as streams (503 with
 Retry-After beyond) while ordinary requests keep being answered; a change accepted over HTTP

@@ -292,3 +292,20 @@ def test_every_panel_shows_data_and_every_alert_parses(settings: Settings, store
     # Scrapes went on while the api stopped: none of them may have hit a half-torn-down api.
     (api_log,) = tmp_path.glob("api-*.log")
     assert '"unhandled error"' not in api_log.read_text()
+
+
+def test_a_metrics_file_caught_while_being_created_does_not_fail_the_scrape(
+        settings: Settings, tmp_path: Path):
+    # A gunicorn process creates its file before sizing it; killed in between, it leaves an
+    # empty file that prometheus-client alone would fail every later scrape on.
+    folder = tmp_path / "multiproc"
+    port = free_port()
+    env = service_env(settings, PROMETHEUS_MULTIPROC_DIR=str(folder))
+    with service(["api", "--bind", f"127.0.0.1:{port}", "--workers", "2"], env, tmp_path):
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: answers(url + "/healthz"), timeout=20, message="the api")
+        (folder / "counter_999999.db").touch()
+        for _ in range(4):  # both gunicorn processes answer some of them
+            response = requests.get(url + "/metrics", timeout=10)
+            assert response.status_code == 200
+            assert 'taskline_http_requests_total{method="GET",route="/healthz"' in response.text

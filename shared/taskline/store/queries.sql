@@ -62,13 +62,36 @@ SELECT id, attempt, worker_id, leased_at, leased_until, released_at, outcome
 FROM job_leases WHERE job_id = :id ORDER BY id;
 
 -- name: events_after
--- The newest :limit history entries above id :after as event-stream payloads (migration 0002), newest first.
-SELECT e.id, taskline_event_payload(e.id, e.job_id, e.attempt, e.event, e.worker_id, e.detail,
-                                    e.created_at, j.queue, j.type, j.priority) AS payload
-FROM (SELECT * FROM job_events WHERE id > :after ORDER BY id DESC LIMIT :limit) e
+-- The first :limit history entries above id :after, oldest first, with their job's queue, type and priority.
+SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.created_at, e.recorded_status, e.error,
+       j.queue, j.type, j.priority
+FROM (SELECT id, job_id, attempt, event, worker_id, created_at,
+             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
+      FROM job_events WHERE id > :after ORDER BY id LIMIT :limit) e
+-- One primary-key lookup per entry: OFFSET 0 keeps the planner from hash-joining all of jobs.
+LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs WHERE jobs.id = e.job_id OFFSET 0) j
+    ON true
+ORDER BY e.id;
+
+-- name: newest_events_after
+-- The newest :limit history entries above id :after, newest first, as events_after returns them.
+SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.created_at, e.recorded_status, e.error,
+       j.queue, j.type, j.priority
+FROM (SELECT id, job_id, attempt, event, worker_id, created_at,
+             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
+      FROM job_events WHERE id > :after ORDER BY id DESC LIMIT :limit) e
 LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs WHERE jobs.id = e.job_id OFFSET 0) j
     ON true
 ORDER BY e.id DESC;
+
+-- name: last_event_id
+-- The id of the newest history entry, 0 when there is none.
+SELECT COALESCE(max(id), 0) AS id FROM job_events;
+
+-- name: transaction_horizon
+-- The oldest transaction id still running (cluster-wide) and the next one to be assigned.
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS oldest,
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next;
 
 -- name: list_jobs
 -- Jobs newest first, filtered, paged by the (created_at, id) of the previous page's last row.

@@ -1,8 +1,9 @@
 """The store: the one class that runs taskline's SQL against PostgreSQL.
 
-Method names are the query names in queries.sql. Each method is one round trip in its own
-transaction unless the caller passes a connection. Driver errors that mean "PostgreSQL is
-unreachable" become StoreUnavailable here, so services never catch driver exceptions.
+Method names are the query names in queries.sql. Each method is one statement, run alone in
+autocommit (one round trip) unless the caller passes a connection of its own transaction.
+Driver errors that mean "PostgreSQL is unreachable" become StoreUnavailable here, so services
+never catch driver exceptions.
 """
 
 from __future__ import annotations
@@ -162,10 +163,24 @@ class Store:
             leases = [dict(r._mapping) for r in self._run("get_leases", {"id": job_id}, conn)]
         return events, leases
 
-    def events_after(self, after: int, limit: int) -> list[tuple[int, str]]:
-        """The newest `limit` (id, stream payload) of job_events above id `after`, oldest first."""
-        rows = self._run("events_after", {"after": after, "limit": limit})
-        return [(r.id, r.payload) for r in reversed(rows)]
+    def events_after(self, after: int, limit: int) -> list[dict]:
+        """The first `limit` history entries above id `after`, oldest first (the event stream)."""
+        return [dict(r._mapping) for r in self._run("events_after",
+                                                    {"after": after, "limit": limit})]
+
+    def newest_events_after(self, after: int, limit: int) -> list[dict]:
+        """The newest `limit` history entries above id `after`, oldest first (a replay)."""
+        rows = self._run("newest_events_after", {"after": after, "limit": limit})
+        return [dict(r._mapping) for r in reversed(rows)]
+
+    def last_event_id(self) -> int:
+        return int(self._run("last_event_id", {})[0].id)
+
+    def transaction_horizon(self) -> tuple[int, int]:
+        """(oldest running, next) transaction ids: once oldest >= an earlier `next`, every
+        transaction that was running when that `next` was read has ended."""
+        row = self._run("transaction_horizon", {})[0]
+        return int(row.oldest), int(row.next)
 
     def list_jobs(self, *, status: str | None, type: str | None, queue: str | None,
                   after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[Job]:

@@ -1,0 +1,85 @@
+"""HTTP load for the benchmark: closed-loop clients, each its own process, posting prepared bodies.
+
+Invariant: the client is not the bottleneck. Every client is a separate OS process (no GIL
+shared with the others) holding one keep-alive connection through http.client, and request
+bodies are serialised once, before the clock starts; all clients start together on an event
+and the clock stops when the last one is done. Any non-2xx answer fails the measurement.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import multiprocessing as mp
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+HEADERS = {"Content-Type": "application/json"}
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection to the API."""
+
+    def __init__(self, base: str) -> None:
+        parts = urlsplit(base)
+        self._conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+
+    def post(self, path: str, body: bytes) -> dict[str, Any]:
+        self._conn.request("POST", path, body=body, headers=HEADERS)
+        response = self._conn.getresponse()
+        data = response.read()
+        if response.status >= 300:
+            raise RuntimeError(f"POST {path} answered {response.status}: {data[:200]!r}")
+        return json.loads(data)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _client(base: str, path: str, body: bytes, requests: int, warmup: int, go: Any,
+            ready: Any, done: Any) -> None:
+    conn = Connection(base)
+    for _ in range(warmup):  # connect, and warm the server's code paths and pools
+        conn.post(path, body)
+    ready.put(True)
+    go.wait()
+    for _ in range(requests):
+        conn.post(path, body)
+    conn.close()
+    done.put(requests)
+
+
+def post_concurrently(base: str, path: str, body: Any, requests: int, clients: int,
+                      warmup: int = 0) -> float:
+    """Seconds for `clients` processes to POST `body` `requests` times in all; each first
+    posts `warmup` requests before the clock starts, which are not counted."""
+    ctx = mp.get_context("fork")
+    go, ready, done = ctx.Event(), ctx.Queue(), ctx.Queue()
+    data = json.dumps(body, separators=(",", ":")).encode()
+    share = requests // clients
+    procs = [ctx.Process(target=_client, args=(base, path, data, share, warmup, go, ready,
+                                                      done))
+             for _ in range(clients)]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        ready.get(timeout=120)  # every client connected and warmed up
+    started = time.perf_counter()
+    go.set()
+    finished = sum(done.get(timeout=600) for _ in procs)
+    elapsed = time.perf_counter() - started
+    for proc in procs:
+        proc.join()
+        if proc.exitcode != 0:
+            raise RuntimeError("a benchmark client failed")
+    if finished != share * clients:
+        raise RuntimeError("a benchmark client stopped early")
+    return elapsed
+
+
+def enqueue_batches(base: str, jobs: int, job: dict[str, Any], batch: int = 1000,
+                    clients: int = 1, warmup: int = 0) -> float:
+    """Seconds to enqueue `jobs` copies of `job` in batches of `batch` over HTTP."""
+    body = {"jobs": [job] * batch}
+    return post_concurrently(base, "/api/v1/jobs/batch", body, jobs // batch, clients, warmup)

@@ -1,0 +1,242 @@
+"""taskline's benchmark scenarios, each one measurement on a fresh database and Redis DB.
+
+Invariant: a scenario measures only its steady part. Enqueue clocks start after every client
+has connected and sent its warm-up requests; drain rates come from PostgreSQL's own
+timestamps, from the lease start of the job after the first 5 % (the warm-up: process start,
+first connections, first statements prepared) to the last completion, so the processes'
+start-up is never timed. Each function returns a number, or a dict of numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+import time
+from typing import Any
+
+from clients import Connection, enqueue_batches, post_concurrently
+from stack import Stack, wait_until
+
+NOOP = {"type": "bench.noop", "payload": {}}
+WARMUP_SHARE = 0.05
+DRAIN_CONCURRENCY = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "16"))
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+            "p99": percentile(values, 99), "max": max(values), "n": len(values)}
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+def enqueue_single(stack: Stack, jobs: int, clients: int) -> float:
+    """Jobs/s of `clients` client processes POSTing one job per request."""
+    stack.reset()
+    with stack.api() as base:
+        seconds = post_concurrently(base, "/api/v1/jobs", NOOP, jobs, clients, warmup=20)
+    return jobs // clients * clients / seconds
+
+
+def enqueue_batch(stack: Stack, jobs: int, clients: int = 2) -> float:
+    """Jobs/s of `clients` client processes POSTing batches of 1,000."""
+    stack.reset()
+    with stack.api() as base:
+        seconds = enqueue_batches(base, jobs, NOOP, clients=clients, warmup=1)
+    return jobs // 1000 // clients * clients * 1000 / seconds
+
+
+# --- drain -----------------------------------------------------------------------------------
+
+def _backlog(stack: Stack, jobs: int, failing_per_1000: int = 0) -> None:
+    stack.reset()
+    batch = [NOOP] * (1000 - failing_per_1000)
+    batch += [{"type": "bench.fail", "max_retries": 0}] * failing_per_1000
+    with stack.api() as base:
+        post_concurrently(base, "/api/v1/jobs/batch", {"jobs": batch}, jobs // 1000, 2)
+
+
+def steady_rate(stack: Stack) -> float:
+    """Jobs/s between the lease start of the first job after the warm-up and the last outcome,
+    both in PostgreSQL's clock."""
+    leases = [r[0] for r in stack.sql("SELECT leased_at FROM job_leases ORDER BY leased_at")]
+    last = stack.sql("SELECT max(updated_at) FROM jobs")[0][0]
+    skip = int(len(leases) * WARMUP_SHARE)
+    return (len(leases) - skip) / (last - leases[skip]).total_seconds()
+
+
+def drain(stack: Stack, jobs: int, workers: int, failing_per_1000: int = 0) -> float:
+    """Jobs/s of `workers` worker processes draining a backlog of `jobs` no-op jobs."""
+    _backlog(stack, jobs, failing_per_1000)
+    with stack.workers(workers, DRAIN_CONCURRENCY):
+        wait_until(lambda: stack.count("succeeded", "dead") >= jobs, timeout=1200, interval=0.1)
+    if failing_per_1000:
+        dead = stack.count("dead")
+        if dead != jobs // 1000 * failing_per_1000:
+            raise RuntimeError(f"mixed run: {dead} dead jobs, expected 1 %")
+    return steady_rate(stack)
+
+
+# --- latency ---------------------------------------------------------------------------------
+
+def _idle_workers(stack: Stack, count: int) -> None:
+    wait_until(lambda: stack.sql("SELECT count(*) FROM workers WHERE stopped_at IS NULL")[0][0]
+               >= count, timeout=60, interval=0.05)
+    time.sleep(1.0)  # past their first fetch: blocked in Redis, waiting for work
+
+
+def pickup(stack: Stack, jobs: int = 300, spacing_s: float = 0.02) -> dict[str, Any]:
+    """An idle worker's pickup latency, ms, three ways (see docs/performance.md)."""
+    stack.reset()
+    sent, answered = {}, {}
+    with stack.api() as base, stack.workers(1, 4):
+        _idle_workers(stack, 1)
+        conn = Connection(base)
+        body = b'{"type": "bench.stamp", "payload": {}}'
+        for _ in range(jobs):
+            t0 = time.time()
+            job = conn.post("/api/v1/jobs", body)
+            answered[job["id"]], sent[job["id"]] = time.time(), t0
+            time.sleep(spacing_s)
+        conn.close()
+        wait_until(lambda: stack.count("succeeded") >= jobs, timeout=60)
+    rows = stack.sql("SELECT j.id::text, (j.result->>'started')::float8, "
+                     "extract(epoch FROM l.leased_at - j.created_at) * 1000 "
+                     "FROM jobs j JOIN job_leases l ON l.job_id = j.id")
+    return {"from_201_ms": quantiles([(r[1] - answered[r[0]]) * 1000 for r in rows]),
+            "from_request_ms": quantiles([(r[1] - sent[r[0]]) * 1000 for r in rows]),
+            "pg_created_to_lease_ms": quantiles([float(r[2]) for r in rows])}
+
+
+def _paced_producer(base: str, rate: float, seconds: float, out: dict[str, float]) -> None:
+    """Open loop: a batch every 10 ms on an absolute schedule, `rate` jobs/s in all."""
+    tick = 0.01
+    per_tick = max(1, round(rate * tick))
+    body = ('{"jobs": [' + ",".join(['{"type": "bench.noop", "payload": {}}'] * per_tick)
+            + "]}").encode()
+    conn = Connection(base)
+    start = time.perf_counter()
+    ticks = int(seconds / tick)
+    for i in range(ticks):
+        delay = start + i * tick - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        conn.post("/api/v1/jobs/batch", body)
+    out["achieved_jobs_per_s"] = ticks * per_tick / (time.perf_counter() - start)
+    conn.close()
+
+
+def steady_latency(stack: Stack, peak: float, seconds: float = 10.0) -> dict[str, Any]:
+    """End-to-end latency (PostgreSQL clock: row created to outcome written) at half of `peak`,
+    with 2 worker processes."""
+    stack.reset()
+    out: dict[str, Any] = {"target_jobs_per_s": peak / 2}
+    with stack.api() as base, stack.workers(2, DRAIN_CONCURRENCY):
+        _idle_workers(stack, 2)
+        producer = threading.Thread(target=_paced_producer, args=(base, peak / 2, seconds, out))
+        producer.start()
+        producer.join()
+        total = stack.count("queued", "running", "succeeded")
+        wait_until(lambda: stack.count("succeeded") >= total, timeout=120)
+    ms = [float(r[0]) for r in stack.sql(
+        "SELECT extract(epoch FROM updated_at - created_at) * 1000 FROM jobs")]
+    skip = int(len(ms) * WARMUP_SHARE)
+    out["e2e_ms"] = quantiles(ms[skip:])
+    return out
+
+
+# --- recovery --------------------------------------------------------------------------------
+
+def killed_worker(stack: Stack) -> float:
+    """Seconds from SIGKILL of the worker running a job to that job's next lease, with default
+    settings (lease 15 s, reaper every 5 s), one other worker and maintenance running."""
+    stack.reset()
+    with stack.api() as base, stack.process("maintenance"), stack.workers(2, 4) as procs:
+        _idle_workers(stack, 2)
+        conn = Connection(base)
+        job = conn.post("/api/v1/jobs", b'{"type": "simulate", "payload": {"sleep_s": 60}}')
+        conn.close()
+        wait_until(lambda: stack.count("running") == 1, timeout=30)
+        pid = stack.sql("SELECT w.pid FROM job_leases l JOIN workers w ON w.id = l.worker_id "
+                        "WHERE l.job_id = %s", job["id"])[0][0]
+        victim = next(p for p in procs if p.pid == pid)
+        killed_at = time.time()
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        wait_until(lambda: _attempts(stack, job["id"]) >= 2, timeout=120, interval=0.05)
+        second = stack.sql("SELECT extract(epoch FROM max(leased_at)) FROM job_leases "
+                           "WHERE job_id = %s", job["id"])[0][0]
+    return float(second) - killed_at
+
+
+def _attempts(stack: Stack, job_id: str) -> int:
+    return stack.sql("SELECT count(*) FROM job_leases WHERE job_id = %s", job_id)[0][0]
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def memory(stack: Stack, jobs: int) -> dict[str, Any]:
+    """RSS of one worker process (16 threads) sampled every 2 s while it drains `jobs` jobs,
+    enqueued by a batch client alongside."""
+    stack.reset()
+    samples: list[tuple[int, int]] = []
+    with stack.api() as base, stack.workers(1, DRAIN_CONCURRENCY) as procs:
+        filler = threading.Thread(target=enqueue_batches, args=(base, jobs, NOOP),
+                                  kwargs={"clients": 1})
+        filler.start()
+        while (done := stack.count("succeeded")) < jobs:
+            samples.append((done, rss_kib(procs[0].pid)))
+            time.sleep(2)
+        filler.join()
+        samples.append((jobs, rss_kib(procs[0].pid)))
+    later = [kib for done, kib in samples if done >= jobs // 10]
+    return {"jobs": jobs, "samples_done_rss_kib": samples,
+            "rss_mib_after_10pct": {"min": min(later) / 1024, "max": max(later) / 1024,
+                                    "median": statistics.median(later) / 1024}}
+
+
+# --- reconciliation --------------------------------------------------------------------------
+
+def reconcile(stack: Stack, jobs: int) -> dict[str, float]:
+    """Seconds of one reconciliation pass over `jobs` queued jobs: with Redis empty (every id
+    restored), then again with Redis in step (nothing to repair)."""
+    from taskline.dispatch.dispatcher import Dispatcher
+    from taskline.settings import Settings
+    from taskline.store.store import Store
+    from taskline_maintenance.reconciler import Reconciler
+
+    stack.reset()
+    stack.sql("INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, "
+              "timeout_s, next_run_at, created_at, updated_at) "
+              "SELECT gen_random_uuid(), 'bench.noop', 'default', '{}', 5, 'queued', 3, 300, "
+              "now() - interval '1 minute', now() - interval '1 minute', "
+              "now() - interval '1 minute' FROM generate_series(1, %s) RETURNING 1", jobs)
+    settings = Settings.from_env(stack.env())
+    store = Store.connect(settings.database_url)
+    dispatcher = Dispatcher(settings.redis_url)
+    try:
+        passes = {}
+        for name in ("redis_empty_s", "in_step_s"):
+            started = time.perf_counter()
+            Reconciler(store, dispatcher, settings, strand_pause_s=0).run_once()
+            passes[name] = time.perf_counter() - started
+        ready = sum(stack.redis.llen(k) for k in stack.redis.keys("taskline:{default}:ready:*"))
+        if ready != jobs:
+            raise RuntimeError(f"reconciliation restored {ready} of {jobs} ids")
+        return passes
+    finally:
+        store.dispose()

@@ -1,0 +1,160 @@
+"""The benchmark's stack: PostgreSQL, Redis and the real taskline processes it starts and stops.
+
+Invariant: every measurement starts from an empty benchmark database (migrated) and an empty
+Redis logical DB, and every process the benchmark starts is stopped (by its own PID) when the
+measurement ends. PostgreSQL runs with fsync on: by default a private cluster on a free
+loopback port (initdb defaults, so nothing other programs do on the shared server, such as the
+checkpoint every CREATE DATABASE forces, lands inside a measurement); `--shared-postgres`
+uses BENCH_ADMIN_URL instead.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import redis
+import requests
+
+from taskline_cli.localservers import PrivatePostgres
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = Path(__file__).resolve().parent
+DB_NAME = "taskline_bench"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
+SHARED_ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark condition not reached")
+        time.sleep(interval)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL after `timeout`: this process only, never a name match."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Stack:
+    """Where the benchmark's PostgreSQL and Redis are, and how taskline processes reach them."""
+
+    def __init__(self, admin_url: str, redis_url: str = REDIS_URL) -> None:
+        self.admin_url = admin_url
+        self.redis_url = redis_url
+        self.redis = redis.Redis.from_url(redis_url)
+        self.extra_env: dict[str, str] = {}
+        self.api_pid = 0
+
+    @property
+    def url(self) -> str:
+        return urlunsplit(urlsplit(self.admin_url)._replace(path="/" + DB_NAME))
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLINE_")}
+        path = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
+        env.update({"DATABASE_URL": self.url, "REDIS_URL": self.redis_url,
+                    "TASKLINE_METRICS_PORT": "0", "TASKLINE_LOG_LEVEL": "WARNING",
+                    "TASKLINE_HANDLERS": "benchjobs", "PYTHONPATH": path,
+                    "PYTHONUNBUFFERED": "1", **self.extra_env})
+        return env
+
+    def spawn(self, *args: str) -> subprocess.Popen:
+        """A `taskline` subcommand as its own process (stdout and stderr discarded)."""
+        return subprocess.Popen([sys.executable, "-m", "taskline_cli.main", *args],
+                                env=self.env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
+    @contextmanager
+    def process(self, *args: str) -> Iterator[subprocess.Popen]:
+        proc = self.spawn(*args)
+        try:
+            yield proc
+        finally:
+            stop(proc)
+
+    @contextmanager
+    def workers(self, count: int, concurrency: int) -> Iterator[list[subprocess.Popen]]:
+        with ExitStack() as stack:
+            yield [stack.enter_context(self.process("worker", "--concurrency", str(concurrency)))
+                   for _ in range(count)]
+
+    def reset(self) -> None:
+        """A fresh database and an empty Redis DB."""
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {DB_NAME}")
+        subprocess.run([sys.executable, "-m", "taskline_cli.main", "migrate"], env=self.env(),
+                       check=True, stdout=subprocess.DEVNULL)
+        self.redis.flushdb()
+
+    def sql(self, query: str, *params: object) -> list[tuple]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def count(self, *statuses: str) -> int:
+        return self.sql("SELECT count(*) FROM jobs WHERE status = ANY(%s)", list(statuses))[0][0]
+
+    @contextmanager
+    def api(self, workers: int = 2) -> Iterator[str]:
+        port = free_port()
+        with self.process("api", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)) as proc:
+            self.api_pid = proc.pid  # gunicorn's master; its children serve the requests
+            base = f"http://127.0.0.1:{port}"
+            wait_until(lambda: _ready(base), timeout=60, interval=0.1)
+            yield base
+
+    def server_facts(self) -> dict[str, str]:
+        with psycopg.connect(self.admin_url) as conn:
+            facts = {name: str(conn.execute(f"SHOW {name}").fetchone()[0])
+                     for name in ("server_version", "fsync", "synchronous_commit",
+                                  "wal_sync_method", "shared_buffers")}
+        facts["redis"] = self.redis.info()["redis_version"]
+        return facts
+
+
+def _ready(base: str) -> bool:
+    try:
+        return requests.get(base + "/readyz", timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@contextmanager
+def open_stack(shared_postgres: bool) -> Iterator[Stack]:
+    """The benchmark's stack: a private PostgreSQL (fsync on) unless `shared_postgres`."""
+    if shared_postgres:
+        yield Stack(SHARED_ADMIN_URL)
+        return
+    with tempfile.TemporaryDirectory(prefix="taskline-bench-") as root:
+        os.chmod(root, 0o711)  # the `postgres` account must pass through
+        pg = PrivatePostgres(Path(root) / "pg")
+        try:
+            pg.init()
+            pg.start()
+            yield Stack(pg.url())
+        finally:
+            pg.close()
