@@ -10,7 +10,7 @@ BIND ?= 127.0.0.1:8000
 # marked `fast`, and `make test` runs those too. A missing folder is skipped (git keeps none empty).
 TEST_DIRS := $(wildcard tests/unit tests/integration tests/browser tests/faults)
 
-.PHONY: venv run test lint faults bench migrate clean
+.PHONY: venv run test lint faults bench migrate dashboard clean
 
 venv: $(STAMP)
 
@@ -33,10 +33,15 @@ faults: venv
 	$(BIN)/pytest -q -m faults tests/faults
 
 bench: venv
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
 	$(BIN)/python bench/run.py
 
 migrate: venv
 	$(BIN)/taskline migrate
+
+# Regenerate the Grafana dashboard JSON from grafana/dashboard.py (commit both).
+dashboard: venv
+	$(BIN)/python grafana/dashboard.py
 
 # Build and test leftovers only: .venv and .data (the dev database) stay; remove them by hand.
 clean:

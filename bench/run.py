@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -86,6 +87,9 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
 def side_by_side(stack: Stack, n: int, repeat: int, with_peers: bool) -> dict[str, Any]:
     """taskline's 2-process drain, then Celery's, then Dramatiq's, in every repetition."""
     runs: dict[str, list[float]] = {"taskline": [], "celery": [], "dramatiq": []}
+    if with_peers and not all(importlib.util.find_spec(m) for m in ("celery", "dramatiq")):
+        print("Celery or Dramatiq is not installed (pip install -e '.[bench]'): no peers run")
+        with_peers = False
     for _ in range(repeat):
         runs["taskline"].append(sc.drain(stack, n, 2))
         if with_peers:

@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     telemetry.init_app(app)
     auth.init_app(app, settings.api_tokens)
     errors.init_app(app)
-    events.init_app(app, settings.database_url)
+    events.init_app(app)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp):
         app.register_blueprint(blueprint)
     return app

@@ -1,34 +1,42 @@
-"""Fans the committed job events out to this process's event streams: one LISTEN per process.
+"""Fans the committed job events out to this process's event streams: one tail per process.
 
-Invariant: memory per stream is bounded. Each event is serialized once into a frame that every
-stream shares; a subscription holds at most `queue_limit` frames, and one that falls that far
-behind is ended (its client reconnects with Last-Event-ID and replays from job_events), never
-buffered further. While the LISTEN connection is down every subscription is ended, because
-its stream would otherwise miss events silently. At most `max_streams` subscriptions exist at
-once in a process, so streams can never occupy every request thread.
+Invariant: a stream only ever carries committed events, in job_events id order. One thread per
+process (started by the first stream, paused while there is none) reads job_events above its
+cursor every `poll_s`; a Sequencer holds back ids after a gap until the gap is filled or can
+no longer be (see taskline.events), so nothing is skipped that a running transaction may still
+commit. Nothing is added to the write path: producers, workers and maintenance write their
+job_events rows as before. PostgreSQL being down only pauses the tail; it resumes from its
+cursor, so no event is lost to an outage.
+
+Memory per stream is bounded: each event is serialized once into a frame every stream shares;
+a subscription holds at most `queue_limit` frames, and one that falls that far behind is ended
+(its client reconnects with Last-Event-ID and replays from job_events), never buffered further.
+At most `max_streams` subscriptions exist at once, so streams never hold every request thread.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from taskline.errors import StoreUnavailable
-from taskline.events import Change
+from taskline.events import Change, Sequencer
 from taskline.metrics import EVENT_STREAM_DROPS, EVENT_STREAMS
-from taskline.store.listener import Listener
+from taskline.store.store import Store
 
 log = logging.getLogger(__name__)
 
 SLOW = "slow"
-LISTENER_LOST = "listener_lost"
 SHUTDOWN = "shutdown"
 
-POLL_S = 0.25  # how often the listener thread looks up from LISTEN to see whether to stop
-RECONNECT_MIN_S = 0.5
-RECONNECT_MAX_S = 5.0
+PAGE = 1000  # rows per tail query; a full page is followed by the next one at once
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -39,9 +47,8 @@ class Frame:
     data: bytes
 
     @classmethod
-    def from_payload(cls, payload: str) -> Frame:
-        """The frame of a trigger payload; ValueError when the payload is not one."""
-        change = Change.from_payload(payload)
+    def from_row(cls, row: Mapping[str, Any]) -> Frame:
+        change = Change.from_row(row)
         return cls(change.id, f"id: {change.id}\nevent: job\ndata: {change.to_json()}\n\n"
                    .encode())
 
@@ -89,21 +96,21 @@ class Subscription:
             self._frames.clear()
             return frames
 
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._frames)
-
 
 class Broadcaster:
-    """One listener thread (started by the first subscription) feeding every subscription."""
+    """The tail thread and every subscription of this process."""
 
-    def __init__(self, listener: Listener, *, queue_limit: int, max_streams: int) -> None:
-        self._listener = listener
+    def __init__(self, store: Store, *, queue_limit: int, max_streams: int, poll_s: float,
+                 gap_wait_s: float) -> None:
+        self._store = store
         self.queue_limit = queue_limit
         self.max_streams = max_streams
+        self.poll_s = poll_s
+        self.gap_wait_s = gap_wait_s
         self._subs: set[Subscription] = set()
         self._lock = threading.Lock()
-        self._live = threading.Event()
+        self._live = threading.Event()  # the tail has a cursor: it sees every later commit
+        self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,6 +125,7 @@ class Broadcaster:
                 self._thread = threading.Thread(target=self._run, name="taskline-events",
                                                 daemon=True)
                 self._thread.start()
+        self._wake.set()
         EVENT_STREAMS.inc()
         return sub
 
@@ -133,59 +141,66 @@ class Broadcaster:
             return len(self._subs)
 
     def wait_live(self, timeout_s: float) -> bool:
-        """True once LISTEN is in place: every event committed from then on reaches streams."""
+        """True once the tail holds a cursor: every event committed later reaches streams."""
         return self._live.wait(timeout_s)
 
     def stop(self) -> None:
-        """End every stream and the listener thread (process shutdown)."""
+        """End every stream and the tail thread (process shutdown)."""
         self._stopping.set()
-        self._end_all(SHUTDOWN)
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(POLL_S * 3)
-
-    def _end_all(self, reason: str) -> None:
+        self._wake.set()
         with self._lock:
             subs = tuple(self._subs)
         for sub in subs:
-            sub.end(reason)
+            sub.end(SHUTDOWN)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.poll_s + 1)
 
     def _run(self) -> None:
-        delay = RECONNECT_MIN_S
+        sequencer: Sequencer | None = None
+        delay = RETRY_MIN_S
         while not self._stopping.is_set():
-            if self._listen():
-                delay = RECONNECT_MIN_S
-            self._stopping.wait(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
-        self._listener.close()
+            if not self.streams():
+                self._pause()
+                sequencer = None
+                continue
+            try:
+                if sequencer is None:
+                    sequencer = Sequencer(self._store.last_event_id(), self.gap_wait_s)
+                    self._live.set()
+                more = self._step(sequencer)
+                delay = RETRY_MIN_S
+            except StoreUnavailable as err:
+                log.warning("event tail cannot reach PostgreSQL; retrying",
+                            extra={"error": str(err), "retry_in_s": delay})
+                more, delay = self._retry_after(delay), min(delay * 2, RETRY_MAX_S)
+            except Exception:
+                log.error("event tail failed; retrying", exc_info=True)
+                more, delay = self._retry_after(delay), min(delay * 2, RETRY_MAX_S)
+            if not more:
+                self._stopping.wait(self.poll_s)
 
-    def _listen(self) -> bool:
-        """LISTEN and publish until the connection fails; True if it was up at all."""
-        try:
-            self._listener.open()
-            self._live.set()
-            while not self._stopping.is_set():
-                for payload in self._listener.payloads(POLL_S):
-                    self._publish(payload)
-        except StoreUnavailable as err:
-            log.warning("event listener cannot reach PostgreSQL; reconnecting",
-                        extra={"error": str(err)})
-        except Exception:
-            log.error("event listener failed; reconnecting", exc_info=True)
-        finally:
-            self._listener.close()
-        was_live = self._live.is_set()
+    def _pause(self) -> None:
+        """No stream: stop reading until one opens (it starts from the newest event then)."""
         self._live.clear()
-        if was_live:  # events committed from now until LISTEN again would be missed silently
-            self._end_all(SHUTDOWN if self._stopping.is_set() else LISTENER_LOST)
-        return was_live
+        self._wake.clear()
+        if not self.streams():
+            self._wake.wait()
 
-    def _publish(self, payload: str) -> None:
-        try:
-            frame = Frame.from_payload(payload)
-        except ValueError:
-            log.warning("ignored a malformed event payload", extra={"payload": payload[:200]})
-            return
+    def _retry_after(self, delay: float) -> bool:
+        self._stopping.wait(delay)
+        return False
+
+    def _step(self, sequencer: Sequencer) -> bool:
+        """Publish what the next page releases; True when more rows may be waiting."""
+        rows = self._store.events_after(sequencer.cursor, PAGE)
+        released = sequencer.release([r["id"] for r in rows], self._store.transaction_horizon,
+                                     time.monotonic())
+        for row in rows[:len(released)]:
+            self._publish(Frame.from_row(row))
+        return len(rows) == PAGE and len(released) == len(rows)
+
+    def _publish(self, frame: Frame) -> None:
         with self._lock:
             subs = tuple(self._subs)
         for sub in subs:

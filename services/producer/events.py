@@ -1,17 +1,18 @@
 """The event stream: `GET /api/v1/events`, every committed job state change as Server-Sent Events.
 
-Invariant: a stream carries only committed changes (they come from LISTEN, which PostgreSQL
-fills at commit), each frame's `id` is its job_events id, and a client that reconnects with
-`Last-Event-ID` first gets what it missed (the newest `replay_limit` events above that id,
-from job_events) and then the live changes, without a gap: LISTEN is in place before the
-replay is read, and a change both replayed and heard live is sent once. An idle stream gets a
-comment every `heartbeat_s`. A process serves at most `max_streams` streams (503 beyond), and
-each stream holds at most `queue_limit` unsent frames before it is ended (see broadcaster).
+Invariant: a stream carries only committed changes, in job_events id order, each frame's `id`
+its job_events id (see broadcaster). A client that reconnects with `Last-Event-ID` first gets
+what it missed (the newest `replay_limit` events above that id) and then the live changes,
+without a hole: the process's tail holds its cursor before the replay is read, and a change
+both replayed and tailed is sent once. An idle stream gets a comment every `heartbeat_s`. A
+process serves at most `max_streams` streams (503 beyond), and each stream holds at most
+`queue_limit` unsent frames before it is ended.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import threading
@@ -21,7 +22,7 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, request
 
-from taskline.store.listener import Listener
+from taskline.store.store import Store
 from taskline_producer.backends import backends
 from taskline_producer.broadcaster import Broadcaster, Frame, Subscription, TooManyStreams
 from taskline_producer.errors import ApiError, InvalidParameter
@@ -48,7 +49,11 @@ class StreamLimits:
     retry_ms: int = 2000
     """The reconnection delay the stream asks EventSource to use."""
     live_wait_s: float = 5.0
-    """How long a new stream waits for this process's LISTEN connection before a 503."""
+    """How long a new stream waits for this process's tail to start before a 503."""
+    poll_s: float = 0.25
+    """Seconds between two reads of job_events by the tail (while any stream is open)."""
+    gap_wait_s: float = 5.0
+    """Longest an id missing from job_events holds back the ids after it (see events.Sequencer)."""
 
 
 class StreamsBusy(ApiError):
@@ -59,40 +64,45 @@ class StreamsBusy(ApiError):
 
 
 class EventsUnavailable(ApiError):
-    """The event stream cannot listen to PostgreSQL right now; retry later."""
+    """The event stream cannot read PostgreSQL right now; retry later."""
 
     status = 503
     code = "store_unavailable"
 
 
 class _Streams:
-    """The limits and this process's Broadcaster, built on first use after any fork."""
+    """The limits and this process's Broadcaster, built on first use (again after a fork)."""
 
-    def __init__(self, database_url: str, limits: StreamLimits) -> None:
-        self.database_url = database_url
+    def __init__(self, limits: StreamLimits) -> None:
         self.limits = limits
         self._lock = threading.Lock()
         self._broadcaster: Broadcaster | None = None
+        self._pid = 0
 
-    def broadcaster(self) -> Broadcaster:
+    def broadcaster(self, store: Store) -> Broadcaster:
         with self._lock:
-            if self._broadcaster is None:
+            if self._broadcaster is None or self._pid != os.getpid():
+                limits = self.limits
                 self._broadcaster = Broadcaster(
-                    Listener(self.database_url), queue_limit=self.limits.queue_limit,
-                    max_streams=self.limits.max_streams)
+                    store, queue_limit=limits.queue_limit, max_streams=limits.max_streams,
+                    poll_s=limits.poll_s, gap_wait_s=limits.gap_wait_s)
+                self._pid = os.getpid()
             return self._broadcaster
+
+    def current(self) -> Broadcaster | None:
+        with self._lock:
+            return self._broadcaster if self._pid == os.getpid() else None
 
     def stop(self) -> None:
         """End every stream; the stopped broadcaster stays, so later streams get a 503."""
-        with self._lock:
-            broadcaster = self._broadcaster
+        broadcaster = self.current()
         if broadcaster is not None:
             broadcaster.stop()
 
 
-def init_app(app: Flask, database_url: str, limits: StreamLimits | None = None) -> None:
+def init_app(app: Flask, limits: StreamLimits | None = None) -> None:
     """Register the stream route's state; tests pass shorter limits."""
-    app.extensions[EXTENSION] = _Streams(database_url, limits or StreamLimits())
+    app.extensions[EXTENSION] = _Streams(limits or StreamLimits())
 
 
 def set_limits(app: Flask, **changes: Any) -> None:
@@ -102,7 +112,7 @@ def set_limits(app: Flask, **changes: Any) -> None:
 
 
 def close_streams(app: Flask) -> None:
-    """End every stream of this process and stop its listener (shutdown)."""
+    """End every stream of this process and stop its tail (shutdown)."""
     app.extensions[EXTENSION].stop()
 
 
@@ -143,7 +153,7 @@ def stream() -> Response:
     streams: _Streams = current_app.extensions[EXTENSION]
     limits = streams.limits
     after = last_event_id()
-    broadcaster = streams.broadcaster()
+    broadcaster = streams.broadcaster(backends().store)
     try:
         sub = broadcaster.subscribe()
     except TooManyStreams:
@@ -164,9 +174,9 @@ def _replay(after: int | None, limit: int) -> tuple[list[Frame], bool]:
     """The frames above `after` (at most `limit`, the newest) and whether older ones were cut."""
     if after is None:
         return [], False
-    rows = backends().store.events_after(after, limit + 1)
+    rows = backends().store.newest_events_after(after, limit + 1)
     skipped = len(rows) > limit
-    return [Frame.from_payload(payload) for _, payload in rows[-limit:]], skipped
+    return [Frame.from_row(row) for row in rows[-limit:]], skipped
 
 
 class EventStream:

@@ -74,7 +74,7 @@ LOOP_ERRORS = Counter("taskline_loop_errors_total", "Failed iterations of a serv
 EVENT_STREAMS = Gauge("taskline_event_streams", "Open /api/v1/events streams",
                       multiprocess_mode="livesum")
 EVENT_STREAM_DROPS = Counter("taskline_event_stream_drops_total",
-                             "Event streams the API ended (slow client, lost LISTEN, shutdown)",
+                             "Event streams the API ended (slow client, shutdown)",
                              ["reason"])
 HTTP_REQUESTS = Counter("taskline_http_requests_total", "API requests",
                         ["route", "method", "status"])
