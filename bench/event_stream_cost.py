@@ -7,7 +7,8 @@ job_events calling pg_notify (NOTIFY_SQL below, created here only), with a LISTE
 API process. This script times the Store calls producers and workers make under three variants:
 
 - none:   nothing reads the events;
-- tail:   two tail readers (two API processes with streams open) polling every 0.25 s;
+- tail:   two tail readers, each in a process of its own like two API processes with streams
+          open, polling every 0.25 s;
 - notify: the NOTIFY trigger installed and one LISTEN connection draining it.
 
 Scenarios (time per job): batch enqueue (insert_jobs + insert_events, 1,000 jobs per
@@ -24,6 +25,7 @@ The database taskline_bench_events is dropped and created.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import threading
@@ -32,6 +34,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -109,29 +112,37 @@ SCENARIOS = {"batch enqueue (1,000 per transaction)": batch_enqueue,
              "claim + complete (50 per statement)": claim_complete}
 
 
+def tail(url: str, ready: Any, stop: Any, poll_s: float) -> None:
+    """What an API process's tail does while a stream is open (run in a process of its own)."""
+    store = Store.connect(url, pool_size=1)
+    sequencer = Sequencer(store.last_event_id(), max_wait_s=5.0)
+    ready.release()
+    while not stop.is_set():
+        rows = store.events_after(sequencer.cursor, 1000)
+        released = sequencer.release([r["id"] for r in rows], store.transaction_horizon,
+                                     time.monotonic())
+        if len(released) < 1000:
+            stop.wait(poll_s)
+    store.dispose()
+
+
 @contextmanager
-def tails(store: Store, count: int = 2, poll_s: float = 0.25) -> Iterator[None]:
-    """`count` readers doing what an API process's tail does while a stream is open."""
-    stop = threading.Event()
-
-    def tail() -> None:
-        sequencer = Sequencer(store.last_event_id(), max_wait_s=5.0)
-        while not stop.is_set():
-            rows = store.events_after(sequencer.cursor, 1000)
-            released = sequencer.release([r["id"] for r in rows], store.transaction_horizon,
-                                         time.monotonic())
-            if len(released) < 1000:
-                stop.wait(poll_s)
-
-    threads = [threading.Thread(target=tail, daemon=True) for _ in range(count)]
-    for thread in threads:
-        thread.start()
+def tails(url: str, count: int = 2, poll_s: float = 0.25) -> Iterator[None]:
+    """`count` tail readers in processes of their own, as `count` API processes would be."""
+    context = multiprocessing.get_context("spawn")
+    stop, ready = context.Event(), context.Semaphore(0)
+    readers = [context.Process(target=tail, args=(url, ready, stop, poll_s))
+               for _ in range(count)]
+    for reader in readers:
+        reader.start()
+    for _ in readers:  # started and reading before the clock starts
+        ready.acquire()
     try:
         yield
     finally:
         stop.set()
-        for thread in threads:
-            thread.join()
+        for reader in readers:
+            reader.join()
 
 
 @contextmanager
@@ -167,7 +178,7 @@ def nothing() -> Iterator[None]:
 
 def per_job_ms(store: Store, url: str, make: Callable, variant: str) -> float:
     run, jobs = make(store)
-    context = {"none": nothing, "tail": lambda: tails(store),
+    context = {"none": nothing, "tail": lambda: tails(url),
                "notify": lambda: notify(store, url)}[variant]
     with context():
         started = time.perf_counter()

@@ -113,6 +113,12 @@ class Broadcaster:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._cursor = 0
+
+    @property
+    def cursor(self) -> int:
+        """Every event up to this id has been offered to the streams open at the time."""
+        return self._cursor
 
     def subscribe(self) -> Subscription:
         """A new subscription; TooManyStreams when `max_streams` are open already."""
@@ -167,6 +173,7 @@ class Broadcaster:
             try:
                 if sequencer is None:
                     sequencer = Sequencer(self._store.last_event_id(), self.gap_wait_s)
+                    self._cursor = sequencer.cursor
                     self._live.set()
                 more = self._step(sequencer)
                 delay = RETRY_MIN_S
@@ -198,6 +205,7 @@ class Broadcaster:
                                      time.monotonic())
         for row in rows[:len(released)]:
             self._publish(Frame.from_row(row))
+        self._cursor = sequencer.cursor
         return len(rows) == PAGE and len(released) == len(rows)
 
     def _publish(self, frame: Frame) -> None:

@@ -2,9 +2,9 @@
 
 Invariant: a stream carries only committed changes, in job_events id order, each frame's `id`
 its job_events id (see broadcaster). A client that reconnects with `Last-Event-ID` first gets
-what it missed (the newest `replay_limit` events above that id) and then the live changes,
-without a hole: the process's tail holds its cursor before the replay is read, and a change
-both replayed and tailed is sent once. An idle stream gets a comment every `heartbeat_s`. A
+what it missed (the newest `replay_limit` events above that id, up to the tail's cursor) and
+then the live changes (above it), without a hole or a repeat: a change both replayed and
+tailed is sent once. An idle stream gets a comment every `heartbeat_s`. A
 process serves at most `max_streams` streams (503 beyond), and each stream holds at most
 `queue_limit` unsent frames before it is ended.
 """
@@ -161,7 +161,7 @@ def stream() -> Response:
     try:
         if not broadcaster.wait_live(limits.live_wait_s):
             raise EventsUnavailable(headers={"Retry-After": str(RETRY_AFTER_S)})
-        replay, skipped = _replay(after, limits.replay_limit)
+        replay, skipped = _replay(after, broadcaster.cursor, limits.replay_limit)
     except BaseException:
         broadcaster.unsubscribe(sub)
         raise
@@ -170,11 +170,15 @@ def stream() -> Response:
         "Cache-Control": "no-cache, no-store", "X-Accel-Buffering": "no"})
 
 
-def _replay(after: int | None, limit: int) -> tuple[list[Frame], bool]:
-    """The frames above `after` (at most `limit`, the newest) and whether older ones were cut."""
+def _replay(after: int | None, upto: int, limit: int) -> tuple[list[Frame], bool]:
+    """The frames in (after, upto], at most `limit` (the newest), and whether more were cut.
+
+    `upto` is the tail's cursor read after subscribing: what lies above it the tail sends, in
+    order; what lies at or below it is committed (or never will be), so this read is complete.
+    """
     if after is None:
         return [], False
-    rows = backends().store.newest_events_after(after, limit + 1)
+    rows = backends().store.newest_events_after(after, upto, limit + 1)
     skipped = len(rows) > limit
     return [Frame.from_row(row) for row in rows[-limit:]], skipped
 

@@ -74,12 +74,12 @@ LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs WHERE jobs.id = e.job_
 ORDER BY e.id;
 
 -- name: newest_events_after
--- The newest :limit history entries above id :after, newest first, as events_after returns them.
+-- The newest :limit history entries with an id in (:after, :upto], newest first, as events_after returns them.
 SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.created_at, e.recorded_status, e.error,
        j.queue, j.type, j.priority
 FROM (SELECT id, job_id, attempt, event, worker_id, created_at,
              detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
-      FROM job_events WHERE id > :after ORDER BY id DESC LIMIT :limit) e
+      FROM job_events WHERE id > :after AND id <= :upto ORDER BY id DESC LIMIT :limit) e
 LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs WHERE jobs.id = e.job_id OFFSET 0) j
     ON true
 ORDER BY e.id DESC;

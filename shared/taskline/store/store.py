@@ -168,9 +168,9 @@ class Store:
         return [dict(r._mapping) for r in self._run("events_after",
                                                     {"after": after, "limit": limit})]
 
-    def newest_events_after(self, after: int, limit: int) -> list[dict]:
-        """The newest `limit` history entries above id `after`, oldest first (a replay)."""
-        rows = self._run("newest_events_after", {"after": after, "limit": limit})
+    def newest_events_after(self, after: int, upto: int, limit: int) -> list[dict]:
+        """The newest `limit` history entries with an id in (after, upto], oldest first."""
+        rows = self._run("newest_events_after", {"after": after, "upto": upto, "limit": limit})
         return [dict(r._mapping) for r in reversed(rows)]
 
     def last_event_id(self) -> int:
