@@ -30,11 +30,13 @@ def always() -> bool:
 
 def run_every(name: str, interval_s: float, step: Callable[[], object],
               stop: threading.Event, active: Callable[[], bool] = always,
-              idle: Callable[[], None] | None = None) -> None:
+              idle: Callable[[], None] | None = None,
+              wait: Callable[[], float] | None = None) -> None:
     """Call `step` every `interval_s` seconds while `active()`, until `stop` is set.
 
     `idle` runs whenever the component finds itself inactive (e.g. to clear gauges that only
     the leader may export). A component that becomes active runs its first pass at once.
+    `wait`, when given, returns the seconds to sleep after a pass (at most `interval_s`).
     """
     while not stop.is_set():
         if not active():
@@ -43,7 +45,17 @@ def run_every(name: str, interval_s: float, step: Callable[[], object],
             stop.wait(min(interval_s, IDLE_POLL_S))
             continue
         guarded(name, step)
-        stop.wait(interval_s)
+        stop.wait(interval_s if wait is None else next_wait(name, interval_s, wait))
+
+
+def next_wait(name: str, interval_s: float, wait: Callable[[], float]) -> float:
+    """The component's own wait, bounded by its interval; the interval when it fails."""
+    try:
+        return min(interval_s, wait())
+    except (StoreUnavailable, DispatchUnavailable) as err:
+        log.warning("%s: next wake-up unknown (%s); waiting the interval", name, err,
+                    extra={"action": name})
+        return interval_s
 
 
 def guarded(name: str, step: Callable[[], object]) -> None:

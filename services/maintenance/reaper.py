@@ -11,6 +11,11 @@ transaction; only then is the id moved in Redis. If this process dies between th
 is queued (or dead) in PostgreSQL but not where Redis should hold it, and the reconciler
 restores it on a later pass.
 
+Between passes the reaper sleeps its interval, or less: until just after the earliest open
+lease's expiry as PostgreSQL computes it (`Store.seconds_to_next_lease_expiry`), so a killed
+worker's job is recovered at its lease's end rather than up to one interval later. Waking early
+only changes when a pass runs; what a pass recovers is still decided by `leased_until < now()`.
+
 It also closes the registry rows of workers silent for ten heartbeat periods, so
 `GET /workers` and the live-worker gauge stop listing them; that is bookkeeping only and never
 touches a job.
@@ -33,6 +38,10 @@ log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
 """Expired leases recovered per transaction; the reaper pages until none are left."""
+WAKE_AFTER_EXPIRY_S = 0.02
+"""Margin past the earliest expiry, so the pass finds that lease strictly expired."""
+MIN_WAIT_S = 0.05
+"""Shortest sleep between passes, so a burst of expiries never spins the loop."""
 SILENT_HEARTBEATS = 10
 """A worker silent for this many heartbeat periods has its registry row closed."""
 
@@ -68,7 +77,15 @@ class Reaper:
         return self.settings.reaper_interval_s
 
     def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
-        run_every("reaper", self.interval_s, self.run_once, stop, active)
+        run_every("reaper", self.interval_s, self.run_once, stop, active, wait=self.next_wait)
+
+    def next_wait(self) -> float:
+        """Seconds until just after the earliest open lease expires (PostgreSQL time), at most
+        the interval; the interval when no lease is open."""
+        remaining = self.store.seconds_to_next_lease_expiry()
+        if remaining is None:
+            return self.interval_s
+        return min(self.interval_s, max(MIN_WAIT_S, remaining + WAKE_AFTER_EXPIRY_S))
 
     def run_once(self) -> ReapResult:
         requeued = dead = 0

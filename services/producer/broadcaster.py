@@ -166,37 +166,41 @@ class Broadcaster:
         sequencer: Sequencer | None = None
         delay = RETRY_MIN_S
         while not self._stopping.is_set():
-            if not self.streams():
-                self._pause()
-                sequencer = None
+            if self._pause():
+                sequencer = None  # resumed: start again from the newest event
                 continue
             try:
-                if sequencer is None:
-                    sequencer = Sequencer(self._store.last_event_id(), self.gap_wait_s)
-                    self._cursor = sequencer.cursor
-                    self._live.set()
+                sequencer = sequencer or self._start()
                 more = self._step(sequencer)
-                delay = RETRY_MIN_S
-            except StoreUnavailable as err:
-                log.warning("event tail cannot reach PostgreSQL; retrying",
-                            extra={"error": str(err), "retry_in_s": delay})
-                more, delay = self._retry_after(delay), min(delay * 2, RETRY_MAX_S)
-            except Exception:
-                log.error("event tail failed; retrying", exc_info=True)
-                more, delay = self._retry_after(delay), min(delay * 2, RETRY_MAX_S)
+            except Exception as err:
+                _log_failure(err, delay)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            delay = RETRY_MIN_S
             if not more:
                 self._stopping.wait(self.poll_s)
 
-    def _pause(self) -> None:
-        """No stream: stop reading until one opens (it starts from the newest event then)."""
-        self._live.clear()
-        self._wake.clear()
-        if not self.streams():
-            self._wake.wait()
+    def _pause(self) -> bool:
+        """With no stream open, stop reading until one opens; True when it did pause.
 
-    def _retry_after(self, delay: float) -> bool:
-        self._stopping.wait(delay)
-        return False
+        The check and `live` being cleared happen under the lock subscribe takes, so a stream
+        that opened just before keeps the cursor it read, and one that opens after waits for
+        the new cursor: no stream can read a cursor the tail then jumps past.
+        """
+        with self._lock:
+            if self._subs or self._stopping.is_set():
+                return False
+            self._live.clear()
+            self._wake.clear()
+        self._wake.wait()
+        return True
+
+    def _start(self) -> Sequencer:
+        sequencer = Sequencer(self._store.last_event_id(), self.gap_wait_s)
+        self._cursor = sequencer.cursor
+        self._live.set()
+        return sequencer
 
     def _step(self, sequencer: Sequencer) -> bool:
         """Publish what the next page releases; True when more rows may be waiting."""
@@ -213,3 +217,11 @@ class Broadcaster:
             subs = tuple(self._subs)
         for sub in subs:
             sub.offer(frame)
+
+
+def _log_failure(err: Exception, retry_in_s: float) -> None:
+    if isinstance(err, StoreUnavailable):
+        log.warning("event tail cannot reach PostgreSQL; retrying",
+                    extra={"error": str(err), "retry_in_s": retry_in_s})
+    else:
+        log.error("event tail failed; retrying", exc_info=err, extra={"retry_in_s": retry_in_s})

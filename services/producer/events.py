@@ -125,12 +125,13 @@ def adopt_gunicorn_worker(app: Flask, threads: int) -> None:
     """
     set_limits(app, max_streams=max(1, threads // 2))
     previous = signal.getsignal(signal.SIGTERM)
+    if not callable(previous):  # not gunicorn's handler: leave SIGTERM's behaviour alone
+        return
 
     def on_sigterm(signum: int, frame: Any) -> None:
         # Locks are taken off the signal handler, in a thread of its own.
         threading.Thread(target=close_streams, args=(app,), daemon=True).start()
-        if callable(previous):
-            previous(signum, frame)
+        previous(signum, frame)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 

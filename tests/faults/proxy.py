@@ -99,6 +99,7 @@ class Proxy:
         self._thread.join(10)
         self._loop.close()
         self._loop = None
+        self._refuse = False  # shutdown refused stragglers; a new start() accepts again
 
     def __enter__(self) -> Proxy:
         return self.start()

@@ -132,3 +132,42 @@ def test_depths_reports_every_structure(dispatcher: Dispatcher):
     assert depths["ready"][9] == 1 and depths["ready"][0] == 1
     assert depths["processing"] == 1 and depths["scheduled"] == 1
     assert depths["retry"] == 0 and depths["dlq"] == 0
+
+
+def commandstats(client) -> dict[str, int]:
+    """Calls per command since the server's last CONFIG RESETSTAT."""
+    return {name.removeprefix("cmdstat_"): stats["calls"]
+            for name, stats in client.info("commandstats").items()}
+
+
+def test_a_push_is_one_round_trip_without_script_exists(private_redis):
+    """Shared servers' stats and script cache are not ours to flush: a private Redis."""
+    dispatcher = Dispatcher(private_redis.url)
+    try:
+        (first,) = ids(1)
+        dispatcher.push([("default", 5, first)])  # loads the script once
+        dispatcher.client.config_resetstat()
+        jobs = ids(3)
+        dispatcher.push([("default", 5, jobs[0]), ("default", 9, jobs[1]),
+                         ("other", 5, jobs[2])])
+        calls = commandstats(dispatcher.client)
+        calls.pop("config|resetstat", None)
+        assert calls == {"evalsha": 3, "lpush": 6, "ltrim": 3, "sadd": 1}
+        assert dispatcher.fetch("default", "w1", 5) == [jobs[1], first, jobs[0]]
+        assert dispatcher.fetch("other", "w1", 5) == [jobs[2]]
+    finally:
+        dispatcher.close()
+
+
+def test_a_push_after_script_flush_loads_the_script_and_pushes_once(private_redis):
+    dispatcher = Dispatcher(private_redis.url)
+    try:
+        dispatcher.push([("default", 5, ids(1)[0])])
+        dispatcher.client.script_flush()
+        jobs = ids(2)
+        assert dispatcher.push([("default", 5, jobs[0]), ("default", 9, jobs[1])]) == 2
+        assert dispatcher.list_range(Q.ready(9), 0, -1) == [jobs[1]]
+        assert dispatcher.list_range(Q.ready(5), 0, -1).count(jobs[0]) == 1
+        assert dispatcher.client.script_exists(dispatcher._scripts["push"].sha) == [True]
+    finally:
+        dispatcher.close()

@@ -1,8 +1,11 @@
 """The reaper against real PostgreSQL and Redis: expired leases are recovered (requeued or
 dead-lettered) in PostgreSQL time, live leases and missing heartbeat keys are left alone, and
-silent workers' registry rows are closed."""
+silent workers' registry rows are closed; between passes the reaper wakes at the next lease
+expiry rather than a whole interval later."""
 
 from __future__ import annotations
+
+import threading
 
 from prometheus_client import REGISTRY
 from sqlalchemy import text
@@ -114,3 +117,30 @@ def test_silent_workers_registry_rows_are_closed(store, dispatcher, settings):
 
     assert result.workers_stopped == 1
     assert [w["id"] for w in store.list_workers(3600 * 24)] == ["alive"]
+
+
+def test_the_reaper_wakes_at_the_next_lease_expiry_not_a_whole_interval_later(
+        store, dispatcher, settings):
+    """With an interval far longer than the lease, the job is still recovered at its expiry."""
+    slow = settings.replace(reaper_interval_s=60.0)
+    reaper = Reaper(store, dispatcher, slow)
+    stop = threading.Event()
+    claimed = running(store, dispatcher, lease_s=1.0)
+    assert 0 < reaper.next_wait() <= 1.1
+    thread = threading.Thread(target=reaper.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        # A fraction of the 60 s interval: only the early wake-up can recover it in time.
+        wait_for(lambda: store.get_job(claimed.job.id).status == "queued", timeout=15,
+                 message="recovery at lease expiry")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert [lease["outcome"] for lease in store.get_history(claimed.job.id)[1]] == ["lost"]
+
+
+def test_without_open_leases_the_reaper_waits_its_interval(store, dispatcher, settings):
+    reaper = Reaper(store, dispatcher, settings.replace(reaper_interval_s=7.0))
+    assert reaper.next_wait() == 7.0
+    running(store, dispatcher, lease_s=30)
+    assert reaper.next_wait() == 7.0

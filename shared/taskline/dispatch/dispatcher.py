@@ -14,6 +14,7 @@ from importlib import resources
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from taskline.dispatch.keys import QUEUES_SET, QueueKeys, worker_key
@@ -68,20 +69,44 @@ class Dispatcher:
     # --- producer and promoter -----------------------------------------------------------
 
     def push(self, jobs: Iterable[tuple[str, int, str]]) -> int:
-        """Make (queue, priority, id) dispatchable, in order, in one pipelined round trip."""
+        """Make (queue, priority, id) dispatchable, in order, in one pipelined round trip.
+
+        The push script goes by EVALSHA straight into the pipeline: handing redis-py the
+        Script object would make it send SCRIPT EXISTS first, a second round trip per push.
+        A group Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH) did not run at all,
+        so exactly those groups are sent again once the script is loaded.
+        """
         groups: dict[tuple[str, int], list[str]] = defaultdict(list)
         for queue, priority, job_id in jobs:
             groups[(queue, priority)].append(str(job_id))
         if not groups:
             return 0
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
-            for (queue, priority), ids in groups.items():
-                keys = QueueKeys(queue)
-                self._scripts["push"](keys=[keys.ready(priority), keys.signal],
-                                      args=[SIGNAL_MAX, *ids], client=pipe)
-            pipe.sadd(QUEUES_SET, *{queue for queue, _ in groups})
-            pipe.execute()
+        with translate_errors():
+            missed = self._push_groups(list(groups.items()), register=True)
+            if missed:
+                self.client.script_load(self._scripts["push"].script)
+                if self._push_groups(missed, register=False):
+                    raise DispatchUnavailable("Redis lost the push script while pushing")
         return sum(len(ids) for ids in groups.values())
+
+    def _push_groups(self, groups: list[tuple[tuple[str, int], list[str]]], *,
+                     register: bool) -> list[tuple[tuple[str, int], list[str]]]:
+        """Run the push script for each group (and register the queues) in one round trip;
+        the groups answered NOSCRIPT. Any other error reply is raised."""
+        sha = self._scripts["push"].sha
+        with self.client.pipeline(transaction=False) as pipe:
+            for (queue, priority), ids in groups:
+                keys = QueueKeys(queue)
+                pipe.evalsha(sha, 2, keys.ready(priority), keys.signal, SIGNAL_MAX, *ids)
+            if register:
+                pipe.sadd(QUEUES_SET, *{queue for (queue, _), _ in groups})
+            replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError) and not isinstance(reply, NoScriptError):
+                raise reply
+        # The SADD reply, when sent, is the one extra reply at the end.
+        return [group for group, reply in zip(groups, replies, strict=False)
+                if isinstance(reply, NoScriptError)]
 
     def schedule(self, queue: str, job_id: str, due_ms: int, *, retry: bool = False) -> None:
         """Hold a job in the scheduled (delayed first run) or retry set until it is due."""

@@ -373,6 +373,12 @@ FROM workers w
 WHERE w.stopped_at IS NULL AND w.last_heartbeat > now() - make_interval(secs => :within_s)
 ORDER BY w.started_at;
 
+-- name: next_lease_expiry
+-- Seconds (PostgreSQL time) until the earliest open lease of a running job ends; NULL if none.
+SELECT extract(epoch FROM min(l.leased_until) - now())::float8 AS seconds
+FROM job_leases l JOIN jobs j ON j.id = l.job_id
+WHERE l.released_at IS NULL AND j.status = 'running' AND j.attempts = l.attempt;
+
 -- name: mark_silent_workers_stopped
 -- Close the registry rows of workers silent for longer than :silent_s seconds.
 UPDATE workers SET stopped_at = now(), active_jobs = 0

@@ -288,6 +288,11 @@ class Store:
     def recover_expired(self, limit: int) -> list:
         return self._run("recover_expired", {"limit": limit})
 
+    def seconds_to_next_lease_expiry(self) -> float | None:
+        """Seconds until the earliest open lease of a running job ends, in PostgreSQL time
+        (negative when one already has); None when no job is running."""
+        return self._run("next_lease_expiry", {})[0].seconds
+
     def pending_page(self, after: uuid.UUID, before: datetime, limit: int) -> list:
         return self._run("pending_page", {"after": after, "before": before, "limit": limit})
 
