@@ -1,11 +1,13 @@
 """Group commit for single enqueues: the concurrent requests of one API process share a
 transaction, so N requests cost one commit (one WAL flush) instead of N.
 
-Invariant: every request gets the answer it would have got alone. One committer thread per
-process takes every request waiting when it is free (natural batching: a request that finds it
-idle is written at once, so a lone client waits for no window), writes them in one transaction
-with `Enqueuer.commit`, and only after that commit hands the new jobs to Redis
-(`Enqueuer.publish`); each request thread waits for its own result. If the group's transaction
+Invariant: every request gets the answer it would have got alone. At most one group per process
+is being written at a time, by one request's own thread (the leader): a request that finds no
+group in flight leads at once, so a lone client waits for no window and no thread hand-off;
+requests arriving meanwhile wait, and when the leader is done the first of them leads the next
+group with all of them (natural batching). A leader writes its group in one transaction with
+`Enqueuer.commit`, and only after that commit hands the new jobs to Redis (`Enqueuer.publish`);
+each request waits for its own answer. If the group's transaction
 fails with anything but StoreUnavailable, PostgreSQL rolled all of it back, so each request is
 written again alone and one request's idempotency conflict never fails another. StoreUnavailable
 may mean the commit's fate is unknown, so it is handed to every request of the group and none is
@@ -15,7 +17,6 @@ written again: nothing is ever inserted twice by this module.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable, Sequence
 
@@ -26,8 +27,6 @@ log = logging.getLogger(__name__)
 
 MAX_GROUP = 64
 """Most requests written in one transaction."""
-IDLE_EXIT_S = 30.0
-"""The committer thread ends after this long without a request; the next one starts it again."""
 
 Item = tuple[JobSpec, str | None]
 
@@ -35,17 +34,18 @@ Item = tuple[JobSpec, str | None]
 class _Request:
     """One waiting request: its job spec, and later its answer or its error."""
 
-    __slots__ = ("done", "error", "item", "result")
+    __slots__ = ("done", "error", "item", "result", "wake")
 
     def __init__(self, item: Item) -> None:
         self.item = item
-        self.done = threading.Event()
+        self.wake = threading.Event()  # set when answered, or when it is to lead a group
+        self.done = False
         self.result: object = None
         self.error: BaseException | None = None
 
     def finish(self, result: object = None, error: BaseException | None = None) -> None:
-        self.result, self.error = result, error
-        self.done.set()
+        self.result, self.error, self.done = result, error, True
+        self.wake.set()
 
 
 class Coalescer:
@@ -58,43 +58,44 @@ class Coalescer:
                  alone: Callable[[Item], object], max_group: int = MAX_GROUP) -> None:
         self._commit, self._publish, self._alone = commit, publish, alone
         self._max_group = max_group
-        self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._pending: list[_Request] = []
+        self._busy = False  # a leader is writing; pending is never non-empty without one
 
     def submit(self, item: Item) -> object:
         """Write one item (with whatever else is waiting) and return its answer, or raise the
         error it would have raised alone."""
         request = _Request(item)
         with self._lock:
-            self._queue.put(request)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="enqueue-group",
-                                                daemon=True)
-                self._thread.start()
-        request.done.wait()
+            self._pending.append(request)
+            lead, self._busy = not self._busy, True
+        if lead:
+            self._lead()
+        while not request.done:
+            request.wake.wait()
+            if not request.done:  # handed the lead: its own request heads the pending list
+                request.wake.clear()
+                self._lead()
         if request.error is not None:
             raise request.error
         return request.result
 
-    def _run(self) -> None:
-        while True:
-            try:
-                first = self._queue.get(timeout=IDLE_EXIT_S)
-            except queue.Empty:
-                with self._lock:
-                    # Requests are put under this lock, so none can slip in after the check.
-                    if self._queue.empty():
-                        self._thread = None
-                        return
-                continue
-            group = [first]
-            while len(group) < self._max_group:
-                try:
-                    group.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+    def _lead(self) -> None:
+        """Write one group (this thread's own request first), then pass the lead on."""
+        with self._lock:
+            group = self._pending[:self._max_group]
+            del self._pending[:self._max_group]
+        try:
             self._write(group)
+        finally:
+            for request in group:
+                if not request.done:  # only if _write itself was interrupted
+                    request.finish(error=RuntimeError("enqueue group interrupted"))
+            with self._lock:
+                if self._pending:
+                    self._pending[0].wake.set()
+                else:
+                    self._busy = False
 
     def _write(self, group: list[_Request]) -> None:
         """Answer every request of `group`; never raises, so the committer thread lives on."""

@@ -71,7 +71,7 @@ def test_waiting_requests_share_one_transaction_and_each_gets_its_own_job(
     first, t1 = submit_all(gated.coalescer, [(spec(settings), None)])
     wait_for(lambda: gated.groups == [1], message="first group at the gate")
     rest, t2 = submit_all(gated.coalescer, [(spec(settings, n=i), f"trace-{i}") for i in range(6)])
-    wait_for(lambda: gated.coalescer._queue.qsize() == 6, message="six requests waiting")
+    wait_for(lambda: len(gated.coalescer._pending) == 6, message="six requests waiting")
     gated.gate.set()
     for thread in t1 + t2:
         thread.join(10)
@@ -96,7 +96,7 @@ def test_a_conflict_in_a_group_fails_only_its_own_request(store, dispatcher, set
     items = [(spec(settings, "k", n=1), None), (spec(settings, n=2), None),
              (spec(settings, "k", n=99), None), (spec(settings, n=3), None)]
     rest, t2 = submit_all(gated.coalescer, items)
-    wait_for(lambda: gated.coalescer._queue.qsize() == 4, message="four requests waiting")
+    wait_for(lambda: len(gated.coalescer._pending) == 4, message="four requests waiting")
     gated.gate.set()
     for thread in t1 + t2:
         thread.join(10)
@@ -116,7 +116,7 @@ def test_a_replay_in_the_same_group_gets_the_same_job(store, dispatcher, setting
     _, t1 = submit_all(gated.coalescer, [(spec(settings), None)])
     wait_for(lambda: gated.groups == [1], message="first group at the gate")
     rest, t2 = submit_all(gated.coalescer, [(spec(settings, "same"), None)] * 2)
-    wait_for(lambda: gated.coalescer._queue.qsize() == 2, message="two requests waiting")
+    wait_for(lambda: len(gated.coalescer._pending) == 2, message="two requests waiting")
     gated.gate.set()
     for thread in t1 + t2:
         thread.join(10)
