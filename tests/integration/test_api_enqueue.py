@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,18 +25,6 @@ from taskline.store.store import Store
 from taskline_producer.app import close_app, create_app
 
 JSON = "application/json"
-
-
-@pytest.fixture
-def app(settings: Settings) -> Iterator[Flask]:
-    app = create_app(settings)
-    yield app
-    close_app(app)
-
-
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
 
 
 def count_jobs(store: Store) -> int:

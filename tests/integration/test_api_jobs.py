@@ -6,11 +6,9 @@ so the API is checked against the same transitions the other services make.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from flask import Flask
 from flask.testing import FlaskClient
 
 from taskline.dispatch.dispatcher import Dispatcher
@@ -21,18 +19,6 @@ from taskline.store.store import Claimed, Store
 from taskline_producer.app import close_app, create_app
 
 WORKER = "worker-test-1"
-
-
-@pytest.fixture
-def app(settings: Settings) -> Iterator[Flask]:
-    app = create_app(settings)
-    yield app
-    close_app(app)
-
-
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
 
 
 def post(client: FlaskClient, **fields: Any) -> dict:

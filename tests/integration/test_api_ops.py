@@ -27,18 +27,6 @@ TOKENS = ("first-token", "second-token")
 
 
 @pytest.fixture
-def app(settings: Settings) -> Iterator[Flask]:
-    app = create_app(settings)
-    yield app
-    close_app(app)
-
-
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
-@pytest.fixture
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -42,13 +42,6 @@ def config(max_examples: int, *, checks: tuple[str, ...] = CHECKS,
 
 
 @pytest.fixture
-def app(settings: Settings) -> Iterator[Flask]:  # one app (and database) per operation
-    app = create_app(settings)
-    yield app
-    close_app(app)
-
-
-@pytest.fixture
 def secured_app(settings: Settings) -> Iterator[Flask]:
     app = create_app(settings.replace(api_tokens=(TOKEN,)))
     yield app
