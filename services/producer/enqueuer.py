@@ -5,8 +5,7 @@ transaction for all of its jobs); Redis hears of a job only after that commit, s
 holds an id PostgreSQL does not. A failed push after the commit loses nothing: the job is
 durable and reconciliation pushes it within its interval. An idempotency key names one request
 body per queue: the unique index makes concurrent duplicates insert one row, and a replay with
-another body is refused. Single enqueues go through a Coalescer (group commit): concurrent
-requests of one process share a transaction, with the same guarantees and answers as alone.
+another body is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import cast
 
 from sqlalchemy import Connection
 
@@ -24,7 +22,6 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import IdempotencyConflict
 from taskline.jobs import Event, Job, Status, new_job_id
 from taskline.store.store import Store
-from taskline_producer.coalescer import Coalescer, Item
 from taskline_producer.jobspec import JobSpec
 from taskline_producer.telemetry import JobMetrics, job_log_extra
 
@@ -71,14 +68,9 @@ class Enqueuer:
         self._store = store
         self._dispatcher = dispatcher
         self._metrics = metrics
-        self._group = Coalescer(self.commit, self.publish, self._alone)
 
     def enqueue(self, spec: JobSpec, trace_context: str | None = None) -> Accepted:
-        """One job, committed in a transaction it may share with concurrent single enqueues."""
-        return cast(Accepted, self._group.submit((spec, trace_context)))
-
-    def _alone(self, item: Item) -> Accepted:
-        return self.enqueue_many([item[0]], item[1])[0]
+        return self.enqueue_many([spec], trace_context)[0]
 
     def enqueue_many(self, specs: Sequence[JobSpec],
                      trace_context: str | None = None) -> list[Accepted]:
@@ -86,40 +78,29 @@ class Enqueuer:
 
         `trace_context` (taskline.tracing) is stored with every job this call creates.
         """
-        accepted = self.commit([(spec, trace_context) for spec in specs])
-        self.publish(accepted)
-        return accepted
-
-    def commit(self, items: Sequence[Item]) -> list[Accepted]:
-        """Insert (spec, trace context) items in one transaction and commit; one answer each.
-        Nothing reaches Redis here: `publish` does that after this commit."""
-        specs = [spec for spec, _ in items]
         db_now = self._store.now() if any(s.run_at is not None for s in specs) else None
         # Keys are taken in one global order, so two batches sharing keys cannot deadlock.
         order = sorted(range(len(specs)),
                        key=lambda i: (specs[i].queue, specs[i].idempotency_key or ""))
         with self._store.transaction() as conn:
-            in_order = self._insert(conn, [items[i] for i in order], db_now)
+            in_order = self._insert(conn, [specs[i] for i in order], db_now, trace_context)
         by_index = dict(zip(order, in_order, strict=True))
-        return [by_index[i] for i in range(len(specs))]
-
-    def publish(self, accepted: Sequence[Accepted]) -> None:
-        """Make the committed jobs this call created dispatchable, count and log them."""
+        accepted = [by_index[i] for i in range(len(specs))]
         created = [a.job for a in accepted if a.created]
         self._dispatch(created)
         for job in created:
             self._metrics.accepted(job.type, job.queue)
             event = Event.SCHEDULED if job.status is Status.SCHEDULED else Event.ENQUEUED
             log.info("job accepted", extra=job_log_extra(event.value, job))
+        return accepted
 
-    def _insert(self, conn: Connection, items: Sequence[Item],
-                db_now: datetime | None) -> list[Accepted]:
+    def _insert(self, conn: Connection, specs: Sequence[JobSpec], db_now: datetime | None,
+                trace_context: str | None) -> list[Accepted]:
         """One multi-row INSERT, one INSERT per first event; replays looked up by key."""
-        rows = [_row(spec, db_now, trace_context) for spec, trace_context in items]
+        rows = [_row(spec, db_now, trace_context) for spec in specs]
         inserted = {job.id: job for job in self._store.insert_jobs(conn, rows)}
         accepted = [Accepted(inserted[row["id"]], created=True) if row["id"] in inserted
-                    else self._replay(conn, spec)
-                    for row, (spec, _) in zip(rows, items, strict=True)]
+                    else self._replay(conn, spec) for row, spec in zip(rows, specs, strict=True)]
         for status, event in ((Status.QUEUED, Event.ENQUEUED), (Status.SCHEDULED, Event.SCHEDULED)):
             ids = [a.job.id for a in accepted if a.created and a.job.status is status]
             self._store.insert_events(conn, ids, event.value)
