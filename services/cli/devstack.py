@@ -40,7 +40,7 @@ from taskline_cli.localservers import (
     postgres_bindir,
     redis_binary,
 )
-from taskline_cli.supervisor import Console, ServiceSpec, Supervisor
+from taskline_cli.supervisor import Console, ServiceSpec, Supervisor, signals_handled
 
 LABEL = "dev"
 NAMES = (LABEL, "api", "worker", "maintenance")
@@ -88,13 +88,8 @@ def run_dev(settings: Settings, api_bind: str, *, data_dir: Path | None = None) 
 def _interrupt_on_stop_signals() -> Iterator[None]:
     """Until the supervisor takes over, SIGTERM and SIGHUP unwind like Ctrl-C, so private
     servers started so far are stopped rather than orphaned."""
-    stops = (signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, signal.default_int_handler) for sig in stops}
-    try:
+    with signals_handled((signal.SIGTERM, signal.SIGHUP), signal.default_int_handler):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _supervise(settings: Settings, api_bind: str, console: Console) -> int:

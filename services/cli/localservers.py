@@ -56,6 +56,18 @@ def port_free(port: int, host: str = LOOPBACK) -> bool:
         return True
 
 
+def redis_answers(url: str, timeout: float = 1.0) -> bool:
+    """True when the Redis at `url` answers PING within `timeout` seconds (no retries)."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                  retry=Retry(NoBackoff(), 0))
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def postgres_bindir() -> Path | None:
     """Where `initdb` and `postgres` live: pg_config, then Debian's layout, then PATH."""
     candidates: list[Path] = []
@@ -267,14 +279,7 @@ class PrivateRedis(PrivateServer):
                 "--daemonize", "no", "--maxmemory-policy", "noeviction"]
 
     def _ready(self) -> bool:
-        client = redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=1,
-                             retry=Retry(NoBackoff(), 0))
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        return redis_answers(self.url)
 
     def flushall(self) -> None:
         with redis.Redis.from_url(self.url, socket_timeout=5) as client:

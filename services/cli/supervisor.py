@@ -19,9 +19,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 _COLOURS = ("36", "33", "35", "32", "34", "31")  # cyan, yellow, magenta, green, blue, red
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -72,6 +72,17 @@ class _Child:
     pump: threading.Thread
 
 
+@contextlib.contextmanager
+def signals_handled(signals: Iterable[int], handler: Any) -> Iterator[None]:
+    """Route `signals` to `handler` inside the block; the previous handlers come back after."""
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 class Supervisor:
     """Runs `specs` until a stop signal (exit 0) or until one of them exits (exit 1)."""
 
@@ -104,14 +115,8 @@ class Supervisor:
                                       f"{failed.proc.returncode}; stopped the others")
         return 1
 
-    @contextlib.contextmanager
-    def _trap_signals(self) -> Iterator[None]:
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    def _trap_signals(self) -> contextlib.AbstractContextManager[None]:
+        return signals_handled(STOP_SIGNALS, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._signals.append(signum)

@@ -1,4 +1,5 @@
-"""Fixtures shared by the API's integration tests: the Flask app over the test's servers."""
+"""Fixtures shared by the integration tests: the Flask app over the test's servers, a closed
+port, and a clean registry of the worker tests' handlers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from taskline.settings import Settings
+from taskline_cli.localservers import free_port
 from taskline_producer.app import close_app, create_app
+from tests.integration import worker_handlers
 
 
 @pytest.fixture
@@ -23,3 +26,17 @@ def app(settings: Settings) -> Iterator[Flask]:
 @pytest.fixture
 def client(app: Flask) -> FlaskClient:
     return app.test_client()
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A loopback port nothing listens on: a server that is down."""
+    return free_port()
+
+
+@pytest.fixture
+def clean_handlers() -> Iterator[None]:
+    """The worker tests' handlers start and end with no recorded calls or gates."""
+    worker_handlers.reset()
+    yield
+    worker_handlers.reset()

@@ -290,12 +290,6 @@ def test_redis_down_after_commit_still_accepts(settings: Settings, store: Store,
         close_app(app)
 
 
-@pytest.fixture
-def unused_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- batch ----------------------------------------------------------------------------------

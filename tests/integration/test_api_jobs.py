@@ -100,12 +100,6 @@ def test_non_uuid_ids_are_404_before_any_sql(settings: Settings, unused_port: in
         close_app(app)
 
 
-@pytest.fixture
-def unused_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- GET /jobs ------------------------------------------------------------------------------

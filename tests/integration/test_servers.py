@@ -8,12 +8,10 @@ import socket
 import psycopg
 import pytest
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from sqlalchemy import create_engine, inspect
 
 from taskline.store.store import sqlalchemy_url
-from taskline_cli.localservers import group_alive
+from taskline_cli.localservers import group_alive, redis_answers
 from tests.servers import (
     PrivatePostgres,
     PrivateRedis,
@@ -24,17 +22,6 @@ from tests.servers import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-def _ping(url: str, timeout: float = 1.0) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                  retry=Retry(NoBackoff(), 0))
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
 
 
 def _query(url: str, statement: str) -> list[tuple]:
@@ -58,18 +45,18 @@ def test_redis_kill_takes_it_down_and_start_brings_it_back(fresh_redis: PrivateR
     fresh_redis.kill()
     assert not fresh_redis.running
     assert not group_alive(pid)
-    assert not _ping(fresh_redis.url)
+    assert not redis_answers(fresh_redis.url)
     fresh_redis.start()
-    assert _ping(fresh_redis.url)
+    assert redis_answers(fresh_redis.url)
 
 
 def test_frozen_redis_accepts_nothing_until_thawed(fresh_redis: PrivateRedis):
     fresh_redis.freeze()
     try:
-        assert not _ping(fresh_redis.url, timeout=0.3)
+        assert not redis_answers(fresh_redis.url, timeout=0.3)
     finally:
         fresh_redis.thaw()
-    assert _ping(fresh_redis.url)
+    assert redis_answers(fresh_redis.url)
 
 
 def test_flushall_empties_the_private_redis_only(private_redis: PrivateRedis):
@@ -82,10 +69,10 @@ def test_flushall_empties_the_private_redis_only(private_redis: PrivateRedis):
 def test_ready_restarts_a_killed_server_and_thaws_a_frozen_one(private_redis: PrivateRedis):
     private_redis.kill()
     ready(private_redis)
-    assert _ping(private_redis.url)
+    assert redis_answers(private_redis.url)
     private_redis.freeze()
     ready(private_redis)
-    assert _ping(private_redis.url)
+    assert redis_answers(private_redis.url)
 
 
 def test_postgres_keeps_committed_data_across_a_restart(fresh_postgres: PrivatePostgres):

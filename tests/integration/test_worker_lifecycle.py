@@ -24,11 +24,7 @@ Q = QueueKeys("default")
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _clean_handlers():
-    th.reset()
-    yield
-    th.reset()
+pytestmark = pytest.mark.usefixtures("clean_handlers")
 
 
 def status_of(store, job) -> str:

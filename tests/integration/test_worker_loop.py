@@ -19,11 +19,7 @@ from tests.integration.worker_handlers import running_worker
 Q = QueueKeys("default")
 
 
-@pytest.fixture(autouse=True)
-def _clean_handlers():
-    th.reset()
-    yield
-    th.reset()
+pytestmark = pytest.mark.usefixtures("clean_handlers")
 
 
 def statuses(store, jobs) -> list[str]:

@@ -17,11 +17,7 @@ from tests.integration.worker_handlers import WorkerThread, running_worker
 Q = QueueKeys("default")
 
 
-@pytest.fixture(autouse=True)
-def _clean_handlers():
-    th.reset()
-    yield
-    th.reset()
+pytestmark = pytest.mark.usefixtures("clean_handlers")
 
 
 def sample(name: str, **labels: str) -> float:
