@@ -2,9 +2,11 @@
 
 Invariant: exactly one party settles an attempt (the handler's return, its timeout, the
 self-fence or the shutdown hand-back), and only that party decides what, if anything, is
-recorded for it. An attempt stays in the held set, occupying a slot and being renewed, until
-its outcome has been written or given up, so a worker never holds more than `concurrency`
-leases.
+recorded for it. An attempt stays in the held set, being renewed, until its outcome has been
+written or given up. It occupies a handler slot only while a pool thread runs it: the slot is
+freed as soon as the handler's end (or timeout) is reported, so the next job starts while the
+outcome waits for its batched write. A worker therefore runs at most `concurrency` handlers
+and holds at most `2 * concurrency` leases; claiming stops at either bound.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class Attempt:
     """How long the handler ran, seconds, once it returned, raised or timed out."""
     _running: bool = False
     _written_off: bool = False
+    in_slot: bool = True
+    """Whether this attempt still counts against the handler slots (see Attempts)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -141,27 +145,55 @@ class Attempt:
 
 
 class Attempts:
-    """The attempts whose leases this worker holds; their number is bounded by concurrency."""
+    """The attempts whose leases this worker holds, and the handler slots they occupy.
+
+    `concurrency` bounds the attempts whose handler runs (busy slots); `lease_cap` bounds all
+    held leases, including outcomes still waiting to be written, so a slow PostgreSQL makes the
+    worker stop claiming instead of piling up leases.
+    """
 
     def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
+        self.lease_cap = 2 * concurrency
         self._held: dict[int, Attempt] = {}
+        self._busy = 0
+        self._reserved = 0
+        """Slots a fetch loop has taken for ids it is fetching and claiming right now."""
         self._cond = threading.Condition()
 
     def __len__(self) -> int:
         with self._cond:
             return len(self._held)
 
+    @property
+    def busy(self) -> int:
+        """Slots taken by attempts whose handler has not ended yet."""
+        with self._cond:
+            return self._busy
+
     def add(self, attempt: Attempt) -> None:
         with self._cond:
             self._held[attempt.lease_id] = attempt
+            self._busy += 1
+
+    def free_slot(self, attempt: Attempt) -> None:
+        """The handler ended (or was abandoned): its slot takes new work (idempotent)."""
+        with self._cond:
+            self._release_slot(attempt)
 
     def discard(self, attempt: Attempt) -> None:
         """Stop holding `attempt` (idempotent) and wake whoever waits for a slot."""
         with self._cond:
             if self._held.get(attempt.lease_id) is attempt:
                 del self._held[attempt.lease_id]
+                self._release_slot(attempt)
                 self._cond.notify_all()
+
+    def _release_slot(self, attempt: Attempt) -> None:
+        if attempt.in_slot:
+            attempt.in_slot = False
+            self._busy -= 1
+            self._cond.notify_all()
 
     def holds(self, attempt: Attempt) -> bool:
         with self._cond:
@@ -172,13 +204,36 @@ class Attempts:
             return list(self._held.values())
 
     def free_slots(self) -> int:
+        """How many more jobs may be claimed now: free slots, within the lease cap."""
         with self._cond:
-            return self.concurrency - len(self._held)
+            return self._free()
+
+    def _free(self) -> int:
+        taken = self._busy + self._reserved
+        held = len(self._held) + self._reserved
+        return max(min(self.concurrency - taken, self.lease_cap - held), 0)
 
     def wait_for_free_slot(self, stop: threading.Event, timeout: float) -> int:
         """Block until a slot is free or `stop` is set (see `wake`); returns the free slots."""
-        self._wait(lambda: len(self._held) < self.concurrency or stop.is_set(), timeout)
+        self._wait(lambda: self._free() > 0 or stop.is_set(), timeout)
         return self.free_slots()
+
+    def reserve(self, stop: threading.Event, timeout: float, most: int) -> int:
+        """Wait like `wait_for_free_slot`, then take up to `most` free slots for one fetch.
+
+        Concurrent fetch loops each claim only what they reserved, so together they never
+        exceed the slots; the caller `unreserve`s the same number once its winners are added.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self._free() > 0 or stop.is_set(), timeout=timeout)
+            taken = 0 if stop.is_set() else min(self._free(), most)
+            self._reserved += taken
+            return taken
+
+    def unreserve(self, count: int) -> None:
+        with self._cond:
+            self._reserved -= count
+            self._cond.notify_all()
 
     def wait_until_empty(self, timeout: float, force: threading.Event | None = None) -> bool:
         """Block until nothing is held, `force` is set or `timeout` passes; True when empty."""

@@ -37,7 +37,7 @@ class Heartbeat:
                 return
 
     def beat(self) -> None:
-        active = len(self._attempts)
+        active = self._attempts.busy
         BUSY_SLOTS.labels(self._worker_id).set(active)
         SLOTS.labels(self._worker_id).set(self._attempts.concurrency)
         self._guarded("workers table", lambda: self._store.heartbeat_worker(self._worker_id,

@@ -5,7 +5,9 @@ urgent first, queues in the configured order) and is started only after PostgreS
 lease; an id not won is acked away. With nothing to fetch the loop blocks inside Redis on the
 queues' signal lists, so an idle worker starts a new job milliseconds after its push. While
 PostgreSQL is unreachable the loop takes nothing; once it answers again, ids fetched but never
-claimed are put back (their priority comes from PostgreSQL).
+claimed are put back (their priority comes from PostgreSQL). That sweep may push back an id
+another loop thread fetched a moment before and is claiming: PostgreSQL still grants it to one
+worker, and the copy left in Redis is acked away as a claim conflict.
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ ERROR_BACKOFF_S = (0.1, 5.0)
 
 
 class FetchLoop:
-    """fetch → claim → execute, until stopped; `run_once` is one turn."""
+    """fetch → claim → execute, until stopped; `run_once` is one turn.
+
+    Several threads may run the same loop: while one waits for its claim's commit, another
+    fetches and claims the next batch. Each takes only the slots it reserved.
+    """
 
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
                  queues: Sequence[str], settings: Settings, batch: int, slots: Attempts,
@@ -51,6 +57,7 @@ class FetchLoop:
         self._handback = handback
         self._types = types
         self._execute = execute
+        self._recovering = threading.Lock()
 
     def run(self, stop: threading.Event) -> None:
         failures = 0
@@ -67,18 +74,31 @@ class FetchLoop:
 
     def run_once(self, stop: threading.Event) -> None:
         if self._fence.tripped:
-            if self._fence.recover(stop):
-                self._handback.sweep()
+            self._recover(stop)
             return
-        free = self._slots.wait_for_free_slot(stop, SLOT_WAIT_S)
-        if free <= 0 or stop.is_set():
+        reserved = self._slots.reserve(stop, SLOT_WAIT_S, self._batch)
+        if reserved <= 0:
             return
-        fetched = self.fetch(min(free, self._batch))
+        try:
+            fetched = self.fetch(reserved)
+            if fetched:
+                sent_at = time.monotonic()
+                self._execute(self.claim(fetched), sent_at)
+        finally:
+            self._slots.unreserve(reserved)
         if not fetched:
             self._dispatcher.wait_for_work(self._queues)
+
+    def _recover(self, stop: threading.Event) -> None:
+        """One loop waits for PostgreSQL and sweeps; the others wait for it to finish."""
+        if not self._recovering.acquire(blocking=False):
+            stop.wait(SLOT_WAIT_S / 10)
             return
-        sent_at = time.monotonic()
-        self._execute(self.claim(fetched), sent_at)
+        try:
+            if self._fence.tripped and self._fence.recover(stop):
+                self._handback.sweep()
+        finally:
+            self._recovering.release()
 
     def fetch(self, count: int) -> Fetched:
         """Up to `count` ids, queues in order, most urgent first inside each queue."""

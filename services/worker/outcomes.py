@@ -328,7 +328,8 @@ class Recorder:
     def _completed(self, report: Report) -> None:
         attempt = report.attempt
         JOB_COMPLETED.labels(self._types(attempt.job.type), attempt.queue).inc()
-        log.info("job succeeded", extra=attempt.log_extra("succeeded"))
+        if log.isEnabledFor(logging.INFO):  # spares building the fields per job
+            log.info("job succeeded", extra=attempt.log_extra("succeeded"))
         self._traced(report, "succeeded")
 
     def _stale(self, report: Report) -> None:

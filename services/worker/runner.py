@@ -40,6 +40,8 @@ class BadResult(NonRetryableError):
 
 def check_result(result: Any) -> None:
     """Raise BadResult unless PostgreSQL's jsonb can store `result` as it is."""
+    if result is None or type(result) in (bool, int):
+        return  # the common no-result case, without a JSON round trip
     try:
         text = json.dumps(result, ensure_ascii=False, allow_nan=False)
         text.encode("utf-8")  # lone surrogates fail here, as they would in jsonb

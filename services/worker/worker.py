@@ -46,7 +46,9 @@ from taskline_worker.runner import Runner
 
 log = logging.getLogger(__name__)
 
-EXTRA_CONNECTIONS = 4  # loop, lease keeper, recorder, heartbeat
+FETCH_LOOPS = 2
+"""Threads running the fetch loop: one claims while the other waits for its commit."""
+EXTRA_CONNECTIONS = FETCH_LOOPS + 3  # fetch loops, lease keeper, recorder, heartbeat
 LOOPS = ("fetch", "recorder", "lease_keeper", "heartbeat", "deadlines")
 """The `loop` label values of taskline_loop_errors_total this process can report."""
 THREAD_JOIN_S = 5.0
@@ -133,9 +135,16 @@ class Worker:
         log.info("worker started", extra={"action": "start", "worker": self.worker_id,
                                           "queues": self.queues, "concurrency": self.concurrency})
         self.started.set()
+        fetchers = [threading.Thread(target=self.loop.run, args=(self.stopping,), daemon=True,
+                                     name=f"taskline-fetch-{n}") for n in range(1, FETCH_LOOPS)]
         try:
+            for fetcher in fetchers:
+                fetcher.start()
             self.loop.run(self.stopping)
         finally:
+            self.stop()  # the other fetch loops end too, even when this one raised
+            for fetcher in fetchers:
+                fetcher.join()
             self._shutdown(threads)
         return Exit.RECYCLE if self.recycle_requested else Exit.STOPPED
 
@@ -245,7 +254,8 @@ class Worker:
         s = self.settings
         for c in claimed:
             attempt = Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.fence_margin_s)
-            log.info("job claimed", extra=attempt.log_extra("claimed"))
+            if log.isEnabledFor(logging.INFO):  # spares building the fields per job
+                log.info("job claimed", extra=attempt.log_extra("claimed"))
             self.attempts.add(attempt)
             self.fence.watch(attempt)
             self.runner.submit(attempt)
@@ -263,6 +273,8 @@ class Worker:
                 self.recorder.cancelled(attempt)
             else:
                 self.recorder.failure(attempt, error, Outcome.FAILED)
+            # The outcome waits for its (batched) write holding only the lease, not the slot.
+            self.attempts.free_slot(attempt)
         elif attempt.settled_by is Settler.FENCE:
             self._discard(attempt)
 
@@ -278,6 +290,8 @@ class Worker:
             else:
                 error = TimeoutError(f"handler ran past its timeout of {timeout_s:g} s")
                 self.recorder.failure(attempt, error, Outcome.TIMEOUT)
+            # The runner has already replaced the abandoned thread.
+            self.attempts.free_slot(attempt)
         elif attempt.settled_by is Settler.FENCE:
             self._discard(attempt)
 

@@ -1,5 +1,5 @@
-"""An attempt's fate is settled exactly once, its local lease deadline only moves forward, and
-the held set bounds the worker's slots."""
+"""An attempt's fate is settled exactly once, its local lease deadline only moves forward,
+running handlers bound the worker's slots and held leases are capped at twice that."""
 
 from __future__ import annotations
 
@@ -96,3 +96,43 @@ def test_held_attempts_bound_the_free_slots():
     force = threading.Event()
     force.set()
     assert held.wait_until_empty(timeout=5, force=force) is False
+
+
+def test_an_ended_handler_frees_its_slot_but_keeps_its_lease():
+    held = Attempts(concurrency=2)
+    first, second = make_attempt(1), make_attempt(2)
+    held.add(first)
+    held.add(second)
+    stop = threading.Event()
+    threading.Timer(0.05, held.free_slot, args=(first,)).start()
+    assert held.wait_for_free_slot(stop, timeout=5) == 1
+    held.free_slot(first)  # idempotent: the slot is not freed twice
+    assert held.busy == 1 and held.free_slots() == 1
+    assert held.holds(first) and len(held) == 2  # still renewed until its outcome is written
+    held.discard(first)  # the outcome was written: no second release of the slot
+    assert held.busy == 1 and held.free_slots() == 1 and len(held) == 1
+
+
+def test_leases_waiting_for_their_outcome_are_capped_at_twice_the_slots():
+    held = Attempts(concurrency=2)
+    waiting = [make_attempt(lease_id) for lease_id in range(1, 5)]
+    for attempt in waiting:
+        held.add(attempt)
+        held.free_slot(attempt)  # handler ended; the outcome is not written yet
+    assert held.busy == 0 and len(held) == 4
+    assert held.wait_for_free_slot(threading.Event(), timeout=0.01) == 0
+    held.discard(waiting[0])
+    assert held.free_slots() == 1
+
+
+def test_fetch_loops_never_reserve_more_than_the_free_slots_together():
+    held = Attempts(concurrency=3)
+    held.add(make_attempt(1))
+    stop = threading.Event()
+    assert held.reserve(stop, timeout=0.01, most=10) == 2  # what one loop may fetch
+    assert held.reserve(stop, timeout=0.01, most=10) == 0  # the other loop gets none meanwhile
+    held.unreserve(2)  # the first loop's claim is done (its winners were added)
+    assert held.reserve(stop, timeout=0.01, most=1) == 1
+    stop.set()
+    held.unreserve(1)
+    assert held.reserve(stop, timeout=5, most=10) == 0  # a stopping worker takes nothing
