@@ -10,7 +10,7 @@ three alike) and prints each ratio taskline / peer. See docs/performance.md.
 Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--no-peers]
            [--memory-jobs N] [--shared-postgres] [--out bench-results/latest.json]
 Environment: BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; that logical DB is flushed),
-BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 16).
+BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64).
 """
 
 from __future__ import annotations

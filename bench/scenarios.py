@@ -21,7 +21,10 @@ from stack import Stack, wait_until
 
 NOOP = {"type": "bench.noop", "payload": {}}
 WARMUP_SHARE = 0.05
-DRAIN_CONCURRENCY = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "16"))
+# Handler threads per worker process for the drains. No-op jobs are bound by how many ids one
+# claim takes (its free slots), so the drains use 64, as the Celery peer prefetches 64
+# (docs/performance.md shows 16 and 32 too).
+DRAIN_CONCURRENCY = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "64"))
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -140,11 +140,18 @@ def test_crash_after_the_handler_before_the_completion_commit(fault_run):
     plain = enqueue_work(run, 5, sleep_s=0.1)
     result = run.check()
     run.assert_clean(result)
+    ran_then_crashed = 0
     for job_id in crashing:
         job = job_row(run, job_id)
-        assert job.status == "succeeded" and job.attempts == 2, job
-        assert len(executions(run, job_id)) == 2
-        assert [a for a, _ in effects(run, job_id)] == [2]  # attempt 1's effect rolled back
+        assert job.status == "succeeded" and job.attempts >= 2, job
+        ran = [attempt for attempt, _ in executions(run, job_id)]
+        # A job claimed beside the one whose hook killed the process may die before its own
+        # handler starts: its lost attempt counts but has no execution. No attempt runs twice.
+        assert ran[-1] == job.attempts and len(ran) == len(set(ran)), ran
+        ran_then_crashed += 1 in ran
+        # The earlier attempts' effects rolled back with their uncommitted completions.
+        assert [a for a, _ in effects(run, job_id)] == [job.attempts]
+    assert ran_then_crashed >= 1  # a handler ended and its completion never committed
     assert result.acknowledged == len(crashing) + len(plain)
     assert run.cluster.restarts >= 1 and result.faults == run.cluster.restarts
 

@@ -1,5 +1,5 @@
 """An attempt's fate is settled exactly once, its local lease deadline only moves forward,
-running handlers bound the worker's slots and held leases are capped at twice that."""
+running handlers bound the worker's slots and held leases are capped at a multiple of that."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from taskline.jobs import Job, Status
 from taskline.store.store import Claimed
-from taskline_worker.attempts import Attempt, Attempts, Settler
+from taskline_worker.attempts import LEASE_CAP_FACTOR, Attempt, Attempts, Settler
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -113,13 +113,14 @@ def test_an_ended_handler_frees_its_slot_but_keeps_its_lease():
     assert held.busy == 1 and held.free_slots() == 1 and len(held) == 1
 
 
-def test_leases_waiting_for_their_outcome_are_capped_at_twice_the_slots():
+def test_leases_waiting_for_their_outcome_are_capped_at_a_multiple_of_the_slots():
     held = Attempts(concurrency=2)
-    waiting = [make_attempt(lease_id) for lease_id in range(1, 5)]
+    cap = LEASE_CAP_FACTOR * 2
+    waiting = [make_attempt(lease_id) for lease_id in range(1, cap + 1)]
     for attempt in waiting:
         held.add(attempt)
         held.free_slot(attempt)  # handler ended; the outcome is not written yet
-    assert held.busy == 0 and len(held) == 4
+    assert held.busy == 0 and len(held) == cap
     assert held.wait_for_free_slot(threading.Event(), timeout=0.01) == 0
     held.discard(waiting[0])
     assert held.free_slots() == 1
@@ -136,3 +137,14 @@ def test_fetch_loops_never_reserve_more_than_the_free_slots_together():
     stop.set()
     held.unreserve(1)
     assert held.reserve(stop, timeout=5, most=10) == 0  # a stopping worker takes nothing
+
+
+def test_the_stop_event_is_set_whether_it_was_asked_for_before_or_after_the_stop():
+    early, late = make_attempt(1), make_attempt(2)
+    event = early.ctx.stop_event  # a handler waiting on it before any stop request
+    assert not event.is_set() and not early.ctx.stopping
+    early.stop()
+    late.stop()
+    assert event.is_set() and early.ctx.stopping
+    assert late.ctx.stopping and late.ctx.stop_event.is_set()  # made after the stop: born set
+    assert early.ctx.stop_event is event  # one event per context

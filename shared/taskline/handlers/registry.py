@@ -18,6 +18,8 @@ from typing import Any
 HandlerFn = Callable[[Any, "JobContext"], Any]
 
 _registry: dict[str, HandlerFn] = {}
+_EVENTS_LOCK = threading.Lock()
+"""Guards the lazy creation of JobContext.stop_event against a concurrent stop request."""
 BUILTIN_MODULES = ("taskline.handlers.builtin", "taskline.handlers.webhook")
 
 
@@ -30,13 +32,35 @@ class JobContext:
     queue: str
     type: str
     worker_id: str
-    stop_event: threading.Event = field(default_factory=threading.Event)
     completion_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+    _stopped: bool = field(default=False, repr=False)
+    _event: threading.Event | None = field(default=None, repr=False)
 
     @property
     def stopping(self) -> bool:
         """True once the attempt should stop: cancelled, lease lost, timed out or shutdown."""
-        return self.stop_event.is_set()
+        return self._stopped
+
+    @property
+    def stop_event(self) -> threading.Event:
+        """An Event set with `stopping`, for handlers that wait (`ctx.stop_event.wait(s)`).
+
+        Made on first use: most handlers never wait, and an Event per job is a measurable
+        share of a busy worker's time.
+        """
+        with _EVENTS_LOCK:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._stopped:
+                    self._event.set()
+            return self._event
+
+    def request_stop(self) -> None:
+        """Set `stopping` (and the event, if a handler asked for it)."""
+        with _EVENTS_LOCK:
+            self._stopped = True
+            if self._event is not None:
+                self._event.set()
 
     @property
     def idempotency_key(self) -> str:
