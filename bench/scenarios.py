@@ -193,8 +193,8 @@ def rss_kib(pid: int) -> int:
 
 
 def memory(stack: Stack, jobs: int) -> dict[str, Any]:
-    """RSS of one worker process (16 threads) sampled every 2 s while it drains `jobs` jobs,
-    enqueued by a batch client alongside."""
+    """RSS of one worker process (DRAIN_CONCURRENCY threads) sampled every 2 s while it drains
+    `jobs` jobs, enqueued by a batch client alongside."""
     stack.reset()
     samples: list[tuple[int, int]] = []
     with stack.api() as base, stack.workers(1, DRAIN_CONCURRENCY) as procs:
