@@ -25,6 +25,7 @@ from taskline_producer import (
     telemetry,
 )
 from taskline_producer.backends import Backends
+from taskline_producer.encoder import ResponseEncoder
 
 
 def create_app(settings: Settings | None = None, store: Store | None = None,
@@ -37,6 +38,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
         # Automatic OPTIONS answers are empty text/html; without them OPTIONS is a JSON 405.
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
+    app.json = ResponseEncoder(app)
     app.json.sort_keys = False  # type: ignore[attr-defined]
     # Werkzeug answers `//api/v1/jobs` with an HTML redirect; a JSON 404 is what clients parse.
     app.url_map.merge_slashes = False

@@ -1,20 +1,23 @@
 """Accepting jobs: write them to PostgreSQL, commit, and only then hand their ids to Redis.
 
-Invariant: a job and its first event are inserted in one transaction (a batch in one
-transaction for all of its jobs); Redis hears of a job only after that commit, so Redis never
-holds an id PostgreSQL does not. A failed push after the commit loses nothing: the job is
-durable and reconciliation pushes it within its interval. An idempotency key names one request
-body per queue: the unique index makes concurrent duplicates insert one row, and a replay with
-another body is refused.
+Invariant: a job and its first event are written by one INSERT statement (a batch's jobs by one
+statement for all of them), atomic by itself; it commits alone (autocommit, one round trip)
+unless it is a batch with idempotency keys, whose replay check may refuse the batch after part
+of it was inserted: that runs in one transaction, rolled back whole. Redis hears of a job only
+after the commit, so Redis never holds an id PostgreSQL does not. A failed push after the
+commit loses nothing: the job is durable and reconciliation pushes it within its interval. An
+idempotency key names one request body per queue: the unique index makes concurrent duplicates
+insert one row, and a replay with another body is refused.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -45,14 +48,47 @@ def initial_status(spec: JobSpec, db_now: datetime | None) -> Status:
     return Status.SCHEDULED if spec.delay_s > 0 else Status.QUEUED
 
 
-def _row(spec: JobSpec, db_now: datetime | None, trace_context: str | None) -> dict[str, object]:
-    """The insert_jobs fields of one spec, with a fresh id."""
+def _row(spec: JobSpec, db_now: datetime | None, trace_context: str | None) -> dict[str, Any]:
+    """The insert fields of one spec, with a fresh id."""
     return {"id": new_job_id(), "type": spec.type, "queue": spec.queue, "payload": spec.payload,
-            "priority": spec.priority, "status": initial_status(spec, db_now).value,
+            "priority": spec.priority, "status": initial_status(spec, db_now),
             "max_retries": spec.max_retries, "timeout_s": spec.timeout_s,
             "run_at": spec.run_at, "delay_s": spec.delay_s,
             "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
             "trace_context": trace_context}
+
+
+def _job(row: dict[str, Any], stored: Any) -> Job:
+    """The Job just inserted: the fields it was inserted with, plus those PostgreSQL set."""
+    return Job(id=stored.id, type=row["type"], queue=row["queue"], payload=stored.payload,
+               priority=row["priority"], status=row["status"], attempts=0,
+               max_retries=row["max_retries"], timeout_s=float(row["timeout_s"]),
+               next_run_at=stored.next_run_at, idempotency_key=row["idempotency_key"],
+               last_error=None, result=None, created_at=stored.created_at,
+               updated_at=stored.updated_at, cancel_requested=False,
+               trace_context=row["trace_context"])
+
+
+def needs_transaction(specs: Sequence[JobSpec]) -> bool:
+    """Whether accepting `specs` may have to undo an insert: only a batch holding keys.
+
+    Without keys no job is skipped and none refused, so the one insert statement is the
+    whole write. A single job whose key exists inserted nothing, so refusing it (422) has
+    nothing to undo either. In a batch with keys, a replay check may refuse the batch after
+    other jobs of it were inserted: that needs a transaction to roll back.
+    """
+    return len(specs) > 1 and any(s.idempotency_key is not None for s in specs)
+
+
+def lock_order(specs: Sequence[JobSpec]) -> list[int]:
+    """The indexes of `specs` in the order their keys are locked.
+
+    Keys are taken in one global order, so two batches sharing keys cannot deadlock; jobs
+    without keys lock nothing shared, so they keep their own order.
+    """
+    if all(s.idempotency_key is None for s in specs):
+        return list(range(len(specs)))
+    return sorted(range(len(specs)), key=lambda i: (specs[i].queue, specs[i].idempotency_key or ""))
 
 
 def due_ms(when: datetime) -> int:
@@ -62,7 +98,7 @@ def due_ms(when: datetime) -> int:
 
 
 class Enqueuer:
-    """Inserts jobs in one transaction, then makes the new ones dispatchable."""
+    """Inserts jobs with their first events, commits, then makes the new ones dispatchable."""
 
     def __init__(self, store: Store, dispatcher: Dispatcher, metrics: JobMetrics) -> None:
         self._store = store
@@ -79,34 +115,41 @@ class Enqueuer:
         `trace_context` (taskline.tracing) is stored with every job this call creates.
         """
         db_now = self._store.now() if any(s.run_at is not None for s in specs) else None
-        # Keys are taken in one global order, so two batches sharing keys cannot deadlock.
-        order = sorted(range(len(specs)),
-                       key=lambda i: (specs[i].queue, specs[i].idempotency_key or ""))
-        with self._store.transaction() as conn:
-            in_order = self._insert(conn, [specs[i] for i in order], db_now, trace_context)
+        order = lock_order(specs)
+        ordered = [specs[i] for i in order]
+        rows = [_row(spec, db_now, trace_context) for spec in ordered]
+        if needs_transaction(specs):
+            with self._store.transaction() as conn:
+                in_order = self._insert(conn, ordered, rows)
+        else:
+            in_order = self._insert(None, ordered, rows)
         by_index = dict(zip(order, in_order, strict=True))
         accepted = [by_index[i] for i in range(len(specs))]
         created = [a.job for a in accepted if a.created]
         self._dispatch(created)
-        for job in created:
-            self._metrics.accepted(job.type, job.queue)
-            event = Event.SCHEDULED if job.status is Status.SCHEDULED else Event.ENQUEUED
-            log.info("job accepted", extra=job_log_extra(event.value, job))
+        self._record(created)
         return accepted
 
-    def _insert(self, conn: Connection, specs: Sequence[JobSpec], db_now: datetime | None,
-                trace_context: str | None) -> list[Accepted]:
-        """One multi-row INSERT, one INSERT per first event; replays looked up by key."""
-        rows = [_row(spec, db_now, trace_context) for spec in specs]
-        inserted = {job.id: job for job in self._store.insert_jobs(conn, rows)}
-        accepted = [Accepted(inserted[row["id"]], created=True) if row["id"] in inserted
-                    else self._replay(conn, spec) for row, spec in zip(rows, specs, strict=True)]
-        for status, event in ((Status.QUEUED, Event.ENQUEUED), (Status.SCHEDULED, Event.SCHEDULED)):
-            ids = [a.job.id for a in accepted if a.created and a.job.status is status]
-            self._store.insert_events(conn, ids, event.value)
-        return accepted
+    def _insert(self, conn: Connection | None, specs: Sequence[JobSpec],
+                rows: list[dict[str, Any]]) -> list[Accepted]:
+        """One statement inserts the jobs with their first events; replays looked up by key.
 
-    def _replay(self, conn: Connection, spec: JobSpec) -> Accepted:
+        Without `conn` (see needs_transaction) every statement runs in autocommit.
+        """
+        stored = {r.id: r for r in self._store.insert_jobs_with_events(rows, conn)}
+        return [Accepted(_job(row, stored[row["id"]]), created=True) if row["id"] in stored
+                else self._replay(conn, spec) for row, spec in zip(rows, specs, strict=True)]
+
+    def _record(self, created: Sequence[Job]) -> None:
+        """Count the new jobs (one increment per type and queue) and log each when INFO is on."""
+        for (job_type, queue), count in Counter((j.type, j.queue) for j in created).items():
+            self._metrics.accepted(job_type, queue, count)
+        if log.isEnabledFor(logging.INFO):
+            for job in created:
+                event = Event.SCHEDULED if job.status is Status.SCHEDULED else Event.ENQUEUED
+                log.info("job accepted", extra=job_log_extra(event.value, job))
+
+    def _replay(self, conn: Connection | None, spec: JobSpec) -> Accepted:
         """The key exists in this queue: the same body gets the same job, another body fails."""
         key = spec.idempotency_key or ""
         found = self._store.get_job_and_hash_by_key(spec.queue, key, conn)

@@ -12,6 +12,13 @@ of a worker's threads and end when the worker is told to stop.
 worker_class = "gthread"
 threads = 16
 preload_app = False
+# Each worker binds its own SO_REUSEPORT socket (gunicorn makes one per worker when this is on),
+# so the kernel spreads new connections over the workers. With one shared socket the worker that
+# happens to be awake wins the accepts: in the benchmark all 8 keep-alive clients often landed on
+# one process, which then held the GIL for all of them while the other sat idle (8 clients,
+# 2 workers: 537-891 jobs/s shared, 677-1,087 per-worker sockets). The price: two servers
+# started on one port by the same user share it instead of the second failing to bind.
+reuse_port = True
 # Seconds a silent worker may block before the master replaces it; above the 10 s pool timeout.
 timeout = 30
 # SIGTERM lets in-flight requests finish within this many seconds.

@@ -26,8 +26,8 @@ MAX_TIMEOUT_S = 86_400.0
 MAX_DELAY_S = 365 * 86_400.0
 MAX_RETRIES = 100
 MAX_BATCH = 1000
-FIELDS = ("type", "payload", "queue", "priority", "max_retries", "timeout_s", "delay_s",
-          "run_at", "idempotency_key")
+FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries", "timeout_s",
+                    "delay_s", "run_at", "idempotency_key"})
 # Kept a day inside Python's calendar, so a datetime read back in any session time zone fits.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
@@ -59,7 +59,7 @@ class JobSpec:
     delay_s: float
     run_at: datetime | None
     idempotency_key: str | None
-    request_hash: str
+    request_hash: str | None  # None for a job without an idempotency key
 
 
 def parse_job(body: object, settings: Settings,
@@ -78,7 +78,9 @@ def parse_job(body: object, settings: Settings,
     errors += _cross_field_errors(body, header_key)
     if errors:
         return errors
-    return _spec(values, settings, header_key, request_hash(body))
+    # Only a replay compares the hash, and only a job with a key can be replayed.
+    keyed = values.get("idempotency_key", header_key) is not None
+    return _spec(values, settings, header_key, request_hash(body) if keyed else None)
 
 
 def parse_batch(body: object, settings: Settings) -> list[JobSpec] | list[FieldError]:
@@ -108,7 +110,7 @@ def request_hash(body: dict[str, Any]) -> str:
 
 
 def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
-          digest: str) -> JobSpec:
+          digest: str | None) -> JobSpec:
     return JobSpec(
         type=values["type"], payload=values.get("payload", {}),
         queue=values.get("queue", "default"), priority=values.get("priority", 5),

@@ -60,8 +60,8 @@ class JobMetrics:
         self._types = types or TypeLabels(registry.registered_types())
         self._queues = LabelGuard()
 
-    def accepted(self, job_type: str, queue: str) -> None:
-        JOB_ENQUEUED.labels(type=self._types(job_type), queue=self._queues(queue)).inc()
+    def accepted(self, job_type: str, queue: str, count: int = 1) -> None:
+        JOB_ENQUEUED.labels(type=self._types(job_type), queue=self._queues(queue)).inc(count)
 
     def cancelled(self, queue: str) -> None:
         JOB_CANCELLED.labels(queue=self._queues(queue)).inc()

@@ -23,7 +23,6 @@ from taskline.handlers.registry import JobContext
 from taskline.jobs import Job
 from taskline.store.store import Claimed
 
-
 LEASE_CAP_FACTOR = 4
 """Held leases per slot. A full pipeline holds about four batches at once: one being claimed
 by each fetch loop, one running, one being written; fewer stalls claiming behind the writes

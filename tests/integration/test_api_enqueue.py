@@ -13,10 +13,12 @@ import logging
 import threading
 from typing import Any
 
+import psycopg
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client import REGISTRY
+from sqlalchemy import event
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
@@ -380,6 +382,90 @@ def test_batch_refuses_the_idempotency_header(client: FlaskClient, store: Store)
 def test_batch_bad_json_is_400(client: FlaskClient) -> None:
     r = client.post("/api/v1/jobs/batch", data=b'{"jobs": [NaN]}', content_type=JSON)
     assert_error(r, 400, "non_finite_number")
+
+
+# --- how an enqueue commits -----------------------------------------------------------------
+
+def count_jobs_without_one_event(store: Store) -> int:
+    with store.transaction() as conn:
+        return conn.exec_driver_sql(
+            "SELECT count(*) FROM jobs j WHERE (SELECT count(*) FROM job_events e "
+            "WHERE e.job_id = j.id) <> 1").scalar_one()
+
+
+def test_only_a_batch_with_keys_opens_a_transaction(settings: Settings, store: Store) -> None:
+    """Single jobs and batches without keys are one autocommitted statement each, with their
+    first events; a batch with keys, which a replay check may refuse, gets a transaction."""
+    begins: list[object] = []
+
+    def on_begin(conn: Any) -> None:  # SQLAlchemy "begins" autocommit connections too
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            begins.append(conn)
+
+    event.listen(store.engine, "begin", on_begin)
+    app = create_app(settings, store=store)
+    try:
+        client = app.test_client()
+        assert client.post("/api/v1/jobs", json={"type": "echo"}).status_code == 201
+        keyed = {"type": "echo", "idempotency_key": "one"}
+        assert client.post("/api/v1/jobs", json=keyed).status_code == 201
+        assert client.post("/api/v1/jobs", json=keyed).status_code == 200
+        batch = {"jobs": [{"type": "echo", "delay_s": 60}, {"type": "echo"}]}
+        assert client.post("/api/v1/jobs/batch", json=batch).status_code == 201
+        assert begins == []
+        keyed_batch = {"jobs": [{"type": "echo", "idempotency_key": "a"}, {"type": "echo"}]}
+        assert client.post("/api/v1/jobs/batch", json=keyed_batch).status_code == 201
+        assert len(begins) == 1
+    finally:
+        close_app(app)
+    assert count_jobs(store) == 6 and count_jobs_without_one_event(store) == 0
+
+
+def test_batch_refused_by_one_key_writes_nothing(client: FlaskClient, store: Store,
+                                                 dispatcher: Dispatcher) -> None:
+    first = client.post("/api/v1/jobs", json={"type": "echo", "idempotency_key": "taken"})
+    r = client.post("/api/v1/jobs/batch", json={"jobs": [
+        {"type": "echo", "idempotency_key": "a"}, {"type": "echo"},
+        {"type": "echo", "payload": 2, "idempotency_key": "taken"},
+        {"type": "echo", "idempotency_key": "z"}]})
+    assert_error(r, 422, "idempotency_key_reused")
+    assert count_jobs(store) == 1 and count_jobs_without_one_event(store) == 0
+    assert redis_ids(dispatcher) == [first.get_json()["id"]]
+
+
+def test_a_dead_pooled_connection_costs_one_503_and_is_replaced(settings: Settings) -> None:
+    """The single enqueue runs on the driver's connection: a broken one is discarded (503),
+    and the connection the pool hands out next is healthy and out of autocommit."""
+    store = Store.connect(settings.database_url, pool_size=1)
+    app = create_app(settings, store=store)
+    try:
+        client = app.test_client()
+        assert client.post("/api/v1/jobs", json={"type": "echo"}).status_code == 201
+        with psycopg.connect(settings.database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        assert_error(client.post("/api/v1/jobs", json={"type": "echo"}), 503,
+                     "store_unavailable")
+        assert client.post("/api/v1/jobs", json={"type": "echo"}).status_code == 201
+        pooled = store.engine.raw_connection()
+        try:
+            assert pooled.driver_connection.autocommit is False
+        finally:
+            pooled.close()
+        assert count_jobs(store) == 2 and count_jobs_without_one_event(store) == 0
+    finally:
+        close_app(app)
+        store.dispose()
+
+
+def test_payloads_json_cannot_write_fast_still_round_trip(client: FlaskClient) -> None:
+    """Integers past 64 bits (which orjson refuses) and non-ASCII text, single and batch."""
+    payload = {"big": 10**30, "text": "été 😀", "x": [1.5, -0.0, None, True]}
+    r = client.post("/api/v1/jobs", json={"type": "echo", "payload": payload})
+    assert r.status_code == 201 and r.get_json()["payload"] == payload
+    assert client.get(r.headers["Location"]).get_json()["payload"] == payload
+    batch = client.post("/api/v1/jobs/batch", json={"jobs": [{"type": "e", "payload": payload}]})
+    assert batch.get_json()["jobs"][0]["job"]["payload"] == payload
 
 
 # --- metrics --------------------------------------------------------------------------------

@@ -6,15 +6,18 @@ No I/O: these pin every validation rule the API applies before it touches Postgr
 from __future__ import annotations
 
 import hmac
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from flask.json.provider import DefaultJSONProvider
 
 from taskline.settings import Settings
 from taskline_producer import auth, body, paging
+from taskline_producer.app import create_app
 from taskline_producer.auth import bearer_token, token_matches
-from taskline_producer.enqueuer import due_ms, initial_status
+from taskline_producer.enqueuer import due_ms, initial_status, lock_order, needs_transaction
 from taskline_producer.errors import (
     DuplicateKey,
     InvalidJson,
@@ -157,6 +160,19 @@ def test_request_hash_ignores_key_order_and_the_key_itself() -> None:
     assert a == b != c
 
 
+def test_only_a_job_with_a_key_carries_a_request_hash() -> None:
+    plain = parse_job({"type": "t"}, SETTINGS)
+    by_field = parse_job({"type": "t", "idempotency_key": "k"}, SETTINGS)
+    by_header = parse_job({"type": "t"}, SETTINGS, "k")
+    assert isinstance(plain, JobSpec) and plain.request_hash is None
+    assert isinstance(by_field, JobSpec) and isinstance(by_header, JobSpec)
+    assert by_field.request_hash == by_header.request_hash == request_hash({"type": "t"})
+
+
+def test_escaped_backslash_before_u0000_is_text_not_nul() -> None:
+    assert body.parse(b'{"a": "\\\\u0000"}') == {"a": "\\u0000"}
+
+
 def test_batch_errors_carry_the_index() -> None:
     errors = errors_of(parse_batch({"jobs": [{"type": "ok"}, {"type": ""}, 5]}, SETTINGS))
     assert set(errors) == {"jobs[1].type", "jobs[2]"}
@@ -208,6 +224,44 @@ def test_due_ms_rounds_like_postgresql() -> None:
     assert due_ms(datetime(1970, 1, 1, 0, 0, 1, 499, tzinfo=UTC)) == 1000
     assert due_ms(datetime(1970, 1, 1, 0, 0, 1, 500, tzinfo=UTC)) == 1001
     assert due_ms(datetime(1969, 12, 31, 23, 59, 59, 999500, tzinfo=UTC)) == -1
+
+
+def _specs(*bodies: dict) -> list[JobSpec]:
+    specs = [parse_job(b, SETTINGS) for b in bodies]
+    assert all(isinstance(s, JobSpec) for s in specs)
+    return specs  # type: ignore[return-value]
+
+
+def test_only_a_batch_with_keys_needs_a_transaction() -> None:
+    assert not needs_transaction(_specs({"type": "t"}))
+    assert not needs_transaction(_specs({"type": "t", "idempotency_key": "k"}))
+    assert not needs_transaction(_specs({"type": "t"}, {"type": "u"}))
+    assert needs_transaction(_specs({"type": "t"}, {"type": "u", "idempotency_key": "k"}))
+
+
+def test_keys_are_locked_in_one_global_order() -> None:
+    assert lock_order(_specs({"type": "b"}, {"type": "a"}, {"type": "c"})) == [0, 1, 2]
+    keyed = _specs({"type": "t", "idempotency_key": "z"}, {"type": "t", "queue": "a"},
+                   {"type": "t", "idempotency_key": "b"}, {"type": "t"})
+    assert lock_order(keyed) == [1, 3, 2, 0]
+
+
+# --- response encoding ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [
+    {"a": 1, "é": "ü 😀", "b": [1.5, None, True, -0.0, 1e16]},
+    {"big": 10**30}, {1: "int key"}, [uuid.UUID(int=1), datetime(2030, 1, 2, tzinfo=UTC)],
+    {"spec": FieldError("f", "m")},
+])
+def test_response_encoder_writes_what_flask_writes(value: object) -> None:
+    app = create_app(Settings.from_env(env={}))
+    flask_default = DefaultJSONProvider(app)
+    flask_default.sort_keys = False
+    with app.app_context():
+        fast, plain = app.json.response(value), flask_default.response(value)
+    assert fast.mimetype == plain.mimetype == "application/json"
+    assert json.loads(fast.get_data()) == json.loads(plain.get_data())
+    assert list(json.loads(fast.get_data())) == list(json.loads(plain.get_data()))
 
 
 # --- cursors and query parameters -----------------------------------------------------------

@@ -43,6 +43,34 @@ ORDER BY t.ord
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
+-- name: insert_jobs_with_events
+-- Insert jobs (a JSON array of insert_jobs' fields) in input order, each with its first event.
+-- One statement is atomic on its own, so a job and its event commit together even in autocommit.
+-- A job whose (queue, idempotency key) exists, or comes earlier in the array, is skipped.
+-- JSON rather than one array per column: psycopg dumps lists value by value in Python.
+WITH inserted AS (
+    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, idempotency_key, request_hash, trace_context)
+    SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
+           COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
+           t.idempotency_key, t.request_hash, t.trace_context
+    FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
+            id uuid, type text, queue text, payload jsonb, priority smallint, status text,
+            max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
+            idempotency_key text, request_hash text, trace_context text))
+         WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
+                              timeout_s, run_at, delay_s, idempotency_key, request_hash,
+                              trace_context, ord)
+    ORDER BY t.ord
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, status, payload, next_run_at, created_at, updated_at
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event)
+    SELECT id, 0, CASE WHEN status = 'scheduled' THEN 'scheduled' ELSE 'enqueued' END
+    FROM inserted
+)
+SELECT id, payload, next_run_at, created_at, updated_at FROM inserted;
+
 -- name: get_job_by_key
 -- The job holding an idempotency key in a queue.
 SELECT * FROM jobs WHERE queue = :queue AND idempotency_key = :idempotency_key;

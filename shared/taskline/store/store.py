@@ -9,6 +9,7 @@ never catch driver exceptions.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -16,7 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
+import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, create_engine, exc
+from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
 from taskline.errors import StoreUnavailable
 from taskline.jobs import Job, parse_job_id
@@ -68,6 +73,30 @@ def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"))
 
 
+def _plain(value: Any) -> str:
+    """JSON for the ids and times of insert rows (json.dumps calls it for nothing else)."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+@functools.cache
+def _driver_sql(name: str) -> str:
+    """Query `name` in psycopg's own parameter style, for Store._run_on_driver."""
+    return str(_QUERIES[name].compile(dialect=sqlalchemy_psycopg.dialect()))
+
+
+def _rows_json(rows: Sequence[dict[str, Any]]) -> str:
+    """Insert rows as one JSON array: orjson (ids and times included) unless a payload holds an
+    integer past 64 bits, which only the standard library writes."""
+    try:
+        return orjson.dumps(rows).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(rows, separators=(",", ":"), ensure_ascii=False, default=_plain)
+
+
 class Store:
     """Runs named queries; every unreachable-database error surfaces as StoreUnavailable."""
 
@@ -97,7 +126,7 @@ class Store:
         if conn is not None:
             with translate_errors():
                 result = conn.execute(_QUERIES[name], params)
-                return list(result) if result.returns_rows else []
+                return result.all() if result.returns_rows else []
         with translate_errors(), self.engine.connect() as own:
             return self._run(name, params, own.execution_options(isolation_level="AUTOCOMMIT"))
 
@@ -141,6 +170,48 @@ class Store:
             self._run("insert_events", {"ids": [str(i) for i in job_ids],
                                         "attempts": [attempt] * len(job_ids), "event": event,
                                         "worker_id": None, "detail": None}, conn)
+
+    def insert_jobs_with_events(self, jobs: Sequence[dict[str, Any]],
+                                conn: Connection | None = None) -> list:
+        """Insert jobs (insert_job's fields each, in the order given) and each one's first event
+        (`scheduled` for a scheduled job, else `enqueued`) in one statement: without `conn` it
+        runs in autocommit, one round trip, and still writes a job and its event together.
+
+        A job whose idempotency key already exists in its queue (or earlier in `jobs`) is
+        skipped. Returns (id, payload, next_run_at, created_at, updated_at) of each inserted
+        job, in no guaranteed order.
+        """
+        if not jobs:
+            return []
+        params = {"jobs": _rows_json(jobs)}
+        if conn is not None:
+            return self._run("insert_jobs_with_events", params, conn)
+        return self._run_on_driver("insert_jobs_with_events", params)
+
+    def _run_on_driver(self, name: str, params: dict[str, Any]) -> list:
+        """Run query `name` alone in autocommit on a pooled connection, straight through psycopg.
+
+        For the one statement of a single enqueue: SQLAlchemy's execution layer (isolation
+        switch, result metadata rebuilt for textual SQL) costs about as much CPU as the rest of
+        the request. Any error discards the connection, which may be broken or still in
+        autocommit: the pool must never hand either to a transaction.
+        """
+        # raw_connection() passes the driver's own connect errors through, unwrapped.
+        with translate_errors(), _translate_driver_errors(None):
+            pooled = self.engine.raw_connection()
+        driver = pooled.driver_connection
+        try:
+            with _translate_driver_errors(driver):
+                driver.autocommit = True
+                with driver.cursor(row_factory=namedtuple_row) as cursor:
+                    rows = cursor.execute(_driver_sql(name), params).fetchall()
+                driver.autocommit = False
+        except BaseException as err:
+            pooled.invalidate(err)
+            raise
+        finally:
+            pooled.close()
+        return rows
 
     def get_job_by_key(self, queue: str, key: str, conn: Connection | None = None) -> Job | None:
         rows = self._run("get_job_by_key", {"queue": queue, "idempotency_key": key}, conn)
@@ -338,6 +409,7 @@ class Store:
 
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
+_DRIVER_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
 @contextlib.contextmanager
@@ -351,3 +423,15 @@ def translate_errors() -> Iterator[None]:
         raise
     except exc.TimeoutError as err:
         raise StoreUnavailable("PostgreSQL connection pool exhausted") from err
+
+
+@contextlib.contextmanager
+def _translate_driver_errors(driver: psycopg.Connection | None) -> Iterator[None]:
+    """translate_errors for psycopg's own errors, where SQLAlchemy is bypassed: unreachable, or
+    any error that left `driver` broken, becomes StoreUnavailable."""
+    try:
+        yield
+    except psycopg.Error as err:
+        if isinstance(err, _DRIVER_UNAVAILABLE) or (driver is not None and driver.broken):
+            raise StoreUnavailable(f"PostgreSQL unavailable: {type(err).__name__}") from err
+        raise
