@@ -171,7 +171,8 @@ class Job:
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
-        m = row._mapping
+        """A job from a `jobs` row: a SQLAlchemy Row, or a named tuple read straight off psycopg."""
+        m = row._mapping if hasattr(row, "_mapping") else row._asdict()
         return cls(
             id=m["id"], type=m["type"], queue=m["queue"], payload=m["payload"],
             priority=m["priority"], status=Status(m["status"]), attempts=m["attempts"],
