@@ -11,8 +11,8 @@ API process. This script times the Store calls producers and workers make under 
           open, polling every 0.25 s;
 - notify: the NOTIFY trigger installed and one LISTEN connection draining it.
 
-Scenarios (time per job): batch enqueue (insert_jobs + insert_events, 1,000 jobs per
-transaction, as POST /api/v1/jobs/batch), single enqueue (one job per transaction, as
+Scenarios (time per job): batch enqueue (insert_jobs_with_events, 1,000 jobs per
+statement, as POST /api/v1/jobs/batch), single enqueue (one job per transaction, as
 POST /api/v1/jobs) from 1 and from 8 threads, claim + complete 50 jobs per statement (the
 worker's path). Short rounds alternate the variants' order, so the background load of a shared
 machine hits each alike; medians are printed.
@@ -76,11 +76,9 @@ def db_url(name: str) -> str:
 def enqueue(store: Store, count: int) -> list[uuid.UUID]:
     rows = [{"id": uuid.uuid4(), "type": "simulate", "queue": "default", "payload": {"n": 1},
              "priority": 5, "status": "queued", "max_retries": 3, "timeout_s": 30.0,
-             "idempotency_key": None, "request_hash": None} for _ in range(count)]
-    with store.transaction() as conn:
-        jobs = store.insert_jobs(conn, rows)
-        store.insert_events(conn, [j.id for j in jobs], "enqueued")
-    return [j.id for j in jobs]
+             "run_at": None, "delay_s": 0.0, "idempotency_key": None, "request_hash": None,
+             "trace_context": None} for _ in range(count)]
+    return [row.id for row in store.insert_jobs_with_events(rows)]
 
 
 def batch_enqueue(store: Store) -> tuple[Callable[[], None], int]:

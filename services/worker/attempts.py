@@ -230,9 +230,9 @@ class Attempts:
         Concurrent fetch loops each claim only what they reserved, so together they never
         exceed the slots; the caller `unreserve`s the same number once its winners are added.
         """
-        with self._cond:
-            self._cond.wait_for(lambda: self._free() > 0 or stop.is_set(), timeout=timeout)
-            taken = 0 if stop.is_set() else min(self._free(), most)
+        with self._cond:  # re-entrant: the wait and the taking see the same free slots
+            free = self.wait_for_free_slot(stop, timeout)
+            taken = 0 if stop.is_set() else min(free, most)
             self._reserved += taken
             return taken
 

@@ -18,33 +18,8 @@ RETURNING *;
 INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
 VALUES (:job_id, :attempt, :event, :worker_id, CAST(:detail AS jsonb));
 
--- name: insert_events
--- Append one entry per job id, all with the same event and attempt 0 detail.
-INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
-SELECT t.id, t.attempt, :event, :worker_id, CAST(:detail AS jsonb)
-FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS int[])) AS t(id, attempt);
-
--- name: insert_jobs
--- Insert many jobs in input order unless their (queue, idempotency key) exists; returns those inserted.
-INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                  next_run_at, idempotency_key, request_hash, trace_context)
-SELECT t.id, t.type, t.queue, CAST(t.payload AS jsonb), t.priority, t.status, t.max_retries,
-       t.timeout_s, COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
-       t.idempotency_key, t.request_hash, t.trace_context
-FROM unnest(CAST(:ids AS uuid[]), CAST(:types AS text[]), CAST(:queues AS text[]),
-            CAST(:payloads AS text[]), CAST(:priorities AS smallint[]),
-            CAST(:statuses AS text[]), CAST(:max_retries AS int[]),
-            CAST(:timeouts AS float8[]), CAST(:run_ats AS timestamptz[]),
-            CAST(:delays AS float8[]), CAST(:keys AS text[]), CAST(:hashes AS text[]),
-            CAST(:traces AS text[]))
-     WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries, timeout_s,
-                          run_at, delay_s, idempotency_key, request_hash, trace_context, ord)
-ORDER BY t.ord
-ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *;
-
 -- name: insert_jobs_with_events
--- Insert jobs (a JSON array of insert_jobs' fields) in input order, each with its first event.
+-- Insert jobs (a JSON array of insert_job's fields) in input order, each with its first event.
 -- One statement is atomic on its own, so a job and its event commit together even in autocommit.
 -- A job whose (queue, idempotency key) exists, or comes earlier in the array, is skipped.
 -- JSON rather than one array per column: psycopg dumps lists value by value in Python.

@@ -144,33 +144,6 @@ class Store:
         self._run("insert_event", {"job_id": job_id, "attempt": attempt, "event": event,
                                    "worker_id": worker_id, "detail": _json(detail)}, conn)
 
-    def insert_jobs(self, conn: Connection, jobs: Sequence[dict[str, Any]]) -> list[Job]:
-        """Insert many jobs (insert_job's fields each) in one statement, in the order given.
-
-        A job whose idempotency key already exists in its queue (or earlier in `jobs`) is
-        skipped: it is absent from the result, whose order is not guaranteed.
-        """
-        if not jobs:
-            return []
-        columns = {"ids": "id", "types": "type", "queues": "queue", "priorities": "priority",
-                   "statuses": "status", "max_retries": "max_retries", "timeouts": "timeout_s",
-                   "keys": "idempotency_key", "hashes": "request_hash"}
-        params: dict[str, Any] = {p: [j[f] for j in jobs] for p, f in columns.items()}
-        params["ids"] = [str(i) for i in params["ids"]]
-        params["payloads"] = [_json(j["payload"]) for j in jobs]
-        params["run_ats"] = [j.get("run_at") for j in jobs]
-        params["delays"] = [float(j.get("delay_s", 0.0)) for j in jobs]
-        params["traces"] = [j.get("trace_context") for j in jobs]
-        return [Job.from_row(r) for r in self._run("insert_jobs", params, conn)]
-
-    def insert_events(self, conn: Connection | None, job_ids: Sequence[uuid.UUID], event: str,
-                      attempt: int = 0) -> None:
-        """Append the same event (same attempt, no worker, no detail) to many jobs' histories."""
-        if job_ids:
-            self._run("insert_events", {"ids": [str(i) for i in job_ids],
-                                        "attempts": [attempt] * len(job_ids), "event": event,
-                                        "worker_id": None, "detail": None}, conn)
-
     def insert_jobs_with_events(self, jobs: Sequence[dict[str, Any]],
                                 conn: Connection | None = None) -> list:
         """Insert jobs (insert_job's fields each, in the order given) and each one's first event
