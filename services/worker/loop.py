@@ -61,33 +61,48 @@ class FetchLoop:
 
     def run(self, stop: threading.Event) -> None:
         failures = 0
+        drained = False
         while not stop.is_set():
             try:
-                self.run_once(stop)
+                drained = self.run_once(stop, drained)
                 failures = 0
             except Exception:
+                drained = False
                 failures += 1
                 log.exception("worker loop iteration failed", extra={"action": "fetch"})
                 LOOP_ERRORS.labels("fetch").inc()
                 low, cap = ERROR_BACKOFF_S
                 stop.wait(min(low * 2 ** (failures - 1), cap))
 
-    def run_once(self, stop: threading.Event) -> None:
+    def run_once(self, stop: threading.Event, drained: bool = False) -> bool:
+        """One turn; returns whether the queues were found drained (the next turn then waits).
+
+        A turn after a drained one blocks in Redis until a push signals, and fetches in the
+        same round trip. Waiting straight away is safe: every push after our fetch left a
+        signal behind, so the wait returns at once.
+        """
         if self._fence.tripped:
             self._recover(stop)
-            return
+            return False
         reserved = self._slots.reserve(stop, SLOT_WAIT_S, self._batch)
         if reserved <= 0:
-            return
+            return drained
         try:
-            fetched = self.fetch(reserved)
+            if drained:
+                first = self._queues[0]
+                fetched = [(first, job_id) for job_id in self._dispatcher.wait_and_fetch(
+                    self._queues, self._worker_id, reserved)]
+                # That fetch saw the first queue only; the others are looked at next turn.
+                drained = len(fetched) < reserved and len(self._queues) == 1
+            else:
+                fetched = self.fetch(reserved)
+                drained = len(fetched) < reserved
             if fetched:
                 sent_at = time.monotonic()
                 self._execute(self.claim(fetched), sent_at)
         finally:
             self._slots.unreserve(reserved)
-        if not fetched:
-            self._dispatcher.wait_for_work(self._queues)
+        return drained
 
     def _recover(self, stop: threading.Event) -> None:
         """One loop waits for PostgreSQL and sweeps; the others wait for it to finish."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 from taskline.dispatch.dispatcher import SIGNAL_MAX, Dispatcher
@@ -43,11 +45,31 @@ def test_fetch_wakes_another_worker_when_work_remains(dispatcher: Dispatcher):
 def test_push_signals_are_bounded(dispatcher: Dispatcher):
     dispatcher.push([("default", 5, j) for j in ids(SIGNAL_MAX * 3)])
     assert dispatcher.client.llen(Q.signal) == SIGNAL_MAX
-    assert dispatcher.wait_for_work(["default"], timeout_s=0.1)
+    assert len(dispatcher.wait_and_fetch(["default"], "w1", 10)) == 10
 
 
-def test_wait_for_work_blocks_until_timeout_when_idle(dispatcher: Dispatcher):
-    assert dispatcher.wait_for_work(["default", "other"], timeout_s=0.1) is False
+def test_wait_and_fetch_blocks_until_timeout_when_idle(dispatcher: Dispatcher):
+    started = time.monotonic()
+    assert dispatcher.wait_and_fetch(["default", "other"], "w1", 5) == []
+    assert time.monotonic() - started >= dispatcher.block_timeout_s * 0.9
+
+
+def test_wait_and_fetch_takes_a_push_that_arrives_while_waiting(dispatcher: Dispatcher):
+    (job,) = ids(1)
+    pusher = threading.Timer(0.05, dispatcher.push, [[("default", 5, job)]])
+    pusher.start()
+    started = time.monotonic()
+    assert dispatcher.wait_and_fetch(["default"], "w1", 5) == [job]
+    assert time.monotonic() - started < dispatcher.block_timeout_s
+    assert dispatcher.client.lrange(Q.processing("w1"), 0, -1) == [job]
+    pusher.join()
+
+
+def test_wait_and_fetch_leaves_other_queues_to_the_next_fetch(dispatcher: Dispatcher):
+    (job,) = ids(1)
+    dispatcher.push([("other", 5, job)])
+    assert dispatcher.wait_and_fetch(["default", "other"], "w1", 5) == []
+    assert dispatcher.fetch("other", "w1", 5) == [job]
 
 
 def test_retry_later_and_promote(dispatcher: Dispatcher):
@@ -169,5 +191,18 @@ def test_a_push_after_script_flush_loads_the_script_and_pushes_once(private_redi
         assert dispatcher.list_range(Q.ready(9), 0, -1) == [jobs[1]]
         assert dispatcher.list_range(Q.ready(5), 0, -1).count(jobs[0]) == 1
         assert dispatcher.client.script_exists(dispatcher._scripts["push"].sha) == [True]
+    finally:
+        dispatcher.close()
+
+
+def test_wait_and_fetch_after_a_script_flush_loads_the_script_again(private_redis):
+    dispatcher = Dispatcher(private_redis.url, block_timeout_s=0.2)
+    try:
+        (job,) = ids(1)
+        dispatcher.push([("default", 5, job)])
+        dispatcher.client.script_flush()
+        assert dispatcher.wait_and_fetch(["default"], "w1", 5) == []  # the fetch did not run
+        assert dispatcher.list_range(Q.ready(5), 0, -1) == [job]
+        assert dispatcher.wait_and_fetch(["default"], "w1", 5) == [job]
     finally:
         dispatcher.close()

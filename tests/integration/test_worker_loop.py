@@ -96,6 +96,7 @@ def test_an_idle_worker_picks_up_a_pushed_job_at_once(settings, store, dispatche
 
     # A 30 s block: a worker that slept between polls would miss the 5 s bound below, which is
     # generous so a loaded machine cannot fail it; the benchmark measures the real latency.
+    errors = sample("taskline_loop_errors_total", loop="fetch")
     with running_worker(settings, block_timeout_s=30.0):
         wait_for(blocked_in_redis, message="worker blocked in BLPOP")
         job = enqueue(store, dispatcher, "echo", {"hello": "world"})
@@ -104,6 +105,10 @@ def test_an_idle_worker_picks_up_a_pushed_job_at_once(settings, store, dispatche
                  interval=0.01, message="job done within 5 s of its push")
         assert time.monotonic() - pushed < 5.0
     assert store.get_job(job.id).result == {"hello": "world"}
+    # Taken by the fetch that rides on the wake, not by a recovery after a failed turn.
+    assert sample("taskline_loop_errors_total", loop="fetch") == errors
+    _, leases = store.get_history(job.id)
+    assert [lease["outcome"] for lease in leases] == ["succeeded"]
 
 
 def test_unclaimed_ids_in_the_processing_list_go_back_at_shutdown(settings, store, dispatcher):
