@@ -68,6 +68,7 @@ class Stack:
         self.redis = redis.Redis.from_url(redis_url)
         self.extra_env: dict[str, str] = {}
         self.api_pid = 0
+        self._sql: psycopg.Connection | None = None
 
     @property
     def url(self) -> str:
@@ -104,6 +105,7 @@ class Stack:
 
     def reset(self) -> None:
         """A fresh database and an empty Redis DB."""
+        self.close_sql()
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
             conn.execute(f"CREATE DATABASE {DB_NAME}")
@@ -112,8 +114,16 @@ class Stack:
         self.redis.flushdb()
 
     def sql(self, query: str, *params: object) -> list[tuple]:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            return conn.execute(query, params).fetchall()
+        # One kept connection: the drains poll every 0.1 s, and a new connection per poll
+        # would fork a PostgreSQL backend each time, on the CPU the measured stack needs.
+        if self._sql is None or self._sql.closed:
+            self._sql = psycopg.connect(self.url, autocommit=True)
+        return self._sql.execute(query, params).fetchall()
+
+    def close_sql(self) -> None:
+        if self._sql is not None:
+            self._sql.close()
+            self._sql = None
 
     def count(self, *statuses: str) -> int:
         return self.sql("SELECT count(*) FROM jobs WHERE status = ANY(%s)", list(statuses))[0][0]
@@ -147,7 +157,11 @@ def _ready(base: str) -> bool:
 def open_stack(shared_postgres: bool) -> Iterator[Stack]:
     """The benchmark's stack: a private PostgreSQL (fsync on) unless `shared_postgres`."""
     if shared_postgres:
-        yield Stack(SHARED_ADMIN_URL)
+        stack = Stack(SHARED_ADMIN_URL)
+        try:
+            yield stack
+        finally:
+            stack.close_sql()
         return
     with tempfile.TemporaryDirectory(prefix="taskline-bench-") as root:
         os.chmod(root, 0o711)  # the `postgres` account must pass through
@@ -155,6 +169,10 @@ def open_stack(shared_postgres: bool) -> Iterator[Stack]:
         try:
             pg.init()
             pg.start()
-            yield Stack(pg.url())
+            stack = Stack(pg.url())
+            try:
+                yield stack
+            finally:
+                stack.close_sql()
         finally:
             pg.close()

@@ -41,9 +41,11 @@ limit_request_field_size = 8190
 
 def post_worker_init(worker):
     # worker.wsgi is this process's Flask app; its signal handlers are installed by now.
+    from taskline import heap
     from taskline_producer.events import adopt_gunicorn_worker
 
     adopt_gunicorn_worker(worker.wsgi, worker.cfg.threads)
+    heap.settle_after_start()
 
 
 def child_exit(server, worker):

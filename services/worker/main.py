@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from taskline import metrics, tracing
+from taskline import heap, metrics, tracing
 from taskline.errors import ConfigError, StoreUnavailable
 from taskline.settings import Settings
 from taskline_worker.worker import Exit, Worker
@@ -40,6 +40,7 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
         return 2
     tracing.setup("worker", settings)
     install_signal_handlers(worker)
+    heap.settle_after_start()
     outcome = run_in_thread(worker)
     if outcome is None:
         return 1
