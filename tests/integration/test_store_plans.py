@@ -1,9 +1,9 @@
-"""Query plans of the lease-joined statements against real PostgreSQL: a running job is found by
-its primary key even when the statistics were taken while nothing ran.
+"""Query plans against real PostgreSQL: the lease-joined statements find running jobs by primary
+key even when the statistics were taken while nothing ran.
 
-Such statistics estimate one running job; a plan that reads running jobs through the status
-index then visits every running job once per lease of the statement, which grows with the
-fleet (queries.sql explains the form that prevents it).
+Such statistics estimate one running job; the planner then read every running job through the
+status index once per lease of the statement, a cost that grows with the fleet (queries.sql
+explains the form that prevents it).
 """
 
 from __future__ import annotations
@@ -21,20 +21,25 @@ RUNNING = 40
 QUEUED = 5000
 
 
+def insert_queued(store: Store, count: int) -> list[str]:
+    """Ids of `count` new queued jobs, inserted in one statement."""
+    rows = [{"id": str(uuid.uuid4()), "type": "echo", "queue": "default", "payload": {},
+             "priority": 5, "status": "queued", "max_retries": 3, "timeout_s": 30.0,
+             "run_at": None, "delay_s": 0, "idempotency_key": None, "request_hash": None,
+             "trace_context": None} for _ in range(count)]
+    store.insert_jobs_with_events(rows)
+    return [r["id"] for r in rows]
+
+
 @pytest.fixture
 def leases(store: Store) -> list[int]:
     """Lease ids of RUNNING running jobs among QUEUED queued ones, after an ANALYZE with none
     running (the table is large enough that reading all of it is never the cheap plan)."""
-    rows = [{"id": str(uuid.uuid4()), "type": "echo", "queue": "default", "payload": {},
-             "priority": 5, "status": "queued", "max_retries": 3, "timeout_s": 30.0,
-             "run_at": None, "delay_s": 0, "idempotency_key": None, "request_hash": None,
-             "trace_context": None} for _ in range(QUEUED)]
-    store.insert_jobs_with_events(rows)
+    ids = insert_queued(store, QUEUED)
     with store.engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(
             text("ANALYZE jobs, job_leases"))
-    claimed = store.claim_jobs([r["id"] for r in rows[:RUNNING]], "w1", 30)
-    return [c.lease_id for c in claimed]
+    return [c.lease_id for c in store.claim_jobs(ids[:RUNNING], "w1", 30)]
 
 
 def plan(store: Store, name: str, params: dict) -> str:

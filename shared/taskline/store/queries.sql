@@ -2,10 +2,12 @@
 -- Every state change names the expected state (and, on the worker path, the lease) in its
 -- WHERE clause and returns the rows it changed: no row means another actor won.
 -- Time is always PostgreSQL's (now() / clock_timestamp()), never a process clock.
--- `(status = 'running') IS TRUE` is `status = 'running'` in a form no index can serve, so a
--- running job is always found by its primary key. Statistics taken while nothing ran estimate
--- a single running job; the planner then reads every running job through jobs_status_created
--- once per lease of the statement (a 50-lease completion visited ~4,000 rows; now 50).
+-- Next to a job id, a status test is written `(status = 'x') IS TRUE`: the same test in a form
+-- no index can serve, so the job is found by its primary key. Otherwise statistics taken while
+-- nothing ran (one running job estimated) made the planner read every running job through
+-- jobs_status_created once per lease: a 50-lease completion visited ~4,000 rows, not 50.
+-- (The claim keeps `status = 'queued'`: its id list is served by jobs_pending_id, and without
+-- an index on status to choose, a never-analyzed 100,000-job backlog was read whole.)
 
 -- name: insert_job
 -- Insert one job unless its (queue, idempotency key) exists; returns the row only when inserted.
@@ -218,7 +220,7 @@ RETURNING *;
 -- name: cancel_pending_job
 -- Cancel a job that has not started; returns it only when this call cancelled it.
 UPDATE jobs SET status = 'cancelled', updated_at = now(), next_run_at = NULL
-WHERE id = :id AND status IN ('queued', 'scheduled', 'retrying')
+WHERE id = :id AND (status IN ('queued', 'scheduled', 'retrying')) IS TRUE
 RETURNING *;
 
 -- name: cancel_job_attempt
@@ -244,7 +246,7 @@ SELECT id, queue FROM changed;
 WITH changed AS (
     UPDATE jobs SET status = 'queued', attempts = 0, last_error = NULL, result = NULL,
                     cancel_requested = false, next_run_at = now(), updated_at = now()
-    WHERE id = :id AND status = 'dead'
+    WHERE id = :id AND (status = 'dead') IS TRUE
     RETURNING *
 ), undead AS (
     DELETE FROM dead_letter_jobs d USING changed WHERE d.job_id = changed.id
