@@ -13,9 +13,10 @@ claiming stops at either bound.
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,7 +87,7 @@ class Attempt:
     def queue(self) -> str:
         return self.claimed.job.queue
 
-    @property
+    @functools.cached_property
     def job_id(self) -> str:
         return str(self.claimed.job.id)
 
@@ -178,9 +179,13 @@ class Attempts:
             return self._busy
 
     def add(self, attempt: Attempt) -> None:
+        self.add_many((attempt,))
+
+    def add_many(self, attempts: Sequence[Attempt]) -> None:
         with self._cond:
-            self._held[attempt.lease_id] = attempt
-            self._busy += 1
+            for attempt in attempts:
+                self._held[attempt.lease_id] = attempt
+            self._busy += len(attempts)
 
     def free_slot(self, attempt: Attempt) -> None:
         """The handler ended (or was abandoned): its slot takes new work (idempotent)."""
@@ -189,11 +194,16 @@ class Attempts:
 
     def discard(self, attempt: Attempt) -> None:
         """Stop holding `attempt` (idempotent) and wake whoever waits for a slot."""
+        self.discard_many((attempt,))
+
+    def discard_many(self, attempts: Iterable[Attempt]) -> None:
+        """`discard` each of `attempts` under one acquisition of the lock."""
         with self._cond:
-            if self._held.get(attempt.lease_id) is attempt:
-                del self._held[attempt.lease_id]
-                self._release_slot(attempt)
-                self._cond.notify_all()
+            for attempt in attempts:
+                if self._held.get(attempt.lease_id) is attempt:
+                    del self._held[attempt.lease_id]
+                    self._release_slot(attempt)
+            self._cond.notify_all()
 
     def _release_slot(self, attempt: Attempt) -> None:
         if attempt.in_slot:

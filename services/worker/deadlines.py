@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from taskline.metrics import LOOP_ERRORS
@@ -48,21 +48,35 @@ class Deadlines:
 
     def call_at(self, at: float, fn: Callable[[], None]) -> Deadline:
         """Run `fn()` once `time.monotonic()` reaches `at`."""
-        deadline = Deadline(at, fn)
+        return self.call_many([(at, fn)])[0]
+
+    def call_many(self, calls: Sequence[tuple[float, Callable[[], None]]]) -> list[Deadline]:
+        """`call_at` for each (at, fn), under one acquisition of the lock.
+
+        The worker arms a deadline per claimed job from the fetch loop while every handler
+        thread arms and cancels its own: one acquisition per claimed batch keeps that lock
+        (and the GIL hand-offs it causes) off the per-job path.
+        """
+        deadlines = [Deadline(at, fn) for at, fn in calls]
         with self._cond:
-            heapq.heappush(self._heap, (at, next(self._seq), deadline))
-            if self._heap[0][2] is deadline:
+            first = self._heap[0][0] if self._heap else None
+            for deadline in deadlines:
+                heapq.heappush(self._heap, (deadline.at, next(self._seq), deadline))
+            if first is None or self._heap[0][0] < first:
                 self._cond.notify_all()
-        return deadline
+        return deadlines
 
     def cancel(self, deadline: Deadline | None) -> None:
-        if deadline is None:
-            return
+        self.cancel_many((deadline,))
+
+    def cancel_many(self, deadlines: Iterable[Deadline | None]) -> None:
+        """`cancel` each of `deadlines` (None entries are skipped) under one acquisition."""
         with self._cond:
-            if deadline.cancelled or deadline.popped:
-                return
-            deadline.cancelled = True
-            self._cancelled += 1
+            for deadline in deadlines:
+                if deadline is None or deadline.cancelled or deadline.popped:
+                    continue
+                deadline.cancelled = True
+                self._cancelled += 1
             if self._cancelled > _COMPACT_MIN and self._cancelled * 2 > len(self._heap):
                 self._heap = [entry for entry in self._heap if not entry[2].cancelled]
                 heapq.heapify(self._heap)

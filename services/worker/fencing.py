@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Iterable, Sequence
 
 from taskline.errors import StoreUnavailable
 from taskline.store.store import Store
@@ -47,12 +48,21 @@ class Fence:
 
     def watch(self, attempt: Attempt) -> None:
         """(Re-)arm the check of `attempt`'s local lease deadline."""
-        self._deadlines.cancel(attempt.lease_check)
-        attempt.lease_check = self._deadlines.call_at(
-            attempt.lease_deadline, functools.partial(self._check, attempt))
+        self.watch_many((attempt,))
+
+    def watch_many(self, attempts: Sequence[Attempt]) -> None:
+        """`watch` each of `attempts`, with one pass over the deadline lock for all."""
+        self._deadlines.cancel_many(a.lease_check for a in attempts)
+        checks = self._deadlines.call_many(
+            [(a.lease_deadline, functools.partial(self._check, a)) for a in attempts])
+        for attempt, check in zip(attempts, checks, strict=True):
+            attempt.lease_check = check
 
     def forget(self, attempt: Attempt) -> None:
-        self._deadlines.cancel(attempt.lease_check)
+        self.forget_many((attempt,))
+
+    def forget_many(self, attempts: Iterable[Attempt]) -> None:
+        self._deadlines.cancel_many(a.lease_check for a in attempts)
 
     def _check(self, attempt: Attempt) -> None:
         if attempt.lost or attempt.fenced or not self._attempts.holds(attempt):

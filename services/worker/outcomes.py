@@ -15,7 +15,7 @@ import logging
 import queue
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -129,7 +129,7 @@ class Recorder:
 
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
                  settings: Settings, attempts: Attempts, types: TypeLabels,
-                 forget: Callable[[Attempt], None]) -> None:
+                 forget: Callable[[Iterable[Attempt]], None]) -> None:
         self._store = store
         self._dispatcher = dispatcher
         self._worker_id = worker_id
@@ -196,9 +196,9 @@ class Recorder:
                 # The lease lapses and the reaper re-runs the job: late, but never lost.
                 log.exception("recording an outcome failed", extra={"action": "record"})
                 LOOP_ERRORS.labels("recorder").inc()
-        for report in batch:
-            self._forget(report.attempt)
-            self._attempts.discard(report.attempt)
+        attempts = [report.attempt for report in batch]
+        self._forget(attempts)
+        self._attempts.discard_many(attempts)
 
     def _record_one(self, report: Report) -> None:
         if report.kind == SUCCESS:
@@ -226,8 +226,7 @@ class Recorder:
                     answer = write(live)
                     # PostgreSQL has decided these attempts: their lease deadline guards
                     # nothing now, so a slow Redis step after this cannot self-fence them.
-                    for report in live:
-                        self._forget(report.attempt)
+                    self._forget([report.attempt for report in live])
                     return live, answer
         except StoreUnavailable:
             return None

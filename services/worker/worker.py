@@ -106,7 +106,7 @@ class Worker:
         self.handback = Handback(self.store, self.dispatcher, self.worker_id, self.queues)
         self.recorder = Recorder(store=self.store, dispatcher=self.dispatcher,
                                  worker_id=self.worker_id, settings=s, attempts=self.attempts,
-                                 types=self.types, forget=self.fence.forget)
+                                 types=self.types, forget=self.fence.forget_many)
         self.runner = Runner(self.concurrency, self.deadlines, on_finished=self._finished,
                              on_timeout=self._timed_out, on_recycle=self._recycle)
         self.keeper = LeaseKeeper(store=self.store, worker_id=self.worker_id, settings=s,
@@ -252,12 +252,15 @@ class Worker:
     def _execute(self, claimed: list[Claimed], sent_at: float) -> None:
         """Start the claimed jobs' handlers, in fetch order."""
         s = self.settings
-        for c in claimed:
-            attempt = Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.fence_margin_s)
-            if log.isEnabledFor(logging.INFO):  # spares building the fields per job
+        attempts = [Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.fence_margin_s)
+                    for c in claimed]
+        if log.isEnabledFor(logging.INFO):  # spares building the fields per job
+            for attempt in attempts:
                 log.info("job claimed", extra=attempt.log_extra("claimed"))
-            self.attempts.add(attempt)
-            self.fence.watch(attempt)
+        # Held and watched before any starts; one lock acquisition each for the whole batch.
+        self.attempts.add_many(attempts)
+        self.fence.watch_many(attempts)
+        for attempt in attempts:
             self.runner.submit(attempt)
 
     def _finished(self, attempt: Attempt, result: Any, error: BaseException | None,

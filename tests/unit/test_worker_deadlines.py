@@ -63,3 +63,16 @@ def test_cancelled_entries_do_not_accumulate():
     d.cancel(kept)
     d.cancel(kept)  # cancelling twice is harmless
     assert len(d) == 0
+
+
+def test_calls_armed_together_run_in_due_order_and_cancel_together(deadlines: Deadlines):
+    calls: list[str] = []
+    now = time.monotonic()
+    deadlines.call_at(now + 30, lambda: calls.append("far"))  # the sleeper's current target
+    armed = deadlines.call_many([(now + 0.1, lambda: calls.append("b")),
+                                 (now + 0.05, lambda: calls.append("a")),
+                                 (now + 0.08, lambda: calls.append("dropped"))])
+    deadlines.cancel_many([armed[2], None])
+    wait_for(lambda: len(calls) == 2, timeout=5, interval=0.01)
+    assert calls == ["a", "b"]
+    assert len(deadlines) == 1  # only "far" is left
