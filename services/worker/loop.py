@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, StoreUnavailable
-from taskline.metrics import CLAIM_CONFLICTS, LOOP_ERRORS, WAIT_TIME, TypeLabels
+from taskline.metrics import CLAIM_CONFLICTS, LOOP_ERRORS, WAIT_TIME, CachedLabels, TypeLabels
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
 from taskline_worker.attempts import Attempts
@@ -33,6 +33,7 @@ Fetched = list[tuple[str, str]]  # (queue, job id), in the order Redis gave them
 Execute = Callable[[list[Claimed], float], None]
 
 SLOT_WAIT_S = 1.0
+_WAIT_TIME = CachedLabels(WAIT_TIME)
 ERROR_BACKOFF_S = (0.1, 5.0)
 
 
@@ -175,4 +176,4 @@ class FetchLoop:
             # became runnable (enqueue, delay or retry due time).
             if job.next_run_at is not None:
                 waited = max((job.updated_at - job.next_run_at).total_seconds(), 0.0)
-                WAIT_TIME.labels(self._types(job.type), job.queue).observe(waited)
+                _WAIT_TIME(self._types(job.type), job.queue).observe(waited)

@@ -33,6 +33,7 @@ from taskline.metrics import (
     JOB_RETRIED,
     LOOP_ERRORS,
     STALE_COMPLETIONS,
+    CachedLabels,
     TypeLabels,
 )
 from taskline.settings import Settings
@@ -50,6 +51,7 @@ BATCH_MAX = 250
 ERROR_MAX = 2000
 TRACEBACK_MAX = 8000
 CANCELLED_ERROR = "cancelled while running"
+_JOB_COMPLETED = CachedLabels(JOB_COMPLETED)
 
 
 @dataclass(frozen=True, eq=False)
@@ -328,7 +330,7 @@ class Recorder:
 
     def _completed(self, report: Report) -> None:
         attempt = report.attempt
-        JOB_COMPLETED.labels(self._types(attempt.job.type), attempt.queue).inc()
+        _JOB_COMPLETED(self._types(attempt.job.type), attempt.queue).inc()
         if log.isEnabledFor(logging.INFO):  # spares building the fields per job
             log.info("job succeeded", extra=attempt.log_extra("succeeded"))
         self._traced(report, "succeeded")

@@ -30,6 +30,7 @@ from taskline.metrics import (
     LOOP_ERRORS,
     PROCESSING_TIME,
     STALE_COMPLETIONS,
+    CachedLabels,
     TypeLabels,
 )
 from taskline.settings import Settings
@@ -47,6 +48,7 @@ from taskline_worker.runner import Runner
 log = logging.getLogger(__name__)
 
 FETCH_LOOPS = 2
+_PROCESSING_TIME = CachedLabels(PROCESSING_TIME)
 """Threads running the fetch loop: one claims while the other waits for its commit."""
 EXTRA_CONNECTIONS = FETCH_LOOPS + 3  # fetch loops, lease keeper, recorder, heartbeat
 LOOPS = ("fetch", "recorder", "lease_keeper", "heartbeat", "deadlines")
@@ -268,7 +270,7 @@ class Worker:
         """The handler returned or raised (on its own thread)."""
         if attempt.settle(Settler.HANDLER):
             attempt.duration_s = seconds
-            PROCESSING_TIME.labels(self.types(attempt.job.type), attempt.queue).observe(seconds)
+            _PROCESSING_TIME(self.types(attempt.job.type), attempt.queue).observe(seconds)
             if error is None:
                 # A handler that finishes its work despite a cancel request succeeded.
                 self.recorder.success(attempt, result)

@@ -13,6 +13,7 @@ import functools
 import os
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -134,6 +135,22 @@ class TypeLabels:
 
     def __call__(self, job_type: str) -> str:
         return job_type if job_type in self._types else OTHER
+
+
+class CachedLabels:
+    """A metric's label children, kept: prometheus-client's `labels()` validates its arguments
+    and takes a lock on every call, a cost per job on the worker's hot path. The label sets
+    used with it are bounded (TypeLabels, queue names) and never removed."""
+
+    def __init__(self, metric: Any) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

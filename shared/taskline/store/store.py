@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -63,10 +64,21 @@ class Claimed:
     leased_until: datetime
 
 
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def _uuids(ids: Sequence[uuid.UUID | str]) -> list[str]:
     """The ids that are UUIDs. Anything else pushed into Redis names no job, and must read as
     absent rather than fail the whole statement (and with it every later reconciliation)."""
-    return [str(i) for i in ids if parse_job_id(str(i)) is not None]
+    # Ids from Redis are canonical (str of a UUID): a match spares building a UUID per id.
+    return [text for text in map(str, ids)
+            if _CANONICAL_UUID.fullmatch(text) or parse_job_id(text) is not None]
+
+
+def _uuid_array(ids: Sequence[uuid.UUID | str]) -> str:
+    """`_uuids` as one PostgreSQL array literal: psycopg dumps a list element by element in
+    Python, a string at once (the id list of a claim was ~5 % of a busy worker's time)."""
+    return "{" + ",".join(_uuids(ids)) + "}"
 
 
 def _json(value: Any) -> str | None:
@@ -265,7 +277,7 @@ class Store:
     def claim_jobs(self, ids: Sequence[uuid.UUID | str], worker_id: str,
                    lease_s: float) -> list[Claimed]:
         """Claim what can be claimed of `ids`; the ids not returned were lost to someone else."""
-        rows = self._run_on_driver("claim_jobs", {"ids": _uuids(ids), "worker_id": worker_id,
+        rows = self._run_on_driver("claim_jobs", {"ids": _uuid_array(ids), "worker_id": worker_id,
                                                   "lease_s": lease_s})
         return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
 
