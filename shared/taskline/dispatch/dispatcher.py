@@ -166,13 +166,17 @@ class Dispatcher:
         return list(moved)
 
     def ack(self, items: Iterable[tuple[str, str]], worker_id: str) -> None:
-        """Drop (queue, id) pairs from this worker's processing lists in one round trip."""
+        """Drop (queue, id) pairs from this worker's processing lists in one round trip.
+
+        Each LREM searches from the tail: fetches push at the head, so the jobs that finish
+        first, the oldest fetched, sit at the tail of a list holding up to the lease cap.
+        """
         items = list(items)
         if not items:
             return
         with translate_errors(), self.client.pipeline(transaction=False) as pipe:
             for queue, job_id in items:
-                pipe.lrem(QueueKeys(queue).processing(worker_id), 1, str(job_id))
+                pipe.lrem(QueueKeys(queue).processing(worker_id), -1, str(job_id))
             pipe.execute()
 
     def retry_later(self, queue: str, worker_id: str, job_id: str, due_ms: int) -> None:

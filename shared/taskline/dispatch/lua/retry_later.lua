@@ -4,6 +4,7 @@
 -- ARGV[1]  job id
 -- ARGV[2]  due time, milliseconds since the epoch (PostgreSQL's clock)
 -- returns  1 when the id was in the processing list, else 0
-local removed = redis.call('LREM', KEYS[1], 1, ARGV[1])
+-- From the tail, where the oldest fetched ids are (fetches push at the head).
+local removed = redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return removed
