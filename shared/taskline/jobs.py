@@ -7,6 +7,7 @@ policy is unit-tested without I/O and the store only executes what was decided.
 from __future__ import annotations
 
 import enum
+import functools
 import random
 import uuid
 from dataclasses import dataclass
@@ -196,4 +197,11 @@ class Job:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
+    # A batch's jobs share their timestamps (one statement's now()), so the text is cached;
+    # instant, zone and fold together fix it (equal datetimes may differ in zone or fold).
+    return None if value is None else _isoformat(value, value.tzinfo, value.fold)
+
+
+@functools.lru_cache(maxsize=256)
+def _isoformat(value: datetime, _tz: Any, _fold: int) -> str:
+    return value.isoformat()
