@@ -156,23 +156,16 @@ def _ready(base: str) -> bool:
 @contextmanager
 def open_stack(shared_postgres: bool) -> Iterator[Stack]:
     """The benchmark's stack: a private PostgreSQL (fsync on) unless `shared_postgres`."""
-    if shared_postgres:
-        stack = Stack(SHARED_ADMIN_URL)
-        try:
-            yield stack
-        finally:
-            stack.close_sql()
-        return
-    with tempfile.TemporaryDirectory(prefix="taskline-bench-") as root:
-        os.chmod(root, 0o711)  # the `postgres` account must pass through
-        pg = PrivatePostgres(Path(root) / "pg")
-        try:
+    with ExitStack() as resources:
+        admin_url = SHARED_ADMIN_URL
+        if not shared_postgres:
+            root = resources.enter_context(tempfile.TemporaryDirectory(prefix="taskline-bench-"))
+            os.chmod(root, 0o711)  # the `postgres` account must pass through
+            pg = PrivatePostgres(Path(root) / "pg")
+            resources.callback(pg.close)
             pg.init()
             pg.start()
-            stack = Stack(pg.url())
-            try:
-                yield stack
-            finally:
-                stack.close_sql()
-        finally:
-            pg.close()
+            admin_url = pg.url()
+        stack = Stack(admin_url)
+        resources.callback(stack.close_sql)
+        yield stack

@@ -191,6 +191,7 @@ class Attempts:
         """The handler ended (or was abandoned): its slot takes new work (idempotent)."""
         with self._cond:
             self._release_slot(attempt)
+            self._cond.notify_all()
 
     def discard(self, attempt: Attempt) -> None:
         """Stop holding `attempt` (idempotent) and wake whoever waits for a slot."""
@@ -206,10 +207,10 @@ class Attempts:
             self._cond.notify_all()
 
     def _release_slot(self, attempt: Attempt) -> None:
+        """Give back `attempt`'s slot once (the caller holds the lock and notifies)."""
         if attempt.in_slot:
             attempt.in_slot = False
             self._busy -= 1
-            self._cond.notify_all()
 
     def holds(self, attempt: Attempt) -> bool:
         with self._cond:

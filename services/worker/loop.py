@@ -33,8 +33,8 @@ Fetched = list[tuple[str, str]]  # (queue, job id), in the order Redis gave them
 Execute = Callable[[list[Claimed], float], None]
 
 SLOT_WAIT_S = 1.0
-_WAIT_TIME = CachedLabels(WAIT_TIME)
 ERROR_BACKOFF_S = (0.1, 5.0)
+_WAIT_TIME = CachedLabels(WAIT_TIME)
 
 
 class FetchLoop:

@@ -48,12 +48,12 @@ from taskline_worker.runner import Runner
 log = logging.getLogger(__name__)
 
 FETCH_LOOPS = 2
-_PROCESSING_TIME = CachedLabels(PROCESSING_TIME)
 """Threads running the fetch loop: one claims while the other waits for its commit."""
 EXTRA_CONNECTIONS = FETCH_LOOPS + 3  # fetch loops, lease keeper, recorder, heartbeat
 LOOPS = ("fetch", "recorder", "lease_keeper", "heartbeat", "deadlines")
 """The `loop` label values of taskline_loop_errors_total this process can report."""
 THREAD_JOIN_S = 5.0
+_PROCESSING_TIME = CachedLabels(PROCESSING_TIME)
 
 
 class Exit(enum.StrEnum):

@@ -82,11 +82,16 @@ def test_a_thread_is_written_off_only_while_its_handler_runs():
     assert finished.end_run() is False and not finished.write_off()
 
 
-def test_held_attempts_bound_the_free_slots():
+def two_running() -> tuple[Attempts, Attempt, Attempt]:
+    """Two slots, both taken by a running attempt."""
     held = Attempts(concurrency=2)
     first, second = make_attempt(1), make_attempt(2)
-    held.add(first)
-    held.add(second)
+    held.add_many([first, second])
+    return held, first, second
+
+
+def test_held_attempts_bound_the_free_slots():
+    held, first, second = two_running()
     stop = threading.Event()
     assert held.wait_for_free_slot(stop, timeout=0.01) == 0
     threading.Timer(0.05, held.discard, args=(first,)).start()
@@ -99,10 +104,7 @@ def test_held_attempts_bound_the_free_slots():
 
 
 def test_an_ended_handler_frees_its_slot_but_keeps_its_lease():
-    held = Attempts(concurrency=2)
-    first, second = make_attempt(1), make_attempt(2)
-    held.add(first)
-    held.add(second)
+    held, first, _ = two_running()
     stop = threading.Event()
     threading.Timer(0.05, held.free_slot, args=(first,)).start()
     assert held.wait_for_free_slot(stop, timeout=5) == 1

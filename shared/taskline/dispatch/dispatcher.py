@@ -137,9 +137,7 @@ class Dispatcher:
 
     def fetch(self, queue: str, worker_id: str, count: int) -> list[str]:
         """Move up to `count` ids, most urgent first, into this worker's processing list."""
-        keys = QueueKeys(queue)
-        return list(self._script("fetch", [keys.processing(worker_id), keys.signal,
-                                           *keys.ready_by_urgency], [count, SIGNAL_MAX]))
+        return list(self._script("fetch", *_fetch_call(queue, worker_id, count)))
 
     def wait_and_fetch(self, queues: Sequence[str], worker_id: str, count: int) -> list[str]:
         """Block inside Redis until a queue is signalled or the wait times out (no polling), then
@@ -150,12 +148,10 @@ class Dispatcher:
         third of a millisecond on a VM whose cores have gone idle). The other queues' ids are
         left to the next `fetch`.
         """
-        keys = QueueKeys(queues[0])
-        ready = keys.ready_by_urgency
+        keys, args = _fetch_call(queues[0], worker_id, count)
         with translate_errors(), self.blocking_client.pipeline(transaction=False) as pipe:
             pipe.blpop([QueueKeys(q).signal for q in queues], timeout=self.block_timeout_s)
-            pipe.evalsha(self._scripts["fetch"].sha, 2 + len(ready), keys.processing(worker_id),
-                         keys.signal, *ready, count, SIGNAL_MAX)
+            pipe.evalsha(self._scripts["fetch"].sha, len(keys), *keys, *args)
             woken, moved = pipe.execute(raise_on_error=False)
             if isinstance(moved, NoScriptError):
                 self.client.script_load(self._scripts["fetch"].script)
@@ -331,6 +327,12 @@ class Dispatcher:
     def ping(self) -> None:
         with translate_errors():
             self.client.ping()
+
+
+def _fetch_call(queue: str, worker_id: str, count: int) -> tuple[list[str], list[object]]:
+    """KEYS and ARGV of the fetch script for `count` ids of `queue` (see lua/fetch.lua)."""
+    keys = QueueKeys(queue)
+    return [keys.processing(worker_id), keys.signal, *keys.ready_by_urgency], [count, SIGNAL_MAX]
 
 
 def _lua(name: str) -> str:
