@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from uuid_utils.compat import uuid7
+
 
 class Status(enum.StrEnum):
     """Job states; see the state diagram in DESIGN.md."""
@@ -86,7 +88,16 @@ def parse_priority(value: object) -> int:
 
 
 def new_job_id() -> uuid.UUID:
-    return uuid.uuid4()
+    """A fresh job id: a UUIDv7 (RFC 9562), whose leading 48 bits are the Unix time in ms.
+
+    Ids made later sort later, so every index keyed by job id (the primary key, the pending-id
+    index, the events' and leases' job_id indexes) grows at its right edge instead of at a
+    random leaf: an insert dirties the few pages already cached and written to the WAL since the
+    last checkpoint. Over 100k inserted jobs PostgreSQL spent ~30 % less CPU per job than with
+    random (v4) ids (docs/performance.md). The id reveals when the job was made, to the ms,
+    which `created_at` shows anyway. Python 3.14 has uuid.uuid7; until then uuid-utils makes it.
+    """
+    return uuid7()
 
 
 def parse_job_id(value: str) -> uuid.UUID | None:

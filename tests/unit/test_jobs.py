@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import time
+import uuid
 
 import pytest
 
@@ -12,6 +14,7 @@ from taskline.jobs import (
     Backoff,
     Status,
     decide_retry,
+    new_job_id,
     parse_job_id,
     parse_priority,
 )
@@ -35,6 +38,19 @@ def test_parse_job_id():
     assert parse_job_id("../../etc") is None
     assert str(parse_job_id("0f8fad5b-d9cb-469f-a165-70867728950e")) == (
         "0f8fad5b-d9cb-469f-a165-70867728950e")
+
+
+def test_new_job_ids_are_uuid7_ordered_by_creation_time():
+    before_ms = time.time_ns() // 1_000_000
+    first = new_job_id()
+    time.sleep(0.002)  # the next millisecond at least: order within one ms is not promised
+    second = new_job_id()
+    after_ms = time.time_ns() // 1_000_000
+    assert isinstance(first, uuid.UUID)
+    assert (first.version, first.variant) == (7, uuid.RFC_4122)
+    assert first < second  # as bytes, so as PostgreSQL's uuid order too
+    assert before_ms <= first.int >> 80 <= second.int >> 80 <= after_ms
+    assert len({new_job_id() for _ in range(10_000)}) == 10_000
 
 
 def test_states_partition():
