@@ -47,6 +47,14 @@ def enqueue_single(stack: Stack, jobs: int, clients: int) -> float:
     return jobs // clients * clients / seconds
 
 
+def http_floor(stack: Stack, requests: int, clients: int) -> float:
+    """Requests/s of the do-nothing Flask app (bench/floor_app.py) under the API's gunicorn
+    settings, posting the single-enqueue body: the ceiling of enqueue_single on this machine."""
+    with stack.http_floor() as base:
+        seconds = post_concurrently(base, "/api/v1/jobs", NOOP, requests, clients, warmup=20)
+    return requests // clients * clients / seconds
+
+
 def enqueue_batch(stack: Stack, jobs: int, clients: int = 2) -> float:
     """Jobs/s of `clients` client processes POSTing batches of 1,000."""
     stack.reset()

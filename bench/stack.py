@@ -11,6 +11,7 @@ uses BENCH_ADMIN_URL instead.
 from __future__ import annotations
 
 import os
+import runpy
 import socket
 import subprocess
 import sys
@@ -136,6 +137,25 @@ class Stack:
             base = f"http://127.0.0.1:{port}"
             wait_until(lambda: _ready(base), timeout=60, interval=0.1)
             yield base
+
+    @contextmanager
+    def http_floor(self, workers: int = 2) -> Iterator[str]:
+        """bench/floor_app.py under gunicorn with the API's worker class, threads and sockets."""
+        conf = runpy.run_path(str(ROOT / "services" / "producer" / "gunicorn.conf.py"))
+        port = free_port()
+        args = [sys.executable, "-m", "gunicorn", "--workers", str(workers),
+                "--worker-class", conf["worker_class"], "--threads", str(conf["threads"]),
+                "--keep-alive", str(conf["keepalive"]), "--bind", f"127.0.0.1:{port}",
+                "--log-level", "warning", *(["--reuse-port"] if conf["reuse_port"] else []),
+                "floor_app:app"]
+        proc = subprocess.Popen(args, env=self.env(), cwd=BENCH_DIR,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_until(lambda: _ready(base), timeout=60, interval=0.1)
+            yield base
+        finally:
+            stop(proc)
 
     def server_facts(self) -> dict[str, str]:
         with psycopg.connect(self.admin_url) as conn:
