@@ -195,14 +195,18 @@ def test_a_push_after_script_flush_loads_the_script_and_pushes_once(private_redi
         dispatcher.close()
 
 
-def test_wait_and_fetch_after_a_script_flush_loads_the_script_again(private_redis):
-    dispatcher = Dispatcher(private_redis.url, block_timeout_s=0.2)
+def test_wait_and_fetch_after_a_script_flush_still_fetches_in_that_call(private_redis):
+    """The wait took the push's signal, so a fetch left to the next wait would sleep a whole
+    block timeout (here 30 s) before the job ran."""
+    dispatcher = Dispatcher(private_redis.url, block_timeout_s=30)
     try:
         (job,) = ids(1)
         dispatcher.push([("default", 5, job)])
         dispatcher.client.script_flush()
-        assert dispatcher.wait_and_fetch(["default"], "w1", 5) == []  # the fetch did not run
-        assert dispatcher.list_range(Q.ready(5), 0, -1) == [job]
         assert dispatcher.wait_and_fetch(["default"], "w1", 5) == [job]
+        assert dispatcher.list_range(Q.ready(5), 0, -1) == []
+        assert dispatcher.list_range(Q.processing("w1"), 0, -1) == [job]
+        assert dispatcher.list_range(Q.signal, 0, -1) == []  # the signal was taken
+        assert dispatcher.client.script_exists(dispatcher._scripts["fetch"].sha) == [True]
     finally:
         dispatcher.close()

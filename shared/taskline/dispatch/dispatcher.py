@@ -154,8 +154,10 @@ class Dispatcher:
             pipe.evalsha(self._scripts["fetch"].sha, len(keys), *keys, *args)
             woken, moved = pipe.execute(raise_on_error=False)
             if isinstance(moved, NoScriptError):
-                self.client.script_load(self._scripts["fetch"].script)
-                return []  # the fetch did not run; the next one does
+                # Redis lost its scripts (a restart, SCRIPT FLUSH): the fetch did not run, but
+                # the wait may have taken a push's signal, so the next wait would sleep through
+                # that job. Fetch now; the Script object loads the script again.
+                return self.fetch(queues[0], worker_id, count)
             for reply in (woken, moved):
                 if isinstance(reply, Exception):
                     raise reply
