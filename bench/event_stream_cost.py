@@ -42,6 +42,7 @@ from psycopg import sql
 from sqlalchemy import text
 
 from taskline.events import Sequencer
+from taskline.jobs import new_job_id
 from taskline.store.migrate import upgrade
 from taskline.store.store import Store
 
@@ -74,7 +75,7 @@ def db_url(name: str) -> str:
 
 
 def enqueue(store: Store, count: int) -> list[uuid.UUID]:
-    rows = [{"id": uuid.uuid4(), "type": "simulate", "queue": "default", "payload": {"n": 1},
+    rows = [{"id": new_job_id(), "type": "simulate", "queue": "default", "payload": {"n": 1},
              "priority": 5, "status": "queued", "max_retries": 3, "timeout_s": 30.0,
              "run_at": None, "delay_s": 0.0, "idempotency_key": None, "request_hash": None,
              "trace_context": None} for _ in range(count)]

@@ -8,11 +8,10 @@ explains the form that prevents it).
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from sqlalchemy import text
 
+from taskline.jobs import new_job_id
 from taskline.store.queries import load_queries
 from taskline.store.store import Store
 
@@ -23,7 +22,7 @@ QUEUED = 5000
 
 def insert_queued(store: Store, count: int) -> list[str]:
     """Ids of `count` new queued jobs, inserted in one statement."""
-    rows = [{"id": str(uuid.uuid4()), "type": "echo", "queue": "default", "payload": {},
+    rows = [{"id": str(new_job_id()), "type": "echo", "queue": "default", "payload": {},
              "priority": 5, "status": "queued", "max_retries": 3, "timeout_s": 30.0,
              "run_at": None, "delay_s": 0, "idempotency_key": None, "request_hash": None,
              "trace_context": None} for _ in range(count)]
