@@ -8,7 +8,8 @@ taskline, Celery and Dramatiq in turn inside each repetition (so a noisy neighbo
 three alike) and prints each ratio taskline / peer. See docs/performance.md.
 
 Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--no-peers]
-           [--memory-jobs N] [--shared-postgres] [--out bench-results/latest.json]
+           [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
+           [--out bench-results/latest.json]
 Environment: BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; that logical DB is flushed),
 BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64).
 """
@@ -128,14 +129,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--memory-jobs", type=int, default=0, help="RSS over a long drain")
     parser.add_argument("--shared-postgres", action="store_true")
+    # WARNING keeps the figures comparable with earlier runs; INFO (the services' default)
+    # adds a log line per accepted job and two per run job (docs/performance.md).
+    parser.add_argument("--log-level", default="WARNING", type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="TASKLINE_LOG_LEVEL of the services (default WARNING)")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "latest.json"))
     return parser.parse_args()
 
 
 def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     only = {name for name in args.only.split(",") if name}
+    stack.extra_env["TASKLINE_LOG_LEVEL"] = args.log_level
     report: dict[str, Any] = {"machine": machine(stack), "jobs": args.jobs,
-                              "repeat": args.repeat, "results": {}}
+                              "repeat": args.repeat, "log_level": args.log_level,
+                              "results": {}}
     print(json.dumps(report["machine"]), flush=True)
     results = report["results"]
     if not only or "side_by_side" in only:
