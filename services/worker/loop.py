@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Fetched = list[tuple[str, str]]  # (queue, job id), in the order Redis gave them
 Execute = Callable[[list[Claimed], float], None]
+HandOff = Callable[[], None]
 
 SLOT_WAIT_S = 1.0
 ERROR_BACKOFF_S = (0.1, 5.0)
@@ -46,7 +47,8 @@ class FetchLoop:
 
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
                  queues: Sequence[str], settings: Settings, batch: int, slots: Attempts,
-                 fence: Fence, handback: Handback, types: TypeLabels, execute: Execute) -> None:
+                 fence: Fence, handback: Handback, types: TypeLabels, execute: Execute,
+                 hand_off: HandOff) -> None:
         self._store = store
         self._dispatcher = dispatcher
         self._worker_id = worker_id
@@ -58,6 +60,7 @@ class FetchLoop:
         self._handback = handback
         self._types = types
         self._execute = execute
+        self._hand_off = hand_off
         self._recovering = threading.Lock()
 
     def run(self, stop: threading.Event) -> None:
@@ -101,6 +104,9 @@ class FetchLoop:
             if fetched:
                 sent_at = time.monotonic()
                 self._execute(self.claim(fetched), sent_at)
+                if drained:
+                    # The next turn blocks in Redis: let the woken handler threads start first.
+                    self._hand_off()
         finally:
             self._slots.unreserve(reserved)
         return drained

@@ -120,7 +120,7 @@ class Worker:
                               worker_id=self.worker_id, queues=self.queues, settings=s,
                               batch=s.claim_batch or self.concurrency, slots=self.attempts,
                               fence=self.fence, handback=self.handback, types=self.types,
-                              execute=self._execute)
+                              execute=self._execute, hand_off=self.runner.hand_off)
 
     # --- lifecycle -----------------------------------------------------------------------
 

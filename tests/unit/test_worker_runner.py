@@ -1,0 +1,91 @@
+"""The handler pool's hand-off: a caller about to block steps aside until a pool thread has
+taken what it submitted, and never longer than its bound when no thread is free."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from taskline.handlers import registry
+from taskline.jobs import Job, Status
+from taskline.store.store import Claimed
+from taskline_worker.attempts import Attempt
+from taskline_worker.deadlines import Deadlines
+from taskline_worker.runner import Runner
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+TYPE = "test.runner.gate"
+
+
+class Gate:
+    """The registered handler: records each start, then waits until opened."""
+
+    def __init__(self) -> None:
+        self.started: list[uuid.UUID] = []
+        self.first_started = threading.Event()
+        self.open = threading.Event()
+
+    def __call__(self, payload: object, ctx: registry.JobContext) -> None:
+        self.started.append(ctx.job_id)
+        self.first_started.set()
+        self.open.wait(10)
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    gate = Gate()
+    registry.handler(TYPE)(gate)
+    yield gate
+    gate.open.set()
+    registry._registry.pop(TYPE, None)
+
+
+def attempt() -> Attempt:
+    job = Job(id=uuid.uuid4(), type=TYPE, queue="default", payload={}, priority=5,
+              status=Status.RUNNING, attempts=1, max_retries=3, timeout_s=30.0, next_run_at=NOW,
+              idempotency_key=None, last_error=None, result=None, created_at=NOW,
+              updated_at=NOW, cancel_requested=False)
+    return Attempt.begin(Claimed(job, 1, NOW), "w1", time.monotonic(), lease_s=15, margin_s=5)
+
+
+@pytest.fixture
+def runner() -> Iterator[tuple[Runner, list[Attempt]]]:
+    finished: list[Attempt] = []
+    pool = Runner(1, Deadlines(), on_finished=lambda a, *_: finished.append(a),
+                  on_timeout=lambda a: None, on_recycle=lambda: None)
+    pool.start()
+    yield pool, finished
+    pool.stop()
+
+
+def test_hand_off_returns_as_soon_as_an_idle_thread_took_the_job(gate, runner):
+    pool, _ = runner
+    first = attempt()
+    pool.submit(first)
+    began = time.monotonic()
+    pool.hand_off(max_s=10.0)
+    # Long before its bound: it ended because the thread took the job.
+    assert time.monotonic() - began < 10.0
+    assert gate.first_started.wait(5) and gate.started == [first.job.id]
+
+
+def test_hand_off_gives_up_after_its_bound_when_no_thread_is_free(gate, runner):
+    pool, finished = runner
+    busy, waiting = attempt(), attempt()
+    pool.submit(busy)
+    assert gate.first_started.wait(5)  # the only thread is now held by `busy`
+    pool.submit(waiting)
+    began = time.monotonic()
+    pool.hand_off(max_s=0.05)
+    assert time.monotonic() - began >= 0.05
+    assert gate.started == [busy.job.id]  # `waiting` is still queued, not lost
+    gate.open.set()
+    deadline = time.monotonic() + 5
+    while len(finished) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert finished == [busy, waiting] and gate.started == [busy.job.id, waiting.job.id]
