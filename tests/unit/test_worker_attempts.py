@@ -15,8 +15,9 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def make_attempt(lease_id: int = 1, cancel_requested: bool = False, sent_at: float = 100.0,
-                 attempts: int = 1, job_id: uuid.UUID | None = None) -> Attempt:
-    job = Job(id=job_id or uuid.uuid4(), type="echo", queue="default", payload={}, priority=5,
+                 attempts: int = 1, job_id: uuid.UUID | None = None,
+                 job_type: str = "echo") -> Attempt:
+    job = Job(id=job_id or uuid.uuid4(), type=job_type, queue="default", payload={}, priority=5,
               status=Status.RUNNING, attempts=attempts, max_retries=3, timeout_s=30.0,
               next_run_at=NOW, idempotency_key=None, last_error=None, result=None,
               created_at=NOW, updated_at=NOW, cancel_requested=cancel_requested)

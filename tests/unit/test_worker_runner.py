@@ -7,18 +7,16 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 
 from taskline.handlers import registry
-from taskline.jobs import Job, Status
-from taskline.store.store import Claimed
 from taskline_worker.attempts import Attempt
 from taskline_worker.deadlines import Deadlines
 from taskline_worker.runner import Runner
+from tests.helpers import wait_for
+from tests.unit.test_worker_attempts import make_attempt
 
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TYPE = "test.runner.gate"
 
 
@@ -46,11 +44,7 @@ def gate() -> Iterator[Gate]:
 
 
 def attempt() -> Attempt:
-    job = Job(id=uuid.uuid4(), type=TYPE, queue="default", payload={}, priority=5,
-              status=Status.RUNNING, attempts=1, max_retries=3, timeout_s=30.0, next_run_at=NOW,
-              idempotency_key=None, last_error=None, result=None, created_at=NOW,
-              updated_at=NOW, cancel_requested=False)
-    return Attempt.begin(Claimed(job, 1, NOW), "w1", time.monotonic(), lease_s=15, margin_s=5)
+    return make_attempt(sent_at=time.monotonic(), job_type=TYPE)
 
 
 @pytest.fixture
@@ -85,7 +79,5 @@ def test_hand_off_gives_up_after_its_bound_when_no_thread_is_free(gate, runner):
     assert time.monotonic() - began >= 0.05
     assert gate.started == [busy.job.id]  # `waiting` is still queued, not lost
     gate.open.set()
-    deadline = time.monotonic() + 5
-    while len(finished) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(finished) == 2, timeout=5, interval=0.01, message="both jobs ended")
     assert finished == [busy, waiting] and gate.started == [busy.job.id, waiting.job.id]
