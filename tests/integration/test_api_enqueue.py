@@ -23,6 +23,7 @@ from sqlalchemy import event
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.settings import Settings
+from taskline.store.bulk import COPY_MIN_JOBS
 from taskline.store.store import Store
 from taskline_producer.app import close_app, create_app
 
@@ -296,19 +297,23 @@ def test_redis_down_after_commit_still_accepts(settings: Settings, store: Store,
 
 # --- batch ----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("size", [26, 2 * COPY_MIN_JOBS], ids=["statement", "copy"])
 def test_batch_inserts_all_and_pushes_them(client: FlaskClient, store: Store,
-                                           dispatcher: Dispatcher) -> None:
-    jobs = [{"type": "echo", "payload": {"i": i}, "priority": i % 10} for i in range(25)]
+                                           dispatcher: Dispatcher, size: int) -> None:
+    jobs = [{"type": "echo", "payload": {"i": i}, "priority": i % 10} for i in range(size - 1)]
     jobs.append({"type": "echo", "delay_s": 60})
     r = client.post("/api/v1/jobs/batch", json={"jobs": jobs})
     assert r.status_code == 201
     result = r.get_json()
-    assert (result["created"], result["replayed"]) == (26, 0)
-    assert [item["index"] for item in result["jobs"]] == list(range(26))
+    assert (result["created"], result["replayed"]) == (size, 0)
+    assert [item["index"] for item in result["jobs"]] == list(range(size))
     assert all(item["created"] for item in result["jobs"])
-    assert count_jobs(store) == 26
+    assert count_jobs(store) == size and count_jobs_without_one_event(store) == 0
     assert sorted(redis_ids(dispatcher)) == sorted(item["job"]["id"] for item in result["jobs"])
     assert result["jobs"][-1]["job"]["status"] == "scheduled"
+    for item in (result["jobs"][0], result["jobs"][-1]):  # the answer is what a GET shows
+        shown = client.get(f"/api/v1/jobs/{item['job']['id']}").get_json()
+        assert {k: shown[k] for k in item["job"]} == item["job"]
 
 
 def test_one_invalid_item_inserts_nothing(client: FlaskClient, store: Store,

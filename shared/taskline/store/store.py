@@ -26,6 +26,7 @@ from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
 from taskline.errors import StoreUnavailable
 from taskline.jobs import Job, parse_job_id
+from taskline.store import bulk
 from taskline.store.queries import load_queries
 
 _QUERIES = load_queries()
@@ -185,10 +186,15 @@ class Store:
 
         A job whose idempotency key already exists in its queue (or earlier in `jobs`) is
         skipped. Returns (id, payload, next_run_at, created_at, updated_at) of each inserted
-        job, in no guaranteed order.
+        job, in no guaranteed order. Without `conn`, a large batch without keys is written by
+        COPY (taskline.store.bulk), in one transaction of its own; its payloads are returned as
+        given rather than read back from jsonb (equal values; object keys in the given order).
         """
         if not jobs:
             return []
+        if conn is None and bulk.copyable(jobs):
+            with self._driver() as driver:
+                return bulk.copy_jobs_with_events(driver, jobs)
         params = {"jobs": _rows_json(jobs)}
         if conn is not None:
             return self._run("insert_jobs_with_events", params, conn)
@@ -200,25 +206,32 @@ class Store:
         For the lone statements on the hot paths (a single enqueue, a claim, a batched
         completion): SQLAlchemy's execution layer (isolation switch, result metadata rebuilt for
         textual SQL) costs about as much CPU as the rest of a request, and ~0.2 ms of an idle
-        worker's pickup. Any error discards the connection, which may be broken or still in
-        autocommit: the pool must never hand either to a transaction.
+        worker's pickup.
         """
+        with self._driver() as driver:
+            driver.autocommit = True
+            with driver.cursor(row_factory=namedtuple_row) as cursor:
+                rows = cursor.execute(_driver_sql(name), params).fetchall()
+            driver.autocommit = False
+        return rows
+
+    @contextlib.contextmanager
+    def _driver(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection's psycopg connection, outside any transaction. Any error discards
+        the connection, which may be broken, in autocommit or inside a transaction: the pool
+        must never hand any of them to a transaction."""
         # raw_connection() passes the driver's own connect errors through, unwrapped.
         with translate_errors(), _translate_driver_errors(None):
             pooled = self.engine.raw_connection()
         driver = pooled.driver_connection
         try:
             with _translate_driver_errors(driver):
-                driver.autocommit = True
-                with driver.cursor(row_factory=namedtuple_row) as cursor:
-                    rows = cursor.execute(_driver_sql(name), params).fetchall()
-                driver.autocommit = False
+                yield driver
         except BaseException as err:
             pooled.invalidate(err)
             raise
         finally:
             pooled.close()
-        return rows
 
     def get_job_by_key(self, queue: str, key: str, conn: Connection | None = None) -> Job | None:
         rows = self._run("get_job_by_key", {"queue": queue, "idempotency_key": key}, conn)
