@@ -13,6 +13,7 @@ import http.client
 import json
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,9 +58,10 @@ def _client(base: str, path: str, body: bytes, requests: int, warmup: int, go: A
 
 
 def post_concurrently(base: str, path: str, body: Any, requests: int, clients: int,
-                      warmup: int = 0) -> float:
+                      warmup: int = 0, on_ready: Callable[[], None] | None = None) -> float:
     """Seconds for `clients` processes to POST `body` `requests` times in all; each first
-    posts `warmup` requests before the clock starts, which are not counted."""
+    posts `warmup` requests before the clock starts, which are not counted. `on_ready` runs
+    once every client is connected and warmed up, before the clock starts."""
     ctx = mp.get_context("fork")
     go, ready, done = ctx.Event(), ctx.Queue(), ctx.Queue()
     data = json.dumps(body, separators=(",", ":")).encode()
@@ -71,6 +73,8 @@ def post_concurrently(base: str, path: str, body: Any, requests: int, clients: i
         proc.start()
     for _ in procs:
         ready.get(timeout=120)  # every client connected and warmed up
+    if on_ready is not None:
+        on_ready()
     started = time.perf_counter()
     go.set()
     finished = sum(done.get(timeout=600) for _ in procs)
@@ -85,7 +89,9 @@ def post_concurrently(base: str, path: str, body: Any, requests: int, clients: i
 
 
 def enqueue_batches(base: str, jobs: int, job: dict[str, Any], batch: int = 1000,
-                    clients: int = 1, warmup: int = 0) -> float:
+                    clients: int = 1, warmup: int = 0,
+                    on_ready: Callable[[], None] | None = None) -> float:
     """Seconds to enqueue `jobs` copies of `job` in batches of `batch` over HTTP."""
     body = {"jobs": [job] * batch}
-    return post_concurrently(base, "/api/v1/jobs/batch", body, jobs // batch, clients, warmup)
+    return post_concurrently(base, "/api/v1/jobs/batch", body, jobs // batch, clients, warmup,
+                             on_ready)

@@ -153,8 +153,12 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     for name, fn in scenario_table(args.jobs, args.big).items():
         if only and name not in only:
             continue
+        stack.placements.clear()
         results[name] = measure(stack, fn, args.repeat)
         show(name, results[name])
+        if stack.placements:  # the enqueue scenarios: connections per API process, per run
+            results[name + "_connections_per_process"] = list(stack.placements)
+            show(name + "_connections_per_process", stack.placements)
     peak = results.get("side_by_side", {}).get("taskline", {}).get("median")
     if peak and (not only or "steady_latency" in only):
         results["steady_latency_50pct"] = measure(

@@ -43,7 +43,8 @@ def enqueue_single(stack: Stack, jobs: int, clients: int) -> float:
     """Jobs/s of `clients` client processes POSTing one job per request."""
     stack.reset()
     with stack.api() as base:
-        seconds = post_concurrently(base, "/api/v1/jobs", NOOP, jobs, clients, warmup=20)
+        seconds = post_concurrently(base, "/api/v1/jobs", NOOP, jobs, clients, warmup=20,
+                                    on_ready=lambda: stack.record_placement(base))
     return jobs // clients * clients / seconds
 
 
@@ -51,7 +52,8 @@ def http_floor(stack: Stack, requests: int, clients: int) -> float:
     """Requests/s of the do-nothing Flask app (bench/floor_app.py) under the API's gunicorn
     settings, posting the single-enqueue body: the ceiling of enqueue_single on this machine."""
     with stack.http_floor() as base:
-        seconds = post_concurrently(base, "/api/v1/jobs", NOOP, requests, clients, warmup=20)
+        seconds = post_concurrently(base, "/api/v1/jobs", NOOP, requests, clients, warmup=20,
+                                    on_ready=lambda: stack.record_placement(base))
     return requests // clients * clients / seconds
 
 
@@ -59,7 +61,8 @@ def enqueue_batch(stack: Stack, jobs: int, clients: int = 2) -> float:
     """Jobs/s of `clients` client processes POSTing batches of 1,000."""
     stack.reset()
     with stack.api() as base:
-        seconds = enqueue_batches(base, jobs, NOOP, clients=clients, warmup=1)
+        seconds = enqueue_batches(base, jobs, NOOP, clients=clients, warmup=1,
+                                  on_ready=lambda: stack.record_placement(base))
     return jobs // 1000 // clients * clients * 1000 / seconds
 
 

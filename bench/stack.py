@@ -68,7 +68,9 @@ class Stack:
         self.redis_url = redis_url
         self.redis = redis.Redis.from_url(redis_url)
         self.extra_env: dict[str, str] = {}
-        self.api_pid = 0
+        self.api_pid = 0  # the gunicorn master serving now (the API's or the floor's)
+        # Per measurement: the client connections each gunicorn process holds (see placement).
+        self.placements: list[list[int]] = []
         self._sql: psycopg.Connection | None = None
 
     @property
@@ -150,12 +152,28 @@ class Stack:
                 "floor_app:app"]
         proc = subprocess.Popen(args, env=self.env(), cwd=BENCH_DIR,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.api_pid = proc.pid
         try:
             base = f"http://127.0.0.1:{port}"
             wait_until(lambda: _ready(base), timeout=60, interval=0.1)
             yield base
         finally:
             stop(proc)
+
+    def record_placement(self, base: str) -> None:
+        """Append how many of the connections to `base` each gunicorn process serves.
+
+        Each process accepts on its own SO_REUSEPORT socket and the kernel picks one by a hash
+        of the connection, blind to load: two keep-alive clients share one process in about
+        half the runs, which then serves both under one GIL (docs/performance.md, change 27).
+        Recorded with every enqueue measurement so that its spread can be read against it.
+        """
+        port = urlsplit(base).port
+        established = _established_inodes(port)
+        children = subprocess.run(["pgrep", "-P", str(self.api_pid)], capture_output=True,
+                                  text=True).stdout.split()
+        counts = [len(_socket_inodes(int(pid)) & established) for pid in children]
+        self.placements.append(sorted(counts, reverse=True))
 
     def server_facts(self) -> dict[str, str]:
         with psycopg.connect(self.admin_url) as conn:
@@ -164,6 +182,31 @@ class Stack:
                                   "wal_sync_method", "shared_buffers")}
         facts["redis"] = self.redis.info()["redis_version"]
         return facts
+
+
+def _established_inodes(port: int | None) -> set[str]:
+    """Socket inodes of the established IPv4 TCP connections whose local port is `port`."""
+    inodes = set()
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                inodes.add(fields[9])
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets process `pid` holds open."""
+    found = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed since listed
+            continue
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return found
 
 
 def _ready(base: str) -> bool:
