@@ -1,20 +1,23 @@
 """Server faults under load: the private Redis killed and restarted empty, flushed, frozen; the
-private PostgreSQL stopped and crashed. Each scenario runs a real cluster on fresh servers with
+private PostgreSQL stopped and crashed, once in the middle of a batch's COPY. Each scenario runs a real cluster on fresh servers with
 producers enqueuing through the API the whole time, and is judged by the offline checker.
 
 Invariant under test: Redis is disposable (whatever it loses, reconciliation rebuilds from
 PostgreSQL, and nothing runs twice), and PostgreSQL's absence costs availability, never an
-acknowledged job (the API answers 503 with Retry-After and accepts nothing it cannot keep).
+acknowledged job (the API answers 503 with Retry-After and accepts nothing it cannot keep),
+and a batch is written whole or not at all.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 
 import psycopg
 import pytest
 
+from taskline.store.bulk import COPY_MIN_JOBS
 from tests.faults.workload import Answer
 from tests.helpers import wait_for
 
@@ -160,3 +163,63 @@ def test_postgres_postmaster_sigkill(fault_run):
     run.assert_clean(result)
     assert_outage_answers(run)
     assert result.count("lost") == 0 and result.count("duplicated") == 0
+
+
+BULK = 2 * COPY_MIN_JOBS
+
+
+def bulk_load(run, tags: list[str]):
+    """Two producer threads sending batches of BULK jobs without keys (the COPY path), each
+    batch once and tagged in its payloads, pausing after a refusal (bounded)."""
+    def send(i: int) -> Answer:
+        tag = str(uuid.uuid4())
+        tags.append(tag)
+        answer = run.workload.enqueue_batch_once(
+            [{"type": WORK, "payload": {"batch": tag, "i": n}} for n in range(BULK)])
+        if not answer.ok:
+            time.sleep(0.1)
+        return answer
+    return run.workload.background(send, threads=2, limit=60)
+
+
+def crash_postgres_mid_copy(run) -> None:
+    """SIGKILL the postmaster as soon as a COPY into jobs is running, so that the crash lands
+    inside a batch's transaction rather than between two."""
+    with psycopg.connect(run.cluster.settings.database_url, autocommit=True) as conn:
+        wait_for(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+            "AND query LIKE 'COPY jobs %%'").fetchone()[0] > 0,
+            timeout=20, interval=0.001, message="a COPY into jobs")
+    run.nemesis.crash_postgres()
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(180)
+def test_postgres_killed_mid_copy_of_bulk_enqueues(fault_run):
+    """The postmaster SIGKILLed while a batch streams in by COPY: an acknowledged batch runs
+    whole and once, and every batch is in PostgreSQL whole or not at all, whatever answer its
+    client got (a lost answer of a keyless batch may hide a commit: it cannot be retried)."""
+    run = fault_run("PostgreSQL SIGKILL mid-COPY of bulk enqueues", workers=2, concurrency=8)
+    tags: list[str] = []
+    with bulk_load(run, tags) as answers:
+        wait_acked(answers, 3)
+        crash_postgres_mid_copy(run)
+        wait_for(lambda: len(answers_with(run, 503)) >= 2, timeout=20, interval=0.1,
+                 message="503 answers while PostgreSQL is down")
+        run.nemesis.start_postgres()
+        back_at = acked(answers)
+        wait_acked(answers, back_at + 3)
+    result = run.check(wait_s=120)
+    run.assert_clean(result)
+    assert_outage_answers(run)
+    assert result.count("lost") == 0 and result.count("duplicated") == 0
+    assert result.acknowledged == BULK * acked(answers)
+    sizes = dict(query(run, "SELECT payload->>'batch', count(*) FROM jobs GROUP BY 1"))
+    assert set(sizes) <= set(tags) and set(sizes.values()) == {BULK}, "a batch written in part"
+    acknowledged = {a.body["jobs"][0]["job"]["payload"]["batch"] for a in answers if a.ok}
+    assert acknowledged <= set(sizes), "an acknowledged batch is missing"
+
+
+def query(run, sql: str, params: tuple = ()) -> list[tuple]:
+    with psycopg.connect(run.cluster.settings.database_url, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()

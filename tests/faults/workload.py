@@ -95,6 +95,13 @@ class Workload:
                  for job in jobs]
         return self.call("enqueue", "POST", "/api/v1/jobs/batch", {"jobs": keyed}, key=None)
 
+    def enqueue_batch_once(self, jobs: list[dict[str, Any]]) -> Answer:
+        """One batch request without idempotency keys, sent exactly once: a lost answer cannot
+        be retried without risking a second copy of every job, as a client without keys must
+        accept. (A batch of COPY_MIN_JOBS or more such jobs takes the COPY path.)"""
+        return self.call("enqueue", "POST", "/api/v1/jobs/batch", {"jobs": jobs}, key=None,
+                         once=True)
+
     def cancel(self, job_id: str) -> Answer:
         return self.call("cancel", "DELETE", f"/api/v1/jobs/{job_id}", None, key=None)
 
@@ -139,8 +146,9 @@ class Workload:
     # --- one operation, retried ----------------------------------------------------------
 
     def call(self, op: str, method: str, path: str, body: Any, *, key: str | None,
-             retry_503: bool = True) -> Answer:
-        """Send until answered (not 503) or the deadline passes; same key on every try."""
+             retry_503: bool = True, once: bool = False) -> Answer:
+        """Send until answered (not 503) or the deadline passes; same key on every try.
+        `once`: a single try, whatever comes back (an operation that is not idempotent)."""
         op_id = str(uuid.uuid4())
         deadline = time.monotonic() + self.deadline_s
         pause = RETRY_PAUSE_S[0]
@@ -149,7 +157,7 @@ class Workload:
             tries += 1
             t = self._send(method, path, body, key)
             self._record(op, op_id, key, method, path, tries, t)
-            retryable = t.status is None or (retry_503 and t.status == 503)
+            retryable = not once and (t.status is None or (retry_503 and t.status == 503))
             if not retryable or time.monotonic() + pause > deadline:
                 return Answer(op_id, key, t.status, t.body, tries)
             wait = min(pause, RETRY_AFTER_CAP_S) if t.retry_after else pause
