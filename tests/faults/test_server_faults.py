@@ -1,6 +1,7 @@
 """Server faults under load: the private Redis killed and restarted empty, flushed, frozen; the
-private PostgreSQL stopped and crashed, once in the middle of a batch's COPY. Each scenario runs a real cluster on fresh servers with
-producers enqueuing through the API the whole time, and is judged by the offline checker.
+private PostgreSQL stopped and crashed, once in the middle of a batch's COPY. Each scenario runs
+a real cluster on fresh servers with producers enqueuing through the API the whole time, and is
+judged by the offline checker.
 
 Invariant under test: Redis is disposable (whatever it loses, reconciliation rebuilds from
 PostgreSQL, and nothing runs twice), and PostgreSQL's absence costs availability, never an
