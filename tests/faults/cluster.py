@@ -287,14 +287,18 @@ class Cluster:
             self.services.append(service)
         return service
 
+    def query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """The rows of one statement on the scenario's database, on a connection of its own that
+        bypasses every proxy (autocommit)."""
+        with psycopg.connect(self.settings.database_url, autocommit=True) as conn:
+            return conn.execute(sql, params).fetchall()
+
     def wait_worker_registered(self, service: Service) -> None:
         """Until the workers table has a live row for this process (it takes work then)."""
         def registered() -> bool:
             assert service.alive, f"{service.name} exited:\n{service.log_text()[-3000:]}"
-            with psycopg.connect(self.settings.database_url, autocommit=True) as conn:
-                row = conn.execute("SELECT 1 FROM workers WHERE pid = %s AND stopped_at IS NULL",
-                                   (service.pid,)).fetchone()
-            return row is not None
+            return self.query("SELECT 1 FROM workers WHERE pid = %s AND stopped_at IS NULL",
+                              (service.pid,)) != []
         wait_for(registered, timeout=START_TIMEOUT_S, interval=0.1,
                  message=f"{service.name} to register")
 
@@ -362,9 +366,8 @@ class Cluster:
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Until no job is pending or running in PostgreSQL."""
         def idle() -> bool:
-            with psycopg.connect(self.settings.database_url, autocommit=True) as conn:
-                n = conn.execute("SELECT count(*) FROM jobs WHERE status IN "
-                                 "('queued','scheduled','retrying','running')").fetchone()[0]
+            [(n,)] = self.query("SELECT count(*) FROM jobs WHERE status IN "
+                                "('queued','scheduled','retrying','running')")
             return n == 0
         wait_for(idle, timeout=timeout, interval=0.2, message="every job to finish")
 

@@ -17,7 +17,6 @@ import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 
 from tests.faults.clockskew import skewed_env
@@ -32,10 +31,6 @@ WORK = "fault.work"
 
 # --- helpers ------------------------------------------------------------------------------
 
-def query(run, sql: str, params: tuple = ()) -> list[tuple]:
-    with psycopg.connect(run.cluster.settings.database_url, autocommit=True) as conn:
-        return conn.execute(sql, params).fetchall()
-
 
 def enqueue_work(run, n: int, sleep_s: float = 0.0, payload_extra: dict | None = None,
                  **fields) -> list[str]:
@@ -47,8 +42,8 @@ def enqueue_work(run, n: int, sleep_s: float = 0.0, payload_extra: dict | None =
 
 def wait_succeeded(run, ids: list[str], timeout: float = 30.0) -> None:
     def done() -> bool:
-        rows = query(run, "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) "
-                          "AND status = 'succeeded'", (ids,))
+        rows = run.cluster.query("SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) "
+                                 "AND status = 'succeeded'", (ids,))
         return rows[0][0] == len(ids)
     wait_for(done, timeout=timeout, interval=0.1, message=f"{len(ids)} jobs to succeed")
 
@@ -60,18 +55,18 @@ def wait_executing(run, job_id: str, service) -> None:
 
 def executions(run, job_id: str) -> list[tuple]:
     """(attempt, pid, started_at, ended_at) of each execution of the job."""
-    return query(run, "SELECT attempt, pid, started_at, ended_at FROM fault_exec_log "
-                      "WHERE job_id = %s ORDER BY id", (job_id,))
+    return run.cluster.query("SELECT attempt, pid, started_at, ended_at FROM fault_exec_log "
+                             "WHERE job_id = %s ORDER BY id", (job_id,))
 
 
 def lease_rows(run, job_id: str) -> list[tuple]:
     """(attempt, worker_id, leased_until, released_at, outcome) of each lease of the job."""
-    return query(run, "SELECT attempt, worker_id, leased_until, released_at, outcome "
-                      "FROM job_leases WHERE job_id = %s ORDER BY id", (job_id,))
+    return run.cluster.query("SELECT attempt, worker_id, leased_until, released_at, outcome "
+                             "FROM job_leases WHERE job_id = %s ORDER BY id", (job_id,))
 
 
 def executions_per_job(run) -> Counter[str]:
-    rows = query(run, "SELECT job_id::text FROM fault_exec_log")
+    rows = run.cluster.query("SELECT job_id::text FROM fault_exec_log")
     return Counter(job_id for (job_id,) in rows)
 
 
@@ -203,7 +198,7 @@ def test_two_seconds_of_latency_on_the_postgres_link(fault_run):
     run.nemesis.latency("worker", "postgres", 0.0)
     result = run.check()
     assert_ran_once(run, result)
-    recovered = query(run, "SELECT count(*) FROM job_events WHERE event = 'recovered'")
+    recovered = run.cluster.query("SELECT count(*) FROM job_events WHERE event = 'recovered'")
     assert recovered[0][0] == 0
     assert result.stale == 0
 
@@ -226,15 +221,15 @@ def test_clock_skew_between_worker_and_maintenance(fault_run, tmp_path):
     result = run.check()
     run.assert_clean(result)
     assert result.count("lost") == 0 and result.count("duplicated") == 0
-    attempts = dict(query(run, "SELECT id::text, attempts FROM jobs"))
+    attempts = dict(run.cluster.query("SELECT id::text, attempts FROM jobs"))
     assert all(attempts[j] == 1 for j in long + delayed + plain), attempts
     assert all(attempts[j] == 2 for j in flaky), attempts
-    recovered = query(run, "SELECT count(*) FROM job_events WHERE event = 'recovered'")
+    recovered = run.cluster.query("SELECT count(*) FROM job_events WHERE event = 'recovered'")
     assert recovered[0][0] == 0  # neither clock made a live lease look expired
     for job_id in delayed:  # due by PostgreSQL's clock: neither 30 s early nor 30 s late
-        [(waited,)] = query(run, "SELECT extract(epoch FROM l.leased_at - j.created_at) "
-                                 "FROM jobs j JOIN job_leases l ON l.job_id = j.id "
-                                 "WHERE j.id = %s", (job_id,))
+        [(waited,)] = run.cluster.query("SELECT extract(epoch FROM l.leased_at - j.created_at) "
+                                        "FROM jobs j JOIN job_leases l ON l.job_id = j.id "
+                                        "WHERE j.id = %s", (job_id,))
         assert 1.9 <= float(waited) < 15, waited
     # The skew was real: each service stamped its start-up log line with its own clock.
     assert first_log_time(run, run.cluster.workers[0]) <= started_by - timedelta(seconds=25)
@@ -260,9 +255,9 @@ def test_producer_crash_between_commit_and_push(fault_run):
     client = threading.Thread(
         target=lambda: answers.append(run.workload.enqueue(WORK, {"sleep_s": 0.1})))
     client.start()
-    wait_for(lambda: query(run, "SELECT id::text FROM jobs"), timeout=15,
+    wait_for(lambda: run.cluster.query("SELECT id::text FROM jobs"), timeout=15,
              message="the job to be committed")
-    [(job_id,)] = query(run, "SELECT id::text FROM jobs")
+    [(job_id,)] = run.cluster.query("SELECT id::text FROM jobs")
     run.nemesis.kill(run.cluster.api)  # committed, not pushed, not answered
     run.nemesis.unblackhole("api", "redis")
     run.nemesis.restart(run.cluster.api)
@@ -274,4 +269,4 @@ def test_producer_crash_between_commit_and_push(fault_run):
     result = run.check()
     assert_ran_once(run, result)
     assert result.acknowledged == 1
-    assert len(query(run, "SELECT 1 FROM jobs")) == 1
+    assert len(run.cluster.query("SELECT 1 FROM jobs")) == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-import psycopg
 import pytest
 
 from tests.faults.checker import stale_rejections
@@ -36,11 +35,6 @@ def job_row(run, job_id: str):
     return run.cluster.store.get_job(job_id)
 
 
-def query(run, sql: str, params: tuple = ()) -> list[tuple]:
-    with psycopg.connect(run.cluster.settings.database_url, autocommit=True) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
 def leases(run, job_id: str) -> list[dict]:
     return run.cluster.store.get_history(job_id)[1]
 
@@ -56,13 +50,13 @@ def wait_executing(run, job_id: str, service) -> None:
 
 
 def effects(run, job_id: str) -> list[tuple]:
-    return query(run, "SELECT attempt, worker_id FROM fault_effects WHERE job_id = %s",
-                 (job_id,))
+    return run.cluster.query("SELECT attempt, worker_id FROM fault_effects WHERE job_id = %s",
+                             (job_id,))
 
 
 def executions(run, job_id: str) -> list[tuple]:
-    return query(run, "SELECT attempt, pid FROM fault_exec_log WHERE job_id = %s ORDER BY id",
-                 (job_id,))
+    return run.cluster.query("SELECT attempt, pid FROM fault_exec_log WHERE job_id = %s "
+                             "ORDER BY id", (job_id,))
 
 
 @pytest.mark.fast
@@ -173,8 +167,9 @@ def test_poison_job_reaches_the_dlq_while_work_flows(fault_run):
     assert poison.job_id in [entry["job"]["id"] for entry in dlq.body["jobs"]]
     assert run.cluster.restarts >= 3
     first, last = (lease["leased_at"] for lease in leases(run, poison.job_id)[::2])
-    flowed = query(run, "SELECT count(*) FROM jobs WHERE type = %s AND status = 'succeeded' "
-                   "AND updated_at BETWEEN %s AND %s", (WORK, first, last))[0][0]
+    flowed = run.cluster.query("SELECT count(*) FROM jobs WHERE type = %s "
+                               "AND status = 'succeeded' AND updated_at BETWEEN %s AND %s",
+                               (WORK, first, last))[0][0]
     assert flowed > 0 and len(answers) > 0
 
 
@@ -222,7 +217,7 @@ def test_maintenance_killed_for_a_while(fault_run):
 
 
 def leader_pid(run) -> int | None:
-    rows = query(run, "SELECT holder FROM leader_leases WHERE leased_until > now()")
+    rows = run.cluster.query("SELECT holder FROM leader_leases WHERE leased_until > now()")
     return int(rows[0][0].split(":")[1]) if rows else None
 
 
@@ -258,8 +253,8 @@ def test_promoter_killed_mid_promotion(fault_run):
     ids = [j["job"]["id"] for j in answer.body["jobs"]]
     link.blackhole(True)
     run.nemesis.fault("blackhole", "maintenance->redis")
-    wait_for(lambda: query(run, "SELECT count(*) FROM jobs WHERE status = 'queued' "
-                                "AND id = ANY(%s::uuid[])", (ids,))[0][0] == len(ids),
+    wait_for(lambda: run.cluster.query("SELECT count(*) FROM jobs WHERE status = 'queued' "
+                                       "AND id = ANY(%s::uuid[])", (ids,))[0][0] == len(ids),
              timeout=20, message="the promoter to commit the promotion")
     maintenance = run.cluster.maintenances[0]
     run.nemesis.kill(maintenance)  # its push to Redis is still hanging in the blackhole
@@ -286,9 +281,10 @@ def test_load_3000_jobs_on_4_workers_run_once_each(fault_run):
     result = run.check(wait_s=150)
     run.assert_clean(result)
     assert result.acknowledged == 3000 and result.count("ok") == 3000
-    counts = query(run, "SELECT count(*), count(DISTINCT job_id) FROM fault_exec_log")[0]
+    counts = run.cluster.query("SELECT count(*), count(DISTINCT job_id) FROM fault_exec_log")[0]
     assert counts == (3000, 3000), "each job executed exactly once"
-    effect_counts = query(run, "SELECT count(*), count(DISTINCT job_id) FROM fault_effects")[0]
+    effect_counts = run.cluster.query(
+        "SELECT count(*), count(DISTINCT job_id) FROM fault_effects")[0]
     assert effect_counts == (3000, 3000)
-    pids = {pid for (pid,) in query(run, "SELECT DISTINCT pid FROM fault_exec_log")}
+    pids = {pid for (pid,) in run.cluster.query("SELECT DISTINCT pid FROM fault_exec_log")}
     assert len(pids) == 4, "all four worker processes took part"

@@ -215,12 +215,9 @@ def test_postgres_killed_mid_copy_of_bulk_enqueues(fault_run):
     assert_outage_answers(run)
     assert result.count("lost") == 0 and result.count("duplicated") == 0
     assert result.acknowledged == BULK * acked(answers)
-    sizes = dict(query(run, "SELECT payload->>'batch', count(*) FROM jobs GROUP BY 1"))
+    sizes = dict(run.cluster.query("SELECT payload->>'batch', count(*) FROM jobs GROUP BY 1"))
     assert set(sizes) <= set(tags) and set(sizes.values()) == {BULK}, "a batch written in part"
     acknowledged = {a.body["jobs"][0]["job"]["payload"]["batch"] for a in answers if a.ok}
     assert acknowledged <= set(sizes), "an acknowledged batch is missing"
 
 
-def query(run, sql: str, params: tuple = ()) -> list[tuple]:
-    with psycopg.connect(run.cluster.settings.database_url, autocommit=True) as conn:
-        return conn.execute(sql, params).fetchall()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 
-import psycopg
 import pytest
 
 from taskline.dispatch.keys import QueueKeys
@@ -26,11 +25,6 @@ WORK = "fault.work"
 Q = QueueKeys("default")
 
 
-def query(run, sql: str, params: tuple = ()) -> list[tuple]:
-    with psycopg.connect(run.cluster.settings.database_url, autocommit=True) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
 def enqueue_work(run, n: int, payload: dict | None = None, **fields) -> list[str]:
     answers = run.workload.many([lambda: run.workload.enqueue(WORK, payload or {}, **fields)] * n)
     assert all(a.ok for a in answers), [(a.status, a.body) for a in answers]
@@ -38,8 +32,8 @@ def enqueue_work(run, n: int, payload: dict | None = None, **fields) -> list[str
 
 
 def executions_per_job(run) -> Counter:
-    return Counter(dict(query(run, "SELECT job_id::text, count(*) FROM fault_exec_log "
-                                   "GROUP BY job_id")))
+    return Counter(dict(run.cluster.query("SELECT job_id::text, count(*) FROM fault_exec_log "
+                                          "GROUP BY job_id")))
 
 
 def ready_ids(run) -> list[str]:
@@ -93,8 +87,8 @@ def test_queued_row_with_no_redis_entry(fault_run):
     assert result.count("ok") == 10
 
     def hidden_done() -> bool:
-        return query(run, "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) AND status = "
-                          "'succeeded'", (hidden,))[0][0] == len(hidden)
+        return run.cluster.query("SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) "
+                                 "AND status = 'succeeded'", (hidden,))[0][0] == len(hidden)
 
     # The checker waits for the acknowledged jobs only; these ran only if reconciliation
     # (every 2 s here) pushed them, and a fast worker may finish the others first.
@@ -117,7 +111,7 @@ def test_cancel_racing_claim_500_times(fault_run):
     run.assert_clean(result)
     by_answer = Counter(status for _, status in outcomes)
     assert set(by_answer) <= {200, 202, 409}, by_answer
-    states = dict(query(run, "SELECT id::text, status FROM jobs"))
+    states = dict(run.cluster.query("SELECT id::text, status FROM jobs"))
     runs = executions_per_job(run)
     for job_id, status in outcomes:
         if status == 200:  # cancelled while pending: it must never have started
@@ -133,7 +127,8 @@ def test_cancel_racing_claim_500_times(fault_run):
 def test_retry_of_a_dead_job_racing_itself(fault_run):
     run = fault_run("retry of a dead job racing itself", workers=1, concurrency=4)
     ids = enqueue_work(run, 10, payload={"fail_executions": 1, "non_retryable": True})
-    wait_for(lambda: query(run, "SELECT count(*) FROM jobs WHERE status = 'dead'")[0][0] == 10,
+    wait_for(lambda: run.cluster.query(
+                 "SELECT count(*) FROM jobs WHERE status = 'dead'")[0][0] == 10,
              timeout=30, message="every job dead-lettered")
     for job_id in ids:
         answers = run.workload.many([lambda j=job_id: run.workload.retry(j)] * 16, threads=16)
@@ -143,6 +138,6 @@ def test_retry_of_a_dead_job_racing_itself(fault_run):
     run.assert_clean(result)
     assert result.count("recovered") == len(ids)  # each needed a requeue
     assert executions_per_job(run) == dict.fromkeys(ids, 2)  # one failure, one success
-    effects = Counter(dict(query(run, "SELECT job_id::text, count(*) FROM fault_effects "
-                                      "GROUP BY job_id")))
+    effects = Counter(dict(run.cluster.query("SELECT job_id::text, count(*) FROM fault_effects "
+                                             "GROUP BY job_id")))
     assert effects == dict.fromkeys(ids, 1)
