@@ -1,7 +1,8 @@
 """The HTTP floor: a Flask app that does nothing but what every API request must do.
 
 It reads the JSON body and answers 201 with a small JSON object, served by gunicorn with the
-producer API's worker class, thread count and per-worker sockets (bench/scenarios.http_floor).
+producer API's worker class, thread count, sockets and connection balancing
+(bench/scenarios.http_floor).
 Whatever rate it reaches on a machine is the most any Flask route under that gunicorn can
 serve there, so the single-enqueue figures are read against it (docs/performance.md).
 """

@@ -10,6 +10,7 @@ uses BENCH_ADMIN_URL instead.
 
 from __future__ import annotations
 
+import http.client
 import os
 import runpy
 import socket
@@ -29,6 +30,9 @@ import requests
 from taskline_cli.localservers import PrivatePostgres
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the /proc reading of tests.helpers, shared with the tests
+from tests.helpers import connections_per_process  # noqa: E402
+
 BENCH_DIR = Path(__file__).resolve().parent
 DB_NAME = "taskline_bench"
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
@@ -137,15 +141,18 @@ class Stack:
         with self.process("api", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)) as proc:
             self.api_pid = proc.pid  # gunicorn's master; its children serve the requests
             base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: _ready(base), timeout=60, interval=0.1)
+            wait_until(lambda: _ready(base) and self._all_accepting(port, workers), timeout=60,
+                       interval=0.1)
             yield base
 
     @contextmanager
     def http_floor(self, workers: int = 2) -> Iterator[str]:
-        """bench/floor_app.py under gunicorn with the API's worker class, threads and sockets."""
+        """bench/floor_app.py under gunicorn with the API's worker class, threads, sockets and
+        connection balancing (bench/floor_gunicorn.conf.py)."""
         conf = runpy.run_path(str(ROOT / "services" / "producer" / "gunicorn.conf.py"))
         port = free_port()
         args = [sys.executable, "-m", "gunicorn", "--workers", str(workers),
+                "--config", str(BENCH_DIR / "floor_gunicorn.conf.py"),
                 "--worker-class", conf["worker_class"], "--threads", str(conf["threads"]),
                 "--keep-alive", str(conf["keepalive"]), "--bind", f"127.0.0.1:{port}",
                 "--log-level", "warning", *(["--reuse-port"] if conf["reuse_port"] else []),
@@ -155,25 +162,38 @@ class Stack:
         self.api_pid = proc.pid
         try:
             base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: _ready(base), timeout=60, interval=0.1)
+            wait_until(lambda: _ready(base) and self._all_accepting(port, workers), timeout=60,
+                       interval=0.1)
             yield base
         finally:
             stop(proc)
 
+    def _all_accepting(self, port: int, workers: int) -> bool:
+        """Whether every gunicorn process has started serving: `workers` connections held at
+        once land one on each. A process still loading the app is not counted by its siblings'
+        balancing, so clients connecting before it is up would all land on the others."""
+        held = [http.client.HTTPConnection("127.0.0.1", port, timeout=5) for _ in range(workers)]
+        try:
+            for conn in held:
+                conn.request("GET", "/readyz")
+                conn.getresponse().read()
+            return sorted(connections_per_process(self.api_pid, port).values()) == [1] * workers
+        except OSError:
+            return False
+        finally:
+            for conn in held:
+                conn.close()
+
     def record_placement(self, base: str) -> None:
         """Append how many of the connections to `base` each gunicorn process serves.
 
-        Each process accepts on its own SO_REUSEPORT socket and the kernel picks one by a hash
-        of the connection, blind to load: two keep-alive clients share one process in about
-        half the runs, which then serves both under one GIL (docs/performance.md, change 27).
+        Until change 29 the kernel placed connections by a hash, blind to load, and two
+        keep-alive clients shared one process in about half the runs (docs/performance.md,
+        change 27); the processes now accept by least connections (taskline_producer.balancer).
         Recorded with every enqueue measurement so that its spread can be read against it.
         """
-        port = urlsplit(base).port
-        established = _established_inodes(port)
-        children = subprocess.run(["pgrep", "-P", str(self.api_pid)], capture_output=True,
-                                  text=True).stdout.split()
-        counts = [len(_socket_inodes(int(pid)) & established) for pid in children]
-        self.placements.append(sorted(counts, reverse=True))
+        counts = connections_per_process(self.api_pid, urlsplit(base).port or 0)
+        self.placements.append(sorted(counts.values(), reverse=True))
 
     def server_facts(self) -> dict[str, str]:
         with psycopg.connect(self.admin_url) as conn:
@@ -182,31 +202,6 @@ class Stack:
                                   "wal_sync_method", "shared_buffers")}
         facts["redis"] = self.redis.info()["redis_version"]
         return facts
-
-
-def _established_inodes(port: int | None) -> set[str]:
-    """Socket inodes of the established IPv4 TCP connections whose local port is `port`."""
-    inodes = set()
-    with open("/proc/net/tcp") as table:
-        for line in table.readlines()[1:]:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                inodes.add(fields[9])
-    return inodes
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    """Inodes of the sockets process `pid` holds open."""
-    found = set()
-    fd_dir = Path(f"/proc/{pid}/fd")
-    for fd in fd_dir.iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:  # closed since listed
-            continue
-        if target.startswith("socket:["):
-            found.add(target[8:-1])
-    return found
 
 
 def _ready(base: str) -> bool:

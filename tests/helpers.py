@@ -97,3 +97,36 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         proc.wait(5)
     except ProcessLookupError:
         pass
+
+
+def connections_per_process(parent_pid: int, port: int) -> dict[int, int]:
+    """How many established connections to local `port` each child of `parent_pid` (a gunicorn
+    master's workers) holds, by child PID; read from /proc."""
+    established = _established_inodes(port)
+    children = subprocess.run(["pgrep", "-P", str(parent_pid)], capture_output=True,
+                              text=True).stdout.split()
+    return {int(pid): len(_socket_inodes(int(pid)) & established) for pid in children}
+
+
+def _established_inodes(port: int) -> set[str]:
+    """Socket inodes of the established IPv4 TCP connections whose local port is `port`."""
+    inodes = set()
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                inodes.add(fields[9])
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets process `pid` holds open."""
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed since listed
+            continue
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return found

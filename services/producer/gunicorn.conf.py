@@ -9,16 +9,15 @@ of a worker's threads and end when the worker is told to stop.
 # gthread: threads keep a slow PostgreSQL round trip from idling a process. An event stream
 # (/api/v1/events) holds a thread for as long as its browser stays, so streams may take at most
 # half of them (post_worker_init below); the other half always serves ordinary requests.
-worker_class = "gthread"
+# It accepts by least connections (taskline_producer.balancer): all processes share
+# one listening socket, and one holding more connections than a live sibling leaves a new
+# connection to it. With a socket per process (SO_REUSEPORT) the kernel placed connections by
+# a hash, blind to load: two keep-alive clients landed on one process in half the runs, which
+# then served both under one GIL while the other idled (docs/performance.md, changes 27, 29).
+worker_class = "taskline_producer.balancer.BalancedThreadWorker"
 threads = 16
 preload_app = False
-# Each worker binds its own SO_REUSEPORT socket (gunicorn makes one per worker when this is on),
-# so the kernel spreads new connections over the workers. With one shared socket the worker that
-# happens to be awake wins the accepts: in the benchmark all 8 keep-alive clients often landed on
-# one process, which then held the GIL for all of them while the other sat idle (8 clients,
-# 2 workers: 537-891 jobs/s shared, 677-1,087 per-worker sockets). The price: two servers
-# started on one port by the same user share it instead of the second failing to bind.
-reuse_port = True
+reuse_port = False
 # Seconds a silent worker may block before the master replaces it; above the 10 s pool timeout.
 timeout = 30
 # SIGTERM lets in-flight requests finish within this many seconds.
@@ -39,6 +38,18 @@ limit_request_fields = 100
 limit_request_field_size = 8190
 
 
+def on_starting(server):
+    from taskline_producer.balancer import share_table
+
+    share_table(server)
+
+
+def pre_fork(server, worker):
+    from taskline_producer.balancer import assign_slot
+
+    assign_slot(server, worker)
+
+
 def post_worker_init(worker):
     # worker.wsgi is this process's Flask app; its signal handlers are installed by now.
     from taskline import heap
@@ -51,4 +62,7 @@ def post_worker_init(worker):
 def child_exit(server, worker):
     from prometheus_client import multiprocess
 
+    from taskline_producer.balancer import free_slot
+
     multiprocess.mark_process_dead(worker.pid)
+    free_slot(server, worker)
