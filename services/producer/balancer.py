@@ -47,14 +47,18 @@ class ConnectionTable:
     """
 
     def __init__(self, slots: int = 256) -> None:
-        self._memory = mmap.mmap(-1, ctypes.sizeof(_Slot) * slots)  # shared and anonymous
-        self._slots = (_Slot * slots).from_buffer(self._memory)
+        header = ctypes.sizeof(ctypes.c_int64)
+        self._memory = mmap.mmap(-1, header + ctypes.sizeof(_Slot) * slots)  # shared, anonymous
+        # Slots past the highest ever claimed are never read: an accept reads 2, not 256.
+        self._used = ctypes.c_int64.from_buffer(self._memory)
+        self._slots = (_Slot * slots).from_buffer(self._memory, header)
 
     def claim(self) -> int:
         """A free slot for a worker about to be forked, zeroed; in the master."""
         for index, slot in enumerate(self._slots):
             if not slot.claimed:
                 slot.claimed, slot.connections, slot.beat = 1, 0, 0.0
+                self._used.value = max(self._used.value, index + 1)
                 return index
         raise RuntimeError(f"more than {len(self._slots)} API worker processes")
 
@@ -69,8 +73,9 @@ class ConnectionTable:
 
     def fewest_elsewhere(self, index: int, now: float) -> int | None:
         """The fewest connections a live sibling of slot `index` holds; None without one."""
-        counts = [s.connections for i, s in enumerate(self._slots)
-                  if s.claimed and i != index and now - s.beat < STALE_S]
+        slots = self._slots
+        counts = [slots[i].connections for i in range(self._used.value)
+                  if i != index and slots[i].claimed and now - slots[i].beat < STALE_S]
         return min(counts, default=None)
 
 
