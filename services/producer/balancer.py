@@ -10,7 +10,8 @@ connections each holds; a process holding more than the least-loaded live siblin
 watching the socket for RECHECK_S, so the sibling takes the connection.
 
 Invariant: a connection is never left waiting on a sibling that does not take it. A sibling
-counts only while it beats (every loop of its event loop, at least once a second), and a process
+counts only while it beats (every turn of its event loop, at least once a second; a stopping
+one withdraws its beat at once), and a process
 declines one pending connection for at most MAX_YIELD_S before it accepts it anyway, so a
 stopped or hung sibling delays new connections by that much at worst and loses none.
 """
@@ -119,8 +120,10 @@ class BalancedThreadWorker(ThreadWorker):
         super().wait_for_and_dispatch_events(timeout)
 
     def _publish(self, now: float) -> None:
+        # A stopping process accepts no more: its beat is withdrawn so siblings stop yielding.
         if self.connection_table is not None:
-            self.connection_table.publish(self.balance_slot, self.nr_conns, now)
+            self.connection_table.publish(self.balance_slot, self.nr_conns,
+                                          now if self.alive else 0.0)
 
     def _should_yield(self, now: float) -> bool:
         """Whether to leave the pending connection to a sibling holding fewer connections.

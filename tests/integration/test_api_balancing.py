@@ -118,6 +118,17 @@ def test_a_stopped_process_delays_new_connections_but_loses_none(api: Api) -> No
     assert_balanced(api, 8)
 
 
+def test_a_stopping_process_is_not_waited_for(api: Api) -> None:
+    for _ in range(3):
+        api.connect()
+    stopping = min(api.counts(), key=api.counts().get)  # holds 1, its sibling 2
+    os.kill(stopping, signal.SIGTERM)
+    # It keeps its kept-alive connection for up to 2 s while it stops, and accepts nothing
+    # more: its sibling, holding more, must not leave the new connections to it.
+    delays = [api.connect() for _ in range(3)]
+    assert all(delay < MAX_YIELD_S * 0.8 for delay in delays), delays
+
+
 def test_a_replacement_process_takes_connections(api: Api) -> None:
     for _ in range(2):
         api.connect()
