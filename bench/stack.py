@@ -10,10 +10,8 @@ uses BENCH_ADMIN_URL instead.
 
 from __future__ import annotations
 
-import http.client
 import os
 import runpy
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,22 +25,16 @@ import psycopg
 import redis
 import requests
 
-from taskline_cli.localservers import PrivatePostgres
+from taskline_cli.localservers import PrivatePostgres, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the /proc reading of tests.helpers, shared with the tests
-from tests.helpers import connections_per_process  # noqa: E402
+sys.path.insert(0, str(ROOT))  # tests.helpers' /proc reading, shared with the tests
+from tests.helpers import connections_per_process, every_process_serving  # noqa: E402
 
 BENCH_DIR = Path(__file__).resolve().parent
 DB_NAME = "taskline_bench"
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 SHARED_ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> None:
@@ -141,8 +133,7 @@ class Stack:
         with self.process("api", "--bind", f"127.0.0.1:{port}", "--workers", str(workers)) as proc:
             self.api_pid = proc.pid  # gunicorn's master; its children serve the requests
             base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: _ready(base) and self._all_accepting(port, workers), timeout=60,
-                       interval=0.1)
+            self._wait_serving(base, workers)
             yield base
 
     @contextmanager
@@ -162,27 +153,17 @@ class Stack:
         self.api_pid = proc.pid
         try:
             base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: _ready(base) and self._all_accepting(port, workers), timeout=60,
-                       interval=0.1)
+            self._wait_serving(base, workers)
             yield base
         finally:
             stop(proc)
 
-    def _all_accepting(self, port: int, workers: int) -> bool:
-        """Whether every gunicorn process has started serving: `workers` connections held at
-        once land one on each. A process still loading the app is not counted by its siblings'
-        balancing, so clients connecting before it is up would all land on the others."""
-        held = [http.client.HTTPConnection("127.0.0.1", port, timeout=5) for _ in range(workers)]
-        try:
-            for conn in held:
-                conn.request("GET", "/readyz")
-                conn.getresponse().read()
-            return sorted(connections_per_process(self.api_pid, port).values()) == [1] * workers
-        except OSError:
-            return False
-        finally:
-            for conn in held:
-                conn.close()
+    def _wait_serving(self, base: str, workers: int) -> None:
+        """Until the server at `base` is ready and every one of its processes serves, so the
+        clients that connect next are balanced over all of them."""
+        port = urlsplit(base).port or 0
+        wait_until(lambda: _ready(base) and every_process_serving(self.api_pid, port, workers),
+                   timeout=60, interval=0.1)
 
     def record_placement(self, base: str) -> None:
         """Append how many of the connections to `base` each gunicorn process serves.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -106,6 +107,24 @@ def connections_per_process(parent_pid: int, port: int) -> dict[int, int]:
     children = subprocess.run(["pgrep", "-P", str(parent_pid)], capture_output=True,
                               text=True).stdout.split()
     return {int(pid): len(_socket_inodes(int(pid)) & established) for pid in children}
+
+
+def every_process_serving(parent_pid: int, port: int, processes: int) -> bool:
+    """Whether each of the `processes` children of a gunicorn master serves: as many
+    connections held at once land one on each (taskline_producer.balancer). A process still
+    loading its app is not yet counted by its siblings, so all would land on the others. Any
+    answer to the request will do (a 404 too): it only proves the connection was accepted."""
+    held = [http.client.HTTPConnection("127.0.0.1", port, timeout=5) for _ in range(processes)]
+    try:
+        for conn in held:
+            conn.request("GET", "/healthz")
+            conn.getresponse().read()
+        return sorted(connections_per_process(parent_pid, port).values()) == [1] * processes
+    except OSError:
+        return False
+    finally:
+        for conn in held:
+            conn.close()
 
 
 def _established_inodes(port: int) -> set[str]:

@@ -11,9 +11,9 @@ watching the socket for RECHECK_S, so the sibling takes the connection.
 
 Invariant: a connection is never left waiting on a sibling that does not take it. A sibling
 counts only while it beats (every turn of its event loop, at least once a second; a stopping
-one withdraws its beat at once), and a process
-declines one pending connection for at most MAX_YIELD_S before it accepts it anyway, so a
-stopped or hung sibling delays new connections by that much at worst and loses none.
+one withdraws its beat at once), and a process declines one pending connection for at most
+MAX_YIELD_S before it accepts it anyway, so a stopped or hung sibling delays new connections
+by that much at worst and loses none.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -24,6 +23,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from taskline.settings import Settings
+from taskline_cli.localservers import free_port
 from tests.helpers import service, service_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -39,12 +39,6 @@ TOKEN = "browser-test-token"
 FLOOD = 50
 
 expect.set_options(timeout=15_000)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ready(port: int) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,16 +19,17 @@ from pathlib import Path
 import pytest
 
 from taskline.settings import Settings
+from taskline_cli.localservers import free_port
 from taskline_producer.balancer import MAX_YIELD_S
-from tests.helpers import connections_per_process, service, service_env, wait_for
+from tests.helpers import (
+    connections_per_process,
+    every_process_serving,
+    service,
+    service_env,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Api:
@@ -50,6 +50,10 @@ class Api:
         self.open.append(conn)
         return time.monotonic() - started
 
+    def serving(self) -> bool:
+        """Whether both processes serve (then each takes its share of new connections)."""
+        return every_process_serving(self.pid, self.port, 2)
+
     def counts(self) -> dict[int, int]:
         return connections_per_process(self.pid, self.port)
 
@@ -67,23 +71,9 @@ def api(settings: Settings, tmp_path: Path) -> Iterator[Api]:
     with service(["api", "--bind", f"127.0.0.1:{port}", "--workers", "2"], env,
                  tmp_path / "logs") as proc:
         running = Api(proc.pid, port)
-        wait_for(lambda: _both_accepting(running), timeout=20, message="both api processes up")
+        wait_for(running.serving, timeout=20, message="both api processes up")
         yield running
         running.close_all()
-
-
-def _both_accepting(api: Api) -> bool:
-    """Two connections held at once land one on each process once both serve (a process still
-    loading the app is not yet counted by its sibling)."""
-    try:
-        api.connect()
-        api.connect()
-    except OSError:
-        return False
-    finally:
-        placed = sorted(api.counts().values())
-        api.close_all()
-    return placed == [1, 1]
 
 
 def assert_balanced(api: Api, total: int) -> None:
@@ -136,7 +126,7 @@ def test_a_replacement_process_takes_connections(api: Api) -> None:
     killed = next(iter(api.counts()))
     os.kill(killed, signal.SIGKILL)
     api.close_all()
-    wait_for(lambda: killed not in api.counts() and _both_accepting(api), timeout=20,
+    wait_for(lambda: killed not in api.counts() and api.serving(), timeout=20,
              message="gunicorn to replace the killed process")
     for opened in range(1, 5):
         api.connect()

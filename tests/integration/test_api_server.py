@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,10 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.settings import Settings
 from taskline.store.store import Store
+from taskline_cli.localservers import free_port
 from tests.helpers import service, service_env, stop_process, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def request(port: int, method: str, path: str, body: bytes | None = None,

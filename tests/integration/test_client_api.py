@@ -6,7 +6,6 @@ register), through the library's Store and Dispatcher, so these tests need no wo
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,15 +17,10 @@ from taskline.client import Client, ClientError
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
+from taskline_cli.localservers import free_port
 from tests.helpers import enqueue, service, service_env, wait_for
 
 WORKER = "client-test-worker"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_api(settings: Settings, log_dir: Path, **env: str) -> Iterator[str]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import http.client
 import json
 import runpy
-import socket
 from pathlib import Path
 
 import pytest
 
 from taskline.settings import Settings
+from taskline_cli.localservers import free_port
 from taskline_producer.serve import CONFIG_FILE
 from tests.helpers import service, service_env, wait_for
 from tests.integration.events_client import SseClient
@@ -25,12 +25,6 @@ pytestmark = pytest.mark.slow
 
 TOKEN = "gunicorn-stream-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(port: int, method: str, path: str, body: object = None) -> tuple[int, object]:
