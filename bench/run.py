@@ -71,6 +71,8 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
     table: dict[str, Callable[[Stack], Any]] = {
         "enqueue_single_1_client": lambda s: sc.enqueue_single(s, min(n, 1000), 1),
         "enqueue_single_8_clients": lambda s: sc.enqueue_single(s, min(n, 4000), 8),
+        # More keep-alive clients than one process's PostgreSQL pool has connections.
+        "enqueue_single_16_clients": lambda s: sc.enqueue_single(s, min(n, 4000), 16),
         "http_floor_8_clients": lambda s: sc.http_floor(s, min(n, 4000), 8),
         "enqueue_batch": lambda s: sc.enqueue_batch(s, n),
         "drain_1_worker": lambda s: sc.drain(s, n, 1),

@@ -21,8 +21,11 @@ from taskline_producer.enqueuer import Enqueuer
 from taskline_producer.telemetry import JobMetrics, type_labels
 
 # gthread runs 16 threads per process, at most 8 of them in event streams (which use the pool
-# only to replay); the pool's overflow (as many again) absorbs bursts above 5.
-POOL_SIZE = 5
+# only to replay). The pool has no overflow: an overflow connection is closed when it is
+# returned to a full pool, so more concurrent requests than the pool's size (each a keep-alive
+# client) opened and closed a PostgreSQL connection every few requests, each a backend start.
+# Ten kept connections are the cap that 5 plus 5 overflow gave, without that churn.
+POOL_SIZE = 10
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Backends:
             if self._live is None or self._live.pid != os.getpid():
                 # A forked child drops its parent's objects without closing their sockets.
                 store = self._given_store or Store.connect(
-                    self.settings.database_url, pool_size=POOL_SIZE,
+                    self.settings.database_url, pool_size=POOL_SIZE, max_overflow=0,
                     application_name="taskline-api")
                 dispatcher = self._given_dispatcher or Dispatcher(self.settings.redis_url)
                 self._live = _Live(os.getpid(), store, dispatcher,

@@ -40,8 +40,13 @@ def sqlalchemy_url(url: str) -> str:
     raise ValueError("DATABASE_URL must start with postgresql://")
 
 
-def make_engine(url: str, pool_size: int = 5, **kwargs: Any) -> Engine:
-    """An engine with a fixed pool and TCP keepalives, so a dead link is noticed in seconds."""
+def make_engine(url: str, pool_size: int = 5, max_overflow: int | None = None,
+                **kwargs: Any) -> Engine:
+    """An engine with a fixed pool and TCP keepalives, so a dead link is noticed in seconds.
+
+    `max_overflow` (default: `pool_size` again) connections beyond the pool are opened when all
+    of it is in use and closed as soon as they are returned to a full pool.
+    """
     connect_args = {
         "connect_timeout": 5,
         "keepalives": 1,
@@ -51,7 +56,8 @@ def make_engine(url: str, pool_size: int = 5, **kwargs: Any) -> Engine:
         "application_name": kwargs.pop("application_name", "taskline"),
     }
     return create_engine(
-        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_timeout=10,
+        sqlalchemy_url(url), pool_size=pool_size,
+        max_overflow=pool_size if max_overflow is None else max_overflow, pool_timeout=10,
         pool_recycle=3600, connect_args=connect_args, json_deserializer=_json_loads, **kwargs,
     )
 
@@ -138,8 +144,9 @@ class Store:
         self.engine = engine
 
     @classmethod
-    def connect(cls, url: str, pool_size: int = 5, **kwargs: Any) -> Store:
-        return cls(make_engine(url, pool_size=pool_size, **kwargs))
+    def connect(cls, url: str, pool_size: int = 5, max_overflow: int | None = None,
+                **kwargs: Any) -> Store:
+        return cls(make_engine(url, pool_size=pool_size, max_overflow=max_overflow, **kwargs))
 
     def dispose(self) -> None:
         self.engine.dispose()
