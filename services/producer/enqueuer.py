@@ -25,7 +25,8 @@ from sqlalchemy import Connection
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import IdempotencyConflict
 from taskline.jobs import Event, Job, Status, new_job_id
-from taskline.store.store import Store
+from taskline.store.store import STATEMENT_ERRORS, Store
+from taskline_producer.grouping import GroupWriter
 from taskline_producer.jobspec import JobSpec
 from taskline_producer.telemetry import JobMetrics, job_log_extra
 
@@ -105,9 +106,27 @@ class Enqueuer:
         self._store = store
         self._dispatcher = dispatcher
         self._metrics = metrics
+        self.group: GroupWriter[dict[str, Any], Job] = GroupWriter(
+            self._write_group, item_errors=STATEMENT_ERRORS,
+            sizes=metrics.grouped)
 
     def enqueue(self, spec: JobSpec, trace_context: str | None = None) -> Accepted:
-        return self.enqueue_many([spec], trace_context)[0]
+        """One job. Without an idempotency key it is written together with the single
+        enqueues of other requests waiting at the same moment (taskline_producer.grouping);
+        a keyed one alone, as a batch of one, so no two writes ever contend for a key."""
+        if spec.idempotency_key is not None:
+            return self.enqueue_many([spec], trace_context)[0]
+        db_now = self._store.now() if spec.run_at is not None else None
+        job = self.group.submit(_row(spec, db_now, trace_context))
+        self._record([job])
+        return Accepted(job, created=True)
+
+    def _write_group(self, rows: Sequence[dict[str, Any]]) -> list[Job]:
+        """Insert rows without keys (none is skipped) in one autocommit statement, then push."""
+        stored = {r.id: r for r in self._store.insert_jobs_with_events(rows)}
+        jobs = [_job(row, stored[row["id"]]) for row in rows]
+        self._dispatch(jobs)
+        return jobs
 
     def enqueue_many(self, specs: Sequence[JobSpec],
                      trace_context: str | None = None) -> list[Accepted]:

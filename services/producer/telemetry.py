@@ -18,7 +18,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from flask import Flask, Response, g, request
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client import multiprocess as prometheus_multiprocess
 from prometheus_client.metrics_core import Metric
 
@@ -37,6 +43,12 @@ from taskline.metrics import (
 log = logging.getLogger(__name__)
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+# Only the API writes single enqueues in groups (taskline_producer.grouping), so only the API
+# creates this series.
+ENQUEUE_GROUP_SIZE = Histogram(
+    "taskline_enqueue_group_size", "Single enqueues written by one statement (group commit)",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16))
 
 
 def type_labels(modules: Sequence[str]) -> TypeLabels:
@@ -62,6 +74,9 @@ class JobMetrics:
 
     def accepted(self, job_type: str, queue: str, count: int = 1) -> None:
         JOB_ENQUEUED.labels(type=self._types(job_type), queue=self._queues(queue)).inc(count)
+
+    def grouped(self, size: int) -> None:
+        ENQUEUE_GROUP_SIZE.observe(size)
 
     def cancelled(self, queue: str) -> None:
         JOB_CANCELLED.labels(queue=self._queues(queue)).inc()

@@ -441,6 +441,11 @@ _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
 _DRIVER_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
+STATEMENT_ERRORS: tuple[type[Exception], ...] = (psycopg.Error, exc.DBAPIError)
+"""What a statement raises when PostgreSQL refuses what it was given (outages are
+StoreUnavailable): the error may concern one row of a multi-row statement."""
+
+
 @contextlib.contextmanager
 def translate_errors() -> Iterator[None]:
     """Turn "cannot reach PostgreSQL" driver errors into StoreUnavailable."""
