@@ -1,8 +1,10 @@
 """Accepting jobs: write them to PostgreSQL, commit, and only then hand their ids to Redis.
 
 Invariant: a job and its first event are written by one INSERT statement (a batch's jobs by one
-statement for all of them), atomic by itself; it commits alone (autocommit, one round trip)
-unless it is a batch with idempotency keys, whose replay check may refuse the batch after part
+statement for all of them; single enqueues without keys that wait at the same moment, by one
+statement for all of them, taskline_producer.grouping), atomic by itself, and no request is
+answered before the statement holding its job committed. It commits alone (autocommit, one
+round trip) unless it is a batch with idempotency keys, whose replay check may refuse the batch after part
 of it was inserted: that runs in one transaction, rolled back whole. (The store writes a large
 batch without keys by COPY instead, also in one transaction: taskline.store.bulk.) Redis hears
 of a job only after the commit, so Redis never holds an id PostgreSQL does not. A failed push
