@@ -156,11 +156,15 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         if only and name not in only:
             continue
         stack.placements.clear()
+        stack.group_sizes.clear()
         results[name] = measure(stack, fn, args.repeat)
         show(name, results[name])
         if stack.placements:  # the enqueue scenarios: connections per API process, per run
             results[name + "_connections_per_process"] = list(stack.placements)
             show(name + "_connections_per_process", stack.placements)
+        if stack.group_sizes:  # single enqueues: jobs per statement (group commit), per run
+            results[name + "_mean_group_size"] = list(stack.group_sizes)
+            show(name + "_mean_group_size", stack.group_sizes)
     peak = results.get("side_by_side", {}).get("taskline", {}).get("median")
     if peak and (not only or "steady_latency" in only):
         results["steady_latency_50pct"] = measure(

@@ -45,6 +45,7 @@ def enqueue_single(stack: Stack, jobs: int, clients: int) -> float:
     with stack.api() as base:
         seconds = post_concurrently(base, "/api/v1/jobs", NOOP, jobs, clients, warmup=20,
                                     on_ready=lambda: stack.record_placement(base))
+        stack.record_group_size(base)
     return jobs // clients * clients / seconds
 
 

@@ -67,6 +67,7 @@ class Stack:
         self.api_pid = 0  # the gunicorn master serving now (the API's or the floor's)
         # Per measurement: the client connections each gunicorn process holds (see placement).
         self.placements: list[list[int]] = []
+        self.group_sizes: list[float] = []
         self._sql: psycopg.Connection | None = None
 
     @property
@@ -175,6 +176,17 @@ class Stack:
         """
         counts = connections_per_process(self.api_pid, urlsplit(base).port or 0)
         self.placements.append(sorted(counts.values(), reverse=True))
+
+    def record_group_size(self, base: str) -> None:
+        """Append the mean count of single enqueues written per statement since the API
+        started (`taskline_enqueue_group_size`, summed over its processes; group commit)."""
+        totals = {}
+        for line in requests.get(base + "/metrics", timeout=10).text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("taskline_enqueue_group_size_sum", "taskline_enqueue_group_size_count"):
+                totals[name.rsplit("_", 1)[1]] = float(value)
+        if totals.get("count"):
+            self.group_sizes.append(round(totals["sum"] / totals["count"], 2))
 
     def server_facts(self) -> dict[str, str]:
         with psycopg.connect(self.admin_url) as conn:
