@@ -4,13 +4,14 @@ Invariant: a job and its first event are written by one INSERT statement (a batc
 statement for all of them; single enqueues without keys that wait at the same moment, by one
 statement for all of them, taskline_producer.grouping), atomic by itself, and no request is
 answered before the statement holding its job committed. It commits alone (autocommit, one
-round trip) unless it is a batch with idempotency keys, whose replay check may refuse the batch after part
-of it was inserted: that runs in one transaction, rolled back whole. (The store writes a large
-batch without keys by COPY instead, also in one transaction: taskline.store.bulk.) Redis hears
-of a job only after the commit, so Redis never holds an id PostgreSQL does not. A failed push
-after the commit loses nothing: the job is durable and reconciliation pushes it within its
-interval. An idempotency key names one request body per queue: the unique index makes
-concurrent duplicates insert one row, and a replay with another body is refused.
+round trip) unless it is a batch with idempotency keys, whose replay check may refuse the batch
+after part of it was inserted: that runs in one transaction, rolled back whole. (The store
+writes a large batch without keys by COPY instead, also in one transaction:
+taskline.store.bulk.) Redis hears of a job only after the commit, so Redis never holds an id
+PostgreSQL does not. A failed push after the commit loses nothing: the job is durable and
+reconciliation pushes it within its interval. An idempotency key names one request body per
+queue: the unique index makes concurrent duplicates insert one row, and a replay with another
+body is refused.
 """
 
 from __future__ import annotations
