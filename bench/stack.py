@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import redis
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from taskline_cli.localservers import PrivatePostgres, free_port
 
@@ -180,13 +181,12 @@ class Stack:
     def record_group_size(self, base: str) -> None:
         """Append the mean count of single enqueues written per statement since the API
         started (`taskline_enqueue_group_size`, summed over its processes; group commit)."""
-        totals = {}
-        for line in requests.get(base + "/metrics", timeout=10).text.splitlines():
-            name, _, value = line.partition(" ")
-            if name in ("taskline_enqueue_group_size_sum", "taskline_enqueue_group_size_count"):
-                totals[name.rsplit("_", 1)[1]] = float(value)
-        if totals.get("count"):
-            self.group_sizes.append(round(totals["sum"] / totals["count"], 2))
+        text = requests.get(base + "/metrics", timeout=10).text
+        totals = {sample.name: sample.value for family in text_string_to_metric_families(text)
+                  if family.name == "taskline_enqueue_group_size" for sample in family.samples}
+        count = totals.get("taskline_enqueue_group_size_count")
+        if count:
+            self.group_sizes.append(round(totals["taskline_enqueue_group_size_sum"] / count, 2))
 
     def server_facts(self) -> dict[str, str]:
         with psycopg.connect(self.admin_url) as conn:

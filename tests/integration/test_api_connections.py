@@ -8,7 +8,6 @@ connection above five was closed when returned and opened again by the next burs
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import psycopg
@@ -67,9 +66,7 @@ def _burst(app: Flask, watch: PoolWatch, database_url: str) -> list[int]:
                    for _ in range(BURST)]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 10
-        while watch.lent < POOL_SIZE and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: watch.lent == POOL_SIZE, interval=0.01, message="the pool lent out")
         blocker.commit()  # releases the lock: every insert proceeds
     for thread in threads:
         thread.join(timeout=15)

@@ -4,10 +4,10 @@ gets its own result, and an error fails only the requests it concerns."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 from taskline_producer.grouping import GroupWriter
+from tests.helpers import wait_for
 
 
 class HeldWrites:
@@ -50,10 +50,8 @@ def _hold_first_then_queue(writer: GroupWriter[str, str], writes: HeldWrites,
     threads = _submit_all(writer, ["first"], outcomes)
     assert writes.first_started.wait(10)
     threads += _submit_all(writer, followers, outcomes)
-    deadline = time.monotonic() + 10
-    while writer.waiting < len(followers) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert writer.waiting == len(followers)
+    wait_for(lambda: writer.waiting == len(followers), interval=0.001,
+             message="every follower waiting")
     return threads
 
 
