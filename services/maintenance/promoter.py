@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.metrics import PROMOTED, LabelGuard
 from taskline.settings import Settings
+from taskline.store.rows import Promoted
 from taskline.store.store import Store
 from taskline_maintenance.loop import always, run_every
 
@@ -82,14 +82,10 @@ class Promoter:
             log.debug("promoter pass: nothing due", extra={"action": "promote"})
         return PromoteResult(promoted)
 
-    def _push(self, rows: list) -> int:
-        groups: dict[tuple[str, int], list[str]] = defaultdict(list)
+    def _push(self, rows: list[Promoted]) -> int:
+        self.dispatcher.follow([row.committed() for row in rows])
         for row in rows:
-            groups[(row.queue, row.priority)].append(str(row.id))
-        for (queue, priority), ids in groups.items():
-            self.dispatcher.promote(queue, priority, ids)
-            PROMOTED.labels(queue=self.queue_label(queue)).inc(len(ids))
-        for row in rows:
+            PROMOTED.labels(queue=self.queue_label(row.queue)).inc()
             log.info("job promoted", extra={"action": "promoted", "job_id": str(row.id),
                                             "queue": row.queue, "priority": row.priority})
         return len(rows)

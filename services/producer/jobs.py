@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline import tracing
+from taskline import tracing, transitions
 from taskline.jobs import Job
+from taskline.transitions import Committed, Move
 from taskline_producer import paging, views
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
@@ -104,8 +104,7 @@ def cancel_job(job_id: uuid.UUID) -> Response:
     if job is not None:
         b.metrics.cancelled(job.queue)
         log.info("job cancelled", extra=job_log_extra("cancelled", job))
-        _follow_in_redis("unschedule", lambda: b.dispatcher.unschedule(job.queue, str(job.id)),
-                         job.id)
+        _follow_in_redis(transitions.CANCEL, job)
         return jsonify(views.job(job))
     job = b.store.cancel_running_job(job_id)
     if job is not None:
@@ -125,12 +124,7 @@ def retry_job(job_id: uuid.UUID) -> Response:
     if job is None:
         raise _not_in_state(b.store.get_job(job_id), job_id, "retried (only dead jobs can)")
     log.info("dead job requeued", extra=job_log_extra("requeued", job))
-
-    def requeue() -> None:
-        b.dispatcher.remove_from_dlq(job.queue, str(job.id))
-        b.dispatcher.push([(job.queue, job.priority, str(job.id))])
-
-    _follow_in_redis("requeue", requeue, job.id)
+    _follow_in_redis(transitions.REQUEUE, job)
     return jsonify(views.job(job))
 
 
@@ -141,10 +135,10 @@ def _not_in_state(job: Job | None, job_id: uuid.UUID, action: str) -> Exception:
                         {"id": str(job_id), "status": job.status.value})
 
 
-def _follow_in_redis(action: str, step: Callable[[], None], job_id: uuid.UUID) -> None:
-    """Mirror a committed change in Redis; on failure, reconciliation repairs Redis later."""
+def _follow_in_redis(move: Move, job: Job) -> None:
+    """Mirror a committed move in Redis; on failure, reconciliation repairs Redis later."""
     try:
-        step()
+        backends().dispatcher.follow([Committed(move, str(job.id), job.queue, job.priority)])
     except Exception:
         log.warning("Redis not updated after a committed change; reconciliation will repair it",
-                    exc_info=True, extra={"action": action, "job_id": str(job_id)})
+                    exc_info=True, extra={"action": move.name, "job_id": str(job.id)})

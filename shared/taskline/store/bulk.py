@@ -24,6 +24,8 @@ import orjson
 import psycopg
 from psycopg.types.json import set_json_dumps
 
+from taskline import transitions
+
 # Below this many jobs the one-statement insert takes less time.
 COPY_MIN_JOBS = 100
 
@@ -83,7 +85,7 @@ def _inserted(job: dict[str, Any], now: datetime) -> Inserted:
 
 
 def _first_event(status: str) -> str:
-    return "scheduled" if status == "scheduled" else "enqueued"
+    return transitions.FIRST_EVENTS[status]
 
 
 def _dumps(value: Any) -> bytes | str:
