@@ -25,16 +25,15 @@ touches a job.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.metrics import JOB_DLQ, JOB_RECOVERED, LabelGuard, TypeLabels
+from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.rows import Recovered
 from taskline.store.store import Store
-from taskline_maintenance.loop import always, run_every
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +60,15 @@ class ReapResult:
         return bool(self.requeued or self.dead_lettered or self.workers_stopped)
 
 
-class Reaper:
+class Reaper(Periodic):
     """Recovers expired leases (PostgreSQL first, then Redis) and closes silent workers."""
+
+    name = "reaper"
 
     def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
                  page_size: int = PAGE_SIZE, types: Callable[[str], str] | None = None,
                  queues: Callable[[str], str] | None = None) -> None:
+        super().__init__()
         self.store = store
         self.dispatcher = dispatcher
         self.settings = settings
@@ -77,9 +79,6 @@ class Reaper:
     @property
     def interval_s(self) -> float:
         return self.settings.reaper_interval_s
-
-    def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
-        run_every("reaper", self.interval_s, self.run_once, stop, active, wait=self.next_wait)
 
     def next_wait(self) -> float:
         """Seconds until just after the earliest open lease expires (PostgreSQL time), at most

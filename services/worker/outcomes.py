@@ -31,11 +31,11 @@ from taskline.metrics import (
     JOB_DLQ,
     JOB_FAILED,
     JOB_RETRIED,
-    LOOP_ERRORS,
     STALE_COMPLETIONS,
     CachedLabels,
     TypeLabels,
 )
+from taskline.service import guarded
 from taskline.settings import Settings
 from taskline.store.rows import Settled, Settlement
 from taskline.store.store import Store
@@ -191,12 +191,9 @@ class Recorder:
         steps: list[tuple[Callable[[Any], None], Any]] = [(self._complete, plain)] if plain else []
         steps += [(self._record_one, r) for r in others]
         for step, arg in steps:
-            try:
-                step(arg)
-            except Exception:
-                # The lease lapses and the reaper re-runs the job: late, but never lost.
-                log.exception("recording an outcome failed", extra={"action": "record"})
-                LOOP_ERRORS.labels("recorder").inc()
+            # A step that fails leaves its leases to lapse, and the reaper re-runs those jobs:
+            # late, but never lost.
+            guarded("recorder", lambda step=step, arg=arg: step(arg))
         attempts = [report.attempt for report in batch]
         self._forget(attempts)
         self._attempts.discard_many(attempts)
