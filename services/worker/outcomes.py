@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 SUCCESS, FAILURE, CANCEL = "success", "failure", "cancel"
 BATCH_WINDOW_S = 0.002
 # A batch is at most this many outcomes per statement: above a claim batch, so a busy worker's
-# writes keep pace with two fetch loops (one statement of 250 costs ~10 ms of PostgreSQL).
+# writes keep pace with two fetch loops, and one statement stays short (docs/performance.md).
 BATCH_MAX = 250
 ERROR_MAX = 2000
 TRACEBACK_MAX = 8000

@@ -95,8 +95,8 @@ def new_job_id() -> uuid.UUID:
     Ids made later sort later, so every index keyed by job id (the primary key, the pending-id
     index, the events' and leases' job_id indexes) grows at its right edge instead of at a
     random leaf: an insert dirties the few pages already cached and written to the WAL since the
-    last checkpoint. Over 100k inserted jobs PostgreSQL spent ~30 % less CPU per job than with
-    random (v4) ids (docs/performance.md). The id reveals when the job was made, to the ms,
+    last checkpoint, so PostgreSQL spends less CPU per job than with random (v4) ids
+    (docs/performance.md). The id reveals when the job was made, to the ms,
     which `created_at` shows anyway. Python 3.14 has uuid.uuid7; until then uuid-utils makes it.
     """
     return uuid7()

@@ -71,7 +71,7 @@ _LONG_DIGITS_STR = re.compile(r"[0-9]{19}")
 
 def _json_loads(data: str | bytes) -> Any:
     """jsonb values (payloads, results, details) as Python, by orjson (every returned payload
-    went through json.loads: 9 % of an API process's time under batch enqueues).
+    went through json.loads, a visible share of an API process's time under batch enqueues).
 
     orjson reads an integer past 64 bits as a float, and jsonb holds any integer: a document
     with a run of 19 digits goes to the standard library, exact. So does one orjson refuses.
@@ -108,7 +108,7 @@ def _uuids(ids: Sequence[uuid.UUID | str]) -> list[str]:
 
 def _uuid_array(ids: Sequence[uuid.UUID | str]) -> str:
     """`_uuids` as one PostgreSQL array literal: psycopg dumps a list element by element in
-    Python, a string at once (the id list of a claim was ~5 % of a busy worker's time)."""
+    Python, a string at once (the id list of a claim showed in a busy worker's profile)."""
     return "{" + ",".join(_uuids(ids)) + "}"
 
 
@@ -215,8 +215,8 @@ class Store:
 
         For the lone statements on the hot paths (a single enqueue, a claim, a batched
         completion): SQLAlchemy's execution layer (isolation switch, result metadata rebuilt for
-        textual SQL) costs about as much CPU as the rest of a request, and ~0.2 ms of an idle
-        worker's pickup.
+        textual SQL) costs about as much CPU as the rest of a request, and a share of an idle
+        worker's pickup (docs/performance.md).
         """
         with self._driver() as driver:
             driver.autocommit = True
