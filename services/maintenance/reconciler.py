@@ -23,9 +23,11 @@ id. Per queue:
      dispatch order.
   c. Garbage: what is left of the snapshots is walked in chunks (SSCAN); ids whose job is
      absent or finished are gathered in a working set and removed from the ready lists by one
-     Lua pass per list (only when there are any); retry and scheduled entries of jobs no
-     longer waiting are removed (ZREM is by member); DLQ entries of jobs that are not dead are
-     removed the same way as ready entries.
+     Lua pass per list (only when there are any). Ids of jobs cancelled while pending are
+     gathered apart and counted as stale, not as drift: a cancel leaves its ready-list copies
+     for the claim to refuse, so finding them says nothing about Redis losing or mangling
+     data. Retry and scheduled entries of jobs no longer waiting are removed (ZREM is by
+     member); DLQ entries of jobs that are not dead are removed the same way as ready entries.
   d. Processing lists (short: a worker's in-flight ids) are read whole. Ids of absent or
      finished jobs and of jobs waiting for a retry or a delayed run are removed; an id running
      under another worker's lease is a duplicate and removed; a queued id is stranded (a lost
@@ -56,6 +58,7 @@ from taskline.jobs import TERMINAL, Status
 from taskline.metrics import (
     RECONCILE_CORRUPTED,
     RECONCILE_MISSING,
+    RECONCILE_STALE,
     LabelGuard,
 )
 from taskline.service import Periodic, always
@@ -85,10 +88,12 @@ class ReconcileResult:
     missing: Mapping[str, int]
     corrupted: Mapping[str, int]
     duration_s: float
+    stale: int = 0
+    """Ready-list ids of jobs cancelled while pending: removed, expected, not drift."""
 
     @property
     def changed(self) -> bool:
-        return any(self.missing.values()) or any(self.corrupted.values())
+        return any(self.missing.values()) or any(self.corrupted.values()) or bool(self.stale)
 
 
 class _Tally:
@@ -97,15 +102,19 @@ class _Tally:
     def __init__(self) -> None:
         self.missing: Counter[tuple[str, str]] = Counter()
         self.corrupted: Counter[tuple[str, str]] = Counter()
+        self.stale: Counter[str] = Counter()
 
     def publish(self, label: Callable[[str], str]) -> None:
         for (queue, kind), n in self.missing.items():
             RECONCILE_MISSING.labels(queue=label(queue), kind=kind).inc(n)
         for (queue, kind), n in self.corrupted.items():
             RECONCILE_CORRUPTED.labels(queue=label(queue), kind=kind).inc(n)
+        for queue, n in self.stale.items():
+            RECONCILE_STALE.labels(queue=label(queue)).inc(n)
 
     def result(self, duration_s: float) -> ReconcileResult:
-        return ReconcileResult(_by_kind(self.missing), _by_kind(self.corrupted), duration_s)
+        return ReconcileResult(_by_kind(self.missing), _by_kind(self.corrupted), duration_s,
+                               sum(self.stale.values()))
 
 
 def _by_kind(counts: Counter[tuple[str, str]]) -> dict[str, int]:
@@ -147,8 +156,12 @@ class _Snapshot:
     def dlq_drop(self) -> str:
         return self._name("dlq-drop")
 
+    @property
+    def stale_drop(self) -> str:
+        return self._name("stale-drop")
+
     def all(self) -> list[str]:
-        return [self.ready, self.delayed, self.dlq, self.drop, self.dlq_drop]
+        return [self.ready, self.delayed, self.dlq, self.drop, self.dlq_drop, self.stale_drop]
 
 
 @dataclass(frozen=True)
@@ -162,6 +175,10 @@ class _Suspect:
 
 def _finished(row) -> bool:
     return row is None or row.status in TERMINAL
+
+
+def _cancelled(row) -> bool:
+    return row is not None and row.status == Status.CANCELLED
 
 
 def _processing_verdict(row, owner: str) -> str | None:
@@ -228,10 +245,13 @@ class Reconciler(Periodic):
         tally.publish(self.queue_label)
         result = tally.result(duration_s)
         extra = {"action": "reconcile", "missing": dict(result.missing),
-                 "corrupted": dict(result.corrupted), "duration": round(duration_s, 3)}
-        if result.changed:
+                 "corrupted": dict(result.corrupted), "stale": result.stale,
+                 "duration": round(duration_s, 3)}
+        if result.missing or result.corrupted:
             log.warning("reconciliation repaired drift between Redis and PostgreSQL",
                         extra=extra)
+        elif result.stale:
+            log.info("reconciliation removed ready-list ids of cancelled jobs", extra=extra)
         else:
             log.debug("reconciliation pass: Redis matches PostgreSQL", extra=extra)
         return result
@@ -314,9 +334,12 @@ class Reconciler(Periodic):
 
     def _remove_garbage(self, snap: _Snapshot, tally: _Tally) -> None:
         queue, keys = snap.keys.queue, snap.keys
-        if self._gather(snap.ready, snap.drop, lambda row: not _finished(row)):
+        drop, stale = self._gather_ready(snap)
+        if drop:
             tally.corrupted[(queue, "ready")] += self.dispatcher.discard(
                 snap.drop, keys.ready_by_urgency)
+        if stale:
+            tally.stale[queue] += self.dispatcher.discard(snap.stale_drop, keys.ready_by_urgency)
         for ids in self.dispatcher.scan_set(snap.delayed):
             found = self.store.statuses(ids)
             stale = [i for i in ids if _finished(found.get(i))
@@ -327,6 +350,19 @@ class Reconciler(Periodic):
         if self._gather(snap.dlq, snap.dlq_drop,
                         lambda row: row is not None and row.status == Status.DEAD):
             tally.corrupted[(queue, "dlq")] += self.dispatcher.discard(snap.dlq_drop, [keys.dlq])
+
+    def _gather_ready(self, snap: _Snapshot) -> tuple[bool, bool]:
+        """Ready-list ids of finished or absent jobs into `drop`, those of cancelled jobs into
+        `stale_drop`; whether each got any."""
+        dropped = stale = False
+        for ids in self.dispatcher.scan_set(snap.ready):
+            found = self.store.statuses(ids)
+            cancelled = [i for i in ids if _cancelled(found.get(i))]
+            doomed = [i for i in ids if _finished(found.get(i)) and not _cancelled(found.get(i))]
+            self.dispatcher.collect(snap.stale_drop, cancelled, SNAPSHOT_TTL_S)
+            self.dispatcher.collect(snap.drop, doomed, SNAPSHOT_TTL_S)
+            dropped, stale = dropped or bool(doomed), stale or bool(cancelled)
+        return dropped, stale
 
     def _gather(self, source: str, drop: str, keep: Callable[[object], bool]) -> bool:
         """Collect the ids of `source` whose row `keep` rejects into `drop`; True if any."""

@@ -43,6 +43,10 @@ RECONCILE_MISSING = Counter("reconciliation_missing_jobs_total",
                             "Pending jobs missing from Redis and restored", ["queue", "kind"])
 RECONCILE_CORRUPTED = Counter("reconciliation_corrupted_metadata_total",
                               "Redis entries removed or moved by reconciliation", ["queue", "kind"])
+RECONCILE_STALE = Counter(
+    "reconciliation_stale_ids_total",
+    "Ready-list ids of jobs cancelled while pending, removed by reconciliation: expected "
+    "leftovers (a cancel leaves them for the claim to refuse), not drift", ["queue"])
 PROMOTED = Counter("job_promoted_total", "Due retries and delayed jobs promoted", ["queue"])
 
 QUEUE_DEPTH = Gauge("job_queue_depth", "Ready jobs", ["queue", "priority"],

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from taskline.dispatch.dispatcher import Dispatcher
@@ -216,3 +217,20 @@ def test_100k_pending_jobs_after_flushdb_are_restored_in_one_pass(store, dispatc
     assert result.missing == {"queued": 100_000}
     depths = dispatcher.depths("default")
     assert depths["ready"] == {p: 10_000 for p in range(10)}
+
+
+def test_a_cancelled_jobs_ready_entry_is_stale_not_drift(store, dispatcher, settings):
+    cancelled = enqueue(store, dispatcher)  # pushed, then cancelled while queued
+    assert store.cancel_pending_job(cancelled.id) is not None
+    gone = succeeded(store, dispatcher)
+    dispatcher.push([("default", 5, str(gone.id))])  # a finished job's id: real drift
+    backdate(store)
+    before = REGISTRY.get_sample_value("reconciliation_stale_ids_total", {"queue": "default"})
+
+    result = reconciler(store, dispatcher, settings).run_once()
+
+    assert result.stale == 1
+    assert result.corrupted == {"ready": 1}
+    assert all_ready(dispatcher, DEFAULT) == []
+    after = REGISTRY.get_sample_value("reconciliation_stale_ids_total", {"queue": "default"})
+    assert after == (before or 0) + 1
