@@ -1,0 +1,89 @@
+"""Interleaved before/after pairs: `make bench` scenarios run alternately from two checkouts.
+
+A change is judged by the ratio after/before within each pair, never against a figure taken on
+another day: the machine's speed drifts, and the pair's two runs share whatever it was doing.
+Each checkout runs its own bench/run.py with its own virtualenv (`<tree>/.venv`), one
+repetition per run, the two orders alternating so neither side always runs second.
+
+Usage: python bench/pairs.py --before DIR --after DIR [--pairs 7]
+           [--only drain_4_workers,enqueue_single_8_clients,pickup_idle_worker] [--jobs N]
+           [--out bench-results/pairs.json]
+Prints, per metric, each pair's ratio and the median with min-max. For latencies (ms) the ratio
+is before/after, so above 1 is better in every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ONLY = "drain_4_workers,enqueue_single_8_clients,pickup_idle_worker"
+
+
+def run_once(tree: Path, only: str, jobs: int) -> dict[str, Any]:
+    """One repetition of the scenarios from `tree`; its results by scenario name."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([str(tree / ".venv" / "bin" / "python"), "bench/run.py", "--repeat", "1",
+                        "--no-peers", "--only", only, "--jobs", str(jobs), "--out", out.name],
+                       cwd=tree, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(Path(out.name).read_text())["results"]
+
+
+def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
+    """(value, higher_is_better) per metric: throughputs, and pickup p50/p99."""
+    out: dict[str, tuple[float, bool]] = {}
+    for name, value in results.items():
+        if isinstance(value, dict) and "median" in value:
+            out[name] = (float(value["median"]), True)
+        elif name == "pickup_idle_worker":
+            (first,) = value
+            for way, q in first.items():
+                out[f"pickup {way} p50"] = (float(q["p50"]), False)
+                out[f"pickup {way} p99"] = (float(q["p99"]), False)
+    return out
+
+
+def ratio(before: float, after: float, higher_is_better: bool) -> float:
+    return after / before if higher_is_better else before / after
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--before", type=Path, required=True)
+    parser.add_argument("--after", type=Path, required=True)
+    parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--only", default=DEFAULT_ONLY)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/pairs.json"))
+    args = parser.parse_args()
+    pairs: list[dict[str, Any]] = []
+    for n in range(args.pairs):
+        order = ("before", "after") if n % 2 == 0 else ("after", "before")
+        runs = {side: metrics(run_once(getattr(args, side), args.only, args.jobs))
+                for side in order}
+        pairs.append(runs)
+        print(f"pair {n + 1}: " + json.dumps({k: round(runs["after"][k][0] / runs["before"][k][0],
+                                                       3) for k in runs["after"]}), flush=True)
+    summary = {}
+    for name, (_value, higher) in pairs[0]["after"].items():
+        ratios = [ratio(p["before"][name][0], p["after"][name][0], higher) for p in pairs]
+        summary[name] = {"median_ratio": statistics.median(ratios), "min": min(ratios),
+                         "max": max(ratios), "ratios": ratios,
+                         "before_median": statistics.median(p["before"][name][0] for p in pairs),
+                         "after_median": statistics.median(p["after"][name][0] for p in pairs)}
+        s = summary[name]
+        print(f"{name:36s} ratio median {s['median_ratio']:.3f} (min {s['min']:.3f}, max "
+              f"{s['max']:.3f}); before {s['before_median']:.1f}, after {s['after_median']:.1f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"pairs": pairs, "summary": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
