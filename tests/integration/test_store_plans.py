@@ -53,8 +53,9 @@ def plan(store: Store, name: str, params: dict) -> str:
 
 
 def settle_params(leases: list[int], transition: transitions.Transition) -> dict:
-    rows = [Settlement(lease, "w1", transition).to_input(lapsed=False) for lease in leases]
-    return {"settlements": json.dumps(rows)}
+    rows = {str(lease): Settlement(lease, "w1", transition).to_input(lapsed=False)
+            for lease in leases}
+    return {"settlements": json.dumps(rows), "lease_ids": leases}
 
 
 @pytest.mark.parametrize("name, params", [

@@ -147,43 +147,51 @@ WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id AND 
 RETURNING l.id AS lease_id, j.cancel_requested;
 
 -- name: settle
--- End attempts (a JSON array of settlements, each naming its lease and worker) on their live
--- lease only: the lease closed with its outcome, the job moved to the settlement's status, the
--- DLQ row of a dead one upserted, one event each; returns the jobs it changed. `lapsed` rows
--- (the reaper's) settle only a lease whose time has run out in PostgreSQL's clock.
-WITH input AS (
-    SELECT * FROM json_to_recordset(CAST(:settlements AS json)) AS s(
-        lease_id bigint, worker_id text, status text, outcome text, event text, error text,
-        result jsonb, writes_result boolean, writes_error boolean, delay_s float8,
-        detail jsonb, refund int, dead_letter boolean, lapsed boolean)
+-- End attempts on their live lease only: the lease closed with its outcome, the job moved to
+-- its settlement's status, the DLQ row of a dead one upserted, one event each; returns the
+-- jobs it changed. :settlements is a JSON object keyed by lease id (each settlement names its
+-- worker, status, event, outcome, error, result, delay and detail, and the flags its move
+-- implies); :lease_ids lists the same leases. Each lease is found by primary key and its
+-- settlement by key, so no join with a recordset of unknown size is planned (the planner
+-- reads one as 100 rows and hash-joins it with every open lease, dead index entries included).
+-- `lapsed` settlements (the reaper's) settle only a lease whose time has run out.
+WITH input AS MATERIALIZED (
+    SELECT CAST(:settlements AS jsonb) AS doc
 ), leases AS (
-    UPDATE live_leases l SET released_at = clock_timestamp(), outcome = s.outcome
-    FROM input s
-    WHERE l.id = s.lease_id AND l.worker_id = s.worker_id
-      AND (s.lapsed IS NOT TRUE OR l.leased_until < now())
-    RETURNING l.id AS lease_id, l.job_id, l.attempt, l.worker_id, s.status, s.event, s.error,
-              s.result, s.writes_result, s.writes_error, s.delay_s, s.detail, s.refund,
-              s.dead_letter
+    UPDATE live_leases l
+    SET released_at = clock_timestamp(), outcome = input.doc -> l.id::text ->> 'outcome'
+    FROM input
+    WHERE l.id = ANY(CAST(:lease_ids AS bigint[]))
+      AND l.worker_id = input.doc -> l.id::text ->> 'worker_id'
+      AND (CAST(input.doc -> l.id::text ->> 'lapsed' AS boolean) IS NOT TRUE
+           OR l.leased_until < now())
+    RETURNING l.id AS lease_id, l.job_id, l.attempt, l.worker_id, input.doc -> l.id::text AS s
 ), changed AS (
     UPDATE jobs j
-    SET status = s.status, attempts = j.attempts - s.refund,
-        result = CASE WHEN s.writes_result THEN s.result ELSE j.result END,
-        last_error = CASE WHEN s.writes_error THEN s.error ELSE j.last_error END,
-        next_run_at = CASE WHEN s.delay_s IS NULL THEN j.next_run_at
-                           ELSE now() + make_interval(secs => s.delay_s) END,
+    SET status = leases.s ->> 'status',
+        attempts = j.attempts - CAST(leases.s ->> 'refund' AS int),
+        result = CASE WHEN CAST(leases.s ->> 'writes_result' AS boolean)
+                      THEN leases.s -> 'result' ELSE j.result END,
+        last_error = CASE WHEN CAST(leases.s ->> 'writes_error' AS boolean)
+                          THEN leases.s ->> 'error' ELSE j.last_error END,
+        next_run_at = CASE WHEN leases.s ->> 'delay_s' IS NULL THEN j.next_run_at
+                           ELSE now() + make_interval(
+                               secs => CAST(leases.s ->> 'delay_s' AS float8)) END,
         updated_at = now()
-    FROM leases s WHERE j.id = s.job_id AND (j.status = 'running') IS TRUE
-    RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, s.lease_id,
-              s.attempt, s.worker_id, s.event, s.detail, s.error, s.dead_letter
+    FROM leases WHERE j.id = leases.job_id AND (j.status = 'running') IS TRUE
+    RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, leases.lease_id,
+              leases.attempt, leases.worker_id, leases.s
 ), dead AS (
     INSERT INTO dead_letter_jobs (job_id, final_error, attempts, failed_at)
-    SELECT id, error, attempts, now() FROM changed WHERE dead_letter
+    SELECT id, s ->> 'error', attempts, now() FROM changed
+    WHERE CAST(s ->> 'dead_letter' AS boolean)
     ON CONFLICT (job_id) DO UPDATE
         SET final_error = EXCLUDED.final_error, attempts = EXCLUDED.attempts,
             failed_at = EXCLUDED.failed_at
 ), events AS (
     INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
-    SELECT id, attempt, event, worker_id, detail FROM changed
+    SELECT id, attempt, s ->> 'event', worker_id, NULLIF(s -> 'detail', 'null'::jsonb)
+    FROM changed
 )
 SELECT id, queue, priority, attempts, status, lease_id, worker_id,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms

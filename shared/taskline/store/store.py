@@ -131,7 +131,7 @@ def _driver_sql(name: str) -> str:
     return str(_QUERIES[name].compile(dialect=sqlalchemy_psycopg.dialect()))
 
 
-def _rows_json(rows: Sequence[dict[str, Any]]) -> str:
+def _rows_json(rows: Sequence[dict[str, Any]] | dict[str, Any]) -> str:
     """Insert rows as one JSON array: orjson (ids and times included) unless a payload holds an
     integer past 64 bits, which only the standard library writes."""
     try:
@@ -336,7 +336,9 @@ class Store:
         settled. Alone it is one autocommit statement; `lapsed` settles only expired leases."""
         if not settlements:
             return []
-        params = {"settlements": _rows_json([s.to_input(lapsed=lapsed) for s in settlements])}
+        params = {"settlements": _rows_json({str(s.lease_id): s.to_input(lapsed=lapsed)
+                                             for s in settlements}),
+                  "lease_ids": "{" + ",".join(str(s.lease_id) for s in settlements) + "}"}
         rows = (self._run("settle", params, conn) if conn is not None
                 else self._run_on_driver("settle", params))
         return [Settled.from_row(r) for r in rows]
