@@ -45,8 +45,8 @@ class Quota:
     window_s: float
 
     def __str__(self) -> str:
-        unit = {v: k for k, v in _WINDOWS.items()}[self.window_s]
-        return f"{self.jobs}/{unit}"
+        unit = {v: k for k, v in _WINDOWS.items()}.get(self.window_s)
+        return f"{self.jobs}/{unit}" if unit else f"{self.jobs}/{self.window_s:g}s"
 
 
 def parse_scopes(text: str, where: str) -> frozenset[str]:

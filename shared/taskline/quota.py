@@ -50,6 +50,8 @@ class Decision:
     checked: bool = True
     too_large: bool = False
     """The request alone asks for more jobs than the quota allows in a whole window."""
+    at_s: float | None = None
+    """When Redis decided, in Redis's clock (epoch seconds); None when Redis was not asked."""
 
     @property
     def retry_after_header(self) -> str:
@@ -57,7 +59,8 @@ class Decision:
         return str(max(1, math.ceil(self.retry_after_s)))
 
 
-TAKEN = Decision(True)
+NO_QUOTA = Decision(True)
+"""The decision for a client without a quota: nothing to check."""
 
 
 class EnqueueQuotas:
@@ -84,7 +87,7 @@ class EnqueueQuotas:
         """Take `jobs` from `client`'s quota, or refuse them all; fails open without Redis."""
         quota = self.quotas.get(client or "")
         if quota is None or jobs <= 0:
-            return TAKEN
+            return NO_QUOTA
         decision = self._ask_redis(client or "", quota, jobs)
         label = "unchecked" if not decision.checked else "taken" if decision.taken else "refused"
         QUOTA_DECISIONS.labels(client=client, decision=label).inc()
@@ -95,18 +98,19 @@ class EnqueueQuotas:
         if self._skipping():
             return Decision(True, checked=False)
         try:
-            taken, retry_us, _now = self._take(
+            taken, retry_us, now_us = self._take(
                 keys=[quota_key(client)],
                 args=[quota.jobs, int(quota.window_s * 1_000_000), jobs])
         except _REDIS_ERRORS as err:
             self._redis_failed(err)
             return Decision(True, checked=False)
         self._redis_back()
+        at_s = now_us / 1_000_000
         if taken:
-            return TAKEN
+            return Decision(True, at_s=at_s)
         if retry_us < 0:
-            return Decision(False, quota.window_s, too_large=True)
-        return Decision(False, retry_us / 1_000_000)
+            return Decision(False, quota.window_s, too_large=True, at_s=at_s)
+        return Decision(False, retry_us / 1_000_000, at_s=at_s)
 
     def _skipping(self) -> bool:
         with self._lock:
