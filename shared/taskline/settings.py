@@ -83,8 +83,8 @@ class Settings:
     """Clock skew allowed when checking `exp` and `nbf`, seconds; 0..300."""
     enqueue_quotas: tuple[str, ...] = ()
     """Per-client enqueue quotas, `client=N/s` (or /m, /h) by token name or JWT `sub`."""
-    retain_audit_s: float = 31_536_000.0
-    """Seconds audit records are kept (365 days); 0 keeps them forever."""
+    retain_audit_s: int = 31_536_000
+    """Whole seconds audit records are kept (365 days); 0 keeps them forever."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
