@@ -131,3 +131,42 @@ def test_the_active_maintenance_instance_runs_audit_retention(
         wait_for(lambda: count_audit(store) == 0)
     finally:
         service.stop()
+
+
+def test_the_migration_runs_beside_data_written_by_the_previous_version() -> None:
+    """0001's writes (events without actor) survive the upgrade; it downgrades cleanly too."""
+    import uuid
+
+    from alembic import command
+    from psycopg import sql
+
+    from taskline.store.migrate import alembic_config
+    from tests.conftest import _admin, db_url
+
+    name = f"taskline_m_{uuid.uuid4().hex[:12]}"
+    _admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    engine = sqlalchemy.create_engine(db_url(name).replace("postgresql://",
+                                                           "postgresql+psycopg://"))
+    try:
+        config = alembic_config(db_url(name))
+        command.upgrade(config, "0001")
+        job_id = uuid.uuid4()
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.text(
+                "INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries,"
+                " timeout_s) VALUES (:id, 'echo', 'default', '{}', 5, 'queued', 3, 30)"),
+                {"id": job_id})
+            conn.execute(sqlalchemy.text("INSERT INTO job_events (job_id, attempt, event)"
+                                         " VALUES (:id, 0, 'enqueued')"), {"id": job_id})
+        command.upgrade(config, "head")
+        with engine.begin() as conn:
+            assert conn.execute(sqlalchemy.text("SELECT actor FROM job_events")).all() == [
+                (None,)]
+            conn.execute(sqlalchemy.text("INSERT INTO job_events (job_id, attempt, event)"
+                                         " VALUES (:id, 0, 'cancelled')"), {"id": job_id})
+        command.downgrade(config, "0001")
+        with engine.begin() as conn:
+            assert conn.execute(sqlalchemy.text("SELECT count(*) FROM job_events")).scalar() == 2
+    finally:
+        engine.dispose()
+        _admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
