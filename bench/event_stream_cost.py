@@ -41,9 +41,11 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import text
 
+from taskline import transitions
 from taskline.events import Sequencer
 from taskline.jobs import new_job_id
 from taskline.store.migrate import upgrade
+from taskline.store.rows import Settlement
 from taskline.store.store import Store
 
 ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
@@ -101,7 +103,8 @@ def claim_complete(store: Store) -> tuple[Callable[[], None], int]:
     def run() -> None:
         for at in range(0, len(ids), 50):
             claimed = store.claim_jobs(ids[at:at + 50], WORKER, lease_s=60)
-            store.complete_jobs([(c.lease_id, None) for c in claimed], WORKER)
+            store.settle([Settlement(c.lease_id, WORKER, transitions.succeeded(None))
+                          for c in claimed])
     return run, len(ids)
 
 

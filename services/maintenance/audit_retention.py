@@ -10,14 +10,12 @@ every 10 reaper intervals, as the job retention does. Counted in taskline_audit_
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline import metrics
+from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_maintenance.loop import always, run_every
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +38,14 @@ class AuditRetentionResult:
         return self.deleted > 0
 
 
-class AuditRetention:
+class AuditRetention(Periodic):
     """Deletes expired audit records in bounded batches while this instance leads."""
+
+    name = "audit_retention"
 
     def __init__(self, store: Store, settings: Settings, *, batch: int = BATCH,
                  max_batches: int = MAX_BATCHES) -> None:
+        super().__init__()
         self.store = store
         self.settings = settings
         self.batch = batch
@@ -53,9 +54,6 @@ class AuditRetention:
     @property
     def interval_s(self) -> float:
         return INTERVAL_REAPER_INTERVALS * self.settings.reaper_interval_s
-
-    def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
-        run_every("audit_retention", self.interval_s, self.run_once, stop, active)
 
     def run_once(self) -> AuditRetentionResult:
         retain_s = self.settings.retain_audit_s

@@ -11,7 +11,6 @@ Interval: every `TASKLINE_REAPER_INTERVAL_S` seconds (5 by default), as often as
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,9 +26,9 @@ from taskline.metrics import (
     SCHEDULED_DEPTH,
     LabelGuard,
 )
+from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_maintenance.loop import always, run_every
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +50,14 @@ class DepthResult:
     live_workers: int = 0
 
 
-class DepthGauges:
+class DepthGauges(Periodic):
     """Sets the depth gauges from Redis and PostgreSQL; clears them when not leading."""
+
+    name = "depths"
 
     def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
                  queues: Callable[[str], str] | None = None) -> None:
+        super().__init__()
         self.store = store
         self.dispatcher = dispatcher
         self.settings = settings
@@ -66,8 +68,9 @@ class DepthGauges:
     def interval_s(self) -> float:
         return self.settings.reaper_interval_s
 
-    def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
-        run_every("depths", self.interval_s, self.run_once, stop, active, idle=self.clear)
+    def idle(self) -> None:
+        """Only the leader exports depths: a standby clears what it exported while leading."""
+        self.clear()
 
     def run_once(self) -> DepthResult:
         names = self.dispatcher.known_queues() | set(self.store.pending_queues())

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline import metrics
+from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_maintenance.loop import guarded
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,15 @@ class LeaderResult:
     changed: bool
 
 
-class Leader:
-    """Takes and keeps the maintenance lease; `holds()` gates every component's pass."""
+class Leader(Periodic):
+    """Takes and keeps the maintenance lease; `holds()` gates every component's pass.
+    `run(stop)` renews every ttl/3; the caller releases once its components stopped."""
+
+    name = "leader"
 
     def __init__(self, store: Store, ttl_s: float, holder: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
         self.store = store
         self.ttl_s = ttl_s
         self.holder = holder or instance_id()
@@ -97,12 +101,6 @@ class Leader:
             log.info("maintenance leadership %s", "taken" if held else "lost to another instance",
                      extra={"action": "leader", "holder": self.holder})
         return LeaderResult(held=held, changed=held != was)
-
-    def run(self, stop: threading.Event) -> None:
-        """Renew every ttl/3 until `stop`; the caller releases once its components stopped."""
-        while not stop.is_set():
-            guarded("leader", self.run_once)
-            stop.wait(self.interval_s)
 
     def release(self) -> None:
         """Give the lease up so a standby takes over at once instead of after the ttl."""

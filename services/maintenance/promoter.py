@@ -19,16 +19,15 @@ second for promotion with the default settings, and less when tests shorten the 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.metrics import PROMOTED, LabelGuard
+from taskline.service import Periodic
 from taskline.settings import Settings
+from taskline.store.rows import Promoted
 from taskline.store.store import Store
-from taskline_maintenance.loop import always, run_every
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +52,14 @@ class PromoteResult:
         return self.promoted > 0
 
 
-class Promoter:
+class Promoter(Periodic):
     """Moves due jobs to queued in PostgreSQL, then pushes their ids to the ready lists."""
+
+    name = "promoter"
 
     def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
                  page_size: int = PAGE_SIZE, queues: Callable[[str], str] | None = None) -> None:
+        super().__init__()
         self.store = store
         self.dispatcher = dispatcher
         self.settings = settings
@@ -67,9 +69,6 @@ class Promoter:
     @property
     def interval_s(self) -> float:
         return promote_interval(self.settings)
-
-    def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
-        run_every("promoter", self.interval_s, self.run_once, stop, active)
 
     def run_once(self) -> PromoteResult:
         promoted = 0
@@ -82,14 +81,10 @@ class Promoter:
             log.debug("promoter pass: nothing due", extra={"action": "promote"})
         return PromoteResult(promoted)
 
-    def _push(self, rows: list) -> int:
-        groups: dict[tuple[str, int], list[str]] = defaultdict(list)
+    def _push(self, rows: list[Promoted]) -> int:
+        self.dispatcher.follow([row.committed() for row in rows])
         for row in rows:
-            groups[(row.queue, row.priority)].append(str(row.id))
-        for (queue, priority), ids in groups.items():
-            self.dispatcher.promote(queue, priority, ids)
-            PROMOTED.labels(queue=self.queue_label(queue)).inc(len(ids))
-        for row in rows:
+            PROMOTED.labels(queue=self.queue_label(row.queue)).inc()
             log.info("job promoted", extra={"action": "promoted", "job_id": str(row.id),
                                             "queue": row.queue, "priority": row.priority})
         return len(rows)

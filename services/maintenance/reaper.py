@@ -5,11 +5,12 @@ PostgreSQL time (`Store.recover_expired` compares `leased_until < now()` inside 
 never a process clock). A missing heartbeat key alone is never a reason to recover a job: after
 a Redis restart every key is gone while every worker is alive and renewing, so this module does
 not read heartbeat keys at all. Recovery puts the job back to queued (or dead when the expired
-attempt was its last; attempts are counted at claim, so a job that kills its worker every time
+attempt was its last, decided by `taskline.transitions.decide_recovery`, the rule a failed
+attempt follows too; attempts are counted at claim, so a job that kills its worker every time
 still reaches the DLQ), closes the lease as `lost` and writes a `recovered` event, all in one
-transaction; only then is the id moved in Redis. If this process dies between the two, the job
-is queued (or dead) in PostgreSQL but not where Redis should hold it, and the reconciler
-restores it on a later pass.
+transaction; only then is the id moved in Redis, by the move's step (`Dispatcher.follow`).
+If this process dies between the two, the job is queued (or dead) in PostgreSQL but not where
+Redis should hold it, and the reconciler restores it on a later pass.
 
 Between passes the reaper sleeps its interval, or less: until just after the earliest open
 lease's expiry as PostgreSQL computes it (`Store.seconds_to_next_lease_expiry`), so a killed
@@ -24,15 +25,15 @@ touches a job.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.metrics import JOB_DLQ, JOB_RECOVERED, LabelGuard, TypeLabels
+from taskline.service import Periodic
 from taskline.settings import Settings
+from taskline.store.rows import Recovered
 from taskline.store.store import Store
-from taskline_maintenance.loop import always, run_every
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +60,15 @@ class ReapResult:
         return bool(self.requeued or self.dead_lettered or self.workers_stopped)
 
 
-class Reaper:
+class Reaper(Periodic):
     """Recovers expired leases (PostgreSQL first, then Redis) and closes silent workers."""
+
+    name = "reaper"
 
     def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
                  page_size: int = PAGE_SIZE, types: Callable[[str], str] | None = None,
                  queues: Callable[[str], str] | None = None) -> None:
+        super().__init__()
         self.store = store
         self.dispatcher = dispatcher
         self.settings = settings
@@ -75,9 +79,6 @@ class Reaper:
     @property
     def interval_s(self) -> float:
         return self.settings.reaper_interval_s
-
-    def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
-        run_every("reaper", self.interval_s, self.run_once, stop, active, wait=self.next_wait)
 
     def next_wait(self) -> float:
         """Seconds until just after the earliest open lease expires (PostgreSQL time), at most
@@ -90,13 +91,11 @@ class Reaper:
     def run_once(self) -> ReapResult:
         requeued = dead = 0
         while True:
-            rows = self.store.recover_expired(self.page_size)
-            for row in rows:
-                if self._move(row):
-                    dead += 1
-                else:
-                    requeued += 1
-            if len(rows) < self.page_size:
+            recovered = self.store.recover_expired(self.page_size)
+            self._follow(recovered)
+            dead += sum(1 for r in recovered if r.dead)
+            requeued += sum(1 for r in recovered if not r.dead)
+            if len(recovered) < self.page_size:
                 break
         silent_s = SILENT_HEARTBEATS * self.settings.heartbeat_s
         stopped = self.store.mark_silent_workers_stopped(silent_s)
@@ -108,18 +107,18 @@ class Reaper:
             log.debug("reaper pass: nothing expired", extra={"action": "reap"})
         return result
 
-    def _move(self, row) -> bool:
-        """Move one recovered job's id in Redis; True when it was dead-lettered."""
-        queue, job_id = row.queue, str(row.id)
-        JOB_RECOVERED.labels(queue=self.queue_label(queue), cause="lease_expired").inc()
-        extra = {"action": "recovered", "job_id": job_id, "queue": queue, "attempt": row.attempts,
-                 "worker": row.worker_id, "type": row.type}
-        if row.status == "dead":
-            self.dispatcher.dead_letter(queue, row.worker_id, job_id)
-            JOB_DLQ.labels(type=self.type_label(row.type), queue=self.queue_label(queue)).inc()
-            log.error("lease expired on the last attempt: job dead-lettered", extra=extra)
-            return True
-        self.dispatcher.requeue(queue, row.priority, job_id, from_worker=row.worker_id,
-                                always=True)
-        log.warning("lease expired: job requeued", extra=extra)
-        return False
+    def _follow(self, recovered: list[Recovered]) -> None:
+        """Count and log each recovery, then move the ids in Redis."""
+        for r in recovered:
+            job = r.expired
+            queue = job.queue
+            JOB_RECOVERED.labels(queue=self.queue_label(queue), cause="lease_expired").inc()
+            extra = {"action": "recovered", "job_id": str(job.id), "queue": queue,
+                     "attempt": job.attempts, "worker": job.worker_id, "type": job.type}
+            if r.dead:
+                JOB_DLQ.labels(type=self.type_label(job.type),
+                               queue=self.queue_label(queue)).inc()
+                log.error("lease expired on the last attempt: job dead-lettered", extra=extra)
+            else:
+                log.warning("lease expired: job requeued", extra=extra)
+        self.dispatcher.follow([r.committed() for r in recovered])

@@ -58,9 +58,9 @@ from taskline.metrics import (
     RECONCILE_MISSING,
     LabelGuard,
 )
+from taskline.service import Periodic, always
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_maintenance.loop import always, run_every
 
 log = logging.getLogger(__name__)
 
@@ -175,13 +175,16 @@ def _processing_verdict(row, owner: str) -> str | None:
     return None
 
 
-class Reconciler:
+class Reconciler(Periodic):
     """Restores pending jobs Redis lost and removes Redis entries PostgreSQL does not back."""
+
+    name = "reconciler"
 
     def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
                  grace_s: float = GRACE_S, page_size: int = PAGE_SIZE,
                  strand_pause_s: float | None = None,
                  queues: Callable[[str], str] | None = None) -> None:
+        super().__init__()
         self.store = store
         self.dispatcher = dispatcher
         self.settings = settings
@@ -199,7 +202,7 @@ class Reconciler:
     def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
         """A pass as soon as this instance leads (so at start-up), then every interval."""
         self._stop = stop
-        run_every("reconciler", self.interval_s, self.run_once, stop, active)
+        super().run(stop, active)
 
     def run_once(self) -> ReconcileResult:
         started = time.perf_counter()

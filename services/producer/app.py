@@ -23,7 +23,7 @@ from taskline_producer import (
     health,
     jobs,
     operations,
-    telemetry,
+    request_metrics,
 )
 from taskline_producer.backends import Backends
 from taskline_producer.encoder import ResponseEncoder
@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     # Werkzeug answers `//api/v1/jobs` with an HTML redirect; a JSON 404 is what clients parse.
     app.url_map.merge_slashes = False
     app.extensions["taskline"] = Backends(settings, store, dispatcher)
-    telemetry.init_app(app)
+    request_metrics.init_app(app)
     auth.init_app(app, settings)
     errors.init_app(app)
     events.init_app(app)

@@ -22,7 +22,7 @@ from taskline_producer import paging
 from taskline_producer.auth import principal
 from taskline_producer.backends import backends
 from taskline_producer.errors import InvalidParameter
-from taskline_producer.views import plain
+from taskline_producer.shapes import plain
 
 log = logging.getLogger(__name__)
 

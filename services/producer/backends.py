@@ -20,7 +20,7 @@ from taskline.quota import EnqueueQuotas
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_producer.enqueuer import Enqueuer
-from taskline_producer.telemetry import JobMetrics, type_labels
+from taskline_producer.job_metrics import JobMetrics, type_labels
 
 # gthread runs 16 threads per process, at most 8 of them in event streams (which use the pool
 # only to replay). The pool has no overflow: an overflow connection is closed when it is

@@ -3,7 +3,7 @@ sibling holding fewer connections take a new one.
 
 With one SO_REUSEPORT socket per process, the kernel places each connection by a hash, blind to
 load: two keep-alive clients share one process in about half the runs, which then serves both
-under one GIL while the other idles (docs/performance.md, change 27). With one shared socket
+under one GIL while the other idles (docs/performance.md). With one shared socket
 instead, every waiting process is woken and the first to call accept() wins, which is no better.
 Here the processes share one listening socket and a table in shared memory of how many
 connections each holds; a process holding more than the least-loaded live sibling stops

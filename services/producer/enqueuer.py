@@ -17,7 +17,7 @@ body is refused.
 from __future__ import annotations
 
 import logging
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,11 +27,13 @@ from sqlalchemy import Connection
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import IdempotencyConflict
-from taskline.jobs import Event, Job, Status, new_job_id
+from taskline.jobs import Job, Status, new_job_id
+from taskline.log import job_fields as job_log_extra
 from taskline.store.store import STATEMENT_ERRORS, Store
+from taskline.transitions import CREATED, Committed
 from taskline_producer.grouping import GroupWriter
+from taskline_producer.job_metrics import JobMetrics
 from taskline_producer.jobspec import JobSpec
-from taskline_producer.telemetry import JobMetrics, job_log_extra
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +171,7 @@ class Enqueuer:
             self._metrics.accepted(job_type, queue, count)
         if log.isEnabledFor(logging.INFO):
             for job in created:
-                event = Event.SCHEDULED if job.status is Status.SCHEDULED else Event.ENQUEUED
-                log.info("job accepted", extra=job_log_extra(event.value, job))
+                log.info("job accepted", extra=job_log_extra(CREATED[job.status].event, job))
 
     def _replay(self, conn: Connection | None, spec: JobSpec) -> Accepted:
         """The key exists in this queue: the same body gets the same job, another body fails."""
@@ -186,15 +187,11 @@ class Enqueuer:
         return Accepted(job, created=False)
 
     def _dispatch(self, jobs: Sequence[Job]) -> None:
-        ready = [(j.queue, j.priority, str(j.id)) for j in jobs if j.status is Status.QUEUED]
-        delayed: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for job in jobs:
-            if job.status is Status.SCHEDULED and job.next_run_at is not None:
-                delayed[job.queue].append((str(job.id), due_ms(job.next_run_at)))
+        committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
+                               due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
+                     for j in jobs]
         try:
-            self._dispatcher.push(ready)
-            for queue, entries in delayed.items():
-                self._dispatcher.schedule_many(queue, entries)
+            self._dispatcher.follow(committed)
         except Exception:
             # Whatever Redis said, the jobs are committed; reconciliation restores them.
             log.warning("jobs accepted but not pushed to Redis; reconciliation will push them",

@@ -13,7 +13,7 @@ of a worker's threads and end when the worker is told to stop.
 # one listening socket, and one holding more connections than a live sibling leaves a new
 # connection to it. With a socket per process (SO_REUSEPORT) the kernel placed connections by
 # a hash, blind to load: two keep-alive clients landed on one process in half the runs, which
-# then served both under one GIL while the other idled (docs/performance.md, changes 27, 29).
+# then served both under one GIL while the other idled (docs/performance.md).
 worker_class = "taskline_producer.balancer.BalancedThreadWorker"
 threads = 16
 preload_app = False

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from flask import Blueprint, Response, jsonify
 
 from taskline.errors import TasklineError
-from taskline_producer import telemetry
+from taskline_producer import exposition
 from taskline_producer.backends import backends
 
 log = logging.getLogger(__name__)
@@ -50,4 +50,4 @@ def _check(ping: Callable[[], None]) -> str:
 
 @bp.get("/metrics")
 def metrics() -> Response:
-    return telemetry.exposition()
+    return exposition.exposition()

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline import tracing
+from taskline import tracing, transitions
 from taskline.jobs import Job
-from taskline_producer import audit, paging, quotas, views
+from taskline.log import job_fields as job_log_extra
+from taskline.transitions import Committed, Move
+from taskline_producer import audit, paging, quotas, shapes
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.errors import InvalidState, NotFound, ValidationFailed
 from taskline_producer.jobspec import FieldError, JobSpec, parse_batch, parse_job
-from taskline_producer.telemetry import job_log_extra
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def create_job() -> Response:
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue(spec, trace_context)
         tracing.accepted([accepted.job])
-    response = jsonify(views.job(accepted.job))
+    response = jsonify(shapes.job(accepted.job))
     response.status_code = 201 if accepted.created else 200
     response.headers["Location"] = _location(accepted.job.id)
     return response
@@ -67,7 +67,7 @@ def create_batch() -> Response:
         tracing.accepted([a.job for a in accepted])
     created = sum(a.created for a in accepted)
     response = jsonify({
-        "jobs": [{"index": i, "created": a.created, "job": views.job(a.job)}
+        "jobs": [{"index": i, "created": a.created, "job": shapes.job(a.job)}
                  for i, a in enumerate(accepted)],
         "created": created, "replayed": len(accepted) - created})
     response.status_code = 201 if created else 200
@@ -81,7 +81,7 @@ def get_job(job_id: uuid.UUID) -> Response:
     if job is None:
         raise NotFound(details={"id": str(job_id)})
     events, leases = store.get_history(job_id)
-    return jsonify(views.job_detail(job, events, leases))
+    return jsonify(shapes.job_detail(job, events, leases))
 
 
 @bp.get("")
@@ -95,7 +95,7 @@ def list_jobs() -> Response:
     page = rows[:size]
     more = len(rows) > size
     cursor = paging.encode_cursor(page[-1].created_at, page[-1].id) if more else None
-    return jsonify({"jobs": [views.job(j) for j in page], "next_cursor": cursor})
+    return jsonify({"jobs": [shapes.job(j) for j in page], "next_cursor": cursor})
 
 
 @bp.delete("/<uuid:job_id>")
@@ -107,16 +107,15 @@ def cancel_job(job_id: uuid.UUID) -> Response:
         b.metrics.cancelled(job.queue)
         log.info("job cancelled", extra=job_log_extra("cancelled", job))
         audit.record_after("job.cancel", str(job.id), {"queue": job.queue, "type": job.type})
-        _follow_in_redis("unschedule", lambda: b.dispatcher.unschedule(job.queue, str(job.id)),
-                         job.id)
-        return jsonify(views.job(job))
+        _follow_in_redis(transitions.CANCEL, job)
+        return jsonify(shapes.job(job))
     job = b.store.cancel_running_job(job_id)
     if job is not None:
         log.info("cancel requested: the worker stops the job at its next lease renewal",
                  extra=job_log_extra("cancel_requested", job))
         audit.record_after("job.cancel_requested", str(job.id),
                            {"queue": job.queue, "type": job.type})
-        response = jsonify(views.job(job))
+        response = jsonify(shapes.job(job))
         response.status_code = 202
         return response
     raise _not_in_state(b.store.get_job(job_id), job_id, "cancelled")
@@ -131,13 +130,8 @@ def retry_job(job_id: uuid.UUID) -> Response:
         raise _not_in_state(b.store.get_job(job_id), job_id, "retried (only dead jobs can)")
     log.info("dead job requeued", extra=job_log_extra("requeued", job))
     audit.record_after("job.retry", str(job.id), {"queue": job.queue, "type": job.type})
-
-    def requeue() -> None:
-        b.dispatcher.remove_from_dlq(job.queue, str(job.id))
-        b.dispatcher.push([(job.queue, job.priority, str(job.id))])
-
-    _follow_in_redis("requeue", requeue, job.id)
-    return jsonify(views.job(job))
+    _follow_in_redis(transitions.REQUEUE, job)
+    return jsonify(shapes.job(job))
 
 
 def _not_in_state(job: Job | None, job_id: uuid.UUID, action: str) -> Exception:
@@ -147,10 +141,10 @@ def _not_in_state(job: Job | None, job_id: uuid.UUID, action: str) -> Exception:
                         {"id": str(job_id), "status": job.status.value})
 
 
-def _follow_in_redis(action: str, step: Callable[[], None], job_id: uuid.UUID) -> None:
-    """Mirror a committed change in Redis; on failure, reconciliation repairs Redis later."""
+def _follow_in_redis(move: Move, job: Job) -> None:
+    """Mirror a committed move in Redis; on failure, reconciliation repairs Redis later."""
     try:
-        step()
+        backends().dispatcher.follow([Committed(move, str(job.id), job.queue, job.priority)])
     except Exception:
         log.warning("Redis not updated after a committed change; reconciliation will repair it",
-                    exc_info=True, extra={"action": action, "job_id": str(job_id)})
+                    exc_info=True, extra={"action": move.name, "job_id": str(job.id)})

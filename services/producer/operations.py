@@ -9,7 +9,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 
 from taskline.dispatch.keys import valid_queue_name
-from taskline_producer import paging, views
+from taskline_producer import paging, shapes
 from taskline_producer.backends import backends
 
 bp = Blueprint("operations", __name__, url_prefix="/api/v1")
@@ -25,14 +25,14 @@ def list_dead() -> Response:
     cursor = None
     if len(rows) > size:
         cursor = paging.encode_cursor(page[-1]["failed_at"], page[-1]["job"].id)
-    return jsonify({"jobs": [views.dead(row) for row in page], "next_cursor": cursor})
+    return jsonify({"jobs": [shapes.dead(row) for row in page], "next_cursor": cursor})
 
 
 @bp.get("/workers")
 def list_workers() -> Response:
     b = backends()
     rows = b.store.list_workers(within_s=3 * b.settings.heartbeat_s)
-    return jsonify({"workers": [views.worker(row) for row in rows]})
+    return jsonify({"workers": [shapes.worker(row) for row in rows]})
 
 
 @bp.get("/queues")
@@ -42,4 +42,4 @@ def list_queues() -> Response:
     names = b.dispatcher.known_queues() | {row.queue for row in counts}
     depths = {name: b.dispatcher.depths(name) for name in sorted(names)
               if valid_queue_name(name)}
-    return jsonify({"queues": views.queues(counts, depths)})
+    return jsonify({"queues": shapes.queues(counts, depths)})

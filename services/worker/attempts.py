@@ -27,7 +27,7 @@ from taskline.store.store import Claimed
 LEASE_CAP_FACTOR = 4
 """Held leases per slot. A full pipeline holds about four batches at once: one being claimed
 by each fetch loop, one running, one being written; fewer stalls claiming behind the writes
-(no-op drain with 2 x 64 slots: ~4,400 jobs/s at 2x, ~7,000 at 4x, docs/performance.md)."""
+(the measured drain at each factor is in docs/performance.md)."""
 
 
 class Settler(enum.StrEnum):

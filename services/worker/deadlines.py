@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from taskline.metrics import LOOP_ERRORS
+from taskline.service import guarded
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +94,7 @@ class Deadlines:
             if due is None:
                 return
             for deadline in due:
-                try:
-                    deadline.fn()
-                except Exception:
-                    log.exception("deadline callback failed", extra={"action": "deadline"})
-                    LOOP_ERRORS.labels("deadlines").inc()
+                guarded("deadlines", deadline.fn)
 
     def _next_due(self, stop: threading.Event) -> list[Deadline] | None:
         with self._cond:

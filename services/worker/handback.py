@@ -13,9 +13,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.jobs import Status, parse_job_id
+from taskline.store.rows import Settlement
 from taskline.store.store import Store
 from taskline_worker.attempts import Attempt
 
@@ -34,10 +36,9 @@ class Handback:
 
     def release(self, attempts: Sequence[Attempt]) -> int:
         """Release these leases and requeue their jobs; returns how many were released."""
-        rows = self._store.release_jobs([a.lease_id for a in attempts], self._worker_id)
-        for row in rows:
-            self._dispatcher.requeue(row.queue, row.priority, str(row.id), self._worker_id,
-                                     always=True)
+        rows = self._store.settle([Settlement(a.lease_id, self._worker_id,
+                                              transitions.handed_back()) for a in attempts])
+        self._dispatcher.follow([row.committed(transitions.HAND_BACK) for row in rows])
         by_id = {a.job_id: a for a in attempts}
         for row in rows:
             log.info("job handed back", extra=by_id[str(row.id)].log_extra("released"))

@@ -8,48 +8,43 @@ every worker lives): the reaper decides on PostgreSQL lease times only.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.metrics import BUSY_SLOTS, LOOP_ERRORS, SLOTS
+from taskline.metrics import BUSY_SLOTS, SLOTS
+from taskline.service import Periodic, guarded
 from taskline.store.store import Store
 from taskline_worker.attempts import Attempts
 
 log = logging.getLogger(__name__)
 
 
-class Heartbeat:
-    """Beats every `period_s`; `run(stop)` is its loop, `beat()` one beat."""
+class Heartbeat(Periodic):
+    """Beats every `period_s`; `run(stop)` is its loop, `beat()` (`run_once`) one beat."""
+
+    name = "heartbeat"
 
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
                  period_s: float, attempts: Attempts) -> None:
+        super().__init__()
         self._store = store
         self._dispatcher = dispatcher
         self._worker_id = worker_id
         self._period_s = period_s
         self._attempts = attempts
 
-    def run(self, stop: threading.Event) -> None:
-        while True:
-            self.beat()
-            if stop.wait(self._period_s):
-                return
+    @property
+    def interval_s(self) -> float:
+        return self._period_s
+
+    def run_once(self) -> None:
+        self.beat()
 
     def beat(self) -> None:
+        """Each target is beaten on its own: Redis down must not silence the workers table."""
         active = self._attempts.busy
         BUSY_SLOTS.labels(self._worker_id).set(active)
         SLOTS.labels(self._worker_id).set(self._attempts.concurrency)
-        self._guarded("workers table", lambda: self._store.heartbeat_worker(self._worker_id,
-                                                                             active))
-        self._guarded("Redis key", lambda: self._dispatcher.heartbeat(
-            self._worker_id, ttl_s=3 * self._period_s))
-
-    def _guarded(self, what: str, beat: Callable[[], object]) -> None:
-        try:
-            beat()
-        except Exception as err:
-            LOOP_ERRORS.labels("heartbeat").inc()
-            log.warning("heartbeat failed", extra={"action": "heartbeat", "target": what,
-                                                   "worker": self._worker_id,
-                                                   "error": f"{type(err).__name__}: {err}"})
+        guarded(self.name, lambda: self._store.heartbeat_worker(self._worker_id, active),
+                "workers table")
+        guarded(self.name, lambda: self._dispatcher.heartbeat(
+            self._worker_id, ttl_s=3 * self._period_s), "Redis key")

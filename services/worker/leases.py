@@ -10,12 +10,12 @@ A failed renewal changes nothing here: the self-fence watches each lease's deadl
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 from taskline.errors import StoreUnavailable
-from taskline.metrics import LEASE_RENEWALS, LOOP_ERRORS
+from taskline.metrics import LEASE_RENEWALS
+from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_worker.attempts import Attempt, Attempts
@@ -23,11 +23,15 @@ from taskline_worker.attempts import Attempt, Attempts
 log = logging.getLogger(__name__)
 
 
-class LeaseKeeper:
+class LeaseKeeper(Periodic):
     """Renews held leases every `settings.renew_every_s`; `run(stop)` is its loop."""
+
+    name = "lease_keeper"
+    fixed_rate = True  # a slow pass must not push the next one past the lease's margin
 
     def __init__(self, *, store: Store, worker_id: str, settings: Settings, attempts: Attempts,
                  on_renewed: Callable[[Attempt], None]) -> None:
+        super().__init__()
         self._store = store
         self._worker_id = worker_id
         self._lease_s = settings.lease_s
@@ -36,17 +40,9 @@ class LeaseKeeper:
         self._attempts = attempts
         self._on_renewed = on_renewed
 
-    def run(self, stop: threading.Event) -> None:
-        # Passes start every period, however long the last one took: on a slow link a pass
-        # lasts seconds, and waiting a full period after it would eat the lease's margin.
-        next_at = time.monotonic() + self._every_s
-        while not stop.wait(max(next_at - time.monotonic(), 0.0)):
-            next_at = time.monotonic() + self._every_s
-            try:
-                self.run_once()
-            except Exception:
-                log.exception("lease renewal pass failed", extra={"action": "renew"})
-                LOOP_ERRORS.labels("lease_keeper").inc()
+    @property
+    def interval_s(self) -> float:
+        return self._every_s
 
     def run_once(self) -> dict[str, int]:
         """One renewal round trip; returns counts by result (ok, lost, error)."""

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, StoreUnavailable
-from taskline.metrics import CLAIM_CONFLICTS, LOOP_ERRORS, WAIT_TIME, CachedLabels, TypeLabels
+from taskline.metrics import CLAIM_CONFLICTS, WAIT_TIME, CachedLabels, TypeLabels
+from taskline.service import guarded
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
 from taskline_worker.attempts import Attempts
@@ -67,14 +68,10 @@ class FetchLoop:
         failures = 0
         drained = False
         while not stop.is_set():
-            try:
-                drained = self.run_once(stop, drained)
-                failures = 0
-            except Exception:
-                drained = False
-                failures += 1
-                log.exception("worker loop iteration failed", extra={"action": "fetch"})
-                LOOP_ERRORS.labels("fetch").inc()
+            ok, result = guarded("fetch", lambda d=drained: self.run_once(stop, d))
+            drained = bool(result)
+            failures = 0 if ok else failures + 1
+            if failures:
                 low, cap = ERROR_BACKOFF_S
                 stop.wait(min(low * 2 ** (failures - 1), cap))
 

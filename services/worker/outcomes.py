@@ -21,23 +21,25 @@ from typing import Any
 
 import tenacity
 
-from taskline import tracing
+from taskline import tracing, transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, NonRetryableError, StoreUnavailable
-from taskline.jobs import Backoff, Event, Outcome, RetryDecision, Status, decide_retry
+from taskline.jobs import Backoff, Outcome
 from taskline.metrics import (
     JOB_CANCELLED,
     JOB_COMPLETED,
     JOB_DLQ,
     JOB_FAILED,
     JOB_RETRIED,
-    LOOP_ERRORS,
     STALE_COMPLETIONS,
     CachedLabels,
     TypeLabels,
 )
+from taskline.service import guarded
 from taskline.settings import Settings
+from taskline.store.rows import Settled, Settlement
 from taskline.store.store import Store
+from taskline.transitions import Committed, Transition
 from taskline_worker.attempts import Attempt, Attempts
 from taskline_worker.runner import BadResult, NoHandler
 
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 SUCCESS, FAILURE, CANCEL = "success", "failure", "cancel"
 BATCH_WINDOW_S = 0.002
 # A batch is at most this many outcomes per statement: above a claim batch, so a busy worker's
-# writes keep pace with two fetch loops (one statement of 250 costs ~10 ms of PostgreSQL).
+# writes keep pace with two fetch loops, and one statement stays short (docs/performance.md).
 BATCH_MAX = 250
 ERROR_MAX = 2000
 TRACEBACK_MAX = 8000
@@ -83,14 +85,11 @@ def error_text(err: BaseException) -> str:
     return printable(text)[:ERROR_MAX]
 
 
-def error_detail(err: BaseException, decision: RetryDecision, outcome: Outcome) -> dict[str, Any]:
-    """The event detail of a failed attempt: error, decision and the traceback's tail."""
+def error_detail(err: BaseException) -> dict[str, Any]:
+    """The event detail of a failed attempt: the error and the traceback's tail (the
+    transition adds its outcome, reason and delay)."""
     trace = printable("".join(traceback.format_exception(err)))
-    detail: dict[str, Any] = {"error": error_text(err), "outcome": outcome.value,
-                              "reason": decision.reason, "traceback": trace[-TRACEBACK_MAX:]}
-    if decision.retry:
-        detail["delay_s"] = round(decision.delay_s, 3)
-    return detail
+    return {"error": error_text(err), "traceback": trace[-TRACEBACK_MAX:]}
 
 
 def failure_reason(err: BaseException, outcome: Outcome) -> str:
@@ -192,12 +191,9 @@ class Recorder:
         steps: list[tuple[Callable[[Any], None], Any]] = [(self._complete, plain)] if plain else []
         steps += [(self._record_one, r) for r in others]
         for step, arg in steps:
-            try:
-                step(arg)
-            except Exception:
-                # The lease lapses and the reaper re-runs the job: late, but never lost.
-                log.exception("recording an outcome failed", extra={"action": "record"})
-                LOOP_ERRORS.labels("recorder").inc()
+            # A step that fails leaves its leases to lapse, and the reaper re-runs those jobs:
+            # late, but never lost.
+            guarded("recorder", lambda step=step, arg=arg: step(arg))
         attempts = [report.attempt for report in batch]
         self._forget(attempts)
         self._attempts.discard_many(attempts)
@@ -234,99 +230,96 @@ class Recorder:
             return None
         return None
 
+    def _settlement(self, report: Report, transition: Transition) -> Settlement:
+        return Settlement(report.attempt.lease_id, self._worker_id, transition)
+
     def _complete(self, reports: list[Report]) -> None:
-        written = self._persist(reports, lambda live: self._store.complete_jobs(
-            [(r.attempt.lease_id, r.result) for r in live], self._worker_id))
+        written = self._persist(reports, lambda live: self._store.settle(
+            [self._settlement(r, transitions.succeeded(r.result)) for r in live]))
         live, rows = written if written is not None else ([], [])
         self._gave_up([r for r in reports if r not in live])
-        recorded = newest_recorded(live, {str(job_id) for job_id, _queue in rows})
+        recorded = newest_recorded(live, {str(row.id) for row in rows})
         for report in live:
             if report in recorded:
                 self._completed(report)
             else:
                 self._stale(report)
-        self._ack(live)
+        self._follow([self._committed(r, transitions.SUCCEED) for r in recorded],
+                     [r for r in live if r not in recorded])
 
     def _complete_with_hooks(self, report: Report) -> None:
         attempt = report.attempt
+        settlement = self._settlement(report, transitions.succeeded(report.result))
         try:
-            written = self._persist([report], lambda _live: self._store.complete_with_hooks(
-                attempt.lease_id, report.result, self._worker_id, attempt.ctx.completion_hooks))
+            written = self._persist([report], lambda _live: self._store.settle_with_hooks(
+                settlement, attempt.ctx.completion_hooks))
         except Exception as err:  # a hook failed: the completion rolled back with it
             self._fail(replace(report, kind=FAILURE, error=err, outcome=Outcome.FAILED))
             return
         if written is None:
             self._gave_up([report])
-            return
-        if written[1]:
+        elif written[1]:
             self._completed(report)
+            self._follow([self._committed(report, transitions.SUCCEED)], [])
         else:
             self._stale(report)
-        self._ack([report])
+            self._follow([], [report])
 
     def _cancel(self, report: Report) -> None:
         attempt = report.attempt
-        written = self._persist([report], lambda _live: self._store.cancel_job_attempt(
-            attempt.lease_id, self._worker_id, CANCELLED_ERROR))
-        if written is None:
-            self._gave_up([report])
+        transition = transitions.cancelled_while_running(CANCELLED_ERROR)
+        row = self._settle_one(report, transition)
+        if row is None:
             return
-        if written[1]:
-            JOB_CANCELLED.labels(attempt.queue).inc()
-            log.info("job cancelled while running", extra=attempt.log_extra("cancelled"))
-            self._traced(report, "cancelled")
-        else:
-            self._stale(report)
-        self._ack([report])
+        JOB_CANCELLED.labels(attempt.queue).inc()
+        log.info("job cancelled while running", extra=attempt.log_extra("cancelled"))
+        self._traced(report, "cancelled")
+        self._follow([row.committed(transition.move)], [])
 
     def _fail(self, report: Report) -> None:
         attempt, err = report.attempt, report.error
         assert err is not None
         job = attempt.job
-        decision = decide_retry(job.attempts, job.max_retries, self._backoff,
-                                retryable=not isinstance(err, NonRetryableError),
-                                delay_override_s=getattr(err, "delay_s", None))
-        status, event = ((Status.RETRYING, Event.RETRY_SCHEDULED) if decision.retry
-                         else (Status.DEAD, Event.DEAD_LETTERED))
         text = error_text(err)
-        written = self._persist([report], lambda _live: self._store.fail_job(
-            lease_id=attempt.lease_id, worker_id=self._worker_id, status=status.value,
-            outcome=report.outcome.value, error=text, delay_s=decision.delay_s,
-            event=event.value, detail=error_detail(err, decision, report.outcome)))
+        transition = transitions.decide_retry(
+            job.attempts, job.max_retries, self._backoff, text, outcome=report.outcome,
+            retryable=not isinstance(err, NonRetryableError),
+            delay_override_s=getattr(err, "delay_s", None), detail=error_detail(err))
+        row = self._settle_one(report, transition)
+        if row is None:
+            return
+        JOB_FAILED.labels(self._types(job.type), job.queue, failure_reason(err, report.outcome)
+                          ).inc()
+        if transition.move is transitions.RETRY:
+            JOB_RETRIED.labels(self._types(job.type), attempt.queue).inc()
+            log.warning("attempt failed, retry scheduled", extra=attempt.log_extra(
+                "retry_scheduled", error=text, delay_s=round(transition.delay_s or 0.0, 3),
+                outcome=report.outcome.value))
+        else:
+            JOB_DLQ.labels(self._types(job.type), attempt.queue).inc()
+            log.error("job dead-lettered", extra=attempt.log_extra(
+                "dead_lettered", error=text, reason=transition.reason,
+                outcome=report.outcome.value))
+        self._traced(report, transition.event.value, text)
+        self._follow([row.committed(transition.move)], [])
+
+    def _settle_one(self, report: Report, transition: Transition) -> Settled | None:
+        """Settle one attempt; None (after logging why) when nothing was recorded."""
+        written = self._persist([report], lambda _live: self._store.settle(
+            [self._settlement(report, transition)]))
         if written is None:
             self._gave_up([report])
-            return
-        row = written[1]
-        if row is None:
+            return None
+        if not written[1]:
             self._stale(report)
-            self._ack([report])
-            return
-        reason = failure_reason(err, report.outcome)
-        JOB_FAILED.labels(self._types(job.type), job.queue, reason).inc()
-        if decision.retry:
-            self._retry_later(report, int(row.due_ms), text, decision)
-        else:
-            self._dead_letter(report, text, decision)
+            self._follow([], [report])
+            return None
+        return written[1][0]
 
-    def _retry_later(self, report: Report, due_ms: int, text: str,
-                     decision: RetryDecision) -> None:
+    def _committed(self, report: Report, move: transitions.Move) -> Committed:
         attempt = report.attempt
-        JOB_RETRIED.labels(self._types(attempt.job.type), attempt.queue).inc()
-        log.warning("attempt failed, retry scheduled", extra=attempt.log_extra(
-            "retry_scheduled", error=text, delay_s=round(decision.delay_s, 3),
-            outcome=report.outcome.value))
-        self._traced(report, "retry_scheduled", text)
-        self._redis(lambda: self._dispatcher.retry_later(
-            attempt.queue, self._worker_id, attempt.job_id, due_ms), attempt)
-
-    def _dead_letter(self, report: Report, text: str, decision: RetryDecision) -> None:
-        attempt = report.attempt
-        JOB_DLQ.labels(self._types(attempt.job.type), attempt.queue).inc()
-        log.error("job dead-lettered", extra=attempt.log_extra(
-            "dead_lettered", error=text, reason=decision.reason, outcome=report.outcome.value))
-        self._traced(report, "dead_lettered", text)
-        self._redis(lambda: self._dispatcher.dead_letter(
-            attempt.queue, self._worker_id, attempt.job_id), attempt)
+        return Committed(move, attempt.job_id, attempt.queue, attempt.job.priority,
+                         self._worker_id)
 
     def _completed(self, report: Report) -> None:
         attempt = report.attempt
@@ -354,15 +347,20 @@ class Recorder:
         tracing.record("complete", report.attempt.job, self._worker_id, report.reported_ns,
                        time.time_ns(), error, **{"taskline.outcome": event})
 
-    def _ack(self, reports: list[Report]) -> None:
-        if reports:
-            items = [(r.attempt.queue, r.attempt.job_id) for r in reports]
-            self._redis(lambda: self._dispatcher.ack(items, self._worker_id), reports[0].attempt)
+    def _follow(self, committed: list[Committed], stale: list[Report]) -> None:
+        """Redis after PostgreSQL: each recorded move's step, and stale ids acked away."""
+        if committed:
+            self._redis(lambda: self._dispatcher.follow(committed), committed[0].job_id)
+        if stale:
+            items = [(r.attempt.queue, r.attempt.job_id) for r in stale]
+            self._redis(lambda: self._dispatcher.ack(items, self._worker_id),
+                        stale[0].attempt.job_id)
 
-    def _redis(self, write: Callable[[], object], attempt: Attempt) -> None:
+    def _redis(self, write: Callable[[], object], job_id: str) -> None:
         try:
             write()
         except DispatchUnavailable as err:
             log.warning("Redis write failed after PostgreSQL recorded the outcome; "
                         "reconciliation will repair it",
-                        extra=attempt.log_extra("redis_after_record", error=str(err)))
+                        extra={"action": "redis_after_record", "job_id": job_id,
+                               "worker": self._worker_id, "error": str(err)})

@@ -93,9 +93,9 @@ class Runner:
 
         For a caller about to block anyway (an idle fetch loop): `submit` wakes a pool thread,
         and if that thread then finds the GIL held it sleeps again until it is released, a
-        second wake-up. On a VM whose cores have gone idle that doubled the hand-off, ~0.3
-        instead of ~0.07 ms of an idle worker's pickup (docs/performance.md, change 24). The
-        queue empties only once a thread holds the job and the GIL: its handler is starting.
+        second wake-up. On a VM whose cores have gone idle that doubled the hand-off of an idle
+        worker's pickup (docs/performance.md). The queue empties only once a thread holds the
+        job and the GIL: its handler is starting.
         """
         deadline = time.monotonic() + max_s
         while not self._queue.empty() and time.monotonic() < deadline:

@@ -26,14 +26,6 @@ class DispatchUnavailable(TasklineError):
     """Redis cannot be reached."""
 
 
-class JobNotFound(TasklineError):
-    """No job has this id."""
-
-
-class InvalidTransition(TasklineError):
-    """The job is not in a state that allows this action."""
-
-
 class IdempotencyConflict(TasklineError):
     """The idempotency key was already used with a different request body."""
 
@@ -52,7 +44,3 @@ class RetryableError(TasklineError):
 
 class JobCancelled(TasklineError):
     """The job was cancelled while running."""
-
-
-class LeaseLost(TasklineError):
-    """This worker no longer holds the job's lease."""

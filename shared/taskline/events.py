@@ -1,8 +1,9 @@
 """Job state changes as the event stream carries them, and the order it releases them in.
 
 Invariant: pure (no I/O). A change is one committed `job_events` row; its `status` is the job's
-state right after that event, derived from the event name alone (and, for `recovered`, from
-the state the reaper recorded in the row), never from the job's current row, so a change read
+state right after that event, derived from the lifecycle's table (taskline.transitions) by the
+event name alone (and, for `recovered`, from the state the reaper recorded in the row), never
+from the job's current row, so a change read
 live and the same change replayed later read the same.
 
 Ids are taken when an event is inserted but become visible when its transaction commits, so a
@@ -20,35 +21,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from taskline.jobs import Event, Status
-
-# None: the event records something about an attempt but moves the job nowhere.
-STATUS_AFTER: dict[str, Status | None] = {
-    Event.ENQUEUED: Status.QUEUED,
-    Event.SCHEDULED: Status.SCHEDULED,
-    Event.PROMOTED: Status.QUEUED,
-    Event.CLAIMED: Status.RUNNING,
-    Event.SUCCEEDED: Status.SUCCEEDED,
-    Event.FAILED: None,
-    Event.RETRY_SCHEDULED: Status.RETRYING,
-    Event.DEAD_LETTERED: Status.DEAD,
-    Event.CANCEL_REQUESTED: None,
-    Event.CANCELLED: Status.CANCELLED,
-    Event.RELEASED: Status.QUEUED,
-    Event.REQUEUED: Status.QUEUED,
-    Event.RESTORED: None,
-}
-
-
-def status_after(event: str, recorded: str | None = None) -> str | None:
-    """The job's state right after `event`; `recorded` is the state a `recovered` row names."""
-    if event == Event.RECOVERED:
-        try:
-            return Status(recorded).value
-        except ValueError:
-            return None
-    status = STATUS_AFTER.get(event)
-    return status.value if status is not None else None
+from taskline.transitions import status_after
 
 
 def _iso(value: datetime | str) -> str:

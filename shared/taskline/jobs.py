@@ -1,7 +1,9 @@
-"""The job model and retry policy: pure, no Redis and no SQL.
+"""The job model: states, attempt outcomes, history events, priorities, ids and the backoff
+curve. Pure: no Redis and no SQL.
 
-Invariant: every decision about a job's next state is made here from plain values, so the
-policy is unit-tested without I/O and the store only executes what was decided.
+Invariant: these are plain values; every decision about a job's next state is made from them
+in taskline.transitions (the lifecycle's one table), so the policy is unit-tested without I/O
+and the store only executes what was decided.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from uuid_utils.compat import uuid7
 
 
 class Status(enum.StrEnum):
-    """Job states; see the state diagram in DESIGN.md."""
+    """Job states; taskline.transitions holds every move between them (docs/states.md)."""
 
     SCHEDULED = "scheduled"
     QUEUED = "queued"
@@ -93,8 +95,8 @@ def new_job_id() -> uuid.UUID:
     Ids made later sort later, so every index keyed by job id (the primary key, the pending-id
     index, the events' and leases' job_id indexes) grows at its right edge instead of at a
     random leaf: an insert dirties the few pages already cached and written to the WAL since the
-    last checkpoint. Over 100k inserted jobs PostgreSQL spent ~30 % less CPU per job than with
-    random (v4) ids (docs/performance.md). The id reveals when the job was made, to the ms,
+    last checkpoint, so PostgreSQL spends less CPU per job than with random (v4) ids
+    (docs/performance.md). The id reveals when the job was made, to the ms,
     which `created_at` shows anyway. Python 3.14 has uuid.uuid7; until then uuid-utils makes it.
     """
     return uuid7()
@@ -129,34 +131,6 @@ class Backoff:
             nominal = self.max_s
         r = (rng or random).random()
         return nominal / 2 + r * nominal / 2
-
-
-@dataclass(frozen=True)
-class RetryDecision:
-    """What happens to a job after a failed attempt."""
-
-    retry: bool
-    delay_s: float
-    reason: str
-
-
-def decide_retry(
-    attempts: int,
-    max_retries: int,
-    backoff: Backoff,
-    *,
-    retryable: bool = True,
-    delay_override_s: float | None = None,
-    rng: random.Random | None = None,
-) -> RetryDecision:
-    """Retry while attempts (counted at claim) have not exceeded 1 + max_retries."""
-    if not retryable:
-        return RetryDecision(False, 0.0, "non-retryable error")
-    if attempts > max_retries:
-        return RetryDecision(False, 0.0, f"retries exhausted after {attempts} attempts")
-    if delay_override_s is not None:
-        return RetryDecision(True, max(delay_override_s, 0.0), "retry requested by handler")
-    return RetryDecision(True, backoff.delay(attempts, rng), "retry with backoff")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 import orjson
 
@@ -85,3 +86,10 @@ def setup(service: str, fmt: str = "json", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     for noisy in ("urllib3", "werkzeug"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def job_fields(action: str, job: Any) -> dict[str, Any]:
+    """The fields of a job-path log record (action, job id, queue, type, attempt), named the
+    same by every service, so one query finds a job's records wherever they were written."""
+    return {"action": action, "job_id": str(job.id), "queue": job.queue, "type": job.type,
+            "attempt": job.attempts}

@@ -9,13 +9,14 @@ API acknowledged (2xx) is classified as exactly one of:
 - lost: absent, or still not terminal after the bounded wait;
 - duplicated: two or more committed effects;
 - unexpected: terminal, but in a state or with effects the scenario did not allow.
-Then every job in the database must satisfy: one terminal event per life (a dead job's requeue
-starts a new life); only the newest attempt completes; no two leases overlap (each starts after
-the previous one was released); two executions overlap only after the earlier one's lease had
-ended (expired, or released with an outcome such as a timeout); each lost lease was recovered
-once; the DLQ (status dead, dead_letter_jobs, the DLQ list) holds exactly the jobs that
-exhausted their attempts or failed permanently; Redis converges to PostgreSQL; every API
-answer was JSON and the only 5xx was 503 with Retry-After.
+Then every job in the database must satisfy: its history is a sequence of legal transitions
+(the checker's own model, `LEGAL`) ending in its current state; one terminal event per life
+(a dead job's requeue starts a new life); only the newest attempt completes; no two leases
+overlap (each starts after the previous one was released); two executions overlap only after
+the earlier one's lease had ended (expired, or released with an outcome such as a timeout);
+each lost lease was recovered once; the DLQ (status dead, dead_letter_jobs, the DLQ list)
+holds exactly the jobs that exhausted their attempts or failed permanently; Redis converges to
+PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -43,6 +44,26 @@ DEFAULT_EXPECT: Mapping[str, frozenset[str]] = {
 SUCCEEDED = frozenset({"succeeded"})
 STALE_ACTIONS = frozenset({"stale_outcome", "self_fence", "outcome_given_up"})
 CLASSES = ("ok", "recovered", "lost", "duplicated", "unexpected")
+_PENDING = ("queued", "scheduled", "retrying")
+LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
+    (None, "enqueued"): frozenset({"queued"}),
+    (None, "scheduled"): frozenset({"scheduled"}),
+    ("scheduled", "promoted"): frozenset({"queued"}),
+    ("retrying", "promoted"): frozenset({"queued"}),
+    ("queued", "claimed"): frozenset({"running"}),
+    ("running", "succeeded"): frozenset({"succeeded"}),
+    ("running", "retry_scheduled"): frozenset({"retrying"}),
+    ("running", "dead_lettered"): frozenset({"dead"}),
+    ("running", "recovered"): frozenset({"queued", "dead"}),
+    ("running", "released"): frozenset({"queued"}),
+    ("running", "cancelled"): frozenset({"cancelled"}),
+    ("running", "cancel_requested"): frozenset({"running"}),
+    **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
+    ("dead", "requeued"): frozenset({"queued"}),
+}
+"""The checker's own model of the job lifecycle, written from the contract and not read from
+taskline.transitions, so a wrong product table is caught rather than shared: (state before,
+event) -> the states allowed after it; `recovered` ends in the state its row records."""
 CONVERGE_S = 20.0
 """Reconciliation ignores jobs changed in the last 5 s and runs every 2 s here: 20 s is ample."""
 
@@ -252,11 +273,31 @@ def api_violations(requests: list[dict]) -> list[str]:
 def job_violations(job_id: str, snap: Snapshot) -> list[str]:
     job = snap.jobs[job_id]
     leases = snap.leases.get(job_id, [])
-    return (terminal_event_violations(job, snap.events.get(job_id, []))
+    return (transition_violations(job, snap.events.get(job_id, []))
+            + terminal_event_violations(job, snap.events.get(job_id, []))
             + completion_violations(job, leases, snap.effects.get(job_id, []))
             + lease_overlap_violations(leases)
             + recovery_violations(leases, snap.events.get(job_id, []))
             + execution_overlap_violations(snap.execs.get(job_id, []), leases))
+
+
+def transition_violations(job: Mapping[str, Any], events: list[dict]) -> list[str]:
+    """Replayed from nothing, every event is a legal move from the state the ones before it
+    left, and the last leaves the job in the state PostgreSQL holds."""
+    state: str | None = None
+    for event in events:
+        allowed = LEGAL.get((state, event["event"]))
+        if allowed is None:
+            return [f"illegal transition: {event['event']} (event {event['id']}) in state "
+                    f"{state}"]
+        after = (event["detail"] or {}).get("status") if len(allowed) > 1 else next(iter(allowed))
+        if after not in allowed:
+            return [f"event {event['id']} {event['event']} records state {after}, not one of "
+                    f"{sorted(allowed)}"]
+        state = after
+    if state != job["status"]:
+        return [f"history ends in state {state} but the job is {job['status']}"]
+    return []
 
 
 def _is_terminal_event(event: Mapping[str, Any]) -> bool:

@@ -1,6 +1,6 @@
 """Reading, listing, cancelling and requeuing jobs through the API (real PostgreSQL and Redis).
 
-Jobs are put in the states under test through Store calls (claim, fail_job) as a worker would,
+Jobs are put in the states under test through Store calls (claim, settle) as a worker would,
 so the API is checked against the same transitions the other services make.
 """
 
@@ -17,6 +17,7 @@ from taskline.jobs import Job
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
 from taskline_producer.app import close_app, create_app
+from tests.helpers import fail
 
 WORKER = "worker-test-1"
 
@@ -37,8 +38,7 @@ def claim(store: Store, dispatcher: Dispatcher, job_id: str, queue: str = "defau
 
 def make_dead(store: Store, dispatcher: Dispatcher, job_id: str, error: str = "boom") -> Job:
     claimed = claim(store, dispatcher, job_id)
-    row = store.fail_job(lease_id=claimed.lease_id, worker_id=WORKER, status="dead",
-                         outcome="failed", error=error, delay_s=0, event="dead_lettered")
+    row = fail(store, claimed.lease_id, WORKER, error)
     assert row is not None
     dispatcher.dead_letter(claimed.job.queue, WORKER, job_id)
     return claimed.job

@@ -134,7 +134,7 @@ def test_the_active_maintenance_instance_runs_audit_retention(
 
 
 def test_the_migration_runs_beside_data_written_by_the_previous_version() -> None:
-    """0001's writes (events without actor) survive the upgrade; it downgrades cleanly too."""
+    """0002's writes (events without actor) survive the upgrade; it downgrades cleanly too."""
     import uuid
 
     from alembic import command
@@ -149,7 +149,7 @@ def test_the_migration_runs_beside_data_written_by_the_previous_version() -> Non
                                                            "postgresql+psycopg://"))
     try:
         config = alembic_config(db_url(name))
-        command.upgrade(config, "0001")
+        command.upgrade(config, "0002")
         job_id = uuid.uuid4()
         with engine.begin() as conn:
             conn.execute(sqlalchemy.text(
@@ -164,7 +164,7 @@ def test_the_migration_runs_beside_data_written_by_the_previous_version() -> Non
                 (None,)]
             conn.execute(sqlalchemy.text("INSERT INTO job_events (job_id, attempt, event)"
                                          " VALUES (:id, 0, 'cancelled')"), {"id": job_id})
-        command.downgrade(config, "0001")
+        command.downgrade(config, "0002")
         with engine.begin() as conn:
             assert conn.execute(sqlalchemy.text("SELECT count(*) FROM job_events")).scalar() == 2
     finally:

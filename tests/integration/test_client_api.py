@@ -18,7 +18,7 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_cli.localservers import free_port
-from tests.helpers import enqueue, service, service_env, wait_for
+from tests.helpers import enqueue, fail, service, service_env, wait_for
 
 WORKER = "client-test-worker"
 
@@ -57,9 +57,7 @@ def make_dead(store: Store, dispatcher: Dispatcher, queue: str = "default") -> s
     job = enqueue(store, dispatcher, "simulate", {"fail_first": 1}, queue=queue, max_retries=0)
     [fetched] = dispatcher.fetch(queue, WORKER, 1)
     [claimed] = store.claim_jobs([fetched], WORKER, 30)
-    assert store.fail_job(lease_id=claimed.lease_id, worker_id=WORKER, status="dead",
-                          outcome="failed", error="simulated failure", delay_s=0,
-                          event="dead_lettered") is not None
+    assert fail(store, claimed.lease_id, WORKER, "simulated failure") is not None
     dispatcher.dead_letter(queue, WORKER, fetched)
     return str(job.id)
 

@@ -30,7 +30,7 @@ from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_producer import events
 from taskline_producer.app import close_app, create_app
-from tests.helpers import enqueue, wait_for
+from tests.helpers import enqueue, succeed, wait_for
 from tests.integration.events_client import SseClient
 
 TOKEN = "stream-token"
@@ -104,7 +104,7 @@ def test_enqueue_claim_success_arrive_in_order_and_rollbacks_never(
     with pytest.raises(RuntimeError), store.transaction() as conn:
         store.insert_event(conn, job.id, 1, "dead_lettered")
         raise RuntimeError("roll back")
-    assert store.complete_jobs([(claimed.lease_id, {"ok": True})], "worker-a")
+    assert succeed(store, claimed.lease_id, "worker-a", {"ok": True})
     changes = client.jobs(3)
     assert [(c["event"], c["status"]) for c in changes] == [
         ("enqueued", "queued"), ("claimed", "running"), ("succeeded", "succeeded")]

@@ -4,7 +4,6 @@ release), and component loops survive failed passes."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -15,7 +14,6 @@ from taskline.dispatch.keys import QueueKeys
 from taskline.errors import StoreUnavailable
 from taskline.store.store import Store
 from taskline_maintenance.leader import Leader
-from taskline_maintenance.loop import run_every
 from taskline_maintenance.main import Maintenance
 from tests.helpers import enqueue, wait_for
 
@@ -96,34 +94,3 @@ def test_a_standby_does_nothing(store, dispatcher, settings):
                  message="the new leader to restore the job")
     finally:
         standby.stop()
-
-
-def test_a_loop_survives_a_failed_pass():
-    stop = threading.Event()
-    calls = []
-
-    def step() -> None:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("first pass fails")
-        stop.set()
-
-    before = REGISTRY.get_sample_value("taskline_loop_errors_total", {"loop": "test"}) or 0
-    run_every("test", 0.01, step, stop)
-
-    assert len(calls) == 2
-    assert REGISTRY.get_sample_value("taskline_loop_errors_total", {"loop": "test"}) == before + 1
-
-
-def test_an_inactive_loop_never_runs_its_step():
-    stop = threading.Event()
-    calls = []
-    idled = []
-    timer = threading.Timer(0.3, stop.set)
-    timer.start()
-
-    run_every("test-idle", 0.01, lambda: calls.append(1), stop, active=lambda: False,
-              idle=lambda: idled.append(1))
-
-    timer.join()
-    assert calls == [] and idled

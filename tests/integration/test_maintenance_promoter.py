@@ -14,7 +14,7 @@ from taskline.jobs import Job
 from taskline.store.store import Store
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reconciler import Reconciler
-from tests.helpers import enqueue
+from tests.helpers import enqueue, fail
 
 KEYS = QueueKeys("default")
 
@@ -24,9 +24,7 @@ def retrying(store: Store, dispatcher: Dispatcher, delay_s: float, priority: int
     job = enqueue(store, dispatcher, priority=priority)
     dispatcher.fetch("default", "w1", 1)
     (claimed,) = store.claim_jobs([job.id], "w1", 15)
-    row = store.fail_job(lease_id=claimed.lease_id, worker_id="w1", status="retrying",
-                         outcome="failed", error="boom", delay_s=delay_s,
-                         event="retry_scheduled")
+    row = fail(store, claimed.lease_id, "w1", delay_s=delay_s)
     dispatcher.retry_later("default", "w1", str(job.id), row.due_ms)
     return job
 

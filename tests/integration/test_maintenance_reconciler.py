@@ -15,7 +15,7 @@ from taskline.dispatch.keys import QueueKeys
 from taskline.jobs import Job
 from taskline.store.store import Store
 from taskline_maintenance.reconciler import Reconciler
-from tests.helpers import enqueue
+from tests.helpers import enqueue, fail, succeed
 
 DEFAULT = QueueKeys("default")
 MAIL = QueueKeys("mail")
@@ -43,8 +43,7 @@ def failed(store: Store, dispatcher: Dispatcher, status: str, **kw) -> tuple[Job
     """A job whose attempt failed into `status` (retrying or dead), as a worker records it."""
     job = enqueue(store, dispatcher, push=False, **kw)
     (claimed,) = store.claim_jobs([job.id], "w1", 15)
-    row = store.fail_job(lease_id=claimed.lease_id, worker_id="w1", status=status,
-                         outcome="failed", error="boom", delay_s=600, event="failed")
+    row = fail(store, claimed.lease_id, "w1", delay_s=600 if status == "retrying" else None)
     if status == "retrying":
         dispatcher.retry_later(job.queue, "w1", str(job.id), row.due_ms)
     else:
@@ -64,7 +63,7 @@ def delayed(store: Store, dispatcher: Dispatcher, queue: str = "default") -> Job
 def succeeded(store: Store, dispatcher: Dispatcher) -> Job:
     job = enqueue(store, dispatcher, push=False)
     (claimed,) = store.claim_jobs([job.id], "w1", 15)
-    assert store.complete_jobs([(claimed.lease_id, "ok")], "w1")
+    assert succeed(store, claimed.lease_id, "w1", "ok")
     return job
 
 
@@ -138,7 +137,7 @@ def test_duplicate_ids_run_once_and_leftovers_are_cleaned(store, dispatcher, set
         (fetched,) = dispatcher.fetch("default", worker, 1)
         claims += store.claim_jobs([fetched], worker, 15)
     assert [c.job.id for c in claims] == [job.id]  # w1 won, w2's claim found it running
-    assert store.complete_jobs([(claims[0].lease_id, "ok")], "w1")
+    assert succeed(store, claims[0].lease_id, "w1", "ok")
     dispatcher.ack([("default", str(job.id))], "w1")
 
     result = reconciler(store, dispatcher, settings).run_once()

@@ -9,8 +9,10 @@ import uuid
 
 from sqlalchemy import text
 
+from taskline import transitions
+from taskline.store.rows import Settlement
 from taskline.store.store import Store
-from tests.helpers import enqueue, wait_for
+from tests.helpers import enqueue, fail, succeed, wait_for
 
 
 def claim_one(store: Store, dispatcher, worker="w1", lease_s=15.0, **kw):
@@ -44,10 +46,11 @@ def test_claim_has_exactly_one_winner_among_racing_workers(store: Store, dispatc
 
 def test_completion_is_fenced_by_the_lease(store: Store, dispatcher):
     claimed = claim_one(store, dispatcher)
-    assert store.complete_jobs([(claimed.lease_id, {"n": 1})], "intruder") == []
-    assert store.complete_jobs([(claimed.lease_id, {"n": 1})], "w1") == [
-        (claimed.job.id, "default")]
-    assert store.complete_jobs([(claimed.lease_id, {"n": 2})], "w1") == []
+    assert succeed(store, claimed.lease_id, "intruder", {"n": 1}) == []
+    assert [(r.id, r.queue, r.status) for r in succeed(store, claimed.lease_id, "w1",
+                                                        {"n": 1})] == [
+        (claimed.job.id, "default", "succeeded")]
+    assert succeed(store, claimed.lease_id, "w1", {"n": 2}) == []
     job = store.get_job(claimed.job.id)
     assert job.status == "succeeded" and job.result == {"n": 1}
 
@@ -56,17 +59,15 @@ def test_a_zombie_cannot_record_after_its_lease_was_recovered(store: Store, disp
     claimed = claim_one(store, dispatcher, lease_s=0.05)
     time.sleep(0.1)
     recovered = store.recover_expired(100)
-    assert [(r.id, r.status, r.worker_id) for r in recovered] == [
+    assert [(r.expired.id, r.settled.status, r.expired.worker_id) for r in recovered] == [
         (claimed.job.id, "queued", "w1")]
     (second,) = store.claim_jobs([claimed.job.id], "w2", 15)
     assert second.job.attempts == 2
-    zombie_fail = store.fail_job(lease_id=claimed.lease_id, worker_id="w1", status="dead",
-                                 outcome="failed", error="late", delay_s=0, event="dead_lettered")
-    assert zombie_fail is None
-    assert store.complete_jobs([(claimed.lease_id, "late")], "w1") == []
+    assert fail(store, claimed.lease_id, "w1", "late") is None
+    assert succeed(store, claimed.lease_id, "w1", "late") == []
     assert store.renew_leases([claimed.lease_id], "w1", 15) == {}
-    assert store.release_jobs([claimed.lease_id], "w1") == []
-    assert store.complete_jobs([(second.lease_id, "ok")], "w2")
+    assert store.settle([Settlement(claimed.lease_id, "w1", transitions.handed_back())]) == []
+    assert succeed(store, second.lease_id, "w2", "ok")
     events, leases = store.get_history(claimed.job.id)
     assert [e["event"] for e in events] == [
         "enqueued", "claimed", "recovered", "claimed", "succeeded"]
@@ -77,7 +78,7 @@ def test_recovery_of_the_last_attempt_dead_letters(store: Store, dispatcher):
     claimed = claim_one(store, dispatcher, lease_s=0.05, max_retries=0)
     time.sleep(0.1)
     (row,) = store.recover_expired(100)
-    assert row.status == "dead"
+    assert row.dead and row.transition.move is transitions.RECOVER_DEAD
     (dead,) = store.list_dead(queue=None, after=None, limit=10)
     assert dead["job"].id == claimed.job.id and dead["attempts"] == 1
     assert "lease expired" in dead["final_error"]
@@ -95,15 +96,15 @@ def test_renewal_reports_a_cancel_request(store: Store, dispatcher):
     claimed = claim_one(store, dispatcher)
     assert store.cancel_running_job(claimed.job.id).cancel_requested
     assert store.renew_leases([claimed.lease_id], "w1", 15) == {claimed.lease_id: True}
-    assert store.cancel_job_attempt(claimed.lease_id, "w1", "cancelled by request")
+    assert store.settle([Settlement(claimed.lease_id, "w1", transitions.cancelled_while_running(
+        "cancelled by request"))])
     assert store.get_job(claimed.job.id).status == "cancelled"
 
 
 def test_failure_schedules_a_retry_in_postgresql_time(store: Store, dispatcher):
     claimed = claim_one(store, dispatcher)
     before = store.now()
-    row = store.fail_job(lease_id=claimed.lease_id, worker_id="w1", status="retrying",
-                         outcome="failed", error="boom", delay_s=0.2, event="retry_scheduled")
+    row = fail(store, claimed.lease_id, "w1", delay_s=0.2)
     assert abs(row.due_ms - (before.timestamp() + 0.2) * 1000) < 1000
     assert store.promote_due(10) == []
     promoted = wait_for(lambda: store.promote_due(10), timeout=3)
@@ -113,7 +114,8 @@ def test_failure_schedules_a_retry_in_postgresql_time(store: Store, dispatcher):
 
 def test_release_hands_back_without_counting_the_attempt(store: Store, dispatcher):
     claimed = claim_one(store, dispatcher)
-    assert [r.id for r in store.release_jobs([claimed.lease_id], "w1")] == [claimed.job.id]
+    released = store.settle([Settlement(claimed.lease_id, "w1", transitions.handed_back())])
+    assert [r.id for r in released] == [claimed.job.id]
     job = store.get_job(claimed.job.id)
     assert job.status == "queued" and job.attempts == 0
     (again,) = store.claim_jobs([job.id], "w2", 15)
@@ -125,8 +127,7 @@ def test_cancel_pending_and_requeue_dead(store: Store, dispatcher):
     assert store.cancel_pending_job(pending.id).status == "cancelled"
     assert store.cancel_pending_job(pending.id) is None
     claimed = claim_one(store, dispatcher)
-    store.fail_job(lease_id=claimed.lease_id, worker_id="w1", status="dead", outcome="failed",
-                   error="fatal", delay_s=0, event="dead_lettered")
+    fail(store, claimed.lease_id, "w1", "fatal")
     requeued = store.requeue_dead_job(claimed.job.id)
     assert requeued.status == "queued" and requeued.attempts == 0
     assert store.requeue_dead_job(claimed.job.id) is None

@@ -8,11 +8,15 @@ explains the form that prevents it).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import text
 
+from taskline import transitions
 from taskline.jobs import new_job_id
 from taskline.store.queries import load_queries
+from taskline.store.rows import Settlement
 from taskline.store.store import Store
 
 QUERIES = load_queries()
@@ -48,18 +52,23 @@ def plan(store: Store, name: str, params: dict) -> str:
     return "\n".join(r[0] for r in rows)
 
 
+def settle_params(leases: list[int], transition: transitions.Transition) -> dict:
+    rows = [Settlement(lease, "w1", transition).to_input(lapsed=False) for lease in leases]
+    return {"settlements": json.dumps(rows)}
+
+
 @pytest.mark.parametrize("name, params", [
-    ("complete_jobs", {"results": ["null"] * RUNNING}),
-    ("renew_leases", {"lease_s": 30}),
-    ("release_jobs", {}),
+    ("settle", lambda leases: settle_params(leases, transitions.succeeded(None))),
+    ("settle", lambda leases: settle_params(leases, transitions.handed_back())),
+    ("renew_leases", lambda leases: {"lease_ids": leases, "worker_id": "w1", "lease_s": 30}),
 ])
 def test_batched_lease_statements_find_jobs_by_primary_key(store: Store, leases, name, params):
-    shown = plan(store, name, {"lease_ids": leases, "worker_id": "w1", **params})
+    shown = plan(store, name, params(leases))
     assert "jobs_pkey" in shown
     assert "jobs_status_created" not in shown and "Seq Scan on jobs" not in shown
 
 
 def test_recovery_and_lease_expiry_find_jobs_by_primary_key(store: Store, leases):
-    for name, params in [("recover_expired", {"limit": 100}), ("next_lease_expiry", {})]:
+    for name, params in [("expired_leases", {"limit": 100}), ("next_lease_expiry", {})]:
         shown = plan(store, name, params)
         assert "jobs_status_created" not in shown and "Seq Scan on jobs" not in shown, name

@@ -1,4 +1,4 @@
-"""The pure job model: priorities, ids, backoff and retry decisions."""
+"""The pure job model: priorities, ids and backoff (retry decisions: test_transitions.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from taskline.jobs import (
     TERMINAL,
     Backoff,
     Status,
-    decide_retry,
     new_job_id,
     parse_job_id,
     parse_priority,
@@ -70,19 +69,3 @@ def test_backoff_follows_the_documented_schedule_within_jitter():
 
 def test_backoff_caps_huge_exponents():
     assert Backoff(10, 4, 60).delay(10_000, random.Random(1)) <= 60
-
-
-def test_decide_retry_counts_attempts_at_claim():
-    backoff = Backoff(1, 2, 10)
-    assert decide_retry(1, 2, backoff).retry
-    assert decide_retry(2, 2, backoff).retry
-    final = decide_retry(3, 2, backoff)
-    assert not final.retry and "exhausted" in final.reason
-    assert not decide_retry(1, 0, backoff).retry
-
-
-def test_decide_retry_non_retryable_and_override():
-    backoff = Backoff(1, 2, 10)
-    assert not decide_retry(1, 5, backoff, retryable=False).retry
-    decision = decide_retry(1, 5, backoff, delay_override_s=42)
-    assert decision.retry and decision.delay_s == 42

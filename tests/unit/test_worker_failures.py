@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
+from taskline import transitions
 from taskline.errors import NonRetryableError, RetryableError
-from taskline.jobs import Outcome, RetryDecision
+from taskline.jobs import Outcome
 from taskline_worker.outcomes import (
     ERROR_MAX,
     SUCCESS,
@@ -40,15 +41,17 @@ def test_error_text_is_type_and_message_truncated_and_storable():
     printable("\udc80").encode("utf-8")  # no lone surrogate left
 
 
-def test_error_detail_carries_the_decision_and_the_traceback_tail():
+def test_error_detail_carries_the_error_and_the_traceback_tail():
     err = raised(RuntimeError("deep failure"))
-    detail = error_detail(err, RetryDecision(True, 1.23456, "retry with backoff"),
-                          Outcome.FAILED)
+    detail = error_detail(err)
     assert detail["error"] == "RuntimeError: deep failure"
-    assert detail["outcome"] == "failed" and detail["delay_s"] == 1.235
     assert "raise err" in detail["traceback"] and "deep failure" in detail["traceback"]
-    dead = error_detail(err, RetryDecision(False, 0.0, "non-retryable error"), Outcome.FAILED)
-    assert "delay_s" not in dead
+    retry = transitions.retry(detail["error"], 1.23456, reason="retry with backoff",
+                              detail=detail)
+    assert retry.detail["outcome"] == "failed" and retry.detail["delay_s"] == 1.235
+    assert retry.detail["traceback"] == detail["traceback"]
+    dead = transitions.dead(detail["error"], reason="non-retryable error", detail=detail)
+    assert "delay_s" not in dead.detail and dead.detail["reason"] == "non-retryable error"
 
 
 @pytest.mark.parametrize(("err", "outcome", "reason"), [

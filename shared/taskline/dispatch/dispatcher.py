@@ -17,8 +17,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
+from taskline.dispatch import follow
 from taskline.dispatch.keys import QUEUES_SET, QueueKeys, worker_key
 from taskline.errors import DispatchUnavailable
+from taskline.transitions import Committed
 
 SIGNAL_MAX = 64
 _SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot",
@@ -65,6 +67,10 @@ class Dispatcher:
     def _script(self, name: str, keys: Sequence[str], args: Sequence[object]) -> object:
         with translate_errors():
             return self._scripts[name](keys=list(keys), args=list(args))
+
+    def follow(self, changes: Iterable[Committed]) -> None:
+        """Mirror committed transitions: each move's Redis step (taskline.dispatch.follow)."""
+        follow.follow(self, changes)
 
     # --- producer and promoter -----------------------------------------------------------
 

@@ -2,10 +2,10 @@
 
 A batch whose jobs hold no idempotency key can skip nothing, so it needs neither ON CONFLICT
 nor the JSON recordset the one-statement insert parses: two binary COPYs (jobs, then their first
-events) in one transaction write the same rows with ~30 % less PostgreSQL CPU per job, and
+events) in one transaction write the same rows with less PostgreSQL CPU per job, and
 PostgreSQL consumes the stream while Python still writes it. The extra round trips (the
-transaction's start and end, its clock, each COPY's start and end) make it slower below ~100
-jobs (docs/performance.md, change 26).
+transaction's start and end, its clock, each COPY's start and end) make it slower for small
+batches, hence COPY_MIN_JOBS (docs/performance.md).
 
 Invariant: every row and value equals what the statement writes; created_at and updated_at
 are the transaction's now(), and a job's next_run_at is its run_at or now() plus its delay, by
@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 import orjson
 import psycopg
 from psycopg.types.json import set_json_dumps
+
+from taskline import transitions
 
 # Below this many jobs the one-statement insert takes less time.
 COPY_MIN_JOBS = 100
@@ -83,7 +85,7 @@ def _inserted(job: dict[str, Any], now: datetime) -> Inserted:
 
 
 def _first_event(status: str) -> str:
-    return "scheduled" if status == "scheduled" else "enqueued"
+    return transitions.FIRST_EVENTS[status]
 
 
 def _dumps(value: Any) -> bytes | str:

@@ -6,6 +6,12 @@
 -- no index can serve, so the job is found by its primary key. Otherwise statistics taken while
 -- nothing ran (one running job estimated) made the planner read every running job through
 -- jobs_status_created once per lease: a 50-lease completion visited ~4,000 rows, not 50.
+-- The attempt fence (an open lease whose job is still running that very attempt) is the view
+-- live_leases (migration 0002), written nowhere else; every statement that ends an attempt is
+-- `settle`. Which states a move starts from and goes to is taskline.transitions' table: a
+-- statement takes them as parameters (:sources, :target, :event) where a job is found by its
+-- primary key. The claim and the promotion keep their states literal, so their partial
+-- indexes match under generic plans; a unit test holds those literals to the table.
 -- (The claim keeps `status = 'queued'`: its id list is served by jobs_pending_id, and without
 -- an index on status to choose, a never-analyzed 100,000-job backlog was read whole.)
 
@@ -25,7 +31,8 @@ INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
 VALUES (:job_id, :attempt, :event, :worker_id, CAST(:detail AS jsonb));
 
 -- name: insert_jobs_with_events
--- Insert jobs (a JSON array of insert_job's fields) in input order, each with its first event.
+-- Insert jobs (a JSON array of insert_job's fields) in input order, each with its first event
+-- (:first_events maps a new job's status to it, taken from taskline.transitions).
 -- One statement is atomic on its own, so a job and its event commit together even in autocommit.
 -- A job whose (queue, idempotency key) exists, or comes earlier in the array, is skipped.
 -- JSON rather than one array per column: psycopg dumps lists value by value in Python.
@@ -47,8 +54,7 @@ WITH inserted AS (
     RETURNING id, status, payload, next_run_at, created_at, updated_at
 ), events AS (
     INSERT INTO job_events (job_id, attempt, event)
-    SELECT id, 0, CASE WHEN status = 'scheduled' THEN 'scheduled' ELSE 'enqueued' END
-    FROM inserted
+    SELECT id, 0, CAST(:first_events AS jsonb) ->> status FROM inserted
 )
 SELECT id, payload, next_run_at, created_at, updated_at FROM inserted;
 
@@ -116,7 +122,7 @@ LIMIT :limit;
 -- name: claim_jobs
 -- Claim queued jobs for one worker: one winner per id, attempt counted, lease row and event written.
 WITH claimed AS (
-    UPDATE jobs SET status = 'running', attempts = attempts + 1, updated_at = now()
+    UPDATE jobs SET status = :target, attempts = attempts + 1, updated_at = now()
     WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'queued'
     RETURNING *
 ), leases AS (
@@ -127,131 +133,96 @@ WITH claimed AS (
     RETURNING id AS lease_id, job_id, leased_until
 ), events AS (
     INSERT INTO job_events (job_id, attempt, event, worker_id)
-    SELECT id, attempts, 'claimed', :worker_id FROM claimed
+    SELECT id, attempts, :event, :worker_id FROM claimed
 )
 SELECT claimed.*, leases.lease_id, leases.leased_until
 FROM claimed JOIN leases ON leases.job_id = claimed.id;
 
 -- name: renew_leases
--- Extend the open leases this worker still holds on running jobs; returns each kept lease.
-UPDATE job_leases l
+-- Extend the live leases this worker holds; returns each kept lease and its job's cancel flag.
+UPDATE live_leases l
 SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
 FROM jobs j
-WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
-  AND l.released_at IS NULL AND j.id = l.job_id AND (j.status = 'running') IS TRUE
-  AND j.attempts = l.attempt
+WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id AND j.id = l.job_id
 RETURNING l.id AS lease_id, j.cancel_requested;
 
--- name: complete_jobs
--- Record successes of leases this worker holds (fenced); returns the jobs it changed.
+-- name: settle
+-- End attempts (a JSON array of settlements, each naming its lease and worker) on their live
+-- lease only: the lease closed with its outcome, the job moved to the settlement's status, the
+-- DLQ row of a dead one upserted, one event each; returns the jobs it changed. `lapsed` rows
+-- (the reaper's) settle only a lease whose time has run out in PostgreSQL's clock.
 WITH input AS (
-    SELECT * FROM unnest(CAST(:lease_ids AS bigint[]), CAST(:results AS text[]))
-        AS t(lease_id, result)
+    SELECT * FROM json_to_recordset(CAST(:settlements AS json)) AS s(
+        lease_id bigint, worker_id text, status text, outcome text, event text, error text,
+        result jsonb, writes_result boolean, writes_error boolean, delay_s float8,
+        detail jsonb, refund int, dead_letter boolean, lapsed boolean)
 ), leases AS (
-    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = 'succeeded'
-    FROM input, jobs j
-    WHERE l.id = input.lease_id AND l.worker_id = :worker_id AND l.released_at IS NULL
-      AND j.id = l.job_id AND (j.status = 'running') IS TRUE AND j.attempts = l.attempt
-    RETURNING l.job_id, l.attempt, input.result
-), done AS (
-    UPDATE jobs j SET status = 'succeeded', result = CAST(leases.result AS jsonb),
-                      last_error = NULL, updated_at = now()
-    FROM leases WHERE j.id = leases.job_id AND (j.status = 'running') IS TRUE
-    RETURNING j.id, j.queue, j.attempts
-), events AS (
-    INSERT INTO job_events (job_id, attempt, event, worker_id)
-    SELECT id, attempts, 'succeeded', :worker_id FROM done
-)
-SELECT id, queue, attempts FROM done;
-
--- name: fail_job
--- Record a failed attempt of a lease this worker holds (fenced): retrying with a delay, or dead.
-WITH lease AS (
-    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = :outcome
-    FROM jobs j
-    WHERE l.id = :lease_id AND l.worker_id = :worker_id AND l.released_at IS NULL
-      AND j.id = l.job_id AND (j.status = 'running') IS TRUE AND j.attempts = l.attempt
-    RETURNING l.job_id, l.attempt
+    UPDATE live_leases l SET released_at = clock_timestamp(), outcome = s.outcome
+    FROM input s
+    WHERE l.id = s.lease_id AND l.worker_id = s.worker_id
+      AND (s.lapsed IS NOT TRUE OR l.leased_until < now())
+    RETURNING l.id AS lease_id, l.job_id, l.attempt, l.worker_id, s.status, s.event, s.error,
+              s.result, s.writes_result, s.writes_error, s.delay_s, s.detail, s.refund,
+              s.dead_letter
 ), changed AS (
-    UPDATE jobs j SET status = :status, last_error = :error, updated_at = now(),
-        next_run_at = CASE WHEN :status = 'retrying'
-                           THEN now() + make_interval(secs => :delay_s) ELSE j.next_run_at END
-    FROM lease WHERE j.id = lease.job_id AND (j.status = 'running') IS TRUE
-    RETURNING j.id, j.queue, j.priority, j.attempts, j.next_run_at
+    UPDATE jobs j
+    SET status = s.status, attempts = j.attempts - s.refund,
+        result = CASE WHEN s.writes_result THEN s.result ELSE j.result END,
+        last_error = CASE WHEN s.writes_error THEN s.error ELSE j.last_error END,
+        next_run_at = CASE WHEN s.delay_s IS NULL THEN j.next_run_at
+                           ELSE now() + make_interval(secs => s.delay_s) END,
+        updated_at = now()
+    FROM leases s WHERE j.id = s.job_id AND (j.status = 'running') IS TRUE
+    RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, s.lease_id,
+              s.attempt, s.worker_id, s.event, s.detail, s.error, s.dead_letter
 ), dead AS (
     INSERT INTO dead_letter_jobs (job_id, final_error, attempts, failed_at)
-    SELECT id, :error, attempts, now() FROM changed WHERE :status = 'dead'
+    SELECT id, error, attempts, now() FROM changed WHERE dead_letter
     ON CONFLICT (job_id) DO UPDATE
         SET final_error = EXCLUDED.final_error, attempts = EXCLUDED.attempts,
             failed_at = EXCLUDED.failed_at
 ), events AS (
     INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
-    SELECT id, attempts, :event, :worker_id, CAST(:detail AS jsonb) FROM changed
+    SELECT id, attempt, event, worker_id, detail FROM changed
 )
-SELECT id, queue, priority, attempts,
+SELECT id, queue, priority, attempts, status, lease_id, worker_id,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
 FROM changed;
 
--- name: release_jobs
--- Hand running jobs back at shutdown without counting the attempt (fenced).
-WITH leases AS (
-    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = 'released'
-    FROM jobs j
-    WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
-      AND l.released_at IS NULL AND j.id = l.job_id AND (j.status = 'running') IS TRUE
-      AND j.attempts = l.attempt
-    RETURNING l.job_id
-), changed AS (
-    UPDATE jobs j SET status = 'queued', attempts = attempts - 1, updated_at = now()
-    FROM leases WHERE j.id = leases.job_id AND (j.status = 'running') IS TRUE
-    RETURNING j.id, j.queue, j.priority, j.attempts
-), events AS (
-    INSERT INTO job_events (job_id, attempt, event, worker_id)
-    SELECT id, attempts + 1, 'released', :worker_id FROM changed
-)
-SELECT id, queue, priority FROM changed;
-
 -- name: cancel_running_job
--- Mark a running job's cancellation as requested; the worker's next renewal stops it.
-UPDATE jobs SET cancel_requested = true, updated_at = now()
-WHERE id = :id AND (status = 'running') IS TRUE
-RETURNING *;
+-- Mark a running job's cancellation as requested, with its event; the worker's next renewal
+-- stops it. Returns the job only when this call asked.
+WITH changed AS (
+    UPDATE jobs SET cancel_requested = true, updated_at = now()
+    WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING *
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event) SELECT id, attempts, :event FROM changed
+)
+SELECT * FROM changed;
 
 -- name: cancel_pending_job
--- Cancel a job that has not started; returns it only when this call cancelled it.
-UPDATE jobs SET status = 'cancelled', updated_at = now(), next_run_at = NULL
-WHERE id = :id AND (status IN ('queued', 'scheduled', 'retrying')) IS TRUE
-RETURNING *;
-
--- name: cancel_job_attempt
--- Record that a running attempt stopped because it was cancelled (fenced).
-WITH lease AS (
-    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = 'cancelled'
-    FROM jobs j
-    WHERE l.id = :lease_id AND l.worker_id = :worker_id AND l.released_at IS NULL
-      AND j.id = l.job_id AND (j.status = 'running') IS TRUE AND j.attempts = l.attempt
-    RETURNING l.job_id
-), changed AS (
-    UPDATE jobs j SET status = 'cancelled', last_error = :error, updated_at = now()
-    FROM lease WHERE j.id = lease.job_id AND (j.status = 'running') IS TRUE
-    RETURNING j.id, j.queue, j.attempts
+-- Cancel a job that has not started, with its event; returns it only when this call cancelled it.
+WITH changed AS (
+    UPDATE jobs SET status = :target, updated_at = now(), next_run_at = NULL
+    WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING *
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, worker_id)
-    SELECT id, attempts, 'cancelled', :worker_id FROM changed
+    INSERT INTO job_events (job_id, attempt, event) SELECT id, attempts, :event FROM changed
 )
-SELECT id, queue FROM changed;
+SELECT * FROM changed;
 
 -- name: requeue_dead_job
 -- Put a dead job back in the queue with a fresh retry budget; returns it only when requeued.
 WITH changed AS (
-    UPDATE jobs SET status = 'queued', attempts = 0, last_error = NULL, result = NULL,
+    UPDATE jobs SET status = :target, attempts = 0, last_error = NULL, result = NULL,
                     cancel_requested = false, next_run_at = now(), updated_at = now()
-    WHERE id = :id AND (status = 'dead') IS TRUE
+    WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), undead AS (
     DELETE FROM dead_letter_jobs d USING changed WHERE d.job_id = changed.id
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event) SELECT id, 0, 'requeued' FROM changed
+    INSERT INTO job_events (job_id, attempt, event) SELECT id, 0, :event FROM changed
 )
 SELECT * FROM changed;
 
@@ -274,50 +245,24 @@ WITH due AS (
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), changed AS (
-    UPDATE jobs j SET status = 'queued', updated_at = now()
+    UPDATE jobs j SET status = :target, updated_at = now()
     FROM due WHERE j.id = due.id
     RETURNING j.id, j.queue, j.priority, j.attempts
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event) SELECT id, attempts, 'promoted' FROM changed
+    INSERT INTO job_events (job_id, attempt, event) SELECT id, attempts, :event FROM changed
 )
-SELECT id, queue, priority FROM changed;
+SELECT id, queue, priority, attempts FROM changed;
 
--- name: recover_expired
--- Recover running jobs whose lease expired in PostgreSQL time: back to queued, or dead when
--- that attempt was the last; the lease is closed as lost and a recovered event written.
-WITH expired AS (
-    SELECT l.id AS lease_id, l.worker_id, j.id AS job_id
-    FROM job_leases l JOIN jobs j ON j.id = l.job_id
-    WHERE l.released_at IS NULL AND l.leased_until < now()
-      AND (j.status = 'running') IS TRUE AND j.attempts = l.attempt
-    ORDER BY l.leased_until
-    LIMIT :limit
-    FOR UPDATE OF j SKIP LOCKED
-), leases AS (
-    UPDATE job_leases l SET released_at = clock_timestamp(), outcome = 'lost'
-    FROM expired WHERE l.id = expired.lease_id
-    RETURNING l.job_id, l.worker_id
-), changed AS (
-    UPDATE jobs j
-    SET status = CASE WHEN j.attempts > j.max_retries THEN 'dead' ELSE 'queued' END,
-        last_error = 'lease expired: worker ' || leases.worker_id || ' stopped renewing',
-        updated_at = now()
-    FROM leases WHERE j.id = leases.job_id AND (j.status = 'running') IS TRUE
-    RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.last_error, leases.worker_id,
-              j.type
-), dead AS (
-    INSERT INTO dead_letter_jobs (job_id, final_error, attempts, failed_at)
-    SELECT id, last_error, attempts, now() FROM changed WHERE status = 'dead'
-    ON CONFLICT (job_id) DO UPDATE
-        SET final_error = EXCLUDED.final_error, attempts = EXCLUDED.attempts,
-            failed_at = EXCLUDED.failed_at
-), events AS (
-    INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
-    SELECT id, attempts, 'recovered', worker_id,
-           jsonb_build_object('cause', 'lease_expired', 'status', status)
-    FROM changed
-)
-SELECT id, queue, priority, status, worker_id, type, attempts FROM changed;
+-- name: expired_leases
+-- Live leases whose time ran out in PostgreSQL's clock, oldest first, their jobs locked (others
+-- are skipped): what the reaper settles in the same transaction.
+SELECT l.id AS lease_id, l.worker_id, j.id, j.queue, j.priority, j.type, j.attempts,
+       j.max_retries
+FROM live_leases l JOIN jobs j ON j.id = l.job_id
+WHERE l.leased_until < now()
+ORDER BY l.leased_until
+LIMIT :limit
+FOR UPDATE OF j SKIP LOCKED;
 
 -- name: pending_page
 -- One keyset page of pending jobs (which Redis should hold), last touched before :before.
@@ -339,8 +284,7 @@ LIMIT :limit;
 -- name: statuses
 -- Status, queue and open-lease worker of the given ids (absent ids are simply missing).
 SELECT j.id, j.status, j.queue, j.priority, j.updated_at,
-       (SELECT l.worker_id FROM job_leases l
-        WHERE l.job_id = j.id AND l.attempt = j.attempts AND l.released_at IS NULL
+       (SELECT l.worker_id FROM live_leases l WHERE l.job_id = j.id
         ORDER BY l.id DESC LIMIT 1) AS lease_worker
 FROM jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 
@@ -383,10 +327,8 @@ WHERE w.stopped_at IS NULL AND w.last_heartbeat > now() - make_interval(secs => 
 ORDER BY w.started_at;
 
 -- name: next_lease_expiry
--- Seconds (PostgreSQL time) until the earliest open lease of a running job ends; NULL if none.
-SELECT extract(epoch FROM min(l.leased_until) - now())::float8 AS seconds
-FROM job_leases l JOIN jobs j ON j.id = l.job_id
-WHERE l.released_at IS NULL AND (j.status = 'running') IS TRUE AND j.attempts = l.attempt;
+-- Seconds (PostgreSQL time) until the earliest live lease ends; NULL if none.
+SELECT extract(epoch FROM min(leased_until) - now())::float8 AS seconds FROM live_leases;
 
 -- name: mark_silent_workers_stopped
 -- Close the registry rows of workers silent for longer than :silent_s seconds.

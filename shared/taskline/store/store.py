@@ -24,10 +24,13 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, create_engine, exc
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
+from taskline import transitions
 from taskline.errors import StoreUnavailable
 from taskline.jobs import Job, parse_job_id
 from taskline.store import bulk
 from taskline.store.queries import load_queries
+from taskline.store.rows import Expired, Promoted, Recovered, Settled, Settlement
+from taskline.transitions import Move
 
 _QUERIES = load_queries()
 
@@ -68,7 +71,7 @@ _LONG_DIGITS_STR = re.compile(r"[0-9]{19}")
 
 def _json_loads(data: str | bytes) -> Any:
     """jsonb values (payloads, results, details) as Python, by orjson (every returned payload
-    went through json.loads: 9 % of an API process's time under batch enqueues).
+    went through json.loads, a visible share of an API process's time under batch enqueues).
 
     orjson reads an integer past 64 bits as a float, and jsonb holds any integer: a document
     with a run of 19 digits goes to the standard library, exact. So does one orjson refuses.
@@ -105,7 +108,7 @@ def _uuids(ids: Sequence[uuid.UUID | str]) -> list[str]:
 
 def _uuid_array(ids: Sequence[uuid.UUID | str]) -> str:
     """`_uuids` as one PostgreSQL array literal: psycopg dumps a list element by element in
-    Python, a string at once (the id list of a claim was ~5 % of a busy worker's time)."""
+    Python, a string at once (the id list of a claim showed in a busy worker's profile)."""
     return "{" + ",".join(_uuids(ids)) + "}"
 
 
@@ -202,7 +205,7 @@ class Store:
         if conn is None and bulk.copyable(jobs):
             with self._driver() as driver:
                 return bulk.copy_jobs_with_events(driver, jobs)
-        params = {"jobs": _rows_json(jobs)}
+        params = {"jobs": _rows_json(jobs), "first_events": _FIRST_EVENTS}
         if conn is not None:
             return self._run("insert_jobs_with_events", params, conn)
         return self._run_on_driver("insert_jobs_with_events", params)
@@ -212,8 +215,8 @@ class Store:
 
         For the lone statements on the hot paths (a single enqueue, a claim, a batched
         completion): SQLAlchemy's execution layer (isolation switch, result metadata rebuilt for
-        textual SQL) costs about as much CPU as the rest of a request, and ~0.2 ms of an idle
-        worker's pickup.
+        textual SQL) costs about as much CPU as the rest of a request, and a share of an idle
+        worker's pickup (docs/performance.md).
         """
         with self._driver() as driver:
             driver.autocommit = True
@@ -287,23 +290,19 @@ class Store:
                   "after_id": after[1] if after else None}
         return [Job.from_row(r) for r in self._run("list_jobs", params)]
 
-    def cancel_pending_job(self, job_id: uuid.UUID) -> Job | None:
-        with self.transaction() as conn:
-            rows = self._run("cancel_pending_job", {"id": job_id}, conn)
-            if rows:
-                self.insert_event(conn, job_id, rows[0].attempts, "cancelled")
+    def _move_job(self, name: str, move: Move, job_id: uuid.UUID) -> Job | None:
+        """Run a one-job move found by primary key, fenced on the move's source states."""
+        rows = self._run(name, {"id": job_id, **_move_params(move)})
         return Job.from_row(rows[0]) if rows else None
+
+    def cancel_pending_job(self, job_id: uuid.UUID) -> Job | None:
+        return self._move_job("cancel_pending_job", transitions.CANCEL, job_id)
 
     def cancel_running_job(self, job_id: uuid.UUID) -> Job | None:
-        with self.transaction() as conn:
-            rows = self._run("cancel_running_job", {"id": job_id}, conn)
-            if rows:
-                self.insert_event(conn, job_id, rows[0].attempts, "cancel_requested")
-        return Job.from_row(rows[0]) if rows else None
+        return self._move_job("cancel_running_job", transitions.REQUEST_CANCEL, job_id)
 
     def requeue_dead_job(self, job_id: uuid.UUID) -> Job | None:
-        rows = self._run("requeue_dead_job", {"id": job_id})
-        return Job.from_row(rows[0]) if rows else None
+        return self._move_job("requeue_dead_job", transitions.REQUEUE, job_id)
 
     def list_dead(self, *, queue: str | None, after: tuple[datetime, uuid.UUID] | None,
                   limit: int) -> list[dict]:
@@ -319,7 +318,7 @@ class Store:
                    lease_s: float) -> list[Claimed]:
         """Claim what can be claimed of `ids`; the ids not returned were lost to someone else."""
         rows = self._run_on_driver("claim_jobs", {"ids": _uuid_array(ids), "worker_id": worker_id,
-                                                  "lease_s": lease_s})
+                                                  "lease_s": lease_s, **_CLAIM})
         return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
 
     def renew_leases(self, lease_ids: Sequence[int], worker_id: str,
@@ -331,43 +330,26 @@ class Store:
                                           "lease_s": lease_s})
         return {r.lease_id: r.cancel_requested for r in rows}
 
-    def complete_jobs(self, completions: Sequence[tuple[int, Any]], worker_id: str,
-                      conn: Connection | None = None) -> list[tuple[uuid.UUID, str]]:
-        """Record (lease_id, result) successes; returns (job id, queue) of each one recorded."""
-        params = {"lease_ids": [c[0] for c in completions],
-                  "results": [_json(c[1]) or "null" for c in completions],
-                  "worker_id": worker_id}
-        rows = (self._run("complete_jobs", params, conn) if conn is not None
-                else self._run_on_driver("complete_jobs", params))
-        return [(r.id, r.queue) for r in rows]
+    def settle(self, settlements: Sequence[Settlement], conn: Connection | None = None, *,
+               lapsed: bool = False) -> list[Settled]:
+        """End these attempts, each only while its lease is live (the fence); returns the jobs
+        settled. Alone it is one autocommit statement; `lapsed` settles only expired leases."""
+        if not settlements:
+            return []
+        params = {"settlements": _rows_json([s.to_input(lapsed=lapsed) for s in settlements])}
+        rows = (self._run("settle", params, conn) if conn is not None
+                else self._run_on_driver("settle", params))
+        return [Settled.from_row(r) for r in rows]
 
-    def complete_with_hooks(self, lease_id: int, result: Any, worker_id: str,
-                            hooks: Sequence[Callable[[Connection], None]]) -> bool:
-        """Record one success and run `hooks` in the same transaction; both or neither commit."""
+    def settle_with_hooks(self, settlement: Settlement,
+                          hooks: Sequence[Callable[[Connection], None]]) -> bool:
+        """Settle one attempt and run `hooks` in the same transaction; both or neither commit."""
         with self.transaction() as conn:
-            if not self.complete_jobs([(lease_id, result)], worker_id, conn):
+            if not self.settle([settlement], conn):
                 return False
             for hook in hooks:
                 hook(conn)
         return True
-
-    def fail_job(self, *, lease_id: int, worker_id: str, status: str, outcome: str, error: str,
-                 delay_s: float, event: str, detail: Any = None) -> Any | None:
-        """Record a failed attempt as retrying or dead; None when the lease was no longer ours."""
-        rows = self._run("fail_job", {
-            "lease_id": lease_id, "worker_id": worker_id, "status": status, "outcome": outcome,
-            "error": error, "delay_s": delay_s, "event": event, "detail": _json(detail)})
-        return rows[0] if rows else None
-
-    def cancel_job_attempt(self, lease_id: int, worker_id: str, error: str) -> bool:
-        rows = self._run("cancel_job_attempt", {"lease_id": lease_id, "worker_id": worker_id,
-                                                "error": error})
-        return bool(rows)
-
-    def release_jobs(self, lease_ids: Sequence[int], worker_id: str) -> list:
-        if not lease_ids:
-            return []
-        return self._run("release_jobs", {"lease_ids": list(lease_ids), "worker_id": worker_id})
 
     def upsert_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str],
                       concurrency: int) -> None:
@@ -382,11 +364,20 @@ class Store:
 
     # --- maintenance side ----------------------------------------------------------------
 
-    def promote_due(self, limit: int) -> list:
-        return self._run("promote_due", {"limit": limit})
+    def promote_due(self, limit: int) -> list[Promoted]:
+        rows = self._run("promote_due", {"limit": limit, **_move_params(transitions.PROMOTE)})
+        return [Promoted.from_row(r) for r in rows]
 
-    def recover_expired(self, limit: int) -> list:
-        return self._run("recover_expired", {"limit": limit})
+    def recover_expired(self, limit: int) -> list[Recovered]:
+        """Settle up to `limit` expired leases by the lifecycle's recovery rule, in one
+        transaction (the jobs stay locked from the read to the write)."""
+        with self.transaction() as conn:
+            expired = [Expired.from_row(r) for r in self._run("expired_leases", {"limit": limit},
+                                                              conn)]
+            decided = {e.lease_id: (e, e.settlement()) for e in expired}
+            settled = self.settle([s for _e, s in decided.values()], conn, lapsed=True)
+        return [Recovered(decided[r.lease_id][0], decided[r.lease_id][1].transition, r)
+                for r in settled]
 
     def seconds_to_next_lease_expiry(self) -> float | None:
         """Seconds until the earliest open lease of a running job ends, in PostgreSQL time
@@ -456,6 +447,15 @@ class Store:
         """Delete up to `limit` records older than `retain_s`; how many were deleted."""
         return len(self._run("delete_expired_audit", {"retain_s": retain_s, "limit": limit}))
 
+
+def _move_params(move: Move) -> dict[str, Any]:
+    """The states and event a statement takes from the lifecycle's table."""
+    return {"sources": move.source_names, "target": move.target.value,
+            "event": move.event.value}
+
+
+_FIRST_EVENTS = json.dumps(dict(transitions.FIRST_EVENTS))
+_CLAIM = {"target": transitions.CLAIM.target.value, "event": transitions.CLAIM.event.value}
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
 _DRIVER_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)

@@ -1,12 +1,12 @@
 """Audit trail: the audit_log table (append-only) and the actor of each job event.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-12-14 10:00:00.000000
 
-Online-safe next to code of revision 0001: a new, empty table with its indexes (nothing else
+Online-safe next to code of revision 0002: a new, empty table with its indexes (nothing else
 reads or locks it), and a nullable column without default on job_events, which PostgreSQL
-adds by a catalog change alone (no table rewrite). Code of 0001 names its columns when it
+adds by a catalog change alone (no table rewrite). Code of 0002 names its columns when it
 writes events (INSERT and COPY column lists), so it keeps working and writes NULL actors.
 The ALTER still needs a brief exclusive lock on job_events: `lock_timeout` makes it give up
 instead of queueing every writer behind a long transaction; `taskline migrate` can be rerun.
@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = '0002'
-down_revision = '0001'
+revision = '0003'
+down_revision = '0002'
 branch_labels = None
 depends_on = None
 

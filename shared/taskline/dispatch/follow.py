@@ -1,0 +1,106 @@
+"""The Redis step that follows each committed transition, chosen in one place from its move.
+
+Invariant: Redis follows PostgreSQL. A caller commits a transition, then hands the committed
+changes to `follow`, which performs each move's `Step` (taskline.transitions): no call site
+decides for itself where an id goes next. Changes of one step are sent together (one pipeline
+for pushes and acks), in the order given, so FIFO within a priority holds. A failure stops the
+rest and surfaces as DispatchUnavailable: what was committed is durable, and reconciliation
+puts Redis right.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from taskline.transitions import Committed, Step
+
+if TYPE_CHECKING:
+    from taskline.dispatch.dispatcher import Dispatcher
+
+
+def follow(dispatcher: Dispatcher, changes: Iterable[Committed]) -> None:
+    """Perform the Redis step of every committed change, step by step."""
+    by_step: dict[Step, list[Committed]] = defaultdict(list)
+    for change in changes:
+        by_step[change.move.step].append(change)
+    for step, items in by_step.items():
+        _STEPS[step](dispatcher, items)
+
+
+def _push(d: Dispatcher, items: Sequence[Committed]) -> None:
+    d.push([(c.queue, c.priority, c.job_id) for c in items])
+
+
+def _schedule(d: Dispatcher, items: Sequence[Committed]) -> None:
+    for queue, group in _grouped(items, lambda c: c.queue).items():
+        d.schedule_many(queue, [(c.job_id, _due(c)) for c in group])
+
+
+def _promote(d: Dispatcher, items: Sequence[Committed]) -> None:
+    for (queue, priority), group in _grouped(items, lambda c: (c.queue, c.priority)).items():
+        d.promote(queue, priority, [c.job_id for c in group])
+
+
+def _ack(d: Dispatcher, items: Sequence[Committed]) -> None:
+    for worker_id, group in _grouped(items, _worker).items():
+        d.ack([(c.queue, c.job_id) for c in group], worker_id)
+
+
+def _retry_later(d: Dispatcher, items: Sequence[Committed]) -> None:
+    for c in items:
+        d.retry_later(c.queue, _worker(c), c.job_id, _due(c))
+
+
+def _dead_letter(d: Dispatcher, items: Sequence[Committed]) -> None:
+    for c in items:
+        d.dead_letter(c.queue, _worker(c), c.job_id)
+
+
+def _requeue(d: Dispatcher, items: Sequence[Committed]) -> None:
+    # PostgreSQL says queued: pushed even when the id is missing from the processing list.
+    for c in items:
+        d.requeue(c.queue, c.priority, c.job_id, _worker(c), always=True)
+
+
+def _unschedule(d: Dispatcher, items: Sequence[Committed]) -> None:
+    # Ready-list copies of a cancelled job are refused at claim and acked away there.
+    for c in items:
+        d.unschedule(c.queue, c.job_id)
+
+
+def _undead(d: Dispatcher, items: Sequence[Committed]) -> None:
+    for c in items:
+        d.remove_from_dlq(c.queue, c.job_id)
+    _push(d, items)
+
+
+def _nothing(_d: Dispatcher, _items: Sequence[Committed]) -> None:
+    return None
+
+
+_STEPS: dict[Step, Callable[[Dispatcher, Sequence[Committed]], None]] = {
+    Step.NONE: _nothing, Step.PUSH: _push, Step.SCHEDULE: _schedule, Step.PROMOTE: _promote,
+    Step.ACK: _ack, Step.RETRY_LATER: _retry_later, Step.DEAD_LETTER: _dead_letter,
+    Step.REQUEUE: _requeue, Step.UNSCHEDULE: _unschedule, Step.UNDEAD: _undead,
+}
+
+
+def _grouped(items: Iterable[Committed], key: Callable[[Committed], object]) -> dict:
+    groups: dict[object, list[Committed]] = defaultdict(list)
+    for item in items:
+        groups[key(item)].append(item)
+    return groups
+
+
+def _worker(change: Committed) -> str:
+    if change.worker_id is None:
+        raise ValueError(f"{change.move.name} of {change.job_id} names no worker")
+    return change.worker_id
+
+
+def _due(change: Committed) -> int:
+    if change.due_ms is None:
+        raise ValueError(f"{change.move.name} of {change.job_id} has no due time")
+    return change.due_ms

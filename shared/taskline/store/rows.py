@@ -1,0 +1,119 @@
+"""Typed rows of the store's transition statements, and the settlements they take.
+
+Invariant: a statement that moves jobs returns frozen dataclasses built with `from_row`, each
+able to say which committed transition it records (`committed()`), so callers never compare a
+tuple's status with a string literal and the Redis step after it is chosen from the move.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from taskline import transitions
+from taskline.jobs import Status
+from taskline.transitions import Committed, Move, Transition
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One attempt to end: its lease, the worker that holds it, and how it ends."""
+
+    lease_id: int
+    worker_id: str
+    transition: Transition
+
+    def to_input(self, *, lapsed: bool) -> dict[str, Any]:
+        """The settle statement's input row (see queries.sql `settle`)."""
+        t, move = self.transition, self.transition.move
+        return {"lease_id": self.lease_id, "worker_id": self.worker_id,
+                "status": move.target.value, "outcome": t.outcome.value if t.outcome else None,
+                "event": move.event.value, "error": t.error, "result": t.result,
+                "writes_result": move.writes_result, "writes_error": move.writes_error,
+                "delay_s": t.delay_s, "detail": dict(t.detail) if t.detail else None,
+                "refund": int(move.refunds_attempt), "dead_letter": move.dead_letter,
+                "lapsed": lapsed}
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A job whose attempt `settle` ended: the state it reached and where Redis holds it."""
+
+    id: uuid.UUID
+    queue: str
+    priority: int
+    attempts: int
+    status: Status
+    lease_id: int
+    worker_id: str
+    due_ms: int | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Settled:
+        return cls(id=row.id, queue=row.queue, priority=row.priority, attempts=row.attempts,
+                   status=Status(row.status), lease_id=row.lease_id, worker_id=row.worker_id,
+                   due_ms=None if row.due_ms is None else int(row.due_ms))
+
+    def committed(self, move: Move) -> Committed:
+        return Committed(move, str(self.id), self.queue, self.priority, self.worker_id,
+                         self.due_ms)
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A live lease past its time, its job locked for the reaper's decision."""
+
+    lease_id: int
+    worker_id: str
+    id: uuid.UUID
+    queue: str
+    priority: int
+    type: str
+    attempts: int
+    max_retries: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> Expired:
+        return cls(lease_id=row.lease_id, worker_id=row.worker_id, id=row.id, queue=row.queue,
+                   priority=row.priority, type=row.type, attempts=row.attempts,
+                   max_retries=row.max_retries)
+
+    def settlement(self) -> Settlement:
+        """Recovered by the same rule as a failed attempt: dead once retries are exhausted."""
+        return Settlement(self.lease_id, self.worker_id,
+                          transitions.decide_recovery(self.attempts, self.max_retries,
+                                                      self.worker_id))
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """A job the reaper took back from an expired lease."""
+
+    expired: Expired
+    transition: Transition
+    settled: Settled
+
+    @property
+    def dead(self) -> bool:
+        return self.settled.status is Status.DEAD
+
+    def committed(self) -> Committed:
+        return self.settled.committed(self.transition.move)
+
+
+@dataclass(frozen=True)
+class Promoted:
+    """A scheduled or retrying job the promoter made queued."""
+
+    id: uuid.UUID
+    queue: str
+    priority: int
+    attempts: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> Promoted:
+        return cls(id=row.id, queue=row.queue, priority=row.priority, attempts=row.attempts)
+
+    def committed(self) -> Committed:
+        return Committed(transitions.PROMOTE, str(self.id), self.queue, self.priority)

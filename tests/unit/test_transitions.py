@@ -1,0 +1,123 @@
+"""The lifecycle's table and constructors (pure), and the SQL that must agree with them."""
+
+from __future__ import annotations
+
+import random
+import re
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from taskline import transitions as t
+from taskline.jobs import PENDING, Backoff, Event, Outcome, Status
+from taskline.store.queries import load_queries
+
+SQL = resources.files("taskline.store").joinpath("queries.sql").read_text()
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations" / "versions"
+FENCE = re.compile(r"released_at IS NULL.*?status = 'running'\) IS TRUE.*?attempts = l\.attempt",
+                   re.S)
+
+
+def test_every_pair_of_the_table_has_one_target_but_recovery() -> None:
+    ambiguous = {key for key, targets in t.TABLE.items() if len(targets) > 1}
+    assert ambiguous == {(Status.RUNNING, Event.RECOVERED)}
+    assert t.TABLE[(Status.RUNNING, Event.RECOVERED)] == {Status.QUEUED, Status.DEAD}
+
+
+def test_terminal_states_leave_only_by_a_requeue_of_the_dead() -> None:
+    leaving = {(source, event) for (source, event) in t.TABLE
+               if source in (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD)}
+    assert leaving == {(Status.DEAD, Event.REQUEUED)}
+
+
+def test_only_pending_jobs_are_cancelled_outright_and_new_jobs_start_pending() -> None:
+    assert t.CANCEL.sources == PENDING
+    assert {m.target for m in t.CREATED.values()} == {Status.QUEUED, Status.SCHEDULED}
+    assert dict(t.FIRST_EVENTS) == {"queued": "enqueued", "scheduled": "scheduled"}
+
+
+@pytest.mark.parametrize("build", [
+    lambda: t.Transition(t.SUCCEED),  # an attempt-ending move without its outcome
+    lambda: t.Transition(t.SUCCEED, Outcome.FAILED),
+    lambda: t.Transition(t.RETRY, Outcome.LOST, delay_s=1.0),
+    lambda: t.Transition(t.DEAD, Outcome.FAILED, delay_s=1.0),  # only a retry has a delay
+    lambda: t.Transition(t.RETRY, Outcome.FAILED),
+    lambda: t.Transition(t.CANCEL, Outcome.CANCELLED),  # a pending cancel ends no attempt
+])
+def test_inconsistent_transitions_cannot_be_built(build) -> None:
+    with pytest.raises(ValueError):
+        build()
+
+
+def test_constructors_fix_status_event_outcome_and_dlq_row() -> None:
+    cases = [
+        (t.succeeded({"n": 1}), Status.SUCCEEDED, Event.SUCCEEDED, Outcome.SUCCEEDED, False),
+        (t.retry("e", 2.0, reason="r"), Status.RETRYING, Event.RETRY_SCHEDULED, Outcome.FAILED,
+         False),
+        (t.dead("e", outcome=Outcome.TIMEOUT, reason="r"), Status.DEAD, Event.DEAD_LETTERED,
+         Outcome.TIMEOUT, True),
+        (t.recovered("w", last=False), Status.QUEUED, Event.RECOVERED, Outcome.LOST, False),
+        (t.recovered("w", last=True), Status.DEAD, Event.RECOVERED, Outcome.LOST, True),
+        (t.handed_back(), Status.QUEUED, Event.RELEASED, Outcome.RELEASED, False),
+        (t.cancelled_while_running("c"), Status.CANCELLED, Event.CANCELLED, Outcome.CANCELLED,
+         False),
+    ]
+    for transition, status, event, outcome, dead_letter in cases:
+        assert (transition.target, transition.event, transition.outcome,
+                transition.move.dead_letter) == (status, event, outcome, dead_letter)
+    assert t.recovered("w-1", last=True).detail == {"cause": "lease_expired", "status": "dead"}
+    assert t.handed_back().move.refunds_attempt and not t.handed_back().move.writes_error
+
+
+def test_decide_retry_counts_attempts_at_claim() -> None:
+    backoff = Backoff(1, 2, 10)
+    assert t.decide_retry(1, 2, backoff, "e").move is t.RETRY
+    assert t.decide_retry(2, 2, backoff, "e").move is t.RETRY
+    final = t.decide_retry(3, 2, backoff, "e")
+    assert final.move is t.DEAD and "exhausted" in final.reason
+    assert t.decide_retry(1, 0, backoff, "e").move is t.DEAD
+
+
+def test_decide_retry_non_retryable_override_and_backoff() -> None:
+    backoff = Backoff(1, 2, 10)
+    assert t.decide_retry(1, 5, backoff, "e", retryable=False).move is t.DEAD
+    override = t.decide_retry(1, 5, backoff, "e", delay_override_s=42)
+    assert override.delay_s == 42 and override.detail["delay_s"] == 42
+    jittered = t.decide_retry(2, 5, backoff, "e", rng=random.Random(3))
+    assert jittered.delay_s == Backoff(1, 2, 10).delay(2, random.Random(3))
+    timed_out = t.decide_retry(1, 5, backoff, "e", outcome=Outcome.TIMEOUT, detail={"x": 1})
+    assert timed_out.outcome is Outcome.TIMEOUT and timed_out.detail["x"] == 1
+
+
+def test_the_reaper_decides_by_the_same_rule_as_a_failed_attempt() -> None:
+    backoff = Backoff(1, 2, 10)
+    for attempts, max_retries in [(1, 0), (1, 3), (3, 3), (4, 3), (9, 3)]:
+        failed_dead = t.decide_retry(attempts, max_retries, backoff, "e").move is t.DEAD
+        recovered_dead = t.decide_recovery(attempts, max_retries, "w").move is t.RECOVER_DEAD
+        assert failed_dead == recovered_dead == t.exhausted(attempts, max_retries)
+
+
+def test_status_after_comes_from_the_table() -> None:
+    assert t.status_after("retry_scheduled") == "retrying"
+    assert t.status_after("released") == "queued"
+    assert t.status_after("recovered", "dead") == "dead"
+    assert t.status_after("cancel_requested") is None
+
+
+def test_the_attempt_fence_and_the_dlq_upsert_are_written_once_in_sql() -> None:
+    migrations = "\n".join(p.read_text() for p in sorted(MIGRATIONS.glob("*.py")))
+    assert len(FENCE.findall(SQL)) == 0, "queries.sql spells the fence out: use live_leases"
+    assert len(FENCE.findall(migrations)) == 1
+    assert SQL.count("INSERT INTO dead_letter_jobs") == 1
+    ended = [name for name, q in load_queries().items()
+             if "released_at = clock_timestamp()" in str(q)]
+    assert ended == ["settle"], "only settle ends an attempt"
+
+
+def test_literal_states_in_sql_agree_with_the_table() -> None:
+    queries = {name: str(q) for name, q in load_queries().items()}
+    assert "status = 'queued'" in queries["claim_jobs"]
+    assert t.CLAIM.source_names == ["queued"]
+    promote = re.search(r"status IN \(([^)]*)\)", queries["promote_due"]).group(1)
+    assert sorted(re.findall(r"'(\w+)'", promote)) == t.PROMOTE.source_names
