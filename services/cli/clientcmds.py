@@ -117,6 +117,22 @@ def cmd_queues(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
+@client_command
+def cmd_audit(args: argparse.Namespace, client: Client) -> int:
+    page = client.audit(actor=args.actor, action=args.action, limit=args.limit,
+                        cursor=args.cursor)
+    _emit(args, page, lambda: _print_page(page, AUDIT_COLUMNS))
+    return EXIT_OK
+
+
+@client_command
+def cmd_whoami(args: argparse.Namespace, client: Client) -> int:
+    who = client.whoami()
+    _emit(args, who, lambda: print(f"{who.get('name') or '(anonymous)'}  {who.get('kind')}  "
+                                   + " ".join(who.get("scopes") or ["(no scope)"])))
+    return EXIT_OK
+
+
 # -- argument values -------------------------------------------------------------------------
 
 def _payload(text: str | None) -> Any:
@@ -158,6 +174,8 @@ QUEUE_COLUMNS = (("QUEUE", "name"), ("SCHEDULED", "counts.scheduled"),
                  ("QUEUED", "counts.queued"), ("RETRYING", "counts.retrying"),
                  ("RUNNING", "counts.running"), ("DEAD", "counts.dead"),
                  ("REDIS READY", "redis.ready_total"), ("REDIS PROCESSING", "redis.processing"))
+AUDIT_COLUMNS = (("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGET", "target"),
+                 ("DETAIL", "detail"))
 
 
 def _emit(args: argparse.Namespace, data: Any, readable: Callable[[], None]) -> None:
@@ -277,6 +295,18 @@ def _dlq_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     retry.set_defaults(fn=cmd_dlq_retry)
 
 
+def _audit_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    audit = sub.add_parser("audit", parents=[common],
+                           help="the audit trail of operator actions (needs jobs:operate)")
+    audit.add_argument("--actor", help="only this token name or JWT sub")
+    audit.add_argument("--action", help="only this action, e.g. job.cancel")
+    audit.add_argument("--limit", type=int, help="at most N records")
+    audit.add_argument("--cursor", help="continue after a previous page")
+    audit.set_defaults(fn=cmd_audit)
+    sub.add_parser("whoami", parents=[common],
+                   help="the name and scopes of the token").set_defaults(fn=cmd_whoami)
+
+
 def add_client_commands(sub: argparse._SubParsersAction) -> None:
     """Register the client commands on the `taskline` parser's subcommands."""
     common = _connection_options()
@@ -290,3 +320,4 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     _dlq_parser(sub, common)
     sub.add_parser("workers", parents=[common], help="live workers").set_defaults(fn=cmd_workers)
     sub.add_parser("queues", parents=[common], help="depth per queue").set_defaults(fn=cmd_queues)
+    _audit_parser(sub, common)

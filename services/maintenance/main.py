@@ -20,6 +20,7 @@ from taskline.handlers import registry
 from taskline.metrics import LOOP_ERRORS, LabelGuard, TypeLabels
 from taskline.settings import Settings
 from taskline.store.store import Store
+from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.depths import DepthGauges
 from taskline_maintenance.leader import Leader, leader_ttl
 from taskline_maintenance.promoter import Promoter
@@ -43,13 +44,15 @@ class Maintenance:
         self.promoter = Promoter(store, dispatcher, settings, queues=queues)
         self.reconciler = Reconciler(store, dispatcher, settings, queues=queues)
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
+        self.audit_retention = AuditRetention(store, settings)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         self._spawn("leader", lambda: self.leader.run(self._stop))
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
-                                ("reconciler", self.reconciler), ("depths", self.depths)):
+                                ("reconciler", self.reconciler), ("depths", self.depths),
+                                ("audit_retention", self.audit_retention)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:

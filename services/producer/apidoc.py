@@ -1,7 +1,8 @@
 """Serves the OpenAPI 3.1 document of the API (openapi.json, shipped in this package).
 
-Invariant: the document describes exactly what the routes accept and return; when API tokens
-are configured it declares the bearer scheme on every /api/v1 operation, and only then.
+Invariant: the document describes exactly what the routes accept and return; when
+authentication is on (API tokens or a JWT key configured) it declares the bearer scheme on
+every /api/v1 operation, and only then.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def with_security(doc: dict[str, Any]) -> dict[str, Any]:
     secured = copy.deepcopy(doc)
     secured.setdefault("components", {})["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer",
-                   "description": "One of the tokens in TASKLINE_API_TOKENS."}}
+                   "description": "A token of TASKLINE_API_TOKENS or a JWT; each route "
+                                  "needs one scope (x-required-scope)."}}
     secured["security"] = [{"bearer": []}]
     for path in OPEN_PATHS:
         for operation in secured["paths"].get(path, {}).values():
@@ -44,4 +46,4 @@ def with_security(doc: dict[str, Any]) -> dict[str, Any]:
 @bp.get("/openapi.json")
 def openapi() -> Response:
     doc = document()
-    return jsonify(with_security(doc) if backends().settings.api_tokens else doc)
+    return jsonify(with_security(doc) if backends().settings.auth_enabled else doc)

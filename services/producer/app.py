@@ -15,6 +15,7 @@ from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_producer import (
     apidoc,
+    audit,
     auth,
     dashboard,
     errors,
@@ -44,10 +45,11 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app.url_map.merge_slashes = False
     app.extensions["taskline"] = Backends(settings, store, dispatcher)
     request_metrics.init_app(app)
-    auth.init_app(app, settings.api_tokens)
+    auth.init_app(app, settings)
     errors.init_app(app)
     events.init_app(app)
-    for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp):
+    for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
+                      auth.bp, audit.bp):
         app.register_blueprint(blueprint)
     return app
 

@@ -1,35 +1,85 @@
-"""Bearer-token authentication of /api/v1/* (RFC 6750), on when any token is configured.
+"""Authentication and scopes of /api/v1/* (RFC 6750 bearer tokens: static or JWT).
 
-Invariant: a request to /api/v1/* without one of the configured tokens gets a 401 with
-`WWW-Authenticate: Bearer realm="taskline"` before any route runs (unknown paths too, so routes
-are not revealed); the event stream alone also accepts the token as `?token=`, because
-EventSource cannot send headers. Tokens are compared with hmac.compare_digest against every
-configured token, without stopping at the first match, so timing says nothing about which one
-or how much matched.
+Invariant: when authentication is on (any token or a JWT key configured), a request to /api/*
+is answered 401 before any route runs unless it carries a valid token (unknown paths too, so
+routes are not revealed), and 403 `forbidden`, naming the scope, unless the token holds the
+scope taskline_producer.scopes assigns to the route. The principal (who, with which scopes) is
+`flask.g.principal` for the rest of the request (`principal()`); its name is the actor of what
+the request does. Static tokens are compared with hmac.compare_digest against every configured
+token, without stopping at the first match, so timing says nothing about which one or how much
+matched. The event stream alone also accepts the token as `?token=`, because EventSource cannot
+send headers; no API response is ever sent a Referer (Referrer-Policy), no log line holds a
+query string, and no token is ever logged.
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from flask import Flask, request
+from flask import Blueprint, Flask, Response, g, jsonify, request
 
-from taskline_producer.errors import Unauthorized
+from taskline.access import SCOPES, StaticToken, parse_tokens
+from taskline.settings import Settings
+from taskline_producer import scopes
+from taskline_producer.errors import ApiError, Unauthorized
+from taskline_producer.webtokens import InvalidJwt, JwksUnavailable, JwtVerifier
 
 PROTECTED_PREFIX = "/api/"
 REALM = 'Bearer realm="taskline"'
 # EventSource cannot send headers, so the event stream (only) also takes `?token=`.
 QUERY_TOKEN_PATHS = frozenset({"/api/v1/events"})
+JWKS_RETRY_AFTER_S = 5
+
+bp = Blueprint("access", __name__, url_prefix="/api/v1")
+
+
+class Forbidden(ApiError):
+    """The token does not hold the scope this route needs."""
+
+    status = 403
+    code = "forbidden"
+
+
+class KeysUnavailable(ApiError):
+    """The keys JWTs are verified with cannot be fetched now."""
+
+    status = 503
+    code = "jwks_unavailable"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token's name or a JWT's `sub`, and the scopes granted to it."""
+
+    name: str | None
+    scopes: frozenset[str]
+    kind: str
+    """`token`, `jwt`, or `anonymous` when authentication is off."""
+
+
+ANONYMOUS = Principal(None, SCOPES, "anonymous")
+
+
+def principal() -> Principal:
+    """The principal of the current request (anonymous, with every scope, when auth is off)."""
+    return g.get("principal", ANONYMOUS)
 
 
 def token_matches(presented: str, tokens: Sequence[bytes]) -> bool:
     """True when `presented` equals one of `tokens`; every token is compared."""
+    return matching_index(presented, tokens) is not None
+
+
+def matching_index(presented: str, tokens: Sequence[bytes]) -> int | None:
+    """The index of the token `presented` equals, or None; every token is compared."""
     candidate = presented.encode("utf-8", "surrogateescape")
-    matched = False
-    for token in tokens:
-        matched |= hmac.compare_digest(candidate, token)
-    return matched
+    found = None
+    for i, token in enumerate(tokens):
+        if hmac.compare_digest(candidate, token):
+            found = i
+    return found
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -41,20 +91,80 @@ def bearer_token(header: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def init_app(app: Flask, tokens: Sequence[str]) -> None:
-    if not tokens:
+def _invalid(message: str) -> Unauthorized:
+    return Unauthorized(message, headers={"WWW-Authenticate": f'{REALM}, error="invalid_token"'})
+
+
+class Authenticator:
+    """Turns a presented bearer token into a Principal, or refuses it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._tokens: list[StaticToken] = parse_tokens(settings.api_tokens)
+        self._secrets = [t.secret for t in self._tokens]
+        self._jwt = JwtVerifier(settings) if settings.jwt_enabled else None
+
+    def principal_for(self, token: str) -> Principal:
+        index = matching_index(token, self._secrets)
+        if index is not None:
+            static = self._tokens[index]
+            return Principal(static.name, static.scopes, "token")
+        if self._jwt is None or token.count(".") != 2:
+            raise _invalid("the bearer token is not valid")
+        try:
+            claims = self._jwt.verify(token)
+        except InvalidJwt as err:
+            raise _invalid(f"the bearer token is not a valid JWT: {err}") from None
+        except JwksUnavailable as err:
+            raise KeysUnavailable(str(err),
+                                  headers={"Retry-After": str(JWKS_RETRY_AFTER_S)}) from None
+        return Principal(claims.subject, claims.scopes, "jwt")
+
+
+def _presented_token() -> str | None:
+    token = bearer_token(request.headers.get("Authorization"))
+    if token is None and request.path in QUERY_TOKEN_PATHS:
+        token = request.args.get("token") or None
+    return token
+
+
+def _require_scope(who: Principal) -> None:
+    rule = request.url_rule
+    if rule is None or rule.endpoint is None:
+        return  # no route: routing answers 404 or 405 next
+    missing = scopes.allowed(rule.endpoint, who.scopes)
+    if missing is not None:
+        raise Forbidden(f"this token lacks the scope {missing}",
+                        {"scope": missing, "granted": sorted(who.scopes)})
+
+
+def _no_referrer(response: Response) -> Response:
+    # A token in the event stream's URL must never travel to another site in a Referer.
+    if request.path.startswith(PROTECTED_PREFIX):
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+    return response
+
+
+def init_app(app: Flask, settings: Settings) -> None:
+    """Check every /api/ request when any token or a JWT key is configured."""
+    app.after_request(_no_referrer)
+    if not settings.auth_enabled:
         return
-    encoded = [t.encode("utf-8") for t in tokens]
+    authenticator = Authenticator(settings)
 
     @app.before_request
-    def require_token() -> None:
+    def authenticate() -> None:
         if not request.path.startswith(PROTECTED_PREFIX):
             return
-        token = bearer_token(request.headers.get("Authorization"))
-        if token is None and request.path in QUERY_TOKEN_PATHS:
-            token = request.args.get("token") or None
+        token = _presented_token()
         if token is None:
             raise Unauthorized("a bearer token is required", headers={"WWW-Authenticate": REALM})
-        if not token_matches(token, encoded):
-            raise Unauthorized("the bearer token is not valid", headers={
-                "WWW-Authenticate": f'{REALM}, error="invalid_token"'})
+        g.principal = authenticator.principal_for(token)
+        _require_scope(g.principal)
+
+
+@bp.get("/whoami")
+def whoami() -> Response:
+    """Who the presented token names and what it may do (the dashboard enables buttons by it)."""
+    who = principal()
+    return jsonify({"name": who.name, "kind": who.kind, "scopes": sorted(who.scopes),
+                    "authentication": who.kind != "anonymous"})

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from flask import current_app
 
+from taskline.access import parse_quotas
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.quota import EnqueueQuotas
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_producer.enqueuer import Enqueuer
@@ -34,6 +36,7 @@ class _Live:
     store: Store
     dispatcher: Dispatcher
     enqueuer: Enqueuer
+    quotas: EnqueueQuotas | None
 
 
 class Backends:
@@ -59,8 +62,11 @@ class Backends:
                     self.settings.database_url, pool_size=POOL_SIZE, max_overflow=0,
                     application_name="taskline-api")
                 dispatcher = self._given_dispatcher or Dispatcher(self.settings.redis_url)
+                quotas = parse_quotas(self.settings.enqueue_quotas)
                 self._live = _Live(os.getpid(), store, dispatcher,
-                                   Enqueuer(store, dispatcher, self.metrics))
+                                   Enqueuer(store, dispatcher, self.metrics),
+                                   EnqueueQuotas(self.settings.redis_url, quotas)
+                                   if quotas else None)
             return self._live
 
     @property
@@ -75,12 +81,19 @@ class Backends:
     def enqueuer(self) -> Enqueuer:
         return self._current().enqueuer
 
+    @property
+    def quotas(self) -> EnqueueQuotas | None:
+        """Per-client enqueue quotas; None when none is configured."""
+        return self._current().quotas
+
     def close(self) -> None:
         """Release what this process created (pools and Redis connections)."""
         with self._lock:
             live, self._live = self._live, None
         if live is None or live.pid != os.getpid():
             return
+        if live.quotas is not None:
+            live.quotas.close()
         if self._given_store is None:
             live.store.dispose()
         if self._given_dispatcher is None:

@@ -17,7 +17,7 @@ from taskline import tracing, transitions
 from taskline.jobs import Job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
-from taskline_producer import paging, shapes
+from taskline_producer import audit, paging, quotas, shapes
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.errors import InvalidState, NotFound, ValidationFailed
@@ -39,6 +39,7 @@ def create_job() -> Response:
     spec = parse_job(body, b.settings, request.headers.get("Idempotency-Key"))
     if not isinstance(spec, JobSpec):
         raise ValidationFailed(details=[e.to_dict() for e in spec])
+    quotas.take(1)
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue(spec, trace_context)
         tracing.accepted([accepted.job])
@@ -59,6 +60,7 @@ def create_batch() -> Response:
     errors = [e.to_dict() for e in parsed if isinstance(e, FieldError)]
     if errors:
         raise ValidationFailed(details=errors)
+    quotas.take(len(parsed))
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue_many([s for s in parsed if isinstance(s, JobSpec)],
                                            trace_context)
@@ -104,12 +106,15 @@ def cancel_job(job_id: uuid.UUID) -> Response:
     if job is not None:
         b.metrics.cancelled(job.queue)
         log.info("job cancelled", extra=job_log_extra("cancelled", job))
+        audit.record_after("job.cancel", str(job.id), {"queue": job.queue, "type": job.type})
         _follow_in_redis(transitions.CANCEL, job)
         return jsonify(shapes.job(job))
     job = b.store.cancel_running_job(job_id)
     if job is not None:
         log.info("cancel requested: the worker stops the job at its next lease renewal",
                  extra=job_log_extra("cancel_requested", job))
+        audit.record_after("job.cancel_requested", str(job.id),
+                           {"queue": job.queue, "type": job.type})
         response = jsonify(shapes.job(job))
         response.status_code = 202
         return response
@@ -124,6 +129,7 @@ def retry_job(job_id: uuid.UUID) -> Response:
     if job is None:
         raise _not_in_state(b.store.get_job(job_id), job_id, "retried (only dead jobs can)")
     log.info("dead job requeued", extra=job_log_extra("requeued", job))
+    audit.record_after("job.retry", str(job.id), {"queue": job.queue, "type": job.type})
     _follow_in_redis(transitions.REQUEUE, job)
     return jsonify(shapes.job(job))
 

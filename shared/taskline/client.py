@@ -143,6 +143,16 @@ class Client:
         """Depth per queue, priority and state."""
         return self._call("GET", "/queues")
 
+    def audit(self, actor: str | None = None, action: str | None = None,
+              limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page of the audit trail (needs jobs:operate), newest first."""
+        return self._call("GET", "/audit", params={"actor": actor, "action": action,
+                                                   "limit": limit, "cursor": cursor})
+
+    def whoami(self) -> dict[str, Any]:
+        """The name and scopes of the token this client sends."""
+        return self._call("GET", "/whoami")
+
     def wait(self, job_id: str | uuid.UUID, timeout: float = 60.0,
              poll: float = 0.2) -> dict[str, Any]:
         """Poll until the job is succeeded, dead or cancelled; TimeoutError after `timeout`."""

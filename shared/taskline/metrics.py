@@ -83,6 +83,12 @@ EVENT_STREAM_DROPS = Counter("taskline_event_stream_drops_total",
                              ["reason"])
 HTTP_REQUESTS = Counter("taskline_http_requests_total", "API requests",
                         ["route", "method", "status"])
+QUOTA_DECISIONS = Counter("taskline_quota_decisions_total",
+                          "Enqueue requests checked against a client's quota",
+                          ["client", "decision"])
+QUOTA_JOBS = Counter("taskline_quota_jobs_total",
+                     "Jobs of the enqueue requests checked against a client's quota",
+                     ["client", "decision"])
 HTTP_LATENCY = Histogram("taskline_http_request_duration_seconds", "API request latency",
                          ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
 
@@ -105,6 +111,8 @@ class MaintenanceMetrics:
         self.reconcile_duration = Histogram("reconciliation_duration_seconds",
                                             "Reconciliation pass duration",
                                             buckets=_LATENCY_BUCKETS)
+        self.audit_deleted = Counter("taskline_audit_deleted_total",
+                                     "Audit records deleted by retention")
 
 
 @functools.cache

@@ -13,9 +13,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from taskline.access import parse_quotas, parse_tokens
 from taskline.errors import ConfigError
 
 ENV_PREFIX = "TASKLINE_"
+JWT_ALGORITHMS = ("HS256", "RS256", "ES256")
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class Settings:
     max_payload_bytes: int = 1_048_576
     """Largest accepted request body, bytes; larger bodies get 413."""
     api_tokens: tuple[str, ...] = ()
-    """Bearer tokens the API accepts; empty means no authentication."""
+    """Bearer tokens the API accepts (`token`, or `name:token:scope+scope`, comma-separated);
+    empty, with no JWT key either, means no authentication (taskline.access)."""
     shutdown_grace_s: float = 30.0
     """Seconds a stopping worker lets running jobs finish before handing them back."""
     metrics_port: int = 9100
@@ -65,6 +68,23 @@ class Settings:
     otlp_endpoint: str = ""
     """OTLP/HTTP base URL traces are exported to (env OTEL_EXPORTER_OTLP_ENDPOINT, e.g.
     http://collector:4318; spans go to its /v1/traces); empty turns tracing off."""
+    jwt_key: str = ""
+    """Key JWTs are verified with: the HS256 secret (its raw UTF-8 bytes, >= 32 of them) or
+    the PEM public key for RS256/ES256; empty (and no JWKS URL) means no JWT is accepted."""
+    jwt_algorithm: str = "HS256"
+    """The one algorithm a JWT may be signed with: HS256, RS256 or ES256; never the header's."""
+    jwt_jwks_url: str = ""
+    """URL of a JWK Set the RS256/ES256 keys are fetched from (instead of TASKLINE_JWT_KEY)."""
+    jwt_audience: str = ""
+    """When set, a JWT's `aud` must name it; when empty, a JWT carrying `aud` is refused."""
+    jwt_issuer: str = ""
+    """When set, a JWT's `iss` must equal it."""
+    jwt_leeway_s: float = 30.0
+    """Clock skew allowed when checking `exp` and `nbf`, seconds; 0..300."""
+    enqueue_quotas: tuple[str, ...] = ()
+    """Per-client enqueue quotas, `client=N/s` (or /m, /h) by token name or JWT `sub`."""
+    retain_audit_s: int = 31_536_000
+    """Whole seconds audit records are kept (365 days); 0 keeps them forever."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -110,6 +130,52 @@ class Settings:
             (0 <= self.default_max_retries <= 100, "TASKLINE_DEFAULT_MAX_RETRIES must be 0..100"),
             (self.log_format in ("json", "text"), "TASKLINE_LOG_FORMAT must be json or text"),
             (0 <= self.claim_batch <= 1000, "TASKLINE_CLAIM_BATCH must be 0..1000"),
+            (0 <= self.jwt_leeway_s <= 300, "TASKLINE_JWT_LEEWAY_S must be 0..300"),
+            (self.retain_audit_s >= 0, "TASKLINE_RETAIN_AUDIT_S must be >= 0"),
+            *self._jwt_rules(),
+            *self._access_rules(),
+        ]
+
+    @property
+    def jwt_enabled(self) -> bool:
+        return bool(self.jwt_key or self.jwt_jwks_url)
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Authentication is on when any token or a JWT key is configured."""
+        return bool(self.api_tokens) or self.jwt_enabled
+
+    def _jwt_rules(self) -> list[tuple[bool, str]]:
+        hmac = self.jwt_algorithm == "HS256"
+        pem = self.jwt_key.lstrip().startswith("-----BEGIN")
+        return [
+            (self.jwt_algorithm in JWT_ALGORITHMS,
+             "TASKLINE_JWT_ALGORITHM must be one of " + ", ".join(JWT_ALGORITHMS)),
+            (not (self.jwt_key and self.jwt_jwks_url),
+             "set TASKLINE_JWT_KEY or TASKLINE_JWT_JWKS_URL, not both"),
+            (not (self.jwt_jwks_url and hmac),
+             "TASKLINE_JWT_JWKS_URL needs TASKLINE_JWT_ALGORITHM RS256 or ES256"),
+            # A public key used as an HMAC secret is the algorithm-confusion attack's key.
+            (not (hmac and self.jwt_key) or (len(self.jwt_key.encode()) >= 32 and not pem),
+             "an HS256 TASKLINE_JWT_KEY is a secret of at least 32 bytes, not a PEM key"),
+            (not self.jwt_key or hmac or pem,
+             "an RS256/ES256 TASKLINE_JWT_KEY is a PEM public key (-----BEGIN PUBLIC KEY-----)"),
+        ]
+
+    def _access_rules(self) -> list[tuple[bool, str]]:
+        """Token entries and quotas must parse; a quota needs clients that can be told apart."""
+        try:
+            names = {t.name for t in parse_tokens(self.api_tokens)}
+            quotas = parse_quotas(self.enqueue_quotas)
+        except ConfigError as err:
+            return [(False, str(err))]
+        unknown = sorted(set(quotas) - names)
+        return [
+            (not quotas or self.auth_enabled,
+             "TASKLINE_ENQUEUE_QUOTAS needs authentication: a client is known by its token"),
+            (self.jwt_enabled or not unknown or not self.auth_enabled,
+             f"TASKLINE_ENQUEUE_QUOTAS names {unknown!r}, which no TASKLINE_API_TOKENS entry "
+             "names (and no JWT is accepted)"),
         ]
 
     @property

@@ -172,3 +172,16 @@ def test_enqueue_wait_reports_how_the_job_ended(api_url: str) -> None:
     assert failed.returncode == 1
     job = json.loads(failed.stdout)
     assert job["status"] == "dead" and "simulated failure" in job["last_error"]
+
+
+def test_audit_and_whoami(api_url: str) -> None:
+    job = json.loads(taskline("enqueue", "echo", "--json", url=api_url).stdout)
+    assert taskline("cancel", job["id"], url=api_url).returncode == 0
+    listing = taskline("audit", "--action", "job.cancel", url=api_url)
+    assert listing.returncode == 0, listing.stderr
+    header, row = listing.stdout.splitlines()
+    assert header.split() == ["AT", "ACTOR", "ACTION", "TARGET", "DETAIL"]
+    assert row.split()[1:4] == ["-", "job.cancel", job["id"]]
+    who = taskline("whoami", url=api_url)
+    assert who.stdout.split() == ["(anonymous)", "anonymous", "jobs:operate", "jobs:read",
+                                  "jobs:write"]

@@ -165,3 +165,20 @@ def test_token_is_required_when_configured(settings: Settings, tmp_path: Path) -
         assert (info.value.status, info.value.code) == (401, "unauthorized")
         with Client(url, token="s3cret") as authorised:
             assert authorised.enqueue("echo")["status"] == "queued"
+
+
+def test_scopes_whoami_and_the_audit_trail(settings: Settings, tmp_path: Path) -> None:
+    tokens = "ops:o-secret:jobs:operate+jobs:write,reader:r-secret:jobs:read"
+    for url in start_api(settings, tmp_path / "logs", TASKLINE_API_TOKENS=tokens):
+        with Client(url, token="o-secret") as ops, Client(url, token="r-secret") as reader:
+            assert ops.whoami() == {"name": "ops", "kind": "token", "authentication": True,
+                                    "scopes": ["jobs:operate", "jobs:write"]}
+            job = ops.enqueue("echo")
+            ops.cancel(job["id"])
+            [record] = ops.audit(actor="ops")["records"]
+            assert (record["action"], record["target"]) == ("job.cancel", job["id"])
+            assert reader.get(job["id"])["status"] == "cancelled"
+            with pytest.raises(ClientError) as info:
+                reader.audit()
+            assert (info.value.status, info.value.code) == (403, "forbidden")
+            assert info.value.details["scope"] == "jobs:operate"

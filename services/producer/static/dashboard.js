@@ -5,6 +5,8 @@
 // The live stream (GET /api/v1/events, Server-Sent Events) makes it move: every change
 // re-reads the affected totals (at most once a second), feeds the chart and the event list,
 // and counts succeeded/cancelled since the page opened. Actions are the CLI's API calls.
+// GET /api/v1/whoami tells what the token may do: data is shown only with jobs:read, and a
+// button whose call needs a scope the token lacks is disabled with a tooltip saying so.
 "use strict";
 
 (() => {
@@ -19,6 +21,9 @@
   const PRIORITIES = { low: 2, normal: 5, high: 7, critical: 9 };
   const FAILED_EVENTS = new Set(["retry_scheduled", "dead_lettered"]);
   const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+  const READ = "jobs:read";
+  const WRITE = "jobs:write";
+  const OPERATE = "jobs:operate";
 
   const $ = (id) => document.getElementById(id);
   const clock = (iso) => new Date(iso).toLocaleTimeString([], { hour12: false });
@@ -38,6 +43,7 @@
     dirty: { queues: true, workers: true, dead: true, history: false, view: true },
     lastFetch: { queues: 0, workers: 0, dead: 0, history: 0 },
     inflight: {},
+    principal: null,                    // GET /api/v1/whoami; null until it answered
   };
 
   // --- the API ----------------------------------------------------------------------------
@@ -55,6 +61,9 @@
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     const data = await response.json().catch(() => null);
+    if (response.status === 403 && path === "/whoami") {
+      return { name: null, kind: "token", scopes: [], authentication: true };
+    }
     if (response.status === 401) {
       askForToken(state.token ? "That token was refused." : "");
       throw new ApiError(401, "a valid API token is required");
@@ -72,7 +81,56 @@
     notice.dataset.kind = kind;
   }
 
-  // --- token ------------------------------------------------------------------------------
+  // --- token and scopes -------------------------------------------------------------------
+
+  // Until whoami answers, every call is tried: the API, not the page, enforces the scopes.
+  function can(scope) {
+    return state.principal === null || state.principal.scopes.includes(scope);
+  }
+
+  function lacking(scope) {
+    const who = state.principal && state.principal.name ? ` (${state.principal.name})` : "";
+    return `This token${who} lacks the ${scope} scope; connect with a token that has it.`;
+  }
+
+  // Disable `button` when the token lacks `scope`, with a tooltip saying why.
+  function guard(button, scope, title = "") {
+    const allowed = can(scope);
+    button.disabled = !allowed;
+    button.title = allowed ? title : lacking(scope);
+    button.dataset.needs = scope;
+    return button;
+  }
+
+  function applyPrincipal() {
+    for (const button of document.querySelectorAll("button[data-needs]")) {
+      guard(button, button.dataset.needs);
+    }
+    const who = state.principal;
+    $("token-button").textContent = who && who.name ? `Token: ${who.name}` : "API token…";
+    if (!can(READ)) {
+      notify(lacking(READ) + " Nothing can be shown without it.", "error");
+      setConnection("offline", `no ${READ}`);
+      askForToken(lacking(READ));
+    }
+  }
+
+  async function loadPrincipal() {
+    try {
+      state.principal = await api("GET", "/whoami");
+    } catch (err) {
+      if (err.status === 401) return false;
+      state.principal = null;           // unknown: let the API decide call by call
+    }
+    applyPrincipal();
+    return can(READ);
+  }
+
+  async function begin() {
+    if (!(await loadPrincipal())) return;
+    markAllDirty();
+    connect();
+  }
 
   function askForToken(error) {
     const dialog = $("token-dialog");
@@ -89,8 +147,7 @@
     sessionStorage.setItem(TOKEN_KEY, token);
     $("token-dialog").close();
     $("token-input").value = "";
-    markAllDirty();
-    connect();
+    begin();
   }
 
   // --- the live stream --------------------------------------------------------------------
@@ -355,6 +412,7 @@
       requeue.textContent = "Requeue";
       requeue.setAttribute("aria-label", `Requeue job ${entry.job.id}`);
       requeue.addEventListener("click", () => requeueJob(entry.job.id, requeue));
+      guard(requeue, OPERATE);
       tr.append(cell(jobLink(entry.job.id)), cell(entry.job.type),
         cell(entry.final_error, "error-text"), cell(ago(entry.failed_at)), cell(requeue));
       return tr;
@@ -468,14 +526,14 @@
       requeue.type = "button";
       requeue.textContent = "Requeue";
       requeue.addEventListener("click", () => requeueJob(job.id, requeue));
-      actions.append(requeue);
+      actions.append(guard(requeue, OPERATE));
     }
     if (["queued", "scheduled", "retrying", "running"].includes(job.status)) {
       const cancel = document.createElement("button");
       cancel.type = "button";
       cancel.textContent = job.status === "running" ? "Ask to stop" : "Cancel";
       cancel.addEventListener("click", () => cancelJob(job.id, cancel));
-      actions.append(cancel);
+      actions.append(guard(cancel, OPERATE));
     }
     return actions;
   }
@@ -560,7 +618,7 @@
     } catch (err) {
       status.textContent = `Stopped after ${sent} jobs: ${err.message}`;
     } finally {
-      button.disabled = false;
+      guard(button, WRITE);
     }
   }
 
@@ -601,7 +659,7 @@
   }
 
   function tick() {
-    if ($("token-dialog").open) return;
+    if ($("token-dialog").open || !can(READ)) return;
     const now = Date.now();
     for (const name of Object.keys(SOURCES)) {
       if (due(name, now)) refresh(name);
@@ -619,9 +677,10 @@
     $("token-button").addEventListener("click", () => askForToken(""));
     $("search-form").addEventListener("submit", onSearch);
     $("flood-form").addEventListener("submit", onFlood);
+    guard($("flood-button"), WRITE);
     renderPriorities(Array(10).fill(0));
     renderChart();
-    connect();
+    begin();
     setInterval(tick, 250);
     setInterval(renderChart, 1000);
   }

@@ -360,3 +360,28 @@ DELETE FROM leader_leases WHERE name = :name AND holder = :holder;
 -- name: ping
 -- Readiness probe.
 SELECT 1;
+
+-- name: insert_audit
+-- Append one operator action to the audit trail; returns the record as stored.
+INSERT INTO audit_log (actor, action, target, detail)
+VALUES (:actor, :action, :target, CAST(:detail AS jsonb))
+RETURNING id, at, actor, action, target, detail;
+
+-- name: list_audit
+-- Audit records newest first, optionally of one actor or action, paged by the (at, id) of the previous page's last row.
+SELECT id, at, actor, action, target, detail FROM audit_log
+WHERE (CAST(:actor AS text) IS NULL OR actor = :actor)
+  AND (CAST(:action AS text) IS NULL OR action = :action)
+  AND (CAST(:after_at AS timestamptz) IS NULL
+       OR (at, id) < (CAST(:after_at AS timestamptz), CAST(:after_id AS uuid)))
+ORDER BY at DESC, id DESC
+LIMIT :limit;
+
+-- name: delete_expired_audit
+-- Delete up to :limit audit records older than :retain_s seconds, oldest first (retention).
+DELETE FROM audit_log WHERE id IN (
+    SELECT id FROM audit_log
+    WHERE at < now() - make_interval(secs => :retain_s)
+    ORDER BY at, id LIMIT :limit
+    FOR UPDATE SKIP LOCKED)
+RETURNING id;

@@ -94,6 +94,8 @@ job_events = Table(
     Column("detail", JSONB, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False,
            server_default=text("clock_timestamp()")),
+    # Who caused the event through the API (token name or JWT `sub`); NULL for the engine.
+    Column("actor", Text, nullable=True),
 )
 Index("job_events_job", job_events.c.job_id, job_events.c.id)
 
@@ -129,3 +131,20 @@ leader_leases = Table(
     Column("holder", Text, nullable=False),
     Column("leased_until", DateTime(timezone=True), nullable=False),
 )
+
+# Operator actions that are no job event, or that delete job events (pause, limits, schedules,
+# purges), and the API's cancels and requeues: appended, never updated (a trigger refuses
+# UPDATE), deleted only by retention (TASKLINE_RETAIN_AUDIT_S).
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()")),
+    Column("at", DateTime(timezone=True), nullable=False,
+           server_default=text("clock_timestamp()")),
+    Column("actor", Text, nullable=True),
+    Column("action", Text, nullable=False),
+    Column("target", Text, nullable=True),
+    Column("detail", JSONB, nullable=True),
+)
+Index("audit_log_at", audit_log.c.at, audit_log.c.id)
+Index("audit_log_actor", audit_log.c.actor, audit_log.c.at, audit_log.c.id)

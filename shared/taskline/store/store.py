@@ -429,6 +429,26 @@ class Store:
     def ping(self) -> None:
         self._run("ping", {})
 
+    # --- audit trail ---------------------------------------------------------------------
+
+    def insert_audit(self, *, actor: str | None, action: str, target: str | None,
+                     detail: Any = None, conn: Connection | None = None) -> dict:
+        """Append one audit record; pass `conn` to commit it with the change it records."""
+        rows = self._run("insert_audit", {"actor": actor, "action": action, "target": target,
+                                          "detail": _json(detail)}, conn)
+        return dict(rows[0]._mapping)
+
+    def list_audit(self, *, actor: str | None, action: str | None,
+                   after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[dict]:
+        params = {"actor": actor, "action": action, "limit": limit,
+                  "after_at": after[0] if after else None,
+                  "after_id": after[1] if after else None}
+        return [dict(r._mapping) for r in self._run("list_audit", params)]
+
+    def delete_expired_audit(self, retain_s: float, limit: int) -> int:
+        """Delete up to `limit` records older than `retain_s`; how many were deleted."""
+        return len(self._run("delete_expired_audit", {"retain_s": retain_s, "limit": limit}))
+
 
 def _move_params(move: Move) -> dict[str, Any]:
     """The states and event a statement takes from the lifecycle's table."""
