@@ -49,8 +49,9 @@ class Settings:
     or from a kept-alive request's first byte); a connection that misses it gets 408 and is
     closed; 0 < value <= 3600."""
     http_body_timeout_s: float = 30.0
-    """Seconds the API waits for a request's whole body after its headers, and at most for one
-    write of its answer to a client that does not read; missed: 408 and closed; 0 < value <= 3600."""
+    """Seconds the API waits for a request's whole body after its headers (and at most for one
+    write of its answer to a client that stops reading); missed: 408 and closed;
+    0 < value <= 3600."""
     api_tokens: tuple[str, ...] = ()
     """Bearer tokens the API accepts; empty means no authentication."""
     shutdown_grace_s: float = 30.0
