@@ -14,21 +14,14 @@ from __future__ import annotations
 import json
 import socket
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-import psycopg
 import pytest
-import redis
 import requests
-from psycopg import sql
 
-from taskline.settings import Settings
-from taskline_cli.localservers import free_port
-from tests.conftest import ADMIN_URL, REDIS_URL, db_url
-from tests.helpers import service, service_env, wait_for
+from tests.helpers import wait_for
+from tests.integration.gunicorn_api import Api, running_api
 
 pytestmark = pytest.mark.slow
 
@@ -38,57 +31,15 @@ DEADLINE_S = 6.0
 AUTH = f"Authorization: Bearer {TOKEN}\r\n"
 
 
-@dataclass(frozen=True)
-class Api:
-    port: int
-    database_url: str
-    log_dir: Path
-
-    def jobs(self) -> int:
-        with psycopg.connect(self.database_url) as conn:
-            return conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-
-def _admin(statement: sql.Composable) -> None:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(statement)
-
-
-def _healthy(port: int) -> bool:
-    try:
-        return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 @pytest.fixture(scope="module")
 def api(template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     """One `taskline api` (2 processes) for the module: a 4 KiB body limit, a token, and
     6 s header and body deadlines."""
-    name = f"taskline_t_{uuid.uuid4().hex[:12]}"
-    _admin(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
-                                                           sql.Identifier(template_db)))
-    redis.Redis.from_url(REDIS_URL).flushdb()
-    settings = Settings.from_env(env={}, database_url=db_url(name), redis_url=REDIS_URL)
-    port = free_port()
-    env = service_env(settings, TASKLINE_MAX_PAYLOAD_BYTES=str(LIMIT),
-                      TASKLINE_API_TOKENS=TOKEN,
-                      TASKLINE_HTTP_HEADER_TIMEOUT_S=str(DEADLINE_S),
-                      TASKLINE_HTTP_BODY_TIMEOUT_S=str(DEADLINE_S))
-    log_dir = tmp_path_factory.mktemp("framing-logs")
-    try:
-        with service(["api", "--bind", f"127.0.0.1:{port}", "--workers", "2"], env,
-                     log_dir) as proc:
-            wait_for(lambda: _healthy(port) or proc.poll() is not None, timeout=20,
-                     message="api up")
-            assert proc.poll() is None, f"taskline api exited; see {log_dir}"
-            yield Api(port, db_url(name), log_dir)
-    finally:
-        _admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        redis.Redis.from_url(REDIS_URL).flushdb()
+    with running_api(template_db, tmp_path_factory.mktemp("framing-logs"),
+                     TASKLINE_MAX_PAYLOAD_BYTES=str(LIMIT), TASKLINE_API_TOKENS=TOKEN,
+                     TASKLINE_HTTP_HEADER_TIMEOUT_S=str(DEADLINE_S),
+                     TASKLINE_HTTP_BODY_TIMEOUT_S=str(DEADLINE_S)) as running:
+        yield running
 
 
 def connect(api: Api) -> socket.socket:
