@@ -155,9 +155,15 @@ def error_bytes(status: int, code: str, message: str) -> bytes:
     return head.encode("ascii") + body
 
 
+def _close_connection() -> None:
+    """Ask the server to close this request's connection after the answer."""
+    wsgi_env = request.environ  # the request's WSGI environ, not the process environment
+    wsgi_env[CLOSE_CONNECTION] = True
+
+
 def _api_error(err: ApiError) -> Response:
     if err.closes_connection:
-        request.environ[CLOSE_CONNECTION] = True
+        _close_connection()
     return error_response(err.status, err.code, err.message, err.details, err.headers)
 
 
@@ -165,7 +171,7 @@ def _http_error(err: HTTPException) -> Response:
     """Flask's own errors (404 and 405 from routing, 413 from the body limit) in our shape."""
     status = err.code or 500
     if status == 413:  # werkzeug's body limit: the body is left unread
-        request.environ[CLOSE_CONNECTION] = True
+        _close_connection()
     code = _HTTP_CODES.get(status, (err.name or "error").lower().replace(" ", "_"))
     passed = {k: v for k, v in err.get_headers() if k.lower() in _PASSED_HEADERS}
     return error_response(status, code, err.description or err.name, None, passed)

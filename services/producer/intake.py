@@ -276,14 +276,14 @@ def closing_when_asked(app: Callable[..., Iterable[bytes]]) -> Callable[..., Ite
     """WSGI middleware: an answer whose request set CLOSE_CONNECTION in its environ closes
     the connection (`Connection: close`), as gunicorn ignores a Connection header of the app's."""
 
-    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def wrapped(wsgi_env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             response = getattr(start_response, "__self__", None)  # gunicorn's Response
-            if environ.get(CLOSE_CONNECTION) and response is not None:
+            if wsgi_env.get(CLOSE_CONNECTION) and response is not None:
                 response.force_close()
             return start_response(status, headers, exc_info)
 
-        return app(environ, start)
+        return app(wsgi_env, start)
 
     return wrapped
 
