@@ -98,6 +98,9 @@ class RequestFramer:
 
     def _on_head(self, head: h11.Request) -> Framed | Refused | None:
         self.head_done = True
+        # h11 bounds only a head still incomplete; one that arrived whole is bounded here.
+        if len(self._buffer) - len(self._parser.trailing_data[0]) > HEAD_LIMIT:
+            return _refused(431, "the request line and headers exceed 64 KiB")
         names = [name for name, _ in head.headers]
         if b"transfer-encoding" in names and b"content-length" in names:
             # RFC 9112 6.3: a message that may be read two ways is refused, not guessed at.
