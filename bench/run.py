@@ -81,6 +81,8 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
         "pickup_idle_worker": lambda s: sc.pickup(s),
         "killed_worker_rerun_s": sc.killed_worker,
         "reconcile_100k_pending": lambda s: sc.reconcile(s, 100_000),
+        # Normal requests' latency (ms) while 1,000 slow or half-open connections are held.
+        "slow_clients_1000": lambda s: sc.slow_clients(s, 1000),
     }
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import statistics
 import threading
 import time
@@ -255,3 +256,72 @@ def reconcile(stack: Stack, jobs: int) -> dict[str, float]:
         return passes
     finally:
         store.dispose()
+
+
+# --- slow clients ----------------------------------------------------------------------------
+
+SLOW_KINDS = (b"", b"GET /healthz HTTP/1.1\r\nHost: b\r\nX-Slow: 1\r\n",
+              b"POST /api/v1/jobs HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 1000\r\n\r\n{\"type\"")
+
+
+def slow_clients(stack: Stack, held: int, seconds: float = 3.0) -> dict[str, float]:
+    """Latency (ms) of normal requests, one at a time, while `held` connections stay open
+    silent, with half a head, or with half a body (a third each): the API reads requests on
+    its event loop, so the held ones take no thread. `held_closed` counts the held connections
+    the API had closed once the header and body deadlines (10 s and 30 s) passed."""
+    stack.reset()
+    with stack.api() as base:
+        host, port = base.rsplit("/", 1)[-1].split(":")
+        sockets = [_slow_connection(host, int(port), SLOW_KINDS[i % 3]) for i in range(held)]
+        try:
+            latencies = _time_requests(base, seconds)
+            closed = _closed_within(sockets, 40.0)
+        finally:
+            for sock in sockets:
+                sock.close()
+    return {**{k: v * 1000 if k != "n" else v for k, v in quantiles(latencies).items()},
+            "held": held, "held_closed": closed}
+
+
+def _slow_connection(host: str, port: int, sent: bytes) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=10)
+    if sent:
+        sock.sendall(sent)
+    return sock
+
+
+def _time_requests(base: str, seconds: float) -> list[float]:
+    import requests  # only this scenario sends single requests with a client library
+
+    latencies: list[float] = []
+    end = time.monotonic() + seconds
+    with requests.Session() as session:
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            session.get(f"{base}/healthz", timeout=10).raise_for_status()
+            session.post(f"{base}/api/v1/jobs", json=NOOP, timeout=10).raise_for_status()
+            latencies.append((time.perf_counter() - started) / 2)
+    return latencies
+
+
+def _closed_within(sockets: list[socket.socket], seconds: float) -> int:
+    """How many of `sockets` the server closes within `seconds` (what it sends is dropped)."""
+    import selectors
+
+    watch = selectors.DefaultSelector()
+    for sock in sockets:
+        sock.setblocking(False)
+        watch.register(sock, selectors.EVENT_READ)
+    closed, end = 0, time.monotonic() + seconds
+    while closed < len(sockets) and (left := end - time.monotonic()) > 0:
+        for key, _ in watch.select(left):
+            try:
+                data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+            except OSError:
+                data = b""
+            if not data:
+                watch.unregister(key.fileobj)
+                closed += 1
+    watch.close()
+    return closed

@@ -16,10 +16,12 @@ from itertools import accumulate
 from typing import Any
 
 from flask import Request
+from gunicorn.http.errors import NoMoreData, ParseException
 
 from taskline_producer.errors import (
     ApiError,
     DuplicateKey,
+    InvalidFraming,
     InvalidJson,
     InvalidString,
     NestingTooDeep,
@@ -44,20 +46,37 @@ def read_json(request: Request, limit: int) -> Any:
 
 
 def read_limited(request: Request, limit: int) -> bytes:
-    """At most `limit` bytes of body; more is a 413 whether Content-Length was sent or not."""
+    """At most `limit` bytes of body; more is a 413 whether Content-Length was sent or not.
+
+    A body the server cannot read to its end (broken chunks, fewer bytes than its
+    Content-Length) is a 400 that closes the connection, never a 500 and never a job.
+    """
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(details={"limit_bytes": limit})
+    try:
+        return _read_all(request, limit)
+    except (ParseException, NoMoreData) as err:
+        raise InvalidFraming(f"the request body is not framed as HTTP/1.1 requires: {err}",
+                             {"reason": type(err).__name__}) from None
+
+
+def _read_all(request: Request, limit: int) -> bytes:
     stream = request.stream
     chunks: list[bytes] = []
     size = 0
     while True:
         chunk = stream.read(_CHUNK)
         if not chunk:
-            return b"".join(chunks)
+            break
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(details={"limit_bytes": limit})
         chunks.append(chunk)
+    data = b"".join(chunks)
+    if request.content_length is not None and len(data) < request.content_length:
+        raise InvalidFraming("the request body is shorter than its Content-Length",
+                             {"content_length": request.content_length, "received": len(data)})
+    return data
 
 
 def parse(raw: bytes) -> Any:

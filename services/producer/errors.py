@@ -3,12 +3,16 @@
 Invariant: every response that is not a success is `{"error": {"code", "message", "details"}}`
 with a status from this module; an exception nobody anticipated becomes a logged 500 with the
 same shape (a 500 is always a bug), PostgreSQL or Redis being unreachable becomes a 503 with
-Retry-After.
+Retry-After. An error raised because the request's body was not (or could not be) read in full
+sets CLOSE_CONNECTION, so its answer says `Connection: close` (taskline_producer.intake): the
+rest of that body must never be taken for the client's next request.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
@@ -19,6 +23,8 @@ from taskline.errors import DispatchUnavailable, IdempotencyConflict, StoreUnava
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5
+# The WSGI environ key a response sets to close its connection after the answer.
+CLOSE_CONNECTION = "taskline.close_connection"
 _HTTP_CODES = {413: "payload_too_large"}
 _PASSED_HEADERS = ("allow", "www-authenticate", "retry-after")
 
@@ -28,6 +34,8 @@ class ApiError(Exception):
 
     status = 400
     code = "bad_request"
+    closes_connection = False
+    """Whether the answer closes the connection: the body was not read to its end."""
 
     def __init__(self, message: str | None = None, details: Any = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -67,6 +75,19 @@ class InvalidString(ApiError):
     code = "invalid_string"
 
 
+class InvalidFraming(ApiError):
+    """The request body is not framed as HTTP/1.1 requires (chunks or Content-Length)."""
+
+    code = "invalid_framing"
+    closes_connection = True
+
+
+class InvalidIdempotencyKey(ApiError):
+    """An idempotency key must be 1..255 visible ASCII characters (an sf-string in the header)."""
+
+    code = "invalid_idempotency_key"
+
+
 class InvalidParameter(ApiError):
     """A query parameter is invalid."""
 
@@ -99,6 +120,7 @@ class PayloadTooLarge(ApiError):
 
     status = 413
     code = "payload_too_large"
+    closes_connection = True
 
 
 class UnsupportedMediaType(ApiError):
@@ -123,13 +145,33 @@ def error_response(status: int, code: str, message: str, details: Any = None,
     return response
 
 
+def error_bytes(status: int, code: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error answer that closes its connection, for the server to write
+    itself (before or outside the application: framing refused, deadline missed)."""
+    body = json.dumps({"error": {"code": code, "message": message, "details": None}}).encode()
+    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+def _close_connection() -> None:
+    """Ask the server to close this request's connection after the answer."""
+    wsgi_env = request.environ  # the request's WSGI environ, not the process environment
+    wsgi_env[CLOSE_CONNECTION] = True
+
+
 def _api_error(err: ApiError) -> Response:
+    if err.closes_connection:
+        _close_connection()
     return error_response(err.status, err.code, err.message, err.details, err.headers)
 
 
 def _http_error(err: HTTPException) -> Response:
     """Flask's own errors (404 and 405 from routing, 413 from the body limit) in our shape."""
     status = err.code or 500
+    if status == 413:  # werkzeug's body limit: the body is left unread
+        _close_connection()
     code = _HTTP_CODES.get(status, (err.name or "error").lower().replace(" ", "_"))
     passed = {k: v for k, v in err.get_headers() if k.lower() in _PASSED_HEADERS}
     return error_response(status, code, err.description or err.name, None, passed)

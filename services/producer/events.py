@@ -4,7 +4,8 @@ Invariant: a stream carries only committed changes, in job_events id order, each
 its job_events id (see broadcaster). A client that reconnects with `Last-Event-ID` first gets
 what it missed (the newest `replay_limit` events above that id, up to the tail's cursor) and
 then the live changes (above it), without a hole or a repeat: a change both replayed and
-tailed is sent once. An idle stream gets a comment every `heartbeat_s`. A
+tailed is sent once. An idle stream gets a comment every `heartbeat_s`, and a stream whose
+client closed its connection ends within `gone_check_s` (not at its next write). A
 process serves at most `max_streams` streams (503 beyond), and each stream holds at most
 `queue_limit` unsent frames before it is ended.
 """
@@ -14,8 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -54,6 +58,8 @@ class StreamLimits:
     """Seconds between two reads of job_events by the tail (while any stream is open)."""
     gap_wait_s: float = 5.0
     """Longest an id missing from job_events holds back the ids after it (see events.Sequencer)."""
+    gone_check_s: float = 1.0
+    """Seconds between two looks, on a quiet stream, at whether its client closed the connection."""
 
 
 class StreamsBusy(ApiError):
@@ -138,10 +144,9 @@ def adopt_gunicorn_worker(app: Flask, threads: int) -> None:
 
 def last_event_id() -> int | None:
     """The id a reconnecting client saw last: the Last-Event-ID header or `last_event_id`."""
-    raw = request.headers.get("Last-Event-ID")
-    if raw is None:
-        raw = request.args.get("last_event_id")
-    if raw is None or raw == "":
+    # An empty header is no header: it must not hide an invalid `last_event_id`.
+    raw = request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+    if not raw:
         return None
     if not _ID.fullmatch(raw):
         raise InvalidParameter("Last-Event-ID must be an event id (a non-negative integer)",
@@ -166,7 +171,8 @@ def stream() -> Response:
     except BaseException:
         broadcaster.unsubscribe(sub)
         raise
-    body = EventStream(broadcaster, sub, replay, skipped, limits)
+    body = EventStream(broadcaster, sub, replay, skipped, limits,
+                       request.environ.get("gunicorn.socket"))
     return Response(body, mimetype="text/event-stream", headers={
         "Cache-Control": "no-cache, no-store", "X-Accel-Buffering": "no"})
 
@@ -188,8 +194,9 @@ class EventStream:
     """One response body: preamble, replay, then live frames or heartbeats until ended."""
 
     def __init__(self, broadcaster: Broadcaster, sub: Subscription, replay: list[Frame],
-                 skipped: bool, limits: StreamLimits) -> None:
+                 skipped: bool, limits: StreamLimits, client: socket.socket | None = None) -> None:
         self._broadcaster = broadcaster
+        self._client = client
         self._sub = sub
         self._replay = replay
         self._skipped = skipped
@@ -202,21 +209,47 @@ class EventStream:
         if self._replay:
             yield b"".join(frame.data for frame in self._replay)
         replayed = {frame.id for frame in self._replay}
+        yield from self._live(replayed)
+
+    def _live(self, replayed: set[int]) -> Iterator[bytes]:
+        """Live frames; a heartbeat after `heartbeat_s` of silence; the end when the client
+        is gone (looked at every `gone_check_s`) or the subscription was ended."""
+        limits = self._limits
+        quiet_since = time.monotonic()
         while True:
-            frames = self._sub.take(self._limits.heartbeat_s)
+            frames = self._sub.take(min(limits.gone_check_s, limits.heartbeat_s))
             if frames:
                 data = b"".join(f.data for f in frames if f.id not in replayed)
                 if data:
+                    quiet_since = time.monotonic()
                     yield data
             elif self._sub.ended is not None:
                 yield _control("dropped", {"reason": self._sub.ended})
                 return
-            else:
+            elif client_gone(self._client):
+                return
+            elif time.monotonic() - quiet_since >= limits.heartbeat_s:
+                quiet_since = time.monotonic()
                 yield b": heartbeat\n\n"
 
     def close(self) -> None:
         """Called by the WSGI server when the response ends, whether or not it was read."""
         self._broadcaster.unsubscribe(self._sub)
+
+
+def client_gone(client: socket.socket | None) -> bool:
+    """Whether the client closed its side of `client` (None: cannot tell, so no)."""
+    if client is None:
+        return False
+    # poll, not recv(MSG_DONTWAIT): a socket with a timeout waits for data before any recv.
+    watch = select.poll()
+    watch.register(client, select.POLLIN)
+    if not watch.poll(0):
+        return False  # nothing to read: still there
+    try:
+        return client.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _control(event: str, data: dict[str, Any]) -> bytes:

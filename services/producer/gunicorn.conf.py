@@ -14,8 +14,13 @@ of a worker's threads and end when the worker is told to stop.
 # connection to it. With a socket per process (SO_REUSEPORT) the kernel placed connections by
 # a hash, blind to load: two keep-alive clients landed on one process in half the runs, which
 # then served both under one GIL while the other idled (docs/performance.md).
-worker_class = "taskline_producer.balancer.BalancedThreadWorker"
+# Requests are read on each process's event loop, with deadlines, and handed to a thread only
+# once whole (taskline_producer.intake): a slow or silent client holds no thread.
+worker_class = "taskline_producer.intake.IntakeWorker"
 threads = 16
+# Open connections per process, slow ones included (each costs a descriptor and a buffer, not a
+# thread); past it the process stops accepting until some close.
+worker_connections = 4000
 preload_app = False
 reuse_port = False
 # Seconds a silent worker may block before the master replaces it; above the 10 s pool timeout.

@@ -20,8 +20,13 @@ from taskline.transitions import Committed, Move
 from taskline_producer import audit, paging, quotas, shapes
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
-from taskline_producer.errors import InvalidState, NotFound, ValidationFailed
-from taskline_producer.jobspec import FieldError, JobSpec, parse_batch, parse_job
+from taskline_producer.errors import (
+    InvalidIdempotencyKey,
+    InvalidState,
+    NotFound,
+    ValidationFailed,
+)
+from taskline_producer.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +43,7 @@ def create_job() -> Response:
     body = read_json(request, b.settings.max_payload_bytes)
     spec = parse_job(body, b.settings, request.headers.get("Idempotency-Key"))
     if not isinstance(spec, JobSpec):
-        raise ValidationFailed(details=[e.to_dict() for e in spec])
+        raise _invalid(spec)
     quotas.take(1)
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue(spec, trace_context)
@@ -57,9 +62,9 @@ def create_batch() -> Response:
         raise ValidationFailed(details=[{"field": "Idempotency-Key", "message":
                                          "a batch takes idempotency_key per job"}])
     parsed = parse_batch(body, b.settings)
-    errors = [e.to_dict() for e in parsed if isinstance(e, FieldError)]
+    errors = [e for e in parsed if isinstance(e, FieldError)]
     if errors:
-        raise ValidationFailed(details=errors)
+        raise _invalid(errors)
     quotas.take(len(parsed))
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue_many([s for s in parsed if isinstance(s, JobSpec)],
@@ -72,6 +77,14 @@ def create_batch() -> Response:
         "created": created, "replayed": len(accepted) - created})
     response.status_code = 201 if created else 200
     return response
+
+
+def _invalid(errors: list[FieldError]) -> Exception:
+    """A key that breaks the key rule is a 400 (one rule for header and body); else a 422."""
+    keys = [e.to_dict() for e in errors if e.code == KEY_CODE]
+    if keys:
+        return InvalidIdempotencyKey(details=keys)
+    return ValidationFailed(details=[e.to_dict() for e in errors])
 
 
 @bp.get("/<uuid:job_id>")

@@ -2,7 +2,10 @@
 
 Invariant: a JobSpec holds only values PostgreSQL accepts as they are (types 1..200 characters,
 valid queue names, priorities 0..9, finite bounded numbers, UTC datetimes), so the insert that
-follows cannot fail on input; every rule here is mirrored in openapi.json. No I/O happens here.
+follows cannot fail on input; every rule here is mirrored in openapi.json. An idempotency key
+is 1..255 visible ASCII characters wherever it travels: the Idempotency-Key header carries it
+as the IETF draft's sf-string (`"order-1"`, unquoted here) or bare (`order-1`), the body as a
+JSON string, and each way names the same job. No I/O happens here.
 """
 
 from __future__ import annotations
@@ -31,8 +34,18 @@ FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries", "time
 # Kept a day inside Python's calendar, so a datetime read back in any session time zone fits.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
+# ASCII digits only: \d also matches full-width and other Unicode digits, which RFC 3339 refuses.
 _RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(\.\d+)?"
-                      r"(?:([Zz])|([+-])(\d\d):(\d\d))")
+                      r"(?:([Zz])|([+-])(\d\d):(\d\d))", re.ASCII)
+KEY_CODE = "invalid_idempotency_key"
+_KEY = re.compile(rf"[!-~]{{1,{MAX_KEY_CHARS}}}")
+_BARE_KEY = re.compile(rf'[!#-\[\]-~]{{1,{MAX_KEY_CHARS}}}')  # visible ASCII but " and \\
+_SF_STRING = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\])*)"')
+_SF_ESCAPE = re.compile(r'\\(["\\])')
+
+
+class InvalidKey(ValueError):
+    """An idempotency key that breaks the one rule (answered 400, not 422)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,8 @@ class FieldError:
 
     field: str
     message: str
+    code: str | None = None
+    """KEY_CODE for an idempotency key that breaks the key rule; None for other errors."""
 
     def to_dict(self) -> dict[str, str]:
         return {"field": self.field, "message": self.message}
@@ -74,13 +89,38 @@ def parse_job(body: object, settings: Settings,
             try:
                 values[name] = _PARSERS[name](value)
             except ValueError as err:
-                errors.append(FieldError(name, str(err)))
-    errors += _cross_field_errors(body, header_key)
+                errors.append(_field_error(name, err))
+    header, header_errors = _header_key(header_key)
+    errors += header_errors + _cross_field_errors(body, values, header)
     if errors:
         return errors
     # Only a replay compares the hash, and only a job with a key can be replayed.
-    keyed = values.get("idempotency_key", header_key) is not None
-    return _spec(values, settings, header_key, request_hash(body) if keyed else None)
+    keyed = values.get("idempotency_key", header) is not None
+    return _spec(values, settings, header, request_hash(body) if keyed else None)
+
+
+def key_from_header(raw: str) -> str:
+    """The key an Idempotency-Key header names: an sf-string unquoted, or a bare key."""
+    quoted = _SF_STRING.fullmatch(raw)
+    if quoted:
+        return _key(_SF_ESCAPE.sub(r"\1", quoted.group(1)))
+    if not _BARE_KEY.fullmatch(raw):
+        raise InvalidKey(f"must be a quoted string (sf-string) or 1..{MAX_KEY_CHARS} visible "
+                         'ASCII characters other than " and \\')
+    return raw
+
+
+def _header_key(raw: str | None) -> tuple[str | None, list[FieldError]]:
+    if raw is None:
+        return None, []
+    try:
+        return key_from_header(raw), []
+    except ValueError as err:
+        return None, [_field_error("Idempotency-Key", err)]
+
+
+def _field_error(name: str, err: ValueError) -> FieldError:
+    return FieldError(name, str(err), KEY_CODE if isinstance(err, InvalidKey) else None)
 
 
 def parse_batch(body: object, settings: Settings) -> list[JobSpec] | list[FieldError]:
@@ -121,20 +161,16 @@ def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
     )
 
 
-def _cross_field_errors(body: dict[str, Any], header_key: str | None) -> list[FieldError]:
+def _cross_field_errors(body: dict[str, Any], values: dict[str, Any],
+                        header_key: str | None) -> list[FieldError]:
     errors = []
     if "type" not in body:
         errors.append(FieldError("type", "required"))
     if "delay_s" in body and "run_at" in body:
         errors.append(FieldError("run_at", "give delay_s or run_at, not both"))
-    if header_key is not None:
-        try:
-            _key(header_key)
-        except ValueError as err:
-            errors.append(FieldError("Idempotency-Key", str(err)))
-        if "idempotency_key" in body and body["idempotency_key"] != header_key:
-            errors.append(FieldError("idempotency_key",
-                                     "differs from the Idempotency-Key header"))
+    body_key = values.get("idempotency_key")
+    if header_key is not None and body_key is not None and body_key != header_key:
+        errors.append(FieldError("idempotency_key", "differs from the Idempotency-Key header"))
     return errors
 
 
@@ -151,7 +187,9 @@ def _type(value: object) -> str:
 
 
 def _key(value: object) -> str:
-    return _text(value, MAX_KEY_CHARS)
+    if not isinstance(value, str) or not _KEY.fullmatch(value):
+        raise InvalidKey(f"must be 1..{MAX_KEY_CHARS} visible ASCII characters (! to ~)")
+    return value
 
 
 def _payload(value: object) -> object:
@@ -216,14 +254,16 @@ def _run_at(value: object) -> datetime:
 
 
 def parse_datetime(text: str) -> datetime | None:
-    """An aware UTC datetime from RFC 3339 or another ISO 8601 form with an offset; else None.
+    """An aware UTC datetime from RFC 3339 (ASCII digits, calendar dates); else None.
 
     Instants outside 0001-01-02 .. 9999-12-30 are moved to the nearer bound: a time that early is
     simply due, and one that late is as good as never.
     """
     match = _RFC3339.fullmatch(text)
+    if match is None:  # week dates, ordinal dates, basic format: ISO 8601, not RFC 3339
+        return None
     try:
-        parsed = _from_rfc3339(match) if match else datetime.fromisoformat(text)
+        parsed = _from_rfc3339(match)
     except ValueError:
         return None
     except OverflowError:  # only a leap second at the very end of year 9999 gets here

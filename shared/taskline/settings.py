@@ -46,6 +46,14 @@ class Settings:
     """Cap of the retry delay, seconds; >= backoff_base_s."""
     max_payload_bytes: int = 1_048_576
     """Largest accepted request body, bytes; larger bodies get 413."""
+    http_header_timeout_s: float = 10.0
+    """Seconds the API waits for a request's line and headers (from the connection's opening,
+    or from a kept-alive request's first byte); a connection that misses it gets 408 and is
+    closed; 0 < value <= 3600."""
+    http_body_timeout_s: float = 30.0
+    """Seconds the API waits for a request's whole body after its headers (and at most for one
+    write of its answer to a client that stops reading); missed: 408 and closed;
+    0 < value <= 3600."""
     api_tokens: tuple[str, ...] = ()
     """Bearer tokens the API accepts (`token`, or `name:token:scope+scope`, comma-separated);
     empty, with no JWT key either, means no authentication (taskline.access)."""
@@ -124,6 +132,10 @@ class Settings:
             (self.backoff_max_s >= self.backoff_base_s,
              "TASKLINE_BACKOFF_MAX_S must be >= TASKLINE_BACKOFF_BASE_S"),
             (self.max_payload_bytes >= 1024, "TASKLINE_MAX_PAYLOAD_BYTES must be >= 1024"),
+            (0 < self.http_header_timeout_s <= 3600,
+             "TASKLINE_HTTP_HEADER_TIMEOUT_S must be > 0 and <= 3600"),
+            (0 < self.http_body_timeout_s <= 3600,
+             "TASKLINE_HTTP_BODY_TIMEOUT_S must be > 0 and <= 3600"),
             (self.shutdown_grace_s >= 0, "TASKLINE_SHUTDOWN_GRACE_S must be >= 0"),
             (0 <= self.metrics_port <= 65535, "TASKLINE_METRICS_PORT must be 0..65535"),
             (self.default_timeout_s > 0, "TASKLINE_DEFAULT_TIMEOUT_S must be > 0"),

@@ -122,8 +122,12 @@ BAD_BODIES = [
     ("bad queue", b'{"type": "echo", "queue": "no spaces"}', JSON, 422, "validation_failed"),
     ("long type", b'{"type": "' + b"t" * 201 + b'"}', JSON, 422, "validation_failed"),
     ("null payload", b'{"type": "echo", "payload": null}', JSON, 422, "validation_failed"),
-    ("long key", b'{"type": "echo", "idempotency_key": "' + b"k" * 256 + b'"}', JSON, 422,
-     "validation_failed"),
+    ("long key", b'{"type": "echo", "idempotency_key": "' + b"k" * 256 + b'"}', JSON, 400,
+     "invalid_idempotency_key"),
+    ("non-ASCII key", '{"type": "echo", "idempotency_key": "café-1"}'.encode(), JSON, 400,
+     "invalid_idempotency_key"),
+    ("key with a space", b'{"type": "echo", "idempotency_key": "a b"}', JSON, 400,
+     "invalid_idempotency_key"),
 ]
 
 
@@ -195,6 +199,32 @@ def test_idempotent_replay_by_field_and_header(client: FlaskClient, store: Store
     assert by_header.status_code == 200 and by_header.get_json()["id"] == first.get_json()["id"]
     assert count_jobs(store) == 1
     assert redis_ids(dispatcher) == [first.get_json()["id"]]
+
+
+@pytest.mark.parametrize(("header", "body_key"), [
+    ('"order-1"', "order-1"), ("order-1", "order-1"), ('"say-\\"hi\\""', 'say-"hi"')])
+def test_a_key_names_one_job_whichever_way_it_travels(client: FlaskClient, store: Store,
+                                                      header: str, body_key: str) -> None:
+    """The header's sf-string is unquoted: `"order-1"` there is order-1 in the body."""
+    by_body = client.post("/api/v1/jobs", json={"type": "echo", "idempotency_key": body_key})
+    by_header = client.post("/api/v1/jobs", json={"type": "echo"},
+                            headers={"Idempotency-Key": header})
+    both = client.post("/api/v1/jobs", json={"type": "echo", "idempotency_key": body_key},
+                       headers={"Idempotency-Key": header})
+    assert by_body.status_code == 201 and (by_header.status_code, both.status_code) == (200, 200)
+    assert by_body.get_json()["id"] == by_header.get_json()["id"] == both.get_json()["id"]
+    assert by_header.get_json()["idempotency_key"] == body_key
+    assert count_jobs(store) == 1
+
+
+@pytest.mark.parametrize("header", ["caf\xc3\xa9-1", "caf\xe9-1", "a b", '"a b"', '"x', 'a"b'])
+def test_an_invalid_key_header_is_a_400_that_writes_nothing(client: FlaskClient, store: Store,
+                                                            header: str) -> None:
+    """Raw bytes too: WSGI hands header bytes over as Latin-1, so UTF-8 é is two characters."""
+    r = client.post("/api/v1/jobs", json={"type": "echo"}, headers={"Idempotency-Key": header})
+    assert_error(r, 400, "invalid_idempotency_key")
+    assert r.get_json()["error"]["details"][0]["field"] == "Idempotency-Key"
+    assert count_jobs(store) == 0
 
 
 def test_same_key_other_body_is_422(client: FlaskClient, store: Store) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -23,8 +25,9 @@ SCHEMA_PLACES = [ROOT.parent / "shared" / "schemas" / "compose-spec.json",
                  Path("/work/shared/schemas/compose-spec.json")]
 TASKLINE = ("migrate", "api", "worker", "maintenance")
 SERVED = ("api", "worker", "maintenance")
-EXPECTED = {"postgres", "redis", *TASKLINE, "prometheus", "grafana", "redis-exporter",
+EXPECTED = {"postgres", "redis", *TASKLINE, "proxy", "prometheus", "grafana", "redis-exporter",
             "postgres-exporter"}
+NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +227,62 @@ def test_every_interpolation_has_a_default():
     bare = re.findall(r"\$\{([A-Z_][A-Z0-9_]*)\}", text)
     assert bare == []
     assert "${" not in _default(text)
+
+
+# --- the reverse proxy ---------------------------------------------------------------------
+
+def _nginx_directives() -> dict[str, list[str]]:
+    """Every `name value;` of deploy/nginx/nginx.conf, by name (comments dropped)."""
+    found: dict[str, list[str]] = {}
+    text = "\n".join(line.split("#", 1)[0] for line in NGINX_CONF.read_text().splitlines())
+    for statement in re.findall(r"([a-z_]+)\s+([^;{}]*);", text):
+        found.setdefault(statement[0], []).append(statement[1].strip())
+    return found
+
+
+def _nginx_seconds(value: str) -> float:
+    return _seconds(value if value[-1].isalpha() else value + "s")
+
+
+def test_proxy_shares_the_api_namespace_and_mounts_the_repository_config(services: dict):
+    proxy, api = services["proxy"], services["api"]
+    assert proxy["network_mode"] == "service:api"
+    assert "ports" not in proxy  # published by the api service, whose namespace it shares
+    assert [_default(p) for p in api["ports"]] == ["127.0.0.1:8000:8080"]
+    assert "./deploy/nginx/nginx.conf:/etc/nginx/nginx.conf:ro" in proxy["volumes"]
+    assert proxy["read_only"] is True and "/tmp" in proxy["tmpfs"]
+    assert proxy["image"].startswith("nginxinc/nginx-unprivileged:")
+
+
+def test_proxy_reads_requests_whole_within_the_api_deadlines():
+    """nginx buffers requests and answers, and its deadlines and body limit are the API's."""
+    conf, defaults = _nginx_directives(), Settings()
+    assert conf["listen"] == ["8080"]
+    assert conf["server"] == ["127.0.0.1:8000"]
+    assert conf["proxy_request_buffering"] == ["on"] and "on" in conf["proxy_buffering"]
+    assert _nginx_seconds(conf["client_header_timeout"][0]) == defaults.http_header_timeout_s
+    assert _nginx_seconds(conf["client_body_timeout"][0]) == defaults.http_body_timeout_s
+    limit = conf["client_max_body_size"][0]
+    assert int(limit.rstrip("m")) * 1024 * 1024 == defaults.max_payload_bytes
+    assert _env_example_value("TASKLINE_MAX_PAYLOAD_BYTES") == str(defaults.max_payload_bytes)
+    # Upstream connections are dropped by nginx before gunicorn's keepalive (5 s) would.
+    upstream_idle = [_nginx_seconds(v) for v in conf["keepalive_timeout"]]
+    assert min(upstream_idle) < 5
+    # The event stream alone passes unbuffered.
+    assert conf["proxy_buffering"].count("off") == 1
+
+
+def test_proxy_answers_its_own_refusals_in_the_error_shape():
+    pages = re.findall(r"return (\d{3}) '([^']*)';", NGINX_CONF.read_text())
+    assert {status for status, _ in pages} >= {"400", "408", "413", "414", "431", "503"}
+    for _, body in pages:
+        error = json.loads(body)["error"]
+        assert set(error) == {"code", "message", "details"} and error["code"]
+    assert all(d.startswith("application/json") for d in _nginx_directives()["default_type"])
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="no nginx binary on this machine")
+def test_nginx_accepts_the_proxy_config():
+    result = subprocess.run(["nginx", "-t", "-c", str(NGINX_CONF)], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0, result.stderr

@@ -188,8 +188,10 @@ def _pod(base: list[dict], name: str) -> dict:
     return _one(base, kind, name)["spec"]["template"]["spec"]
 
 
-def _container(base: list[dict], name: str) -> dict:
-    (container,) = _pod(base, name)["containers"]
+def _container(base: list[dict], name: str, container_name: str | None = None) -> dict:
+    """The container named `container_name` (default: `name`) of the pod of `name`."""
+    (container,) = [c for c in _pod(base, name)["containers"]
+                    if c["name"] == (container_name or name)]
     return container
 
 
@@ -204,8 +206,30 @@ def test_api_probes_liveness_and_readiness(base):
     api = _container(base, "api")
     assert api["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert api[probe]["httpGet"]["port"] == api["ports"][0]["name"], probe
+
+
+def test_the_api_service_reaches_gunicorn_only_through_the_proxy(base):
+    """The Service targets the proxy container's port; the proxy is nginx with the repository's
+    configuration (deploy/nginx/nginx.conf, verbatim), as locked down as the api container."""
+    proxy = _container(base, "api", "proxy")
     service = _one(base, "Service", "api")
-    assert service["spec"]["ports"][0]["targetPort"] == api["ports"][0]["name"]
+    assert service["spec"]["ports"][0]["targetPort"] == proxy["ports"][0]["name"] == "http"
+    assert proxy["ports"][0]["containerPort"] == 8080
+    assert proxy["image"].startswith("nginxinc/nginx-unprivileged:")
+    assert proxy["image"].split(":")[1] not in ("", "latest")
+    config = _one(base, "ConfigMap", "api-proxy")["data"]["nginx.conf"]
+    assert config == (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    (mount,) = [m for m in proxy["volumeMounts"] if m["mountPath"] == "/etc/nginx/nginx.conf"]
+    volumes = {v["name"]: v for v in _pod(base, "api")["volumes"]}
+    assert volumes[mount["name"]]["configMap"]["name"] == "api-proxy"
+    assert proxy["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"cpu", "memory"} <= set(proxy["resources"]["requests"])
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # The proxy outlives the api container's in-flight requests when the pod stops.
+    api_stop = _container(base, "api")["lifecycle"]["preStop"]["exec"]["command"]
+    assert proxy["lifecycle"]["preStop"]["exec"]["command"] == api_stop
 
 
 def test_worker_and_maintenance_probe_their_metrics_port(base):

@@ -1,0 +1,302 @@
+"""The API's gunicorn worker: requests are read on the event loop, with deadlines, and only a
+whole request is handed to a thread.
+
+gthread reads a request's head and body inside a pool thread, with no deadline: a few dozen
+clients that send half a request and stay silent hold every thread, and nothing is answered.
+Here the event loop reads every connection without blocking (taskline_producer.framing says
+where a request ends), so a silent or slow connection costs a file descriptor and a buffer,
+never a thread.
+
+Invariant: a thread only ever parses bytes already received, so it never waits on a client to
+send; a connection whose head does not arrive within `http_header_timeout_s`, or whose body
+does not arrive within `http_body_timeout_s` after its head, is answered 408 and closed; a
+request the framing refuses is answered (400, 431, 501) and closed; an answer to a request whose
+body was not read in full says `Connection: close` (taskline_producer.errors.CLOSE_CONNECTION
+lets the application ask for the same); a closing connection is drained on the event loop
+for at most LINGER_S, so the client reads its answer before the close and no thread waits.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import itertools
+import logging
+import selectors
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from gunicorn import http
+from gunicorn.http import errors as http_errors
+
+from taskline.settings import Settings
+from taskline_producer.balancer import BalancedThreadWorker
+from taskline_producer.errors import CLOSE_CONNECTION, error_bytes
+from taskline_producer.framing import Framed, Refused, RequestFramer
+
+log = logging.getLogger(__name__)
+
+# How long a closing connection is drained so the client reads its answer before the close.
+LINGER_S = 2.0
+_RECV = 65536
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# gunicorn's own parse errors, answered in the error shape (the rest are 400 invalid_framing).
+_GUNICORN_ERRORS: tuple[tuple[type[Exception], int, str], ...] = (
+    (http_errors.LimitRequestLine, 414, "uri_too_long"),
+    (http_errors.LimitRequestHeaders, 431, "headers_too_large"),
+    (http_errors.UnsupportedTransferCoding, 501, "not_implemented"),
+    (http_errors.ExpectationFailed, 417, "expectation_failed"),
+)
+
+
+@dataclass
+class _Reading:
+    """A connection the event loop reads; `phase` is idle, head, body or closing."""
+
+    framer: RequestFramer
+    phase: str
+    deadline: float
+    continued: bool = False
+
+
+class IntakeWorker(BalancedThreadWorker):
+    """gunicorn's gthread worker (balanced, taskline_producer.balancer) reading on its loop."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = getattr(self.app, "settings", None) or Settings()
+        self.header_s = settings.http_header_timeout_s
+        self.body_s = settings.http_body_timeout_s
+        self.body_limit = settings.max_payload_bytes
+        # TLS is read by the ssl module in a thread: such a server keeps gthread's reading.
+        self.intake = not self.cfg.is_ssl
+        self._reading: dict[Any, _Reading] = {}
+        self._deadlines: list[tuple[float, int, Any]] = []
+        self._seq = itertools.count()
+
+    def run(self) -> None:
+        # After post_worker_init, which needs the Flask app itself as worker.wsgi.
+        self.wsgi = closing_when_asked(self.wsgi)
+        super().run()
+
+    # --- the event loop side -------------------------------------------------------------
+
+    def enqueue_req(self, conn: Any) -> None:
+        """A new connection, or one with a whole request read, goes where it is due."""
+        if not self.intake or getattr(conn, "framed", None) is not None:
+            super().enqueue_req(conn)
+        else:
+            self._read(conn, b"", new=True)
+
+    def _read(self, conn: Any, pending: bytes, new: bool = False) -> None:
+        """Watch `conn` for its next request; `pending` is what was read of it already."""
+        conn.framed = None
+        conn.sock.setblocking(False)
+        framer = RequestFramer(self.body_limit)
+        now = time.monotonic()
+        idle = not new and not pending
+        state = _Reading(framer, "idle" if idle else "head",
+                         now + (self.cfg.keepalive if idle else self.header_s))
+        self._watch(conn, state)
+        if pending:
+            self._progress(conn, state, framer.feed(pending))
+
+    def _watch(self, conn: Any, state: _Reading) -> None:
+        if conn in self._reading:
+            self.poller.unregister(conn.sock)
+        self._reading[conn] = state
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._on_readable, conn))
+        heapq.heappush(self._deadlines, (state.deadline, next(self._seq), conn))
+
+    def _unwatch(self, conn: Any) -> None:
+        if self._reading.pop(conn, None) is not None:
+            self.poller.unregister(conn.sock)
+
+    def _on_readable(self, conn: Any, _sock: Any) -> None:
+        state = self._reading[conn]
+        try:
+            data = conn.sock.recv(_RECV)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data and state.phase != "closing":
+            self._progress(conn, state, state.framer.feed(data))
+        elif not data:
+            # The client closed its side: a request it left half sent (a body shorter than its
+            # Content-Length) is answered before the close; nothing is handed on.
+            outcome = state.framer.close() if state.phase != "closing" else None
+            if isinstance(outcome, Refused):
+                _send(conn.sock, error_bytes(outcome.status, outcome.code, outcome.message))
+            self._drop(conn)
+
+    def _progress(self, conn: Any, state: _Reading, outcome: Framed | Refused | None) -> None:
+        if isinstance(outcome, Framed):
+            self._unwatch(conn)
+            conn.framed = outcome
+            super().enqueue_req(conn)
+        elif isinstance(outcome, Refused):
+            self._answer_and_close(conn, outcome.status, outcome.code, outcome.message)
+        else:
+            self._advance_phase(conn, state)
+
+    def _advance_phase(self, conn: Any, state: _Reading) -> None:
+        """Start the head deadline at a kept-alive request's first byte, the body one at its
+        head's end; a client waiting for 100 Continue gets it once its head is read."""
+        framer = state.framer
+        if state.phase == "idle" and framer.started:
+            self._set_deadline(conn, state, "head", self.header_s)
+        if state.phase == "head" and framer.head_done:
+            self._set_deadline(conn, state, "body", self.body_s)
+        if framer.expects_continue and not state.continued:
+            state.continued = True
+            _send(conn.sock, _CONTINUE)
+
+    def _set_deadline(self, conn: Any, state: _Reading, phase: str, seconds: float) -> None:
+        state.phase, state.deadline = phase, time.monotonic() + seconds
+        heapq.heappush(self._deadlines, (state.deadline, next(self._seq), conn))
+
+    def _answer_and_close(self, conn: Any, status: int, code: str, message: str) -> None:
+        log.info("request refused before the application", extra={
+            "status": status, "code": code, "client": _peer(conn)})
+        _send(conn.sock, error_bytes(status, code, message))
+        self._linger(conn)
+
+    def _linger(self, conn: Any) -> None:
+        """Half-close, then drain until the client closes or LINGER_S passes (RFC 9112 9.6)."""
+        try:
+            conn.sock.setblocking(False)
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._unwatch(conn)
+            self._drop(conn)
+            return
+        self._watch(conn, _Reading(RequestFramer(0), "closing", time.monotonic() + LINGER_S))
+
+    def _drop(self, conn: Any) -> None:
+        self._unwatch(conn)
+        self.nr_conns -= 1
+        conn.close()
+
+    def _expire(self) -> None:
+        """Close what missed its deadline; a stopping worker drops idle connections at once."""
+        now = time.monotonic()
+        if not self.alive:
+            for conn in [c for c, s in self._reading.items() if s.phase == "idle"]:
+                self._drop(conn)
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, _, conn = heapq.heappop(self._deadlines)
+            state = self._reading.get(conn)
+            if state is None or state.deadline != deadline:
+                continue  # already gone, or given a later deadline since
+            if state.phase in ("idle", "closing") or not state.framer.started:
+                self._drop(conn)  # nothing of a request arrived: nothing to answer
+            else:
+                what = "headers" if state.phase == "head" else "body"
+                self._answer_and_close(conn, 408, "request_timeout",
+                                       f"the request {what} did not arrive in time")
+
+    def murder_pending(self) -> None:
+        # Called on every turn of gthread's loop, while serving and while stopping.
+        super().murder_pending()
+        self._expire()
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        if self._deadlines:
+            timeout = min(timeout, max(self._deadlines[0][0] - time.monotonic(), 0.0))
+        super().wait_for_and_dispatch_events(timeout)
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        """Back from its thread: read the next request, or close the connection."""
+        framed = getattr(conn, "framed", None)
+        if framed is None:
+            super().finish_request(conn, fs)
+            return
+        try:
+            keep = not fs.cancelled() and fs.result()
+        except Exception:
+            keep = False
+        if keep:
+            self._read(conn, framed.rest)
+        else:
+            self._linger(conn)
+
+    # --- the thread side -----------------------------------------------------------------
+
+    def handle(self, conn: Any) -> Any:
+        framed = getattr(conn, "framed", None)
+        if framed is not None:
+            # The thread parses only the bytes the loop read: it never waits on the client.
+            conn.parser = http.get_parser(self.cfg, iter([framed.message]), conn.client)
+            conn.initialized = conn.data_ready = True
+        return super().handle(conn)
+
+    def handle_request(self, req: Any, conn: Any) -> bool:
+        framed = getattr(conn, "framed", None)
+        if framed is not None:
+            req.must_close = req.must_close or not framed.complete
+            # The loop sent 100 Continue when it read the body (or must not: it was too large).
+            req._expected_100_continue = False
+            # A client that stops reading its answer frees the thread after this long.
+            conn.sock.settimeout(self.body_s)
+        return bool(super().handle_request(req, conn))
+
+    def _keepalive_after(self, conn: Any, keepalive: bool) -> bool:
+        framed = getattr(conn, "framed", None)
+        if framed is None:
+            return bool(super()._keepalive_after(conn, keepalive))
+        # The body's bytes were read with the request: nothing is left to drain.
+        return bool(keepalive) and framed.complete
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: Exception) -> None:
+        """gunicorn's own parse errors in the error shape (gunicorn writes text/html)."""
+        status, code, message = _error_answer(exc)
+        if status == 500:
+            log.error("error while serving a request", exc_info=exc)
+        try:
+            client.sendall(error_bytes(status, code, message))
+        except OSError:
+            log.debug("the error answer could not be sent")
+
+
+def _error_answer(exc: Exception) -> tuple[int, str, str]:
+    for kind, status, code in _GUNICORN_ERRORS:
+        if isinstance(exc, kind):
+            return status, code, str(exc)
+    if isinstance(exc, http_errors.ParseException):
+        return 400, "invalid_framing", f"the request is not valid HTTP/1.1: {exc}"
+    return 500, "internal_error", "internal error; it has been logged"
+
+
+def closing_when_asked(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """WSGI middleware: an answer whose request set CLOSE_CONNECTION in its environ closes
+    the connection (`Connection: close`), as gunicorn ignores a Connection header of the app's."""
+
+    def wrapped(wsgi_env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            response = getattr(start_response, "__self__", None)  # gunicorn's Response
+            if wsgi_env.get(CLOSE_CONNECTION) and response is not None:
+                response.force_close()
+            return start_response(status, headers, exc_info)
+
+        return app(wsgi_env, start)
+
+    return wrapped
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    """Best effort, without blocking: an answer this small fits in a fresh socket's buffer."""
+    try:
+        sock.send(data)
+    except OSError as err:
+        if err.errno not in (errno.EAGAIN, errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+            log.debug("early answer not sent: %s", err)
+
+
+def _peer(conn: Any) -> str:
+    client = conn.client
+    return f"{client[0]}:{client[1]}" if isinstance(client, tuple) else str(client)
