@@ -164,7 +164,7 @@ JOB_FIELDS = ("id", "type", "queue", "status", "priority", "payload", "attempts"
               "max_retries", "timeout_s", "next_run_at", "created_at", "updated_at",
               "last_error", "result", "lease")
 EVENT_COLUMNS = (("AT", "created_at"), ("ATTEMPT", "attempt"), ("EVENT", "event"),
-                 ("WORKER", "worker_id"), ("DETAIL", "detail"))
+                 ("WORKER", "worker_id"), ("ACTOR", "actor"), ("DETAIL", "detail"))
 DLQ_COLUMNS = (("ID", "job.id"), ("TYPE", "job.type"), ("QUEUE", "job.queue"),
                ("ATTEMPTS", "attempts"), ("FAILED AT", "failed_at"), ("ERROR", "final_error"))
 WORKER_COLUMNS = (("ID", "id"), ("HOST", "hostname"), ("PID", "pid"), ("QUEUES", "queues"),

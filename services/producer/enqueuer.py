@@ -55,14 +55,15 @@ def initial_status(spec: JobSpec, db_now: datetime | None) -> Status:
     return Status.SCHEDULED if spec.delay_s > 0 else Status.QUEUED
 
 
-def _row(spec: JobSpec, db_now: datetime | None, trace_context: str | None) -> dict[str, Any]:
-    """The insert fields of one spec, with a fresh id."""
+def _row(spec: JobSpec, db_now: datetime | None, trace_context: str | None,
+         actor: str | None) -> dict[str, Any]:
+    """The insert fields of one spec, with a fresh id; `actor` goes on its first event."""
     return {"id": new_job_id(), "type": spec.type, "queue": spec.queue, "payload": spec.payload,
             "priority": spec.priority, "status": initial_status(spec, db_now),
             "max_retries": spec.max_retries, "timeout_s": spec.timeout_s,
             "run_at": spec.run_at, "delay_s": spec.delay_s,
             "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
-            "trace_context": trace_context}
+            "trace_context": trace_context, "actor": actor}
 
 
 def _job(row: dict[str, Any], stored: Any) -> Job:
@@ -115,14 +116,15 @@ class Enqueuer:
             self._write_group, item_errors=STATEMENT_ERRORS,
             sizes=metrics.grouped)
 
-    def enqueue(self, spec: JobSpec, trace_context: str | None = None) -> Accepted:
+    def enqueue(self, spec: JobSpec, trace_context: str | None = None,
+                actor: str | None = None) -> Accepted:
         """One job. Without an idempotency key it is written together with the single
         enqueues of other requests waiting at the same moment (taskline_producer.grouping);
         a keyed one alone, as a batch of one, so no two writes ever contend for a key."""
         if spec.idempotency_key is not None:
-            return self.enqueue_many([spec], trace_context)[0]
+            return self.enqueue_many([spec], trace_context, actor)[0]
         db_now = self._store.now() if spec.run_at is not None else None
-        job = self.group.submit(_row(spec, db_now, trace_context))
+        job = self.group.submit(_row(spec, db_now, trace_context, actor))
         self._record([job])
         return Accepted(job, created=True)
 
@@ -133,16 +135,17 @@ class Enqueuer:
         self._dispatch(jobs)
         return jobs
 
-    def enqueue_many(self, specs: Sequence[JobSpec],
-                     trace_context: str | None = None) -> list[Accepted]:
+    def enqueue_many(self, specs: Sequence[JobSpec], trace_context: str | None = None,
+                     actor: str | None = None) -> list[Accepted]:
         """All of `specs` or none of them; IdempotencyConflict rolls the whole call back.
 
-        `trace_context` (taskline.tracing) is stored with every job this call creates.
+        `trace_context` (taskline.tracing) is stored with every job this call creates, and
+        `actor` (who asked) on each one's first event.
         """
         db_now = self._store.now() if any(s.run_at is not None for s in specs) else None
         order = lock_order(specs)
         ordered = [specs[i] for i in order]
-        rows = [_row(spec, db_now, trace_context) for spec in ordered]
+        rows = [_row(spec, db_now, trace_context, actor) for spec in ordered]
         if needs_transaction(specs):
             with self._store.transaction() as conn:
                 in_order = self._insert(conn, ordered, rows)

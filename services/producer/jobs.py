@@ -17,7 +17,7 @@ from taskline import tracing, transitions
 from taskline.jobs import Job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
-from taskline_producer import audit, paging, quotas, shapes
+from taskline_producer import audit, auth, paging, quotas, shapes
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.errors import (
@@ -46,7 +46,7 @@ def create_job() -> Response:
         raise _invalid(spec)
     quotas.take(1)
     with tracing.enqueue(request.headers) as trace_context:
-        accepted = b.enqueuer.enqueue(spec, trace_context)
+        accepted = b.enqueuer.enqueue(spec, trace_context, auth.principal().name)
         tracing.accepted([accepted.job])
     response = jsonify(shapes.job(accepted.job))
     response.status_code = 201 if accepted.created else 200
@@ -68,7 +68,7 @@ def create_batch() -> Response:
     quotas.take(len(parsed))
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue_many([s for s in parsed if isinstance(s, JobSpec)],
-                                           trace_context)
+                                           trace_context, auth.principal().name)
         tracing.accepted([a.job for a in accepted])
     created = sum(a.created for a in accepted)
     response = jsonify({
@@ -115,14 +115,15 @@ def list_jobs() -> Response:
 def cancel_job(job_id: uuid.UUID) -> Response:
     """Pending: cancelled now (200). Running: asked to stop at its next renewal (202)."""
     b = backends()
-    job = b.store.cancel_pending_job(job_id)
+    actor = auth.principal().name
+    job = b.store.cancel_pending_job(job_id, actor)
     if job is not None:
         b.metrics.cancelled(job.queue)
         log.info("job cancelled", extra=job_log_extra("cancelled", job))
         audit.record_after("job.cancel", str(job.id), {"queue": job.queue, "type": job.type})
         _follow_in_redis(transitions.CANCEL, job)
         return jsonify(shapes.job(job))
-    job = b.store.cancel_running_job(job_id)
+    job = b.store.cancel_running_job(job_id, actor)
     if job is not None:
         log.info("cancel requested: the worker stops the job at its next lease renewal",
                  extra=job_log_extra("cancel_requested", job))
@@ -138,7 +139,7 @@ def cancel_job(job_id: uuid.UUID) -> Response:
 def retry_job(job_id: uuid.UUID) -> Response:
     """Requeue a dead job with a fresh retry budget; anything else is a 409."""
     b = backends()
-    job = b.store.requeue_dead_job(job_id)
+    job = b.store.requeue_dead_job(job_id, auth.principal().name)
     if job is None:
         raise _not_in_state(b.store.get_job(job_id), job_id, "retried (only dead jobs can)")
     log.info("dead job requeued", extra=job_log_extra("requeued", job))

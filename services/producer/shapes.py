@@ -35,8 +35,8 @@ def job(j: Job) -> dict[str, Any]:
 
 
 def event(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: plain(row[k]) for k in ("id", "attempt", "event", "worker_id", "detail",
-                                       "created_at")}
+    return {k: plain(row[k]) for k in ("id", "attempt", "event", "worker_id", "actor",
+                                       "detail", "created_at")}
 
 
 def lease(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class Change:
     event: str
     status: str | None
     worker_id: str | None
+    actor: str | None
     created_at: str
     queue: str | None
     type: str | None
@@ -52,7 +53,7 @@ class Change:
         return cls(
             id=int(row["id"]), job_id=str(row["job_id"]), attempt=int(row["attempt"]),
             event=str(row["event"]), status=status_after(row["event"], row["recorded_status"]),
-            worker_id=row["worker_id"], created_at=_iso(row["created_at"]),
+            worker_id=row["worker_id"], actor=row.get("actor"), created_at=_iso(row["created_at"]),
             queue=row["queue"], type=row["type"],
             priority=None if row["priority"] is None else int(row["priority"]),
             error=row["error"])

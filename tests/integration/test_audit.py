@@ -53,6 +53,29 @@ def test_cancel_and_retry_are_recorded_with_their_actor(audited: Flask, store: S
     assert len(client.get("/api/v1/audit", headers=OPS).get_json()["records"]) == 2
 
 
+def test_job_events_name_who_asked(audited: Flask, store: Store, dispatcher: Dispatcher) -> None:
+    client = audited.test_client()
+    single, cancelled, dead = post(client), post(client), post(client)
+    batch = client.post("/api/v1/jobs/batch", json={"jobs": [{"type": "echo"}] * 2},
+                        headers=WRITER)
+    assert batch.status_code == 201
+    assert client.delete(f"/api/v1/jobs/{cancelled['id']}", headers=OPS).status_code == 200
+    make_dead(store, dispatcher, dead["id"])
+    assert client.post(f"/api/v1/jobs/{dead['id']}/retry", headers=OPS).status_code == 200
+
+    def actors(job_id: str) -> list[tuple[str, str | None]]:
+        events = client.get(f"/api/v1/jobs/{job_id}", headers=OPS).get_json()["events"]
+        return [(e["event"], e["actor"]) for e in events]
+
+    assert actors(single["id"]) == [("enqueued", "ingest")]
+    for item in batch.get_json()["jobs"]:
+        assert actors(item["job"]["id"]) == [("enqueued", "ingest")]
+    assert actors(cancelled["id"]) == [("enqueued", "ingest"), ("cancelled", "ops")]
+    # The engine's own moves name no actor; the requeue names the operator.
+    assert actors(dead["id"]) == [("enqueued", "ingest"), ("claimed", None),
+                                  ("dead_lettered", None), ("requeued", "ops")]
+
+
 def test_the_audit_needs_operate(audited: Flask) -> None:
     r = audited.test_client().get("/api/v1/audit", headers=WRITER)
     assert r.status_code == 403 and r.get_json()["error"]["details"]["scope"] == "jobs:operate"

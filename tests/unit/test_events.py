@@ -14,7 +14,7 @@ from taskline.jobs import Event, Status
 from taskline.transitions import STATUS_AFTER
 
 ROW = {"id": 7, "job_id": uuid.UUID("5d0c2f9e-8a9b-4c3e-9f51-0b6f3f1f2a10"), "attempt": 2,
-       "event": "retry_scheduled", "worker_id": "w-1", "recorded_status": None,
+       "event": "retry_scheduled", "worker_id": "w-1", "actor": "ops", "recorded_status": None,
        "created_at": datetime(2026, 1, 2, 4, 4, 5, 120, tzinfo=timezone(timedelta(hours=1))),
        "queue": "mail", "type": "send", "priority": 7, "error": "Boom: x"}
 
@@ -47,6 +47,7 @@ def test_a_row_becomes_a_change() -> None:
     data = json.loads(change.to_json())
     assert data == {"id": 7, "job_id": "5d0c2f9e-8a9b-4c3e-9f51-0b6f3f1f2a10", "attempt": 2,
                     "event": "retry_scheduled", "status": "retrying", "worker_id": "w-1",
+                    "actor": "ops",
                     "created_at": "2026-01-02T03:04:05.000120Z", "queue": "mail", "type": "send",
                     "priority": 7, "error": "Boom: x"}
 

@@ -504,14 +504,15 @@
     caption.className = "visually-hidden";
     caption.textContent = "Event history, oldest first";
     const head = document.createElement("thead");
-    head.innerHTML = "<tr><th scope=\"col\">Time</th><th scope=\"col\">Event</th><th scope=\"col\">Attempt</th><th scope=\"col\">Worker</th><th scope=\"col\">Detail</th></tr>";
+    head.innerHTML = "<tr><th scope=\"col\">Time</th><th scope=\"col\">Event</th><th scope=\"col\">Attempt</th><th scope=\"col\">Worker</th><th scope=\"col\">By</th><th scope=\"col\">Detail</th></tr>";
     const body = document.createElement("tbody");
     for (const e of events) {
       const tr = document.createElement("tr");
       tr.dataset.event = e.event;
       const detail = e.detail && (e.detail.error || e.detail.status || "");
       tr.append(cell(clock(e.created_at)), cell(e.event),
-        cell(String(e.attempt)), cell(e.worker_id || ""), cell(detail || ""));
+        cell(String(e.attempt)), cell(e.worker_id || ""), cell(e.actor || ""),
+        cell(detail || ""));
       body.append(tr);
     }
     table.append(caption, head, body);
@@ -550,7 +551,7 @@
       const time = document.createElement("time");
       time.dateTime = c.created_at;
       time.textContent = clock(c.created_at);
-      const where = c.worker_id ? ` on ${c.worker_id}` : "";
+      const where = c.worker_id ? ` on ${c.worker_id}` : (c.actor ? ` by ${c.actor}` : "");
       li.append(time, ` ${c.event.padEnd(15)} ${c.job_id.slice(0, 8)} ${c.type || ""}${where}`);
       if (c.error) li.title = c.error;
       return li;

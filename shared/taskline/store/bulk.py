@@ -35,8 +35,8 @@ _JOB_COLUMNS = ("id", "type", "queue", "payload", "priority", "status", "max_ret
 _JOB_TYPES = ("uuid", "text", "text", "jsonb", "int2", "text", "int4", "float8", "timestamptz",
               "text", "text", "timestamptz", "timestamptz")
 _COPY_JOBS = f"COPY jobs ({', '.join(_JOB_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
-_COPY_EVENTS = "COPY job_events (job_id, attempt, event) FROM STDIN (FORMAT BINARY)"
-_EVENT_TYPES = ("uuid", "int4", "text")
+_COPY_EVENTS = "COPY job_events (job_id, attempt, event, actor) FROM STDIN (FORMAT BINARY)"
+_EVENT_TYPES = ("uuid", "int4", "text", "text")
 
 
 class Inserted(NamedTuple):
@@ -72,7 +72,7 @@ def copy_jobs_with_events(driver: psycopg.Connection, jobs: Sequence[dict[str, A
         with cursor.copy(_COPY_EVENTS) as copy:
             copy.set_types(_EVENT_TYPES)
             for job, row in zip(jobs, inserted, strict=True):
-                copy.write_row((row.id, 0, _first_event(job["status"])))
+                copy.write_row((row.id, 0, _first_event(job["status"]), job.get("actor")))
     return inserted
 
 

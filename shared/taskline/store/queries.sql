@@ -36,25 +36,30 @@ VALUES (:job_id, :attempt, :event, :worker_id, CAST(:detail AS jsonb));
 -- One statement is atomic on its own, so a job and its event commit together even in autocommit.
 -- A job whose (queue, idempotency key) exists, or comes earlier in the array, is skipped.
 -- JSON rather than one array per column: psycopg dumps lists value by value in Python.
-WITH inserted AS (
+-- Each row's `actor` (who asked, or null) goes on its first event: the input is kept
+-- (MATERIALIZED) because an INSERT's RETURNING cannot carry a column it did not insert.
+WITH input AS MATERIALIZED (
+    SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
+            id uuid, type text, queue text, payload jsonb, priority smallint, status text,
+            max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
+            idempotency_key text, request_hash text, trace_context text, actor text))
+         WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
+                              timeout_s, run_at, delay_s, idempotency_key, request_hash,
+                              trace_context, actor, ord)
+), inserted AS (
     INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, trace_context)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
            t.idempotency_key, t.request_hash, t.trace_context
-    FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
-            id uuid, type text, queue text, payload jsonb, priority smallint, status text,
-            max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
-            idempotency_key text, request_hash text, trace_context text))
-         WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
-                              timeout_s, run_at, delay_s, idempotency_key, request_hash,
-                              trace_context, ord)
+    FROM input t
     ORDER BY t.ord
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, status, payload, next_run_at, created_at, updated_at
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event)
-    SELECT id, 0, CAST(:first_events AS jsonb) ->> status FROM inserted
+    INSERT INTO job_events (job_id, attempt, event, actor)
+    SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status, t.actor
+    FROM inserted i JOIN input t ON t.id = i.id
 )
 SELECT id, payload, next_run_at, created_at, updated_at FROM inserted;
 
@@ -68,7 +73,7 @@ SELECT * FROM jobs WHERE id = :id;
 
 -- name: get_events
 -- A job's history, oldest first.
-SELECT id, attempt, event, worker_id, detail, created_at
+SELECT id, attempt, event, worker_id, actor, detail, created_at
 FROM job_events WHERE job_id = :id ORDER BY id;
 
 -- name: get_leases
@@ -78,9 +83,9 @@ FROM job_leases WHERE job_id = :id ORDER BY id;
 
 -- name: events_after
 -- The first :limit history entries above id :after, oldest first, with their job's queue, type and priority.
-SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.created_at, e.recorded_status, e.error,
-       j.queue, j.type, j.priority
-FROM (SELECT id, job_id, attempt, event, worker_id, created_at,
+SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
+       e.recorded_status, e.error, j.queue, j.type, j.priority
+FROM (SELECT id, job_id, attempt, event, worker_id, actor, created_at,
              detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
       FROM job_events WHERE id > :after ORDER BY id LIMIT :limit) e
 -- One primary-key lookup per entry: OFFSET 0 keeps the planner from hash-joining all of jobs.
@@ -90,9 +95,9 @@ ORDER BY e.id;
 
 -- name: newest_events_after
 -- The newest :limit history entries with an id in (:after, :upto], newest first, as events_after returns them.
-SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.created_at, e.recorded_status, e.error,
-       j.queue, j.type, j.priority
-FROM (SELECT id, job_id, attempt, event, worker_id, created_at,
+SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
+       e.recorded_status, e.error, j.queue, j.type, j.priority
+FROM (SELECT id, job_id, attempt, event, worker_id, actor, created_at,
              detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
       FROM job_events WHERE id > :after AND id <= :upto ORDER BY id DESC LIMIT :limit) e
 LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs WHERE jobs.id = e.job_id OFFSET 0) j
@@ -205,7 +210,8 @@ WITH changed AS (
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event) SELECT id, attempts, :event FROM changed
+    INSERT INTO job_events (job_id, attempt, event, actor)
+    SELECT id, attempts, :event, :actor FROM changed
 )
 SELECT * FROM changed;
 
@@ -216,7 +222,8 @@ WITH changed AS (
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event) SELECT id, attempts, :event FROM changed
+    INSERT INTO job_events (job_id, attempt, event, actor)
+    SELECT id, attempts, :event, :actor FROM changed
 )
 SELECT * FROM changed;
 
@@ -230,7 +237,7 @@ WITH changed AS (
 ), undead AS (
     DELETE FROM dead_letter_jobs d USING changed WHERE d.job_id = changed.id
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event) SELECT id, 0, :event FROM changed
+    INSERT INTO job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
 )
 SELECT * FROM changed;
 

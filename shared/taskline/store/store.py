@@ -290,19 +290,21 @@ class Store:
                   "after_id": after[1] if after else None}
         return [Job.from_row(r) for r in self._run("list_jobs", params)]
 
-    def _move_job(self, name: str, move: Move, job_id: uuid.UUID) -> Job | None:
-        """Run a one-job move found by primary key, fenced on the move's source states."""
-        rows = self._run(name, {"id": job_id, **_move_params(move)})
+    def _move_job(self, name: str, move: Move, job_id: uuid.UUID,
+                  actor: str | None) -> Job | None:
+        """Run a one-job move found by primary key, fenced on the move's source states; its
+        event names `actor` (who asked)."""
+        rows = self._run(name, {"id": job_id, "actor": actor, **_move_params(move)})
         return Job.from_row(rows[0]) if rows else None
 
-    def cancel_pending_job(self, job_id: uuid.UUID) -> Job | None:
-        return self._move_job("cancel_pending_job", transitions.CANCEL, job_id)
+    def cancel_pending_job(self, job_id: uuid.UUID, actor: str | None = None) -> Job | None:
+        return self._move_job("cancel_pending_job", transitions.CANCEL, job_id, actor)
 
-    def cancel_running_job(self, job_id: uuid.UUID) -> Job | None:
-        return self._move_job("cancel_running_job", transitions.REQUEST_CANCEL, job_id)
+    def cancel_running_job(self, job_id: uuid.UUID, actor: str | None = None) -> Job | None:
+        return self._move_job("cancel_running_job", transitions.REQUEST_CANCEL, job_id, actor)
 
-    def requeue_dead_job(self, job_id: uuid.UUID) -> Job | None:
-        return self._move_job("requeue_dead_job", transitions.REQUEUE, job_id)
+    def requeue_dead_job(self, job_id: uuid.UUID, actor: str | None = None) -> Job | None:
+        return self._move_job("requeue_dead_job", transitions.REQUEUE, job_id, actor)
 
     def list_dead(self, *, queue: str | None, after: tuple[datetime, uuid.UUID] | None,
                   limit: int) -> list[dict]:
