@@ -3,11 +3,13 @@
 Invariant: exactly one party settles an attempt (the handler's return, its timeout, the
 self-fence or the shutdown hand-back), and only that party decides what, if anything, is
 recorded for it. An attempt stays in the held set, being renewed, until its outcome has been
-written or given up. It occupies a handler slot only while a pool thread runs it: the slot is
-freed as soon as the handler's end (or timeout) is reported, so the next job starts while the
-outcome waits for its batched write. A worker therefore runs at most `concurrency` handlers
-and holds at most `LEASE_CAP_FACTOR * concurrency` leases (ids being claimed count as held);
-claiming stops at either bound.
+written or given up. It occupies a slot from its claim until the handler's end (or timeout) is
+reported, so the next job starts while the outcome waits for its batched write. Up to `ahead`
+(taskline_worker.pace) of the slots may be claimed ahead of the `concurrency` handler threads:
+those jobs wait, leased and renewed, for a thread, so a freed thread never waits for a claim's
+commit. A worker therefore runs at most `concurrency` handlers, holds at most
+`concurrency + ahead` claimed jobs (ids being claimed count) and at most
+`LEASE_CAP_FACTOR * concurrency` leases; claiming stops at any bound.
 """
 
 from __future__ import annotations
@@ -159,9 +161,11 @@ class Attempts:
     worker stop claiming instead of piling up leases.
     """
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, ahead: Callable[[], int] = lambda: 0) -> None:
         self.concurrency = concurrency
         self.lease_cap = LEASE_CAP_FACTOR * concurrency
+        self._ahead = ahead
+        """How many jobs to hold claimed beyond the handler threads (taskline_worker.pace)."""
         self._held: dict[int, Attempt] = {}
         self._busy = 0
         self._reserved = 0
@@ -174,9 +178,15 @@ class Attempts:
 
     @property
     def busy(self) -> int:
-        """Slots taken by attempts whose handler has not ended yet."""
+        """Slots taken by attempts whose handler has not ended yet (claimed ahead included)."""
         with self._cond:
             return self._busy
+
+    @property
+    def running(self) -> int:
+        """Handler threads at work, at most `concurrency` (the busy-slots gauge)."""
+        with self._cond:
+            return min(self._busy, self.concurrency)
 
     def add(self, attempt: Attempt) -> None:
         self.add_many((attempt,))
@@ -228,7 +238,8 @@ class Attempts:
     def _free(self) -> int:
         taken = self._busy + self._reserved
         held = len(self._held) + self._reserved
-        return max(min(self.concurrency - taken, self.lease_cap - held), 0)
+        slots = self.concurrency + self._ahead()
+        return max(min(slots - taken, self.lease_cap - held), 0)
 
     def wait_for_free_slot(self, stop: threading.Event, timeout: float) -> int:
         """Block until a slot is free or `stop` is set (see `wake`); returns the free slots."""

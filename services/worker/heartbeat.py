@@ -41,7 +41,7 @@ class Heartbeat(Periodic):
 
     def beat(self) -> None:
         """Each target is beaten on its own: Redis down must not silence the workers table."""
-        active = self._attempts.busy
+        active = self._attempts.running
         BUSY_SLOTS.labels(self._worker_id).set(active)
         SLOTS.labels(self._worker_id).set(self._attempts.concurrency)
         guarded(self.name, lambda: self._store.heartbeat_worker(self._worker_id, active),

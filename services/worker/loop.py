@@ -27,6 +27,7 @@ from taskline.store.store import Claimed, Store
 from taskline_worker.attempts import Attempts
 from taskline_worker.fencing import Fence
 from taskline_worker.handback import Handback
+from taskline_worker.pace import Pace
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,34 @@ ERROR_BACKOFF_S = (0.1, 5.0)
 _WAIT_TIME = CachedLabels(WAIT_TIME)
 
 
+class Turns:
+    """Tickets served in order: holder n goes only after holders 0..n-1 are done."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+        self._done: set[int] = set()
+
+    def take(self) -> int:
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            return ticket
+
+    def wait(self, ticket: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._serving == ticket)
+
+    def done(self, ticket: int) -> None:
+        with self._cond:
+            self._done.add(ticket)
+            while self._serving in self._done:
+                self._done.discard(self._serving)
+                self._serving += 1
+            self._cond.notify_all()
+
+
 class FetchLoop:
     """fetch → claim → execute, until stopped; `run_once` is one turn.
 
@@ -49,7 +78,7 @@ class FetchLoop:
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
                  queues: Sequence[str], settings: Settings, batch: int, slots: Attempts,
                  fence: Fence, handback: Handback, types: TypeLabels, execute: Execute,
-                 hand_off: HandOff) -> None:
+                 hand_off: HandOff, pace: Pace | None = None) -> None:
         self._store = store
         self._dispatcher = dispatcher
         self._worker_id = worker_id
@@ -62,6 +91,9 @@ class FetchLoop:
         self._types = types
         self._execute = execute
         self._hand_off = hand_off
+        self._pace = pace
+        self._fetching = threading.Lock()
+        self._turns = Turns()
         self._recovering = threading.Lock()
 
     def run(self, stop: threading.Event) -> None:
@@ -89,24 +121,46 @@ class FetchLoop:
         if reserved <= 0:
             return drained
         try:
-            if drained:
-                first = self._queues[0]
-                fetched = [(first, job_id) for job_id in self._dispatcher.wait_and_fetch(
-                    self._queues, self._worker_id, reserved)]
-                # That fetch saw the first queue only; the others are looked at next turn.
-                drained = len(fetched) < reserved and len(self._queues) == 1
-            else:
-                fetched = self.fetch(reserved)
-                drained = len(fetched) < reserved
-            if fetched:
-                sent_at = time.monotonic()
-                self._execute(self.claim(fetched), sent_at)
-                if drained:
-                    # The next turn blocks in Redis: let the woken handler threads start first.
-                    self._hand_off()
+            with self._fetching:  # fetches, and so tickets, in Redis's order
+                fetched, drained = self._fetch_turn(reserved, drained)
+                ticket = self._turns.take()
+            try:
+                if fetched:
+                    self._claim_and_start(fetched, ticket)
+            finally:
+                self._turns.done(ticket)
+            if fetched and drained:
+                # The next turn blocks in Redis: let the woken handler threads start first.
+                self._hand_off()
         finally:
             self._slots.unreserve(reserved)
         return drained
+
+    def _fetch_turn(self, reserved: int, drained: bool) -> tuple[Fetched, bool]:
+        """Up to `reserved` ids, blocking in Redis first after a drained turn; and whether the
+        queues are drained now."""
+        if drained:
+            first = self._queues[0]
+            fetched = [(first, job_id) for job_id in self._dispatcher.wait_and_fetch(
+                self._queues, self._worker_id, reserved)]
+            # That fetch saw the first queue only; the others are looked at next turn.
+            return fetched, len(fetched) < reserved and len(self._queues) == 1
+        fetched = self.fetch(reserved)
+        return fetched, len(fetched) < reserved
+
+    def _claim_and_start(self, fetched: Fetched, ticket: int) -> None:
+        """Claim; then, once every earlier fetch has started its winners, start these.
+
+        The claims of two fetch loops overlap, and either may commit first; starting in fetch
+        order keeps a job fetched later (less urgent) from starting before one fetched earlier
+        when jobs are claimed ahead of the handler threads.
+        """
+        sent_at = time.monotonic()
+        claimed = self.claim(fetched)
+        if self._pace is not None:
+            self._pace.claimed(time.monotonic() - sent_at)
+        self._turns.wait(ticket)
+        self._execute(claimed, sent_at)
 
     def _recover(self, stop: threading.Event) -> None:
         """One loop waits for PostgreSQL and sweeps; the others wait for it to finish."""

@@ -10,10 +10,10 @@ cannot leak threads forever. The threads are daemons: a stuck one never blocks t
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import json
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +55,40 @@ def check_result(result: Any) -> None:
         raise BadResult("result contains a NUL character, which jsonb cannot store")
 
 
+class Ready:
+    """Attempts waiting for a pool thread, most urgent first and FIFO within a priority.
+
+    More jobs than threads wait only when the worker claims ahead (taskline_worker.pace); then
+    a thread that frees takes the most urgent of them, as the ready lists would have given it.
+    A stop marker sorts after every attempt, so a stopping pool finishes what it was handed.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int, Attempt | None]] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition(threading.Lock())
+        self.idle = 0
+        """Threads waiting in `get`: a job put now starts without waiting for one."""
+
+    def put(self, attempt: Attempt | None) -> None:
+        rank = (1, 0) if attempt is None else (0, -attempt.job.priority)
+        with self._cond:
+            heapq.heappush(self._heap, (*rank, next(self._order), attempt))
+            self._cond.notify()
+
+    def get(self) -> Attempt | None:
+        with self._cond:
+            self.idle += 1
+            while not self._heap:
+                self._cond.wait()
+            self.idle -= 1
+            return heapq.heappop(self._heap)[3]
+
+    def untaken(self) -> bool:
+        """Whether a job waits although a thread is idle (it is about to be taken)."""
+        return bool(self._heap) and self.idle > 0
+
+
 class Runner:
     """Runs submitted attempts on `concurrency` threads; reports every end through callbacks.
 
@@ -70,7 +104,7 @@ class Runner:
         self._on_finished = on_finished
         self._on_timeout = on_timeout
         self._on_recycle = on_recycle
-        self._queue: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
+        self._queue = Ready()
         self._lock = threading.Lock()
         self._abandoned = 0
         self._names = itertools.count(1)
@@ -98,7 +132,7 @@ class Runner:
         job and the GIL: its handler is starting.
         """
         deadline = time.monotonic() + max_s
-        while not self._queue.empty() and time.monotonic() < deadline:
+        while self._queue.untaken() and time.monotonic() < deadline:
             time.sleep(_HAND_OFF_POLL_S)
 
     def stop(self) -> None:

@@ -43,6 +43,7 @@ from taskline_worker.heartbeat import Heartbeat
 from taskline_worker.leases import LeaseKeeper
 from taskline_worker.loop import FetchLoop
 from taskline_worker.outcomes import Recorder
+from taskline_worker.pace import Pace
 from taskline_worker.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,8 @@ class Worker:
 
     def _build(self) -> None:
         s = self.settings
-        self.attempts = Attempts(self.concurrency)
+        self.pace = Pace(self.concurrency)
+        self.attempts = Attempts(self.concurrency, ahead=lambda: self.pace.ahead)
         self.deadlines = Deadlines()
         self.fence = Fence(self.store, self.deadlines, self.attempts)
         self.handback = Handback(self.store, self.dispatcher, self.worker_id, self.queues)
@@ -120,7 +122,8 @@ class Worker:
                               worker_id=self.worker_id, queues=self.queues, settings=s,
                               batch=s.claim_batch or self.concurrency, slots=self.attempts,
                               fence=self.fence, handback=self.handback, types=self.types,
-                              execute=self._execute, hand_off=self.runner.hand_off)
+                              execute=self._execute, hand_off=self.runner.hand_off,
+                              pace=self.pace)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -270,6 +273,7 @@ class Worker:
         """The handler returned or raised (on its own thread)."""
         if attempt.settle(Settler.HANDLER):
             attempt.duration_s = seconds
+            self.pace.finished(seconds)
             _PROCESSING_TIME(self.types(attempt.job.type), attempt.queue).observe(seconds)
             if error is None:
                 # A handler that finishes its work despite a cancel request succeeded.

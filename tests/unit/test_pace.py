@@ -1,0 +1,83 @@
+"""Claiming ahead: how many jobs a worker holds beyond its handler threads, and the order in
+which waiting jobs reach a thread (pure: no servers)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from types import SimpleNamespace
+
+from taskline_worker.attempts import Attempts
+from taskline_worker.pace import Pace
+from taskline_worker.runner import Ready
+
+
+def test_nothing_is_claimed_ahead_before_anything_was_measured():
+    pace = Pace(8)
+    assert pace.ahead == 0
+    pace.claimed(0.003)
+    assert pace.ahead == 0  # no handler has finished yet
+
+
+def test_short_handlers_are_claimed_ahead_by_the_slots_that_free_during_a_claim():
+    pace = Pace(8)
+    pace.claimed(0.004)
+    pace.finished(0.010)  # 8 slots of 10 ms free 800 a second: 3.2 during a 4 ms claim
+    assert pace.ahead == 4
+
+
+def test_long_handlers_are_not_claimed_ahead():
+    pace = Pace(4)
+    pace.claimed(0.004)
+    pace.finished(2.0)  # 0.008 of a slot frees during a claim: a job claimed ahead would wait
+    assert pace.ahead == 0
+
+
+def test_claiming_ahead_is_capped_at_the_concurrency():
+    pace = Pace(4)
+    pace.claimed(0.050)
+    pace.finished(0.0001)
+    assert pace.ahead == 4
+
+
+def test_the_averages_follow_a_change_of_workload():
+    pace = Pace(8)
+    pace.claimed(0.004)
+    pace.finished(0.010)
+    for _ in range(60):
+        pace.finished(5.0)
+    assert pace.ahead == 0
+
+
+def test_free_slots_include_the_claim_ahead_budget_within_the_lease_cap():
+    ahead = [0]
+    attempts = Attempts(4, ahead=lambda: ahead[0])
+    assert attempts.free_slots() == 4
+    ahead[0] = 3
+    assert attempts.free_slots() == 7
+    ahead[0] = 100
+    assert attempts.free_slots() == attempts.lease_cap
+
+
+def attempt(priority: int) -> SimpleNamespace:
+    return SimpleNamespace(job=SimpleNamespace(priority=priority, id=uuid.uuid4()))
+
+
+def test_waiting_jobs_reach_a_thread_most_urgent_first_and_fifo_within_a_priority():
+    ready = Ready()
+    low, first_high, second_high, middle = attempt(2), attempt(9), attempt(9), attempt(5)
+    for item in (low, first_high, None, second_high, middle):
+        ready.put(item)
+    taken = [ready.get() for _ in range(5)]
+    assert taken == [first_high, second_high, middle, low, None]
+
+
+def test_a_thread_waiting_for_work_gets_it_when_it_is_put():
+    ready = Ready()
+    got = []
+    thread = threading.Thread(target=lambda: got.append(ready.get()))
+    thread.start()
+    job = attempt(5)
+    ready.put(job)
+    thread.join(5)
+    assert got == [job] and not ready.untaken()
