@@ -238,14 +238,13 @@ class Recorder:
             [self._settlement(r, transitions.succeeded(r.result)) for r in live]))
         live, rows = written if written is not None else ([], [])
         self._gave_up([r for r in reports if r not in live])
-        recorded = newest_recorded(live, {str(row.id) for row in rows})
-        for report in live:
-            if report in recorded:
-                self._completed(report)
-            else:
-                self._stale(report)
-        self._follow([self._committed(r, transitions.SUCCEED) for r in recorded],
-                     [r for r in live if r not in recorded])
+        recorded = set(newest_recorded(live, {str(row.id) for row in rows}))
+        stale = [r for r in live if r not in recorded]
+        for report in recorded:
+            self._completed(report)
+        for report in stale:
+            self._stale(report)
+        self._follow([self._committed(r, transitions.SUCCEED) for r in recorded], stale)
 
     def _complete_with_hooks(self, report: Report) -> None:
         attempt = report.attempt
