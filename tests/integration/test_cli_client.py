@@ -53,7 +53,8 @@ def test_enqueue_then_status(api_url: str) -> None:
     values = dict(line.split(None, 1) for line in fields.splitlines())
     assert (values["id"], values["status"], values["payload"]) == (
         job["id"], "queued", '{"to":"ada"}')
-    assert events.splitlines()[0].split() == ["AT", "ATTEMPT", "EVENT", "WORKER", "DETAIL"]
+    assert events.splitlines()[0].split() == ["AT", "ATTEMPT", "EVENT", "WORKER", "ACTOR",
+                                              "DETAIL"]
     assert events.splitlines()[1].split()[1:3] == ["0", "enqueued"]
     as_json = json.loads(taskline("status", job["id"], "--json", url=api_url).stdout)
     assert as_json["id"] == job["id"] and as_json["events"][0]["event"] == "enqueued"
