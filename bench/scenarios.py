@@ -77,8 +77,10 @@ def _backlog(stack: Stack, jobs: int, failing_per_1000: int = 0,
     stack.reset()
     batch = [{"type": job_type, "payload": {}}] * (1000 - failing_per_1000)
     batch += [{"type": "bench.fail", "max_retries": 0}] * failing_per_1000
-    with stack.api() as base:
-        post_concurrently(base, "/api/v1/jobs/batch", {"jobs": batch}, jobs // 1000, 2)
+    batches = jobs // 1000
+    with stack.api() as base:  # one client when one batch: two would share it as 0 and 0
+        post_concurrently(base, "/api/v1/jobs/batch", {"jobs": batch}, batches,
+                          min(2, batches))
 
 
 def steady_rate(stack: Stack) -> float:
