@@ -3,12 +3,18 @@
 `bench.stamp` returns the wall-clock instant its handler started, so pickup latency can be
 measured from the API's 201 (seen by the client) to the handler's start on the same host clock.
 `bench.noop` does nothing; `bench.fail` raises, for the mixed run's failing jobs.
+`bench.redis` makes one Redis round trip and `bench.sleep10` waits 10 ms: the I/O-bound drains,
+with the job bodies the peers run too (iojobs.py). The worker gets the benchmark's Redis URL as
+REDIS_URL (bench/stack.py, Stack.env).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
+
+import iojobs
 
 from taskline.handlers.registry import JobContext, handler
 
@@ -26,3 +32,13 @@ def noop(payload: Any, ctx: JobContext) -> None:
 @handler("bench.fail")
 def fail(payload: Any, ctx: JobContext) -> None:
     raise RuntimeError("a deliberate benchmark failure")
+
+
+@handler("bench.redis")
+def redis_round_trip(payload: Any, ctx: JobContext) -> None:
+    iojobs.redis_round_trip(os.environ["REDIS_URL"])
+
+
+@handler("bench.sleep10")
+def sleep10(payload: Any, ctx: JobContext) -> None:
+    iojobs.sleep10()

@@ -1,8 +1,21 @@
-"""Celery and Dramatiq draining the same no-op backlog on the same Redis, measured like taskline.
+"""Celery, Dramatiq and pgqueuer draining the same backlog as taskline, measured like taskline.
 
 Invariant: each peer's backlog is enqueued before its workers start, and its rate is taken
 between the moment 5 % of the backlog is done (start-up and warm-up excluded, as for taskline)
-and the moment nothing is left unacknowledged, polled every 5 ms in Redis itself.
+and the moment nothing is left unacknowledged, polled every 5 ms in the peer's own store (Redis
+for Celery and Dramatiq, pgqueuer's table for pgqueuer). Every peer runs the same job bodies
+(bench/iojobs.py): `noop`, `redis` (one Redis round trip; the counter it increments must reach
+the backlog's size) and `sleep10`.
+
+Worker setups: the no-op drain keeps each peer's documented short-task setup (peer_celery.py,
+peer_dramatiq.py; pgqueuer's defaults, one consumer per core). The I/O drains give every
+system the same processes x slots: Dramatiq `--processes P --threads S`; Celery P `celery
+worker` processes with `-P threads -c S` (its concurrency guide points I/O-bound work away
+from prefork, to green threads; threads run the same blocking job body without
+monkey-patching, as taskline's and Dramatiq's threads do); pgqueuer P consumer processes with
+`max_concurrent_tasks` S (an entrypoint's `concurrency_limit` is global across all consumers,
+pgqueuer's concurrency guide) and the largest `batch_size` it accepts with that cap, S / 2
+(peer_pgqueuer.py).
 """
 
 from __future__ import annotations
@@ -12,17 +25,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
+from iojobs import COUNTER
 from stack import BENCH_DIR, Stack, stop
 
 CORES = str(os.cpu_count() or 2)
+PGQ_DB = "pgqueuer_bench"
 
 
-def _env(stack: Stack) -> dict[str, str]:
+def _env(stack: Stack, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["BENCH_REDIS_URL"] = stack.redis_url
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", ""))
                                         if p)
+    env.update(extra)
     return env
 
 
@@ -40,35 +59,138 @@ def _timed(remaining: Callable[[], int], jobs: int, timeout: float = 1200) -> fl
     return jobs * 0.95 / (ended - (started or ended))
 
 
-def _drain(stack: Stack, argv: list[str], enqueue: str, remaining: Callable[[], int],
-           jobs: int) -> float:
-    stack.redis.flushdb()
-    subprocess.run([sys.executable, "-c", enqueue], env=_env(stack), check=True, cwd=BENCH_DIR)
+def _run_workers(stack: Stack, argvs: list[list[str]], remaining: Callable[[], int], jobs: int,
+                 handler: str, env: dict[str, str]) -> float:
+    """Start every worker process, time the drain, stop them (each by its own PID), and check
+    that a `redis` backlog really ran (after the stop: Celery acknowledges before it runs)."""
     if remaining() != jobs:
         raise RuntimeError(f"peer backlog holds {remaining()} of {jobs} messages")
-    proc = subprocess.Popen(argv, env=_env(stack), cwd=BENCH_DIR, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        return _timed(remaining, jobs)
-    finally:
-        stop(proc)
+    with ExitStack() as procs:
+        for argv in argvs:
+            proc = subprocess.Popen(argv, env=env, cwd=BENCH_DIR, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            procs.callback(stop, proc)
+        rate = _timed(remaining, jobs)
+    if handler == "redis" and int(stack.redis.get(COUNTER) or 0) < jobs:
+        raise RuntimeError(f"{argvs[0][2]}: {stack.redis.get(COUNTER)} of {jobs} jobs ran")
+    return rate
 
 
-def celery_drain(stack: Stack, jobs: int) -> float:
+def _drain(stack: Stack, argvs: list[list[str]], enqueue: str, remaining: Callable[[], int],
+           jobs: int, handler: str) -> float:
+    stack.redis.flushdb()
+    subprocess.run([sys.executable, "-c", enqueue], env=_env(stack), check=True, cwd=BENCH_DIR)
+    return _run_workers(stack, argvs, remaining, jobs, handler, _env(stack))
+
+
+def celery_drain(stack: Stack, jobs: int, handler: str = "noop", processes: int = 0,
+                 slots: int = 0) -> float:
+    """The no-op setup (one prefork worker, a child per core) unless `processes` x `slots`
+    are given: then that many threads-pool workers."""
     from peer_celery import QUEUE
     r = stack.redis
-    enqueue = f"from peer_celery import noop\nfor _ in range({jobs}): noop.delay()"
-    argv = [sys.executable, "-m", "celery", "-A", "peer_celery", "worker", "-P", "prefork",
-            "-c", CORES, "-Q", QUEUE, "--without-gossip", "--without-mingle",
-            "--without-heartbeat", "-l", "WARNING"]
-    return _drain(stack, argv, enqueue, lambda: r.llen(QUEUE) + r.hlen("unacked"), jobs)
+    enqueue = (f"from peer_celery import app\ntask = app.tasks[{handler!r}]\n"
+               f"for _ in range({jobs}): task.delay()")
+    base = [sys.executable, "-m", "celery", "-A", "peer_celery", "worker", "-Q", QUEUE,
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"]
+    if processes:
+        argvs = [[*base, "-P", "threads", "-c", str(slots), "-n", f"bench{i}@%h"]
+                 for i in range(processes)]
+    else:
+        argvs = [[*base, "-P", "prefork", "-c", CORES]]
+    return _drain(stack, argvs, enqueue, lambda: r.llen(QUEUE) + r.hlen("unacked"), jobs,
+                  handler)
 
 
-def dramatiq_drain(stack: Stack, jobs: int) -> float:
+def dramatiq_drain(stack: Stack, jobs: int, handler: str = "noop", processes: int = 0,
+                   slots: int = 8) -> float:
     from peer_dramatiq import QUEUE
     r = stack.redis
-    enqueue = (f"from peer_dramatiq import noop, broker\n"
-               f"for _ in range({jobs}): noop.send()")
-    argv = [sys.executable, "-m", "dramatiq", "peer_dramatiq", "--processes", CORES,
-            "--threads", "8"]
-    return _drain(stack, argv, enqueue, lambda: r.hlen(f"dramatiq:{QUEUE}.msgs"), jobs)
+    enqueue = (f"from peer_dramatiq import broker\nactor = broker.get_actor({handler!r})\n"
+               f"for _ in range({jobs}): actor.send()")
+    argv = [sys.executable, "-m", "dramatiq", "peer_dramatiq", "--processes",
+            str(processes) if processes else CORES, "--threads", str(slots)]
+    return _drain(stack, [argv], enqueue, lambda: r.hlen(f"dramatiq:{QUEUE}.msgs"), jobs,
+                  handler)
+
+
+# --- pgqueuer --------------------------------------------------------------------------------
+
+def pgqueuer_reset(stack: Stack) -> str:
+    """A fresh pgqueuer database on the benchmark's server, its schema from `pgq install`, and
+    an empty Redis DB; its URL."""
+    url = urlunsplit(urlsplit(stack.admin_url)._replace(path="/" + PGQ_DB))
+    with psycopg.connect(stack.admin_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {PGQ_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {PGQ_DB}")
+    subprocess.run([sys.executable, "-m", "pgqueuer", "--pg-dsn", url, "install"],
+                   env=_env(stack), check=True, capture_output=True)  # kept for a failure
+    stack.redis.flushdb()
+    return url
+
+
+def pgqueuer_consumer(slots: int) -> list[str]:
+    return [sys.executable, str(BENCH_DIR / "peer_pgqueuer.py"), str(slots)]
+
+
+def pgqueuer_drain(stack: Stack, jobs: int, handler: str = "noop", processes: int = 0,
+                   slots: int = 0) -> float:
+    """`processes` consumers (one per core if 0) of `slots` each (pgqueuer's defaults if 0)
+    draining `jobs` jobs enqueued in bulk."""
+    import peer_pgqueuer
+
+    dsn = pgqueuer_reset(stack)
+    peer_pgqueuer.produce(dsn, jobs, batch=min(jobs, 1000), entrypoint=handler)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        def remaining() -> int:
+            return conn.execute("SELECT count(*) FROM pgqueuer").fetchone()[0]
+        return _run_workers(stack, [pgqueuer_consumer(slots)] * (processes or int(CORES)),
+                            remaining, jobs, handler, _env(stack, BENCH_PGQ_DSN=dsn))
+
+
+def pgqueuer_enqueue(stack: Stack, jobs: int, batch: int, producers: int) -> float:
+    """Jobs/s of `producers` processes enqueuing no-op jobs in calls of `batch` (1: single)."""
+    import peer_pgqueuer
+
+    dsn = pgqueuer_reset(stack)
+    seconds = peer_pgqueuer.produce(dsn, jobs, batch, producers, warmup=20 if batch == 1 else 1)
+    return jobs // batch // producers * producers * batch / seconds
+
+
+def pgqueuer_pickup(stack: Stack, jobs: int = 300, spacing_s: float = 0.02,
+                    slots: int = 4) -> list[tuple[float, float, float]]:
+    """One idle consumer; single `stamp` enqueues `spacing_s` apart. Per job: (enqueue call
+    made, call returned, handler started), epoch s on the host clock."""
+    import peer_pgqueuer
+
+    dsn = pgqueuer_reset(stack)
+    env = _env(stack, BENCH_PGQ_DSN=dsn)
+    proc = subprocess.Popen(pgqueuer_consumer(slots), env=env, cwd=BENCH_DIR,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _consumer_idle(stack, dsn)
+        sent = peer_pgqueuer.paced(dsn, jobs, spacing_s)
+        _wait_stamps(stack, jobs)
+    finally:
+        stop(proc)
+    stamps = dict(s.decode().split() for s in stack.redis.lrange(peer_pgqueuer.STAMPS, 0, -1))
+    return [(t0, t1, float(stamps[seq])) for seq, (t0, t1) in sent.items()]
+
+
+def _consumer_idle(stack: Stack, dsn: str) -> None:
+    """Until the consumer has run a warm-up job, then 1 s more (back waiting for a NOTIFY)."""
+    import peer_pgqueuer
+
+    peer_pgqueuer.produce(dsn, 1, entrypoint="stamp")
+    _wait_stamps(stack, 1)
+    stack.redis.delete(peer_pgqueuer.STAMPS)
+    time.sleep(1.0)
+
+
+def _wait_stamps(stack: Stack, count: int, timeout: float = 60) -> None:
+    from peer_pgqueuer import STAMPS
+    deadline = time.monotonic() + timeout
+    while stack.redis.llen(STAMPS) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError("pgqueuer stamps did not arrive")
+        time.sleep(0.02)

@@ -3,9 +3,12 @@
 Starts a gunicorn API, worker and maintenance processes against a fresh benchmark database
 (PostgreSQL with fsync on; the full audit trail kept) and a dedicated Redis logical DB, and
 measures each scenario `--repeat` times on a fresh database, printing median and min-max and
-writing everything, with the machine and versions, as JSON. The side-by-side drain runs
-taskline, Celery and Dramatiq in turn inside each repetition (so a noisy neighbour hits all
-three alike) and prints each ratio taskline / peer. See docs/performance.md.
+writing everything, with the machine and versions, as JSON. The side-by-side drains run
+taskline, Celery, Dramatiq and pgqueuer in turn inside each repetition (so a noisy neighbour
+hits all of them alike) and print each ratio taskline / peer: `side_by_side` with no-op jobs,
+`drain_io_side_by_side` with jobs that make one Redis round trip or sleep 10 ms, at 2 processes
+x 8 slots and x the worker's default concurrency. `pgqueuer_enqueue` measures pgqueuer's single
+and bulk enqueue and its pickup. See docs/performance.md.
 
 Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--no-peers]
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
@@ -37,7 +40,15 @@ import scenarios as sc
 from stack import ROOT, Stack, open_stack
 
 PACKAGES = ("taskline", "gunicorn", "flask", "psycopg", "sqlalchemy", "redis", "celery",
-            "kombu", "dramatiq")
+            "kombu", "dramatiq", "pgqueuer", "asyncpg")
+# The side-by-side peers, in the order each repetition runs them after taskline.
+PEER_DRAINS: dict[str, Callable[..., float]] = {
+    "celery": peers.celery_drain, "dramatiq": peers.dramatiq_drain,
+    "pgqueuer": peers.pgqueuer_drain}
+# drain_io_side_by_side: the handlers (bench/iojobs.py) and the worker processes.
+IO_HANDLERS = ("redis", "sleep10")
+IO_PROCESSES = 2
+IO_SLOTS = 8
 
 
 def summary(runs: list[float]) -> dict[str, Any]:
@@ -91,22 +102,71 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
 
 
 def side_by_side(stack: Stack, n: int, repeat: int, with_peers: bool) -> dict[str, Any]:
-    """taskline's 2-process drain, then Celery's, then Dramatiq's, in every repetition."""
-    runs: dict[str, list[float]] = {"taskline": [], "celery": [], "dramatiq": []}
-    if with_peers and not all(importlib.util.find_spec(m) for m in ("celery", "dramatiq")):
-        print("Celery or Dramatiq is not installed (pip install -e '.[bench]'): no peers run")
-        with_peers = False
+    """taskline's 2-process drain, then Celery's, Dramatiq's and pgqueuer's, in every
+    repetition."""
+    drains = {"taskline": lambda: sc.drain(stack, n, 2)}
+    found = _peers_installed(with_peers)
+    drains.update({name: lambda fn=fn: fn(stack, n) for name, fn in PEER_DRAINS.items()
+                   if name in found})
+    runs: dict[str, list[float]] = {name: [] for name in drains}
     for _ in range(repeat):
-        runs["taskline"].append(sc.drain(stack, n, 2))
-        if with_peers:
-            runs["celery"].append(peers.celery_drain(stack, n))
-            runs["dramatiq"].append(peers.dramatiq_drain(stack, n))
+        for name, fn in drains.items():
+            runs[name].append(fn())
+    return _with_ratios(runs)
+
+
+def _peers_installed(with_peers: bool) -> set[str]:
+    if not with_peers:
+        return set()
+    found = {name for name in PEER_DRAINS if importlib.util.find_spec(name)}
+    if not {"celery", "dramatiq"} <= found:
+        print("Celery or Dramatiq is not installed (pip install -e '.[bench]'): no peers run")
+        return set()
+    if "pgqueuer" not in found:
+        print("pgqueuer is not installed (pip install -e '.[bench]'): it does not run")
+    return found
+
+
+def _with_ratios(runs: dict[str, list[float]]) -> dict[str, Any]:
+    """Each system's summary, and taskline / peer per repetition for every peer that ran."""
     out: dict[str, Any] = {name: summary(r) for name, r in runs.items() if r}
-    for peer in ("celery", "dramatiq"):
-        if runs[peer]:
+    for peer in PEER_DRAINS:
+        if runs.get(peer):
             out[f"ratio_taskline_over_{peer}"] = summary(
                 [t / p for t, p in zip(runs["taskline"], runs[peer], strict=True)])
     return out
+
+
+def io_setups() -> dict[str, int]:
+    """Setup name -> slots per process: 2 x 8, and 2 x the worker's default concurrency (read
+    from the CLI at run time) when that differs."""
+    default = sc.default_concurrency()
+    setups = {f"{IO_PROCESSES}x{IO_SLOTS}": IO_SLOTS}
+    if default != IO_SLOTS:
+        setups[f"{IO_PROCESSES}x{default}_default"] = default
+    return setups
+
+
+def drain_io_side_by_side(stack: Stack, n: int, repeat: int,
+                          with_peers: bool) -> dict[str, Any]:
+    """Per I/O handler and worker setup, taskline's drain then every peer's at the same
+    processes x slots, all of them in every repetition; `<handler> <setup>` -> summaries."""
+    found = _peers_installed(with_peers)
+    drains: dict[str, Callable[[str, int], float]] = {
+        "taskline": lambda handler, slots: sc.drain(stack, n, IO_PROCESSES,
+                                                    job_type=f"bench.{handler}",
+                                                    concurrency=slots)}
+    drains.update({name: lambda handler, slots, fn=fn: fn(stack, n, handler, IO_PROCESSES,
+                                                          slots)
+                   for name, fn in PEER_DRAINS.items() if name in found})
+    cases = [(h, setup, slots) for h in IO_HANDLERS for setup, slots in io_setups().items()]
+    runs = {(h, setup, name): [] for h, setup, _ in cases for name in drains}
+    for _ in range(repeat):
+        for handler, setup, slots in cases:
+            for name, fn in drains.items():
+                runs[handler, setup, name].append(fn(handler, slots))
+    return {f"{h} {setup}": _with_ratios({name: runs[h, setup, name] for name in drains})
+            for h, setup, _ in cases}
 
 
 def show(name: str, value: Any) -> None:
@@ -142,6 +202,27 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def side_by_sides(stack: Stack, args: argparse.Namespace, only: set[str],
+                  results: dict[str, Any]) -> None:
+    """The scenarios that run the peers: the no-op and I/O drains, pgqueuer's enqueue."""
+    with_peers = not args.no_peers
+    if not only or "side_by_side" in only:
+        results["side_by_side"] = side_by_side(stack, args.jobs, args.repeat, with_peers)
+        for name, value in results["side_by_side"].items():
+            show(f"drain_2_workers {name}", value)
+    if not only or "drain_io_side_by_side" in only:
+        results["drain_io_side_by_side"] = drain_io_side_by_side(
+            stack, args.jobs, args.repeat, with_peers)
+        for case, values in results["drain_io_side_by_side"].items():
+            for name, value in values.items():
+                show(f"drain_io {case} {name}", value)
+    if (not only or "pgqueuer_enqueue" in only) and "pgqueuer" in _peers_installed(with_peers):
+        # Read beside enqueue_single_1_client, enqueue_batch and pickup_idle_worker.
+        results["pgqueuer_enqueue"] = measure(
+            stack, lambda s: sc.pgqueuer_enqueue(s, args.jobs), args.repeat)
+        show("pgqueuer_enqueue", results["pgqueuer_enqueue"])
+
+
 def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     only = {name for name in args.only.split(",") if name}
     stack.extra_env["TASKLINE_LOG_LEVEL"] = args.log_level
@@ -150,10 +231,7 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
                               "results": {}}
     print(json.dumps(report["machine"]), flush=True)
     results = report["results"]
-    if not only or "side_by_side" in only:
-        results["side_by_side"] = side_by_side(stack, args.jobs, args.repeat, not args.no_peers)
-        for name, value in results["side_by_side"].items():
-            show(f"drain_2_workers {name}", value)
+    side_by_sides(stack, args, only, results)
     for name, fn in scenario_table(args.jobs, args.big).items():
         if only and name not in only:
             continue

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+import iojobs
+import peers
 from clients import Connection, enqueue_batches, post_concurrently
 from stack import Stack, wait_until
 
@@ -70,12 +72,15 @@ def enqueue_batch(stack: Stack, jobs: int, clients: int = 2) -> float:
 
 # --- drain -----------------------------------------------------------------------------------
 
-def _backlog(stack: Stack, jobs: int, failing_per_1000: int = 0) -> None:
+def _backlog(stack: Stack, jobs: int, failing_per_1000: int = 0,
+             job_type: str = "bench.noop") -> None:
     stack.reset()
-    batch = [NOOP] * (1000 - failing_per_1000)
+    batch = [{"type": job_type, "payload": {}}] * (1000 - failing_per_1000)
     batch += [{"type": "bench.fail", "max_retries": 0}] * failing_per_1000
-    with stack.api() as base:
-        post_concurrently(base, "/api/v1/jobs/batch", {"jobs": batch}, jobs // 1000, 2)
+    batches = jobs // 1000
+    with stack.api() as base:  # one client when one batch: two would share it as 0 and 0
+        post_concurrently(base, "/api/v1/jobs/batch", {"jobs": batch}, batches,
+                          min(2, batches))
 
 
 def steady_rate(stack: Stack) -> float:
@@ -87,16 +92,26 @@ def steady_rate(stack: Stack) -> float:
     return (len(leases) - skip) / (last - leases[skip]).total_seconds()
 
 
-def drain(stack: Stack, jobs: int, workers: int, failing_per_1000: int = 0) -> float:
-    """Jobs/s of `workers` worker processes draining a backlog of `jobs` no-op jobs."""
-    _backlog(stack, jobs, failing_per_1000)
-    with stack.workers(workers, DRAIN_CONCURRENCY):
+def drain(stack: Stack, jobs: int, workers: int, failing_per_1000: int = 0,
+          job_type: str = "bench.noop", concurrency: int = 0) -> float:
+    """Jobs/s of `workers` worker processes (`concurrency` handler threads each, else
+    DRAIN_CONCURRENCY) draining a backlog of `jobs` jobs of `job_type`."""
+    _backlog(stack, jobs, failing_per_1000, job_type)
+    with stack.workers(workers, concurrency or DRAIN_CONCURRENCY):
         wait_until(lambda: stack.count("succeeded", "dead") >= jobs, timeout=1200, interval=0.1)
     if failing_per_1000:
         dead = stack.count("dead")
         if dead != jobs // 1000 * failing_per_1000:
             raise RuntimeError(f"mixed run: {dead} dead jobs, expected 1 %")
+    if job_type == "bench.redis" and int(stack.redis.get(iojobs.COUNTER) or 0) < jobs:
+        raise RuntimeError(f"{stack.redis.get(iojobs.COUNTER)} of {jobs} jobs made their call")
     return steady_rate(stack)
+
+
+def default_concurrency() -> int:
+    """`taskline worker`'s --concurrency when none is given, read from the CLI itself."""
+    from taskline_cli.main import build_parser
+    return build_parser().parse_args(["worker"]).concurrency
 
 
 # --- latency ---------------------------------------------------------------------------------
@@ -165,6 +180,21 @@ def steady_latency(stack: Stack, peak: float, seconds: float = 10.0) -> dict[str
     skip = int(len(ms) * WARMUP_SHARE)
     out["e2e_ms"] = quantiles(ms[skip:])
     return out
+
+
+# --- pgqueuer's enqueue, beside enqueue_single_1_client, enqueue_batch, pickup_idle_worker --
+
+def pgqueuer_enqueue(stack: Stack, jobs: int) -> dict[str, Any]:
+    """pgqueuer's single enqueue (one producer, autocommit, one job per call, up to 1,000
+    jobs), bulk enqueue (2 producers, calls of 1,000: enqueue_batch's clients) in jobs/s, and
+    the enqueue call to handler start of one idle consumer, ms (pickup_idle_worker's 300 jobs
+    20 ms apart; `from_call_ms` is the counterpart of taskline's from_request_ms)."""
+    single = peers.pgqueuer_enqueue(stack, min(jobs, 1000), 1, 1)
+    bulk = peers.pgqueuer_enqueue(stack, max(jobs, 2000), 1000, 2)
+    times = peers.pgqueuer_pickup(stack)
+    return {"single_1_producer_jobs_per_s": single, "bulk_2_producers_jobs_per_s": bulk,
+            "pickup_from_call_ms": quantiles([(s - t0) * 1000 for t0, _, s in times]),
+            "pickup_from_return_ms": quantiles([(s - t1) * 1000 for _, t1, s in times])}
 
 
 # --- recovery --------------------------------------------------------------------------------
