@@ -276,3 +276,5 @@ class Committed:
     """The worker whose processing list holds the id (moves that end an attempt)."""
     due_ms: int | None = None
     """When a scheduled or retrying job is due, in ms since the epoch."""
+    left: Status | None = None
+    """The state the job left, where its Redis step depends on it (a deleted job's DLQ entry)."""

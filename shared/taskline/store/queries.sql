@@ -149,13 +149,14 @@ RETURNING l.id AS lease_id, j.cancel_requested;
 -- name: settle
 -- End attempts (a JSON array of settlements, each naming its lease and worker) on their live
 -- lease only: the lease closed with its outcome, the job moved to the settlement's status, the
--- DLQ row of a dead one upserted, one event each; returns the jobs it changed. `lapsed` rows
+-- DLQ row of a dead one upserted, finished_at stamped by a move that finishes the job (and
+-- cleared by one that does not), one event each; returns the jobs it changed. `lapsed` rows
 -- (the reaper's) settle only a lease whose time has run out in PostgreSQL's clock.
 WITH input AS (
     SELECT * FROM json_to_recordset(CAST(:settlements AS json)) AS s(
         lease_id bigint, worker_id text, status text, outcome text, event text, error text,
         result jsonb, writes_result boolean, writes_error boolean, delay_s float8,
-        detail jsonb, refund int, dead_letter boolean, lapsed boolean)
+        detail jsonb, refund int, dead_letter boolean, finishes boolean, lapsed boolean)
 ), leases AS (
     UPDATE live_leases l SET released_at = clock_timestamp(), outcome = s.outcome
     FROM input s
@@ -163,7 +164,7 @@ WITH input AS (
       AND (s.lapsed IS NOT TRUE OR l.leased_until < now())
     RETURNING l.id AS lease_id, l.job_id, l.attempt, l.worker_id, s.status, s.event, s.error,
               s.result, s.writes_result, s.writes_error, s.delay_s, s.detail, s.refund,
-              s.dead_letter
+              s.dead_letter, s.finishes
 ), changed AS (
     UPDATE jobs j
     SET status = s.status, attempts = j.attempts - s.refund,
@@ -171,6 +172,7 @@ WITH input AS (
         last_error = CASE WHEN s.writes_error THEN s.error ELSE j.last_error END,
         next_run_at = CASE WHEN s.delay_s IS NULL THEN j.next_run_at
                            ELSE now() + make_interval(secs => s.delay_s) END,
+        finished_at = CASE WHEN s.finishes THEN now() END,
         updated_at = now()
     FROM leases s WHERE j.id = s.job_id AND (j.status = 'running') IS TRUE
     RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, s.lease_id,
@@ -204,7 +206,7 @@ SELECT * FROM changed;
 -- name: cancel_pending_job
 -- Cancel a job that has not started, with its event; returns it only when this call cancelled it.
 WITH changed AS (
-    UPDATE jobs SET status = :target, updated_at = now(), next_run_at = NULL
+    UPDATE jobs SET status = :target, updated_at = now(), next_run_at = NULL, finished_at = now()
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), events AS (
@@ -216,7 +218,8 @@ SELECT * FROM changed;
 -- Put a dead job back in the queue with a fresh retry budget; returns it only when requeued.
 WITH changed AS (
     UPDATE jobs SET status = :target, attempts = 0, last_error = NULL, result = NULL,
-                    cancel_requested = false, next_run_at = now(), updated_at = now()
+                    cancel_requested = false, next_run_at = now(), updated_at = now(),
+                    finished_at = NULL
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), undead AS (
@@ -263,6 +266,46 @@ WHERE l.leased_until < now()
 ORDER BY l.leased_until
 LIMIT :limit
 FOR UPDATE OF j SKIP LOCKED;
+
+-- name: expire_finished
+-- Delete up to :limit jobs in :status finished more than :retain_s seconds ago, oldest first,
+-- skipping rows others hold; returns each deleted job. Their events, leases and DLQ row go in
+-- the same statement by the foreign keys' ON DELETE CASCADE (each found through its job_id
+-- index), so a job is gone whole or not at all. Candidates come from jobs_finished, and from
+-- jobs_finished_unstamped for jobs a release before migration 0003 finished (counted from
+-- updated_at); each is re-checked under its row lock, so a job requeued meanwhile stays. The
+-- literal terminal states keep an unfinished job out whatever :status says.
+WITH candidates AS (
+    (SELECT id FROM jobs
+     WHERE status = :status AND finished_at < now() - make_interval(secs => :retain_s)
+     ORDER BY finished_at LIMIT :limit)
+    UNION ALL
+    (SELECT id FROM jobs
+     WHERE finished_at IS NULL AND status IN ('succeeded', 'dead', 'cancelled')
+       AND status = :status AND updated_at < now() - make_interval(secs => :retain_s)
+     ORDER BY updated_at LIMIT :limit)
+), doomed AS (
+    SELECT id FROM jobs
+    WHERE id = ANY(ARRAY(SELECT id FROM candidates))
+      AND status IN ('succeeded', 'dead', 'cancelled') AND status = :status
+      AND COALESCE(finished_at, updated_at) < now() - make_interval(secs => :retain_s)
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobs
+WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+RETURNING id, queue, type, status, COALESCE(finished_at, updated_at) AS finished_at;
+
+-- name: oldest_finished
+-- Age in seconds of the oldest job kept in each of :statuses (NULL when none), by the same
+-- clock and indexes as expire_finished: one index probe per status.
+SELECT s.status, extract(epoch FROM now() - LEAST(
+    (SELECT min(finished_at) FROM jobs
+     WHERE status = s.status AND finished_at IS NOT NULL),
+    (SELECT min(updated_at) FROM jobs
+     WHERE finished_at IS NULL AND status IN ('succeeded', 'dead', 'cancelled')
+       AND status = s.status)))::float8 AS age_s
+FROM unnest(CAST(:statuses AS text[])) AS s(status);
 
 -- name: pending_page
 -- One keyset page of pending jobs (which Redis should hold), last touched before :before.
