@@ -199,7 +199,10 @@ def retention(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
                              args.soak_sample_s)
     show("retention_soak_verdict", soak["verdict"])
     pairs = sc.retention_pairs(stack, args.jobs, args.soak_pairs)
-    show("retention_drain_on_over_off", pairs["ratio_on_over_off"])
+    ratio = pairs["ratio_on_over_off"]
+    print(f"{'retention_drain_on_over_off':40s} median {ratio['median']:.3f}  min "
+          f"{ratio['min']:.3f}  max {ratio['max']:.3f}  within 10 %: {pairs['within_10pct']}",
+          flush=True)
     return {"drain_2_workers": peak, "soak": soak, "drain_pairs": pairs}
 
 
