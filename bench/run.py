@@ -12,7 +12,11 @@ and bulk enqueue and its pickup. See docs/performance.md.
 
 Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--no-peers]
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
+           [--soak-s S] [--soak-window-s S] [--soak-sample-s S] [--soak-pairs N]
            [--out bench-results/latest.json]
+`--only retention` (never part of a run without --only: it lasts about half an hour) runs the
+retention soak at half the 2-worker drain rate with TASKLINE_RETAIN_SUCCEEDED_S=60, then drains
+with retention on and off in interleaved pairs (docs/performance.md, "Retention soak").
 Environment: BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; that logical DB is flushed),
 BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64).
 """
@@ -198,6 +202,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--log-level", default="WARNING", type=str.upper,
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="TASKLINE_LOG_LEVEL of the services (default WARNING)")
+    parser.add_argument("--soak-s", type=float, default=1200.0,
+                        help="retention soak: seconds of offered load (default 20 min)")
+    parser.add_argument("--soak-window-s", type=float, default=600.0,
+                        help="retention soak: the last seconds judged steady (default 10 min)")
+    parser.add_argument("--soak-sample-s", type=float, default=30.0,
+                        help="retention soak: seconds between table samples")
+    parser.add_argument("--soak-pairs", type=int, default=5,
+                        help="retention on/off drain pairs")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "latest.json"))
     return parser.parse_args()
 
@@ -250,10 +262,28 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         results["steady_latency_50pct"] = measure(
             stack, lambda s: sc.steady_latency(s, peak), args.repeat)
         show("steady_latency_50pct", results["steady_latency_50pct"])
+    if "retention" in only:
+        results["retention"] = retention(stack, args)
     if args.memory_jobs:
         results["memory"] = sc.memory(stack, args.memory_jobs)
         show("memory", results["memory"]["rss_mib_after_10pct"])
     return report
+
+
+def retention(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    """The retention soak at half the measured drain rate, then the on/off drain pairs."""
+    peak = sc.drain(stack, args.jobs, 2)
+    print(f"retention: 2-worker drain {peak:.0f} jobs/s; offering {peak / 2:.0f} jobs/s for "
+          f"{args.soak_s:.0f} s", flush=True)
+    soak = sc.retention_soak(stack, peak / 2, args.soak_s, args.soak_window_s,
+                             args.soak_sample_s)
+    show("retention_soak_verdict", soak["verdict"])
+    pairs = sc.retention_pairs(stack, args.jobs, args.soak_pairs)
+    ratio = pairs["ratio_on_over_off"]
+    print(f"{'retention_drain_on_over_off':40s} median {ratio['median']:.3f}  min "
+          f"{ratio['min']:.3f}  max {ratio['max']:.3f}  within 10 %: {pairs['within_10pct']}",
+          flush=True)
+    return {"drain_2_workers": peak, "soak": soak, "drain_pairs": pairs}
 
 
 def main() -> int:

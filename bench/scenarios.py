@@ -145,8 +145,11 @@ def pickup(stack: Stack, jobs: int = 300, spacing_s: float = 0.02) -> dict[str, 
             "pg_created_to_lease_ms": quantiles([float(r[2]) for r in rows])}
 
 
-def _paced_producer(base: str, rate: float, seconds: float, out: dict[str, float]) -> None:
-    """Open loop: a batch every 10 ms on an absolute schedule, `rate` jobs/s in all."""
+def _paced_producer(base: str, rate: float, seconds: float, out: dict[str, float],
+                    deadline: bool = False) -> None:
+    """Open loop: a batch every 10 ms on an absolute schedule, `rate` jobs/s in all. With
+    `deadline`, it stops after `seconds` even when it fell behind the schedule (the achieved
+    rate then says by how much)."""
     tick = 0.01
     per_tick = max(1, round(rate * tick))
     body = ('{"jobs": [' + ",".join(['{"type": "bench.noop", "payload": {}}'] * per_tick)
@@ -154,12 +157,16 @@ def _paced_producer(base: str, rate: float, seconds: float, out: dict[str, float
     conn = Connection(base)
     start = time.perf_counter()
     ticks = int(seconds / tick)
+    sent = 0
     for i in range(ticks):
         delay = start + i * tick - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
+        elif deadline and time.perf_counter() - start >= seconds:
+            break
         conn.post("/api/v1/jobs/batch", body)
-    out["achieved_jobs_per_s"] = ticks * per_tick / (time.perf_counter() - start)
+        sent += 1
+    out["achieved_jobs_per_s"] = sent * per_tick / (time.perf_counter() - start)
     conn.close()
 
 
@@ -355,3 +362,155 @@ def _closed_within(sockets: list[socket.socket], seconds: float) -> int:
                 closed += 1
     watch.close()
     return closed
+# --- retention -------------------------------------------------------------------------------
+
+HISTORY_TABLES = ("jobs", "job_events", "job_leases", "dead_letter_jobs")
+SOAK_RETAIN_S = 60
+STEADY_VARIATION = 0.10
+DEAD_PEAK_RATIO = 1.25
+
+
+def table_sizes(stack: Stack) -> dict[str, dict[str, int]]:
+    """Each history table's total size with its indexes (bytes), dead and live tuples."""
+    rows = stack.sql("SELECT relname, pg_total_relation_size(relid), n_dead_tup, n_live_tup "
+                     "FROM pg_stat_user_tables WHERE relname = ANY(%s)", list(HISTORY_TABLES))
+    return {r[0]: {"bytes": int(r[1]), "dead": int(r[2]), "live": int(r[3])} for r in rows}
+
+
+def variation(values: list[int]) -> float:
+    """(max - min) / max: 0 for a flat series."""
+    top = max(values)
+    return (top - min(values)) / top if top else 0.0
+
+
+def _judge(samples: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
+    """Over the last `window_s`: each table's size (with indexes) varies by less than 10 %.
+    Dead tuples are a saw-tooth (each retention pass makes a batch of them, autovacuum cuts
+    them to 0), so their variation is near 100 % by nature and is only reported; they count as
+    bounded when the second half's peak is at most 1.25 x the first half's (a peak sampled
+    every 30 s moves with the phase of the sampling by 10 - 20 %). Growth that autovacuum
+    did not keep up with would show in the sizes: space it frees is reused."""
+    last = [s for s in samples if s["t"] >= samples[-1]["t"] - window_s]
+    half = len(last) // 2
+    verdict: dict[str, Any] = {}
+    for table in HISTORY_TABLES:
+        sizes = [s["tables"][table]["bytes"] for s in last]
+        dead = [s["tables"][table]["dead"] for s in last]
+        early, late = max(dead[:half] or [0]), max(dead[half:] or [0])
+        verdict[table] = {"size_variation": round(variation(sizes), 4),
+                          "dead_variation": round(variation(dead), 4),
+                          "dead_peak_ratio": round(late / early, 3) if early else None,
+                          "size_steady": variation(sizes) < STEADY_VARIATION,
+                          "dead_bounded": late <= max(early * DEAD_PEAK_RATIO, 1000)}
+    verdict["steady"] = all(v["size_steady"] and v["dead_bounded"]
+                            for k, v in verdict.items() if k in HISTORY_TABLES)
+    return verdict
+
+
+def _print_sample(sample: dict[str, Any]) -> None:
+    cells = "  ".join(f"{t} {v['bytes'] / 2**20:7.1f} MiB dead {v['dead']:7d} live {v['live']:8d}"
+                      for t, v in sample["tables"].items())
+    print(f"  retention soak t={sample['t']:6.0f}s  {cells}", flush=True)
+
+
+def retention_soak(stack: Stack, rate: float, seconds: float, window_s: float,
+                   sample_s: float) -> dict[str, Any]:
+    """Offered load of `rate` jobs/s for `seconds` with TASKLINE_RETAIN_SUCCEEDED_S=60 (api,
+    2 workers, maintenance): every `sample_s` each history table's size and dead tuples, then
+    the judgement over the last `window_s`."""
+    stack.reset()
+    stack.extra_env["TASKLINE_RETAIN_SUCCEEDED_S"] = str(SOAK_RETAIN_S)
+    samples: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"offered_jobs_per_s": rate, "seconds": seconds,
+                           "retain_succeeded_s": SOAK_RETAIN_S}
+    try:
+        with (stack.api() as base, stack.process("maintenance"),
+              stack.workers(2, DRAIN_CONCURRENCY)):
+            _idle_workers(stack, 2)
+            producer = threading.Thread(target=_paced_producer,
+                                        args=(base, rate, seconds, out, True))
+            started = time.monotonic()
+            producer.start()
+            while producer.is_alive():
+                samples.append({"t": time.monotonic() - started, "tables": table_sizes(stack)})
+                _print_sample(samples[-1])
+                producer.join(sample_s)
+    finally:
+        del stack.extra_env["TASKLINE_RETAIN_SUCCEEDED_S"]
+    out["jobs_offered"] = round(out.get("achieved_jobs_per_s", 0) * seconds)
+    out["jobs_kept_at_end"] = stack.sql("SELECT count(*) FROM jobs")[0][0]
+    out["samples"] = samples
+    out["verdict"] = _judge(samples, window_s)
+    return out
+
+
+def _history(stack: Stack, jobs: int) -> None:
+    """`jobs` succeeded jobs that finished an hour ago, with 3 events and a lease each: work
+    for retention while a drain runs."""
+    # WITH ... SELECT count(*): stack.sql fetches rows, and the inserts return none.
+    stack.sql("WITH ins AS (INSERT INTO jobs (id, type, queue, payload, priority, status, "
+              "attempts, max_retries, timeout_s, created_at, updated_at, finished_at) "
+              "SELECT gen_random_uuid(), 'bench.history', 'default', '{}', 5, 'succeeded', 1, "
+              "3, 300, now() - interval '1 hour', now() - interval '1 hour', "
+              "now() - interval '1 hour' FROM generate_series(1, %s) RETURNING 1) "
+              "SELECT count(*) FROM ins", jobs)
+    stack.sql("WITH ins AS (INSERT INTO job_events (job_id, attempt, event) "
+              "SELECT id, e, 'x' FROM jobs, generate_series(1, 3) AS e "
+              "WHERE type = 'bench.history' RETURNING 1) SELECT count(*) FROM ins")
+    stack.sql("WITH ins AS (INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, "
+              "leased_until, released_at, outcome) SELECT id, 1, 'w', "
+              "now() - interval '1 hour', now(), now() - interval '1 hour', 'succeeded' "
+              "FROM jobs WHERE type = 'bench.history' RETURNING 1) SELECT count(*) FROM ins")
+
+
+def _noop_rate(stack: Stack) -> float:
+    """steady_rate over the drained no-op jobs only (history rows are not the drain's)."""
+    leases = [r[0] for r in stack.sql(
+        "SELECT l.leased_at FROM job_leases l JOIN jobs j ON j.id = l.job_id "
+        "WHERE j.type = 'bench.noop' ORDER BY l.leased_at")]
+    last = stack.sql("SELECT max(updated_at) FROM jobs WHERE type = 'bench.noop'")[0][0]
+    skip = int(len(leases) * WARMUP_SHARE)
+    return (len(leases) - skip) / (last - leases[skip]).total_seconds()
+
+
+def drain_beside_retention(stack: Stack, jobs: int, retain_s: int) -> dict[str, float]:
+    """Jobs/s of 2 workers draining `jobs` no-op jobs while maintenance runs with
+    TASKLINE_RETAIN_SUCCEEDED_S=`retain_s` (0: off) over 5 x `jobs` expired history jobs."""
+    _backlog(stack, jobs)
+    _history(stack, jobs * 5)
+    stack.extra_env["TASKLINE_RETAIN_SUCCEEDED_S"] = str(retain_s)
+    try:
+        with stack.process("maintenance"):
+            # Workers start once maintenance leads: its first retention pass, at once, then
+            # deletes the history while they drain (both arms wait alike).
+            wait_until(lambda: stack.sql("SELECT count(*) FROM leader_leases")[0][0] > 0,
+                       timeout=60, interval=0.05)
+            return _drain_noop(stack, jobs)
+    finally:
+        del stack.extra_env["TASKLINE_RETAIN_SUCCEEDED_S"]
+
+
+def _drain_noop(stack: Stack, jobs: int) -> dict[str, float]:
+    with stack.workers(2, DRAIN_CONCURRENCY):
+        wait_until(lambda: stack.sql("SELECT count(*) FROM jobs WHERE type = 'bench.noop' "
+                                     "AND status = 'succeeded'")[0][0] >= jobs,
+                   timeout=1200, interval=0.1)
+        left = stack.sql("SELECT count(*) FROM jobs WHERE type = 'bench.history'")[0][0]
+    return {"jobs_per_s": _noop_rate(stack), "history_deleted": jobs * 5 - left}
+
+
+def retention_pairs(stack: Stack, jobs: int, pairs: int) -> dict[str, Any]:
+    """Drain with retention on (60 s, deleting the history meanwhile) and off, in interleaved
+    pairs (the order alternating); the ratio on/off per pair."""
+    ratios, runs = [], []
+    for i in range(pairs):
+        order = (SOAK_RETAIN_S, 0) if i % 2 == 0 else (0, SOAK_RETAIN_S)
+        result = {retain: drain_beside_retention(stack, jobs, retain) for retain in order}
+        runs.append({"on": result[SOAK_RETAIN_S], "off": result[0]})
+        ratios.append(result[SOAK_RETAIN_S]["jobs_per_s"] / result[0]["jobs_per_s"])
+        print(f"  retention pair {i + 1}: on {result[SOAK_RETAIN_S]['jobs_per_s']:.0f} jobs/s "
+              f"(history deleted meanwhile: {result[SOAK_RETAIN_S]['history_deleted']}), "
+              f"off {result[0]['jobs_per_s']:.0f} jobs/s, ratio {ratios[-1]:.3f}", flush=True)
+    return {"pairs": runs, "ratio_on_over_off": {
+        "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+        "runs": ratios}, "within_10pct": abs(statistics.median(ratios) - 1) <= STEADY_VARIATION}

@@ -161,6 +161,18 @@ SELF_HEALING = (
           "instance should show 1.",
           (Query("max by (instance) (taskline_maintenance_leader)", "{{instance}}"),),
           stat=True),
+    # Retention gauges come from the leading maintenance instance only, like the depths.
+    Chart("Retention: oldest finished job by status", "Age of the oldest succeeded, cancelled "
+          "and dead job still kept, against its retention (dashed: 0 keeps forever). An age "
+          "past retention + 1 h means retention falls behind (RetentionFallingBehind).",
+          (Query("max by (status) (taskline_retention_oldest_finished_age_seconds)",
+                 "oldest {{status}}"),
+           Query("max by (status) (taskline_retention_seconds)", "retention {{status}}")),
+          unit="s"),
+    Chart("Retention: jobs deleted by status", "Finished jobs deleted per second with their "
+          "events, leases and DLQ rows; in steady state it follows the finish rate.",
+          (Query("sum by (status) (rate(taskline_retention_deleted_total[5m]))", "{{status}}"),),
+          unit="ops"),
     Chart("Loop errors", "Failed iterations of service loops (reaper, promoter, reconciler, "
           "heartbeat ...), per scrape job.",
           (Query("sum by (job, loop) (rate(taskline_loop_errors_total[5m]))",

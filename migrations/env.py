@@ -1,7 +1,11 @@
 """Alembic environment: runs migrations online, inside one transaction, under an advisory lock.
 
-The transaction-scoped advisory lock makes `taskline migrate` safe to run from several
-containers at once: the second waits, then finds the schema at head and does nothing.
+The advisory lock makes `taskline migrate` safe to run from several containers at once: the
+second waits, then finds the schema at head and does nothing. It is held by the session, not
+the transaction: a migration that builds an index CONCURRENTLY commits the transaction in an
+`autocommit_block`, and a transaction-scoped lock would be released there, letting a second
+migrator start the same migration halfway through the first. The lock ends with the session
+when a migrator dies.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ def run_migrations_online() -> None:
     url = config.get_main_option("sqlalchemy.url")
     engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as connection:
+        connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+        connection.commit()  # the session keeps the lock; alembic begins its own transaction
         context.configure(connection=connection, target_metadata=metadata,
                           transaction_per_migration=False)
         with context.begin_transaction():
-            connection.execute(text("SELECT pg_advisory_xact_lock(:id)"),
-                               {"id": MIGRATION_LOCK_ID})
             context.run_migrations()
+        connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID})
+        connection.commit()
 
 
 if context.is_offline_mode():

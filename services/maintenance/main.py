@@ -26,6 +26,7 @@ from taskline_maintenance.leader import Leader, leader_ttl
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reaper import Reaper
 from taskline_maintenance.reconciler import Reconciler
+from taskline_maintenance.retention import Retention
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class Maintenance:
         self.reconciler = Reconciler(store, dispatcher, settings, queues=queues)
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
         self.audit_retention = AuditRetention(store, settings)
+        # Checks leadership between its batches too: a pass can be long after an outage.
+        self.retention = Retention(store, dispatcher, settings, active=self.leader.holds)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -52,7 +55,8 @@ class Maintenance:
         self._spawn("leader", lambda: self.leader.run(self._stop))
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
                                 ("reconciler", self.reconciler), ("depths", self.depths),
-                                ("audit_retention", self.audit_retention)):
+                                ("audit_retention", self.audit_retention),
+                                ("retention", self.retention)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:

@@ -77,6 +77,8 @@ class Event(enum.StrEnum):
     RELEASED = "released"
     REQUEUED = "requeued"
     RESTORED = "restored"
+    EXPIRED = "expired"  # deleted by retention: names the move; no row records it (the
+    # history goes with the job)
 
 
 def parse_priority(value: object) -> int:

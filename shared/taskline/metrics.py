@@ -60,6 +60,17 @@ SCHEDULED_DEPTH = Gauge("job_scheduled_queue_depth", "Delayed jobs not yet due",
 DLQ_DEPTH = Gauge("job_dlq_depth", "Dead-lettered jobs", ["queue"], multiprocess_mode="livemax")
 OLDEST_READY = Gauge("job_oldest_ready_age_seconds", "Age of the oldest queued job", ["queue"],
                      multiprocess_mode="livemax")
+# Retention (maintenance only; `status` is succeeded, cancelled or dead). The retention gauge
+# carries the setting so an alert can compare the oldest age with it.
+RETENTION_DELETED = Counter("taskline_retention_deleted_total",
+                            "Finished jobs deleted by retention, with their history",
+                            ["status"])
+RETENTION_OLDEST = Gauge("taskline_retention_oldest_finished_age_seconds",
+                         "Age of the oldest finished job still kept (0: none)", ["status"],
+                         multiprocess_mode="livemax")
+RETENTION_SECONDS = Gauge("taskline_retention_seconds",
+                          "How long finished jobs are kept, seconds (0: forever)", ["status"],
+                          multiprocess_mode="livemax")
 
 PROCESSING_TIME = Histogram("job_processing_time_seconds", "Handler run time",
                             ["type", "queue"], buckets=_LATENCY_BUCKETS)

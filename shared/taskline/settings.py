@@ -73,6 +73,14 @@ class Settings:
     """CIDRs or host names the webhook handler may reach although private or loopback."""
     claim_batch: int = 0
     """Ids a worker claims per PostgreSQL round trip; 0 means its concurrency."""
+    retain_succeeded_s: float = 604_800.0
+    """Seconds a succeeded job, its events and leases are kept after it finished (7 days);
+    >= 0, 0 keeps them forever."""
+    retain_cancelled_s: float = 604_800.0
+    """The same for cancelled jobs (7 days); >= 0, 0 keeps forever."""
+    retain_dead_s: float = 2_592_000.0
+    """The same for dead jobs, with their dead_letter_jobs row and DLQ entry (30 days); >= 0,
+    0 keeps forever."""
     otlp_endpoint: str = ""
     """OTLP/HTTP base URL traces are exported to (env OTEL_EXPORTER_OTLP_ENDPOINT, e.g.
     http://collector:4318; spans go to its /v1/traces); empty turns tracing off."""
@@ -146,6 +154,10 @@ class Settings:
             (self.retain_audit_s >= 0, "TASKLINE_RETAIN_AUDIT_S must be >= 0"),
             *self._jwt_rules(),
             *self._access_rules(),
+            *((value >= 0, f"{_env_name(name)} must be >= 0 (0 keeps forever)")
+              for name, value in (("retain_succeeded_s", self.retain_succeeded_s),
+                                  ("retain_cancelled_s", self.retain_cancelled_s),
+                                  ("retain_dead_s", self.retain_dead_s))),
         ]
 
     @property
@@ -194,6 +206,17 @@ class Settings:
     def renew_every_s(self) -> float:
         """How often a running attempt renews its lease: a third of the lease."""
         return self.lease_s / 3
+
+    @property
+    def retention_s(self) -> dict[str, float]:
+        """Seconds each finished status is kept, by status name; 0 keeps forever."""
+        return {"succeeded": self.retain_succeeded_s, "cancelled": self.retain_cancelled_s,
+                "dead": self.retain_dead_s}
+
+    @property
+    def retention_interval_s(self) -> float:
+        """Seconds between retention passes: 10 reaper intervals (50 s by default)."""
+        return 10 * self.reaper_interval_s
 
     @property
     def fence_margin_s(self) -> float:

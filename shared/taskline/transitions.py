@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from taskline.jobs import PENDING, Backoff, Event, Outcome, Status
+from taskline.jobs import PENDING, TERMINAL, Backoff, Event, Outcome, Status
 
 
 class Step(enum.StrEnum):
@@ -36,6 +36,15 @@ class Step(enum.StrEnum):
     REQUEUE = "requeue"  # processing list -> head of its ready list
     UNSCHEDULE = "unschedule"  # out of the retry and scheduled sets
     UNDEAD = "undead"  # out of the DLQ list, onto its ready list
+    FORGET = "forget"  # a deleted job: out of the DLQ list and the retry and scheduled sets
+
+
+class Gone(enum.StrEnum):
+    """Where a job is once its row is deleted: a pseudo-state that no row holds, so `Status`
+    (the states a row can hold, and the API can filter by) stays as it is. A deleted job is a
+    404; its events, leases, DLQ row and Redis entries went with it."""
+
+    DELETED = "deleted"
 
 
 @dataclass(frozen=True)
@@ -45,7 +54,7 @@ class Move:
     name: str
     sources: frozenset[Status]
     """The states the job must be in; empty for the moves that create it."""
-    target: Status
+    target: Status | Gone
     event: Event
     step: Step
     outcomes: frozenset[Outcome] = frozenset()
@@ -58,6 +67,11 @@ class Move:
     @property
     def ends_attempt(self) -> bool:
         return bool(self.outcomes)
+
+    @property
+    def finishes(self) -> bool:
+        """The move makes the job finished: it sets `finished_at`, which retention counts from."""
+        return self.target in TERMINAL
 
     @property
     def dead_letter(self) -> bool:
@@ -95,10 +109,13 @@ CANCEL = Move("cancel", PENDING, Status.CANCELLED, Event.CANCELLED, Step.UNSCHED
 REQUEST_CANCEL = Move("request_cancel", _RUNNING, Status.RUNNING, Event.CANCEL_REQUESTED,
                       Step.NONE)
 REQUEUE = Move("requeue", frozenset({Status.DEAD}), Status.QUEUED, Event.REQUEUED, Step.UNDEAD)
+EXPIRE = Move("expire", TERMINAL, Gone.DELETED, Event.EXPIRED, Step.FORGET)
+"""Retention deletes a job finished longer ago than its status's retention, with its events,
+leases and DLQ row (taskline_maintenance.retention); only a finished job, whatever its age."""
 
 MOVES: Mapping[str, Move] = MappingProxyType({m.name: m for m in (
     ENQUEUE, SCHEDULE, PROMOTE, CLAIM, SUCCEED, RETRY, DEAD, RECOVER, RECOVER_DEAD, HAND_BACK,
-    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE)})
+    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE)})
 
 
 CREATED: Mapping[Status, Move] = MappingProxyType(
@@ -109,8 +126,8 @@ FIRST_EVENTS: Mapping[str, str] = MappingProxyType(
 """A new job's status -> its first event, as the insert statements look it up."""
 
 
-def _table() -> Mapping[tuple[Status | None, Event], frozenset[Status]]:
-    table: dict[tuple[Status | None, Event], set[Status]] = {}
+def _table() -> Mapping[tuple[Status | None, Event], frozenset[Status | Gone]]:
+    table: dict[tuple[Status | None, Event], set[Status | Gone]] = {}
     for move in MOVES.values():
         for source in move.sources or {None}:
             table.setdefault((source, move.event), set()).add(move.target)
@@ -120,11 +137,12 @@ def _table() -> Mapping[tuple[Status | None, Event], frozenset[Status]]:
 TABLE = _table()
 """(state before, event) -> the states the job can be in after it. One state for every pair
 but (running, recovered): the reaper's recovery ends queued, or dead after a last attempt, and
-its event row records which (`detail.status`)."""
+its event row records which (`detail.status`). `expired` leads to the pseudo-state
+`deleted` (`Gone.DELETED`): the row and its history are gone."""
 
 
-def _status_after_event() -> Mapping[Event, Status | None]:
-    after: dict[Event, set[Status]] = {}
+def _status_after_event() -> Mapping[Event, Status | Gone | None]:
+    after: dict[Event, set[Status | Gone]] = {}
     for move in MOVES.values():
         if move.sources != {move.target}:  # a move that leaves the state as it was moves nowhere
             after.setdefault(move.event, set()).add(move.target)
@@ -151,6 +169,11 @@ def status_after(event: str, recorded: str | None = None) -> str | None:
         return None
 
 
+def expirable(status: Status) -> bool:
+    """Whether retention may delete a job in `status`: only a finished one."""
+    return status in EXPIRE.sources
+
+
 @dataclass(frozen=True)
 class Transition:
     """One move of one job, with the values it writes. Build it with a constructor below."""
@@ -171,7 +194,7 @@ class Transition:
             raise ValueError("only a retry has a delay")
 
     @property
-    def target(self) -> Status:
+    def target(self) -> Status | Gone:
         return self.move.target
 
     @property
@@ -253,3 +276,5 @@ class Committed:
     """The worker whose processing list holds the id (moves that end an attempt)."""
     due_ms: int | None = None
     """When a scheduled or retrying job is due, in ms since the epoch."""
+    left: Status | None = None
+    """The state the job left, where its Redis step depends on it (a deleted job's DLQ entry)."""

@@ -17,6 +17,13 @@ the earlier one's lease had ended (expired, or released with an outcome such as 
 each lost lease was recovered once; the DLQ (status dead, dead_letter_jobs, the DLQ list)
 holds exactly the jobs that exhausted their attempts or failed permanently; Redis converges to
 PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After.
+
+Retention deletes finished jobs, so an acknowledged job may be absent. It counts as `expired`
+(an ok outcome) only when maintenance's log records its deletion (`action: expired`, with the
+state the deleted row held) in a state `LEGAL` lets expire and the scenario allows, no sooner
+than that state's retention after it finished. Whatever the logs say, no job may be half gone:
+an id with events, leases or a DLQ row but no job row is a violation, and Redis must hold no id
+of an absent job.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
@@ -43,7 +51,11 @@ DEFAULT_EXPECT: Mapping[str, frozenset[str]] = {
     "fault.kill_worker": frozenset({"dead"}), "fault.hang": frozenset({"dead"})}
 SUCCEEDED = frozenset({"succeeded"})
 STALE_ACTIONS = frozenset({"stale_outcome", "self_fence", "outcome_given_up"})
-CLASSES = ("ok", "recovered", "lost", "duplicated", "unexpected")
+CLASSES = ("ok", "recovered", "expired", "lost", "duplicated", "unexpected")
+OK_CLASSES = frozenset({"ok", "recovered", "expired"})
+EXPIRED_ACTION = "expired"
+CLOCK_SLACK_S = 1.0
+"""How far the deleting process's log clock may trail PostgreSQL's, judging early deletions."""
 _PENDING = ("queued", "scheduled", "retrying")
 LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     (None, "enqueued"): frozenset({"queued"}),
@@ -60,10 +72,12 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("running", "cancel_requested"): frozenset({"running"}),
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
     ("dead", "requeued"): frozenset({"queued"}),
+    **{(state, "expired"): frozenset({"deleted"}) for state in TERMINAL},
 }
 """The checker's own model of the job lifecycle, written from the contract and not read from
 taskline.transitions, so a wrong product table is caught rather than shared: (state before,
-event) -> the states allowed after it; `recovered` ends in the state its row records."""
+event) -> the states allowed after it; `recovered` ends in the state its row records;
+`expired` (retention) leaves no row: `deleted` is where a finished job goes last."""
 CONVERGE_S = 20.0
 """Reconciliation ignores jobs changed in the last 5 s and runs every 2 s here: 20 s is ample."""
 
@@ -88,7 +102,8 @@ class CheckResult:
         counts = {c: self.count(c) for c in CLASSES}
         return {"scenario": self.scenario, "runs": self.runs, "faults": self.faults,
                 "acknowledged": self.acknowledged, **counts,
-                "ok": counts["ok"] + counts["recovered"], "ok_first_try": counts["ok"],
+                "ok": counts["ok"] + counts["recovered"] + counts["expired"],
+                "ok_first_try": counts["ok"],
                 "stale_rejected": self.stale, "recover_s": self.recover_s,
                 "violations": len(self.violations)}
 
@@ -103,6 +118,8 @@ class Snapshot:
     execs: dict[str, list[dict]]
     effects: dict[str, list[dict]]
     dead_letters: dict[str, dict]
+    expired: dict[str, dict] = field(default_factory=dict)
+    """Job id -> maintenance's log record of its deletion by retention."""
 
 
 def _grouped(rows: Iterable[dict]) -> dict[str, list[dict]]:
@@ -135,13 +152,15 @@ class Checker:
                              len(acked))
         result.violations += api_violations(requests)
         snap = self.snapshot()
+        snap.expired = expiry_records(self.cluster.log_events(("maintenance",)))
         for job_id in acked:
             result.classes[job_id] = self.classify(job_id, snap)
         result.violations += [f"job {j}: {c}" for j, c in result.classes.items()
-                              if c not in ("ok", "recovered")]
+                              if c not in OK_CLASSES]
         for job_id in snap.jobs:
             result.violations += [f"job {job_id}: {v}" for v in job_violations(job_id, snap)]
         result.violations += dlq_violations(snap)
+        result.violations += retention_violations(snap, self.cluster.settings.retention_s)
         result.violations += self.redis_violations()
         result.stale = stale_rejections(self.cluster.log_events(("worker",)))
         result.recover_s = self.recovery(acked, snap)
@@ -194,7 +213,9 @@ class Checker:
 
     def classify(self, job_id: str, snap: Snapshot) -> str:
         job = snap.jobs.get(job_id)
-        if job is None or job["status"] not in TERMINAL:
+        if job is None:
+            return self.classify_deleted(job_id, snap)
+        if job["status"] not in TERMINAL:
             return "lost"
         effects = len(snap.effects.get(job_id, []))
         if effects > 1:
@@ -207,6 +228,18 @@ class Checker:
         if repaired or job["attempts"] > 1 or len(snap.execs.get(job_id, [])) > 1:
             return "recovered"
         return "ok"
+
+    def classify_deleted(self, job_id: str, snap: Snapshot) -> str:
+        """An absent job: expired when retention recorded deleting it in an allowed end state
+        (whether that deletion was legal is `retention_violations`' concern), else lost."""
+        record = snap.expired.get(job_id)
+        if record is None:
+            return "lost"
+        if len(snap.effects.get(job_id, [])) > 1:
+            return "duplicated"
+        if record.get("status") not in self.allowed({"id": job_id, "type": record.get("type")}):
+            return "unexpected"
+        return "expired"
 
     # --- Redis ---------------------------------------------------------------------------
 
@@ -420,6 +453,49 @@ def dlq_violations(snap: Snapshot) -> list[str]:
 def _failed_permanently(events: list[dict]) -> bool:
     last = [e for e in events if e["event"] == "dead_lettered"]
     return bool(last) and (last[-1]["detail"] or {}).get("reason") == "non-retryable error"
+
+
+# --- retention ----------------------------------------------------------------------------
+
+def expiry_records(records: Iterable[Mapping[str, Any]]) -> dict[str, dict]:
+    """Job id -> the log record of its deletion by retention (maintenance's `expired`)."""
+    return {str(r["job_id"]): dict(r) for r in records
+            if r.get("action") == EXPIRED_ACTION and r.get("job_id")}
+
+
+def retention_violations(snap: Snapshot, retention_s: Mapping[str, float]) -> list[str]:
+    """Retention deleted only finished jobs, none before its retention, each whole; and no job
+    is half gone, whoever deleted it (judged from the tables, whatever the logs say)."""
+    problems = []
+    for job_id, record in sorted(snap.expired.items()):
+        status = record.get("status")
+        if "deleted" not in LEGAL.get((status, "expired"), frozenset()):
+            problems.append(f"retention: job {job_id} was deleted while {status}")
+        if job_id in snap.jobs:
+            problems.append(f"retention: job {job_id} was logged deleted but its row remains")
+        early = _deleted_early(record, retention_s.get(str(status), 0.0))
+        if early:
+            problems.append(f"retention: job {job_id} ({status}) was deleted {early}")
+    leftovers = {"events": snap.events, "leases": snap.leases, "a DLQ row": snap.dead_letters}
+    for what, rows in leftovers.items():
+        problems += [f"retention: job {j} is gone but left {what}"
+                     for j in sorted(set(rows) - set(snap.jobs))]
+    return problems
+
+
+def _deleted_early(record: Mapping[str, Any], retain_s: float) -> str:
+    """'' when the deletion came after the retention (or 0 = never), else what happened."""
+    try:
+        finished = datetime.fromisoformat(record["finished_at"])
+        deleted = datetime.fromisoformat(record["ts"].replace("Z", "+00:00"))
+    except (KeyError, TypeError, ValueError):
+        return "without a recorded finish and deletion time"
+    if retain_s <= 0:
+        return "although its status is kept forever"
+    kept_s = (deleted - finished).total_seconds()
+    if kept_s + CLOCK_SLACK_S < retain_s:
+        return f"{kept_s:.1f} s after it finished, before its retention of {retain_s:g} s"
+    return ""
 
 
 # --- Redis against PostgreSQL -------------------------------------------------------------

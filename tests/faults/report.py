@@ -15,8 +15,8 @@ COLUMNS = (("scenario", "scenario"), ("runs", "runs"), ("faults", "faults inject
            ("acknowledged", "jobs acknowledged"), ("ok", "ok"), ("lost", "lost"),
            ("duplicated", "duplicated"), ("stale_rejected", "stale completions rejected"),
            ("recover_s", "time to recover (s)"))
-SUMMED = ("runs", "faults", "acknowledged", "ok", "ok_first_try", "recovered", "lost", "duplicated",
-          "unexpected", "stale_rejected", "violations")
+SUMMED = ("runs", "faults", "acknowledged", "ok", "ok_first_try", "recovered", "expired", "lost",
+          "duplicated", "unexpected", "stale_rejected", "violations")
 
 
 class FaultReport:

@@ -106,6 +106,31 @@ def test_dead_letter_moves_out_of_processing(dispatcher: Dispatcher):
     assert dispatcher.client.llen(Q.dlq) == 0
 
 
+def test_drop_dead_removes_ids_from_the_tail_and_keeps_the_order_of_the_rest(
+        dispatcher: Dispatcher):
+    dead = ids(2500)  # more than one chunk of the script's read
+    dispatcher.client.lpush(Q.dlq, *dead)  # the oldest (dead[0]) at the tail
+    doomed = [*dead[:1200], dead[1500], dead[1200]]  # in any order, one twice in the list
+    dispatcher.client.lpush(Q.dlq, dead[1200])
+    absent = ids(1)
+
+    removed = dispatcher.drop_dead("default", [*doomed, *absent])
+
+    assert removed == 1203
+    kept = [d for d in dead if d not in set(doomed)]
+    assert dispatcher.client.lrange(Q.dlq, 0, -1) == list(reversed(kept))
+    assert dispatcher.drop_dead("default", []) == 0
+
+
+def test_drop_dead_stops_reading_once_every_id_was_found(dispatcher: Dispatcher):
+    dead = ids(3000)
+    dispatcher.client.lpush(Q.dlq, *dead)
+    dispatcher.client.lpush(Q.dlq, dead[0])  # a copy at the head, removed only by a full read
+    assert dispatcher.drop_dead("default", dead[:10]) == 10
+    assert dispatcher.client.lindex(Q.dlq, 0) == dead[0]
+    assert dispatcher.client.llen(Q.dlq) == 2991
+
+
 def test_requeue_puts_the_id_next_in_line(dispatcher: Dispatcher):
     first, second = ids(2)
     dispatcher.push([("default", 5, first), ("default", 5, second)])

@@ -73,3 +73,74 @@ def test_recovery_and_lease_expiry_find_jobs_by_primary_key(store: Store, leases
     for name, params in [("expired_leases", {"limit": 100}), ("next_lease_expiry", {})]:
         shown = plan(store, name, params)
         assert "jobs_status_created" not in shown and "Seq Scan on jobs" not in shown, name
+
+
+FINISHED = 20_000
+
+
+@pytest.fixture
+def finished_table(store: Store) -> None:
+    """FINISHED succeeded jobs (a tenth of them old), QUEUED queued ones and a few finished
+    before migration 0004 (finished_at NULL), analyzed: big enough that scanning is never
+    the cheap plan."""
+    with store.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.execute(text(
+            "INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, "
+            "timeout_s, created_at, updated_at, finished_at) "
+            "SELECT gen_random_uuid(), 'echo', 'default', '{}', 5, "
+            "CASE WHEN n % 50 = 0 THEN 'dead' ELSE 'succeeded' END, 3, 30, now(), now(), "
+            "CASE WHEN n % 97 = 0 THEN NULL "
+            "     ELSE now() - make_interval(secs => CASE WHEN n % 10 = 0 THEN 7200 ELSE 60 END) "
+            "END FROM generate_series(1, :n) AS n"), {"n": FINISHED})
+    insert_queued(store, QUEUED)
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE jobs"))
+
+
+def generic_plan(store: Store, name: str, types: dict[str, str], values: str) -> str:
+    """EXPLAIN of query `name` prepared with parameters of `types` under a generic plan (what a
+    statement prepared by the driver settles on), executed with `values`."""
+    sql = str(QUERIES[name])
+    for n, param in enumerate(types, start=1):
+        sql = sql.replace(f":{param}", f"${n}")
+    with store.engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        driver.execute("SET plan_cache_mode = force_generic_plan")
+        driver.execute(f"PREPARE q ({', '.join(types.values())}) AS {sql}")
+        rows = driver.execute(f"EXPLAIN EXECUTE q({values})").fetchall()
+        driver.execute("DEALLOCATE q")
+        driver.execute("RESET plan_cache_mode")
+        conn.rollback()
+    return "\n".join(r[0] for r in rows)
+
+
+def test_the_expiry_selection_reads_the_finished_at_indexes_never_the_table(store: Store,
+                                                                           finished_table):
+    params = {"status": "text", "retain_s": "float8", "limit": "int"}
+    for shown in (plan(store, "expire_finished",
+                       {"status": "succeeded", "retain_s": 3600.0, "limit": 5000}),
+                  generic_plan(store, "expire_finished", params, "'succeeded', 3600, 5000")):
+        assert "jobs_finished " in shown and "jobs_finished_unstamped " in shown, shown
+        assert "jobs_pkey" in shown and "Seq Scan" not in shown, shown
+    ages = generic_plan(store, "oldest_finished", {"statuses": "text[]"},
+                        "'{succeeded,cancelled,dead}'")
+    assert "jobs_finished" in ages and "Seq Scan on jobs" not in ages, ages
+
+
+def test_events_and_leases_of_a_deleted_job_are_found_by_job_id_indexes(store: Store):
+    """The foreign keys' cascades delete by job_id: each table needs an index leading with it
+    (otherwise every deleted job would scan job_events whole)."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT t.relname, a.attname FROM pg_index i "
+            "JOIN pg_class t ON t.oid = i.indrelid "
+            "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
+            "WHERE t.relname IN ('job_events', 'job_leases', 'dead_letter_jobs')")).all()
+        cascades = conn.execute(text(
+            "SELECT conrelid::regclass::text FROM pg_constraint "
+            "WHERE contype = 'f' AND confrelid = 'jobs'::regclass AND confdeltype = 'c'")).all()
+    leading = {(r.relname, r.attname) for r in rows}
+    assert {("job_events", "job_id"), ("job_leases", "job_id"),
+            ("dead_letter_jobs", "job_id")} <= leading
+    assert {r[0] for r in cascades} == {"job_events", "job_leases", "dead_letter_jobs"}

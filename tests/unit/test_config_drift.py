@@ -166,8 +166,8 @@ def test_env_example_values_are_the_settings_defaults():
 def _shown(value: object) -> str:
     if isinstance(value, tuple):
         return "(empty"
-    if isinstance(value, float):
-        return f"{value:g}"
+    if isinstance(value, float):  # whole seconds as integers: 2592000, not 2.592e+06
+        return str(int(value)) if value.is_integer() else f"{value:g}"
     return str(value)
 
 

@@ -46,3 +46,16 @@ def test_env_names_cover_the_documented_variables():
     names = set(env_names())
     assert {"DATABASE_URL", "REDIS_URL", "TASKLINE_LEASE_S", "TASKLINE_API_TOKENS",
             "TASKLINE_SHUTDOWN_GRACE_S", "TASKLINE_METRICS_PORT"} <= names
+
+
+def test_retention_defaults_zero_and_bounds():
+    s = Settings.from_env(env={})
+    assert s.retention_s == {"succeeded": 604_800, "cancelled": 604_800, "dead": 2_592_000}
+    assert s.retention_interval_s == 10 * s.reaper_interval_s
+    forever = Settings.from_env(env={"TASKLINE_RETAIN_DEAD_S": "0",
+                                     "TASKLINE_RETAIN_SUCCEEDED_S": "0.5"})
+    assert forever.retention_s["dead"] == 0 and forever.retention_s["succeeded"] == 0.5
+    for name in ("TASKLINE_RETAIN_SUCCEEDED_S", "TASKLINE_RETAIN_CANCELLED_S",
+                 "TASKLINE_RETAIN_DEAD_S"):
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env(env={name: "-1"})

@@ -25,10 +25,29 @@ def test_every_pair_of_the_table_has_one_target_but_recovery() -> None:
     assert t.TABLE[(Status.RUNNING, Event.RECOVERED)] == {Status.QUEUED, Status.DEAD}
 
 
-def test_terminal_states_leave_only_by_a_requeue_of_the_dead() -> None:
-    leaving = {(source, event) for (source, event) in t.TABLE
-               if source in (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD)}
-    assert leaving == {(Status.DEAD, Event.REQUEUED)}
+def test_terminal_states_leave_only_by_a_requeue_of_the_dead_or_by_expiry() -> None:
+    terminal = (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD)
+    leaving = {(source, event) for (source, event) in t.TABLE if source in terminal}
+    assert leaving == {(Status.DEAD, Event.REQUEUED)} | {(s, Event.EXPIRED) for s in terminal}
+
+
+def test_only_finished_jobs_expire_and_only_into_the_deleted_pseudo_state() -> None:
+    assert t.EXPIRE.sources == {Status.SUCCEEDED, Status.CANCELLED, Status.DEAD}
+    assert {key: targets for key, targets in t.TABLE.items() if t.Gone.DELETED in targets} == {
+        (s, Event.EXPIRED): {t.Gone.DELETED} for s in t.EXPIRE.sources}
+    assert [s for s in Status if t.expirable(s)] == [Status.SUCCEEDED, Status.DEAD,
+                                                     Status.CANCELLED]
+    assert "deleted" not in {s.value for s in Status}  # no row, and no API filter, holds it
+    assert not t.EXPIRE.ends_attempt and not t.EXPIRE.finishes
+
+
+def test_finished_at_is_stamped_by_exactly_the_moves_into_a_terminal_state() -> None:
+    stamping = {name for name, move in t.MOVES.items() if move.finishes}
+    assert stamping == {"succeed", "dead", "recover_dead", "stop_cancelled", "cancel"}
+    queries = {name: str(q) for name, q in load_queries().items()}
+    assert "finished_at = now()" in queries["cancel_pending_job"]
+    assert "finished_at = NULL" in queries["requeue_dead_job"]
+    assert "finished_at = CASE WHEN s.finishes THEN now() END" in queries["settle"]
 
 
 def test_only_pending_jobs_are_cancelled_outright_and_new_jobs_start_pending() -> None:
@@ -121,3 +140,6 @@ def test_literal_states_in_sql_agree_with_the_table() -> None:
     assert t.CLAIM.source_names == ["queued"]
     promote = re.search(r"status IN \(([^)]*)\)", queries["promote_due"]).group(1)
     assert sorted(re.findall(r"'(\w+)'", promote)) == t.PROMOTE.source_names
+    for name in ("expire_finished", "oldest_finished"):  # never an unfinished job
+        for states in re.findall(r"status IN \(([^)]*)\)", queries[name]):
+            assert sorted(re.findall(r"'(\w+)'", states)) == t.EXPIRE.source_names, name

@@ -24,7 +24,7 @@ from taskline.transitions import Committed
 
 SIGNAL_MAX = 64
 _SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot",
-            "discard")
+            "discard", "drop_dead")
 # Stands in for an entry being discarded; job ids are UUIDs, so no id can equal it.
 DISCARD_MARKER = "taskline:discarded"
 
@@ -138,6 +138,14 @@ class Dispatcher:
     def remove_from_dlq(self, queue: str, job_id: str) -> None:
         with translate_errors():
             self.client.lrem(QueueKeys(queue).dlq, 0, str(job_id))
+
+    def drop_dead(self, queue: str, ids: Sequence[str]) -> int:
+        """Remove deleted dead jobs' ids from the queue's DLQ list, reading from its tail
+        (where the oldest are) only as far as needed; returns the entries removed."""
+        if not ids:
+            return 0
+        return int(self._script("drop_dead", [QueueKeys(queue).dlq],
+                                [DISCARD_MARKER, *map(str, ids)]))
 
     # --- worker --------------------------------------------------------------------------
 

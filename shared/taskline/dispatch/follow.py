@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from taskline.jobs import Status
 from taskline.transitions import Committed, Step
 
 if TYPE_CHECKING:
@@ -76,6 +77,15 @@ def _undead(d: Dispatcher, items: Sequence[Committed]) -> None:
     _push(d, items)
 
 
+def _forget(d: Dispatcher, items: Sequence[Committed]) -> None:
+    # A deleted job's id leaves the DLQ list (if it was dead) and the retry and scheduled sets
+    # (leftovers of a crash between a commit and its Redis step). Ready-list copies of a job
+    # cancelled while pending are refused at claim, as they are while the row exists.
+    for queue, group in _grouped(items, lambda c: c.queue).items():
+        d.unschedule_many(queue, [c.job_id for c in group])
+        d.drop_dead(queue, [c.job_id for c in group if c.left is Status.DEAD])
+
+
 def _nothing(_d: Dispatcher, _items: Sequence[Committed]) -> None:
     return None
 
@@ -84,6 +94,7 @@ _STEPS: dict[Step, Callable[[Dispatcher, Sequence[Committed]], None]] = {
     Step.NONE: _nothing, Step.PUSH: _push, Step.SCHEDULE: _schedule, Step.PROMOTE: _promote,
     Step.ACK: _ack, Step.RETRY_LATER: _retry_later, Step.DEAD_LETTER: _dead_letter,
     Step.REQUEUE: _requeue, Step.UNSCHEDULE: _unschedule, Step.UNDEAD: _undead,
+    Step.FORGET: _forget,
 }
 
 

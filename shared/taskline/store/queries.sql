@@ -153,8 +153,9 @@ RETURNING l.id AS lease_id, j.cancel_requested;
 
 -- name: settle
 -- End attempts on their live lease only: the lease closed with its outcome, the job moved to
--- its settlement's status, the DLQ row of a dead one upserted, one event each; returns the
--- jobs it changed. :settlements is a JSON object keyed by lease id (each settlement names its
+-- its settlement's status, the DLQ row of a dead one upserted, finished_at stamped by a move
+-- that finishes the job (and cleared by one that does not), one event each; returns the jobs
+-- it changed. :settlements is a JSON object keyed by lease id (each settlement names its
 -- worker, status, event, outcome, error, result, delay and detail, and the flags its move
 -- implies); :lease_ids lists the same leases. Each lease is found by primary key and its
 -- settlement by key, so no join with a recordset of unknown size is planned (the planner
@@ -182,6 +183,7 @@ WITH input AS MATERIALIZED (
         next_run_at = CASE WHEN leases.s ->> 'delay_s' IS NULL THEN j.next_run_at
                            ELSE now() + make_interval(
                                secs => CAST(leases.s ->> 'delay_s' AS float8)) END,
+        finished_at = CASE WHEN CAST(leases.s ->> 'finishes' AS boolean) THEN now() END,
         updated_at = now()
     FROM leases WHERE j.id = leases.job_id AND (j.status = 'running') IS TRUE
     RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, leases.lease_id,
@@ -218,7 +220,7 @@ SELECT * FROM changed;
 -- name: cancel_pending_job
 -- Cancel a job that has not started, with its event; returns it only when this call cancelled it.
 WITH changed AS (
-    UPDATE jobs SET status = :target, updated_at = now(), next_run_at = NULL
+    UPDATE jobs SET status = :target, updated_at = now(), next_run_at = NULL, finished_at = now()
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), events AS (
@@ -231,7 +233,8 @@ SELECT * FROM changed;
 -- Put a dead job back in the queue with a fresh retry budget; returns it only when requeued.
 WITH changed AS (
     UPDATE jobs SET status = :target, attempts = 0, last_error = NULL, result = NULL,
-                    cancel_requested = false, next_run_at = now(), updated_at = now()
+                    cancel_requested = false, next_run_at = now(), updated_at = now(),
+                    finished_at = NULL
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), undead AS (
@@ -278,6 +281,46 @@ WHERE l.leased_until < now()
 ORDER BY l.leased_until
 LIMIT :limit
 FOR UPDATE OF j SKIP LOCKED;
+
+-- name: expire_finished
+-- Delete up to :limit jobs in :status finished more than :retain_s seconds ago, oldest first,
+-- skipping rows others hold; returns each deleted job. Their events, leases and DLQ row go in
+-- the same statement by the foreign keys' ON DELETE CASCADE (each found through its job_id
+-- index), so a job is gone whole or not at all. Candidates come from jobs_finished, and from
+-- jobs_finished_unstamped for jobs a release before migration 0003 finished (counted from
+-- updated_at); each is re-checked under its row lock, so a job requeued meanwhile stays. The
+-- literal terminal states keep an unfinished job out whatever :status says.
+WITH candidates AS (
+    (SELECT id FROM jobs
+     WHERE status = :status AND finished_at < now() - make_interval(secs => :retain_s)
+     ORDER BY finished_at LIMIT :limit)
+    UNION ALL
+    (SELECT id FROM jobs
+     WHERE finished_at IS NULL AND status IN ('succeeded', 'dead', 'cancelled')
+       AND status = :status AND updated_at < now() - make_interval(secs => :retain_s)
+     ORDER BY updated_at LIMIT :limit)
+), doomed AS (
+    SELECT id FROM jobs
+    WHERE id = ANY(ARRAY(SELECT id FROM candidates))
+      AND status IN ('succeeded', 'dead', 'cancelled') AND status = :status
+      AND COALESCE(finished_at, updated_at) < now() - make_interval(secs => :retain_s)
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM jobs
+WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+RETURNING id, queue, type, status, COALESCE(finished_at, updated_at) AS finished_at;
+
+-- name: oldest_finished
+-- Age in seconds of the oldest job kept in each of :statuses (NULL when none), by the same
+-- clock and indexes as expire_finished: one index probe per status.
+SELECT s.status, extract(epoch FROM now() - LEAST(
+    (SELECT min(finished_at) FROM jobs
+     WHERE status = s.status AND finished_at IS NOT NULL),
+    (SELECT min(updated_at) FROM jobs
+     WHERE finished_at IS NULL AND status IN ('succeeded', 'dead', 'cancelled')
+       AND status = s.status)))::float8 AS age_s
+FROM unnest(CAST(:statuses AS text[])) AS s(status);
 
 -- name: pending_page
 -- One keyset page of pending jobs (which Redis should hold), last touched before :before.

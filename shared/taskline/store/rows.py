@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from taskline import transitions
@@ -33,7 +34,7 @@ class Settlement:
                 "writes_result": move.writes_result, "writes_error": move.writes_error,
                 "delay_s": t.delay_s, "detail": dict(t.detail) if t.detail else None,
                 "refund": int(move.refunds_attempt), "dead_letter": move.dead_letter,
-                "lapsed": lapsed}
+                "finishes": move.finishes, "lapsed": lapsed}
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,22 @@ class Promoted:
 
     def committed(self) -> Committed:
         return Committed(transitions.PROMOTE, str(self.id), self.queue, self.priority)
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """A finished job retention deleted, with its events, leases and DLQ row."""
+
+    id: uuid.UUID
+    queue: str
+    type: str
+    status: Status
+    finished_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> Deleted:
+        return cls(id=row.id, queue=row.queue, type=row.type, status=Status(row.status),
+                   finished_at=row.finished_at)
+
+    def committed(self) -> Committed:
+        return Committed(transitions.EXPIRE, str(self.id), self.queue, left=self.status)

@@ -28,6 +28,7 @@ metadata = MetaData()
 
 NOW = text("now()")
 PENDING_SQL = "status IN ('queued', 'scheduled', 'retrying')"
+TERMINAL_SQL = "('succeeded', 'dead', 'cancelled')"
 
 jobs = Table(
     "jobs",
@@ -50,6 +51,9 @@ jobs = Table(
     Column("trace_context", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # When the job reached its terminal state: set by its terminal transition only, cleared by
+    # a requeue; retention counts from it (migration 0003).
+    Column("finished_at", DateTime(timezone=True), nullable=True),
     CheckConstraint(
         "status IN ('scheduled','queued','running','retrying','succeeded','dead','cancelled')",
         name="jobs_status_valid",
@@ -64,6 +68,12 @@ Index("jobs_due", jobs.c.next_run_at,
       postgresql_where=text("status IN ('scheduled', 'retrying')"))
 Index("jobs_status_created", jobs.c.status, jobs.c.created_at, jobs.c.id)
 Index("jobs_created", jobs.c.created_at, jobs.c.id)
+# Retention reads expired jobs oldest first through these, never by scanning the table; the
+# second holds the jobs a release before 0003 finished without stamping finished_at.
+Index("jobs_finished", jobs.c.status, jobs.c.finished_at,
+      postgresql_where=text("finished_at IS NOT NULL"))
+Index("jobs_finished_unstamped", jobs.c.status, jobs.c.updated_at,
+      postgresql_where=text(f"finished_at IS NULL AND status IN {TERMINAL_SQL}"))
 
 job_leases = Table(
     "job_leases",

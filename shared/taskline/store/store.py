@@ -26,10 +26,10 @@ from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
 from taskline import transitions
 from taskline.errors import StoreUnavailable
-from taskline.jobs import Job, parse_job_id
+from taskline.jobs import Job, Status, parse_job_id
 from taskline.store import bulk
 from taskline.store.queries import load_queries
-from taskline.store.rows import Expired, Promoted, Recovered, Settled, Settlement
+from taskline.store.rows import Deleted, Expired, Promoted, Recovered, Settled, Settlement
 from taskline.transitions import Move
 
 _QUERIES = load_queries()
@@ -382,6 +382,20 @@ class Store:
             settled = self.settle([s for _e, s in decided.values()], conn, lapsed=True)
         return [Recovered(decided[r.lease_id][0], decided[r.lease_id][1].transition, r)
                 for r in settled]
+
+    def expire_finished(self, status: Status, retain_s: float, limit: int) -> list[Deleted]:
+        """Delete up to `limit` jobs finished in `status` more than `retain_s` seconds ago
+        (PostgreSQL time), each whole (events, leases, DLQ row) in one statement."""
+        if not transitions.expirable(status) or retain_s <= 0:
+            raise ValueError(f"retention cannot delete {status} jobs after {retain_s} s")
+        rows = self._run("expire_finished", {"status": status.value, "retain_s": retain_s,
+                                             "limit": limit})
+        return [Deleted.from_row(r) for r in rows]
+
+    def oldest_finished(self, statuses: Sequence[Status]) -> dict[Status, float | None]:
+        """Seconds since the oldest kept job of each status finished; None when none is kept."""
+        rows = self._run("oldest_finished", {"statuses": [s.value for s in statuses]})
+        return {Status(r.status): None if r.age_s is None else float(r.age_s) for r in rows}
 
     def seconds_to_next_lease_expiry(self) -> float | None:
         """Seconds until the earliest open lease of a running job ends, in PostgreSQL time

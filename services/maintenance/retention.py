@@ -1,0 +1,130 @@
+"""Retention: deletes finished jobs once they are older than their status's retention.
+
+Invariant: only a finished job (succeeded, cancelled, dead) is ever deleted, and only once
+`finished_at` (the instant its terminal transition committed, PostgreSQL's clock) is older than
+`TASKLINE_RETAIN_<STATUS>_S`; 0 keeps that status forever. A job that is not finished is never
+deleted, whatever its age: the statement (`Store.expire_finished`) names the terminal states as
+literals and re-checks each row under its lock, so a dead job requeued meanwhile stays. A job is
+deleted whole or not at all: the job row, its events, leases and DLQ row go in one statement
+(the foreign keys cascade), one short transaction per batch of at most `BATCH_SIZE` jobs. Only
+after that commit does Redis forget the ids (the move's step, `Dispatcher.follow`: DLQ entry,
+retry and scheduled sets); if this process dies in between, the reconciler removes ids whose job
+is absent on a later pass. A deleted job is a 404.
+
+A pass repeats batches, per status, until a batch comes back short (nothing expired is left,
+or only rows another transaction holds, which the next pass takes), reading candidates oldest
+first through the `jobs_finished` index, never by scanning the table; it stops between batches
+when this instance stops leading. Passes run every `10 x TASKLINE_REAPER_INTERVAL_S` (50 s by
+default). After each pass the gauges say how old the oldest kept job of each status is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.jobs import Status
+from taskline.metrics import RETENTION_DELETED, RETENTION_OLDEST, RETENTION_SECONDS
+from taskline.service import Periodic, always
+from taskline.settings import Settings
+from taskline.store.rows import Deleted
+from taskline.store.store import Store
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 5000
+"""Jobs deleted per statement (one transaction): small enough that no batch holds its row
+locks for long, large enough that a pass keeps up with a steady load."""
+STATUSES = (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD)
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    """Counts of one retention pass."""
+
+    deleted: Mapping[Status, int] = field(default_factory=dict)
+    batches: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return any(self.deleted.values())
+
+
+class Retention(Periodic):
+    """Deletes expired finished jobs in PostgreSQL, batch by batch, then forgets them in Redis."""
+
+    name = "retention"
+
+    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+                 batch_size: int = BATCH_SIZE, active: Callable[[], bool] = always) -> None:
+        super().__init__()
+        self.store = store
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self.batch_size = batch_size
+        self.active = active
+        self._exported = False
+        for status in STATUSES:  # 0, not "no data", on a dashboard before the first deletion
+            RETENTION_DELETED.labels(status=status.value)
+
+    @property
+    def interval_s(self) -> float:
+        return self.settings.retention_interval_s
+
+    def retention_s(self, status: Status) -> float:
+        return self.settings.retention_s[status.value]
+
+    def idle(self) -> None:
+        """Only the leader exports the retention gauges: a standby clears what it exported."""
+        if self._exported:
+            RETENTION_OLDEST.clear()
+            RETENTION_SECONDS.clear()
+            self._exported = False
+
+    def run_once(self) -> RetentionResult:
+        deleted: dict[Status, int] = {}
+        batches = 0
+        for status in STATUSES:
+            if self.retention_s(status) > 0:
+                deleted[status], n = self._expire(status)
+                batches += n
+        self._export_ages()
+        result = RetentionResult(deleted, batches)
+        if not result.changed:
+            log.debug("retention pass: nothing expired", extra={"action": "retention"})
+        return result
+
+    def _expire(self, status: Status) -> tuple[int, int]:
+        """(jobs deleted, batches run) for one status, until a batch comes back short."""
+        total = batches = 0
+        while self.active():
+            batch = self.store.expire_finished(status, self.retention_s(status), self.batch_size)
+            batches += 1
+            total += len(batch)
+            self._forget(status, batch)
+            if len(batch) < self.batch_size:
+                break
+        return total, batches
+
+    def _forget(self, status: Status, batch: list[Deleted]) -> None:
+        """Count and log the committed deletions, then remove the ids from Redis."""
+        if not batch:
+            return
+        RETENTION_DELETED.labels(status=status.value).inc(len(batch))
+        for row in batch:
+            # One record per job, as every job-path transition logs: the fault checker judges
+            # deletions from these (the row and its history are gone).
+            log.info("job expired", extra={"action": "expired", "job_id": str(row.id),
+                                           "queue": row.queue, "type": row.type,
+                                           "status": row.status.value,
+                                           "finished_at": row.finished_at.isoformat()})
+        self.dispatcher.follow([row.committed() for row in batch])
+
+    def _export_ages(self) -> None:
+        ages = self.store.oldest_finished(STATUSES)
+        for status in STATUSES:
+            RETENTION_OLDEST.labels(status=status.value).set(ages.get(status) or 0.0)
+            RETENTION_SECONDS.labels(status=status.value).set(self.retention_s(status))
+        self._exported = True
