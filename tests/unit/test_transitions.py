@@ -47,7 +47,8 @@ def test_finished_at_is_stamped_by_exactly_the_moves_into_a_terminal_state() -> 
     queries = {name: str(q) for name, q in load_queries().items()}
     assert "finished_at = now()" in queries["cancel_pending_job"]
     assert "finished_at = NULL" in queries["requeue_dead_job"]
-    assert "finished_at = CASE WHEN s.finishes THEN now() END" in queries["settle"]
+    assert "finished_at = CASE WHEN CAST(leases.s ->> 'finishes' AS boolean) THEN now() END" in (
+        queries["settle"])
 
 
 def test_only_pending_jobs_are_cancelled_outright_and_new_jobs_start_pending() -> None:
