@@ -7,8 +7,9 @@ repetition per run, the two orders alternating so neither side always runs secon
 
 Usage: python bench/pairs.py --before DIR --after DIR [--pairs 7]
            [--only drain_4_workers,enqueue_single_8_clients,pickup_idle_worker] [--jobs N]
-           [--out bench-results/pairs.json]
-Prints, per metric, each pair's ratio and the median with min-max. For latencies (ms) the ratio
+           [--bench-from DIR] [--out bench-results/pairs.json]
+`--bench-from` runs one checkout's bench/ with both sides' code, so a scenario newer than the
+older side can still measure it. Prints, per metric, each pair's ratio and the median with min-max. For latencies (ms) the ratio
 is before/after, so above 1 is better in every row.
 """
 
@@ -26,10 +27,12 @@ from typing import Any
 DEFAULT_ONLY = "drain_4_workers,enqueue_single_8_clients,pickup_idle_worker"
 
 
-def run_once(tree: Path, only: str, jobs: int) -> dict[str, Any]:
-    """One repetition of the scenarios from `tree`; its results by scenario name."""
+def run_once(tree: Path, only: str, jobs: int, bench: Path | None) -> dict[str, Any]:
+    """One repetition of the scenarios with `tree`'s code (its virtualenv); the benchmark's
+    own scripts are `bench`'s when given (to run a new scenario against older code)."""
+    script = (bench or tree) / "bench" / "run.py"
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([str(tree / ".venv" / "bin" / "python"), "bench/run.py", "--repeat", "1",
+        subprocess.run([str(tree / ".venv" / "bin" / "python"), str(script), "--repeat", "1",
                         "--no-peers", "--only", only, "--jobs", str(jobs), "--out", out.name],
                        cwd=tree, check=True, stdout=subprocess.DEVNULL)
         return json.loads(Path(out.name).read_text())["results"]
@@ -41,6 +44,10 @@ def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
     for name, value in results.items():
         if isinstance(value, dict) and "median" in value:
             out[name] = (float(value["median"]), True)
+        elif isinstance(value, dict) and all(isinstance(v, dict) and "median" in v
+                                             for v in value.values()):
+            for case, summary in value.items():  # the sweep: one metric per case
+                out[f"{name} {case}"] = (float(summary["median"]), True)
         elif name == "pickup_idle_worker":
             (first,) = value
             for way, q in first.items():
@@ -61,11 +68,14 @@ def main() -> int:
     parser.add_argument("--only", default=DEFAULT_ONLY)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--out", type=Path, default=Path("bench-results/pairs.json"))
+    parser.add_argument("--bench-from", type=Path, default=None,
+                        help="a checkout whose bench/ both sides run (default: each its own)")
     args = parser.parse_args()
     pairs: list[dict[str, Any]] = []
     for n in range(args.pairs):
         order = ("before", "after") if n % 2 == 0 else ("after", "before")
-        runs = {side: metrics(run_once(getattr(args, side), args.only, args.jobs))
+        runs = {side: metrics(run_once(getattr(args, side), args.only, args.jobs,
+                                       args.bench_from))
                 for side in order}
         pairs.append(runs)
         print(f"pair {n + 1}: " + json.dumps({k: round(runs["after"][k][0] / runs["before"][k][0],

@@ -173,6 +173,22 @@ def drain_io_side_by_side(stack: Stack, n: int, repeat: int,
             for h, setup, _ in cases}
 
 
+SWEEP_SLOTS = (4, 8, 16, 32)
+"""Slots per process the concurrency sweep tries (the worker's default is chosen from it)."""
+
+
+def concurrency_sweep(stack: Stack, n: int, repeat: int) -> dict[str, Any]:
+    """taskline alone, 2 worker processes, per handler (no-op and the two I/O ones) and slot
+    count: the figures behind the worker's default concurrency (docs/performance.md)."""
+    runs: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        for handler in ("noop", *IO_HANDLERS):
+            for slots in SWEEP_SLOTS:
+                runs.setdefault(f"{handler} {IO_PROCESSES}x{slots}", []).append(sc.drain(
+                    stack, n, IO_PROCESSES, job_type=f"bench.{handler}", concurrency=slots))
+    return {case: summary(values) for case, values in runs.items()}
+
+
 def show(name: str, value: Any) -> None:
     if isinstance(value, dict) and "median" in value:
         print(f"{name:40s} median {value['median']:10.1f}  min {value['min']:10.1f}  "
@@ -228,6 +244,10 @@ def side_by_sides(stack: Stack, args: argparse.Namespace, only: set[str],
         for case, values in results["drain_io_side_by_side"].items():
             for name, value in values.items():
                 show(f"drain_io {case} {name}", value)
+    if "concurrency_sweep" in only:  # only when asked: twelve drains per repetition
+        results["concurrency_sweep"] = concurrency_sweep(stack, args.jobs, args.repeat)
+        for case, value in results["concurrency_sweep"].items():
+            show(f"concurrency_sweep {case}", value)
     if (not only or "pgqueuer_enqueue" in only) and "pgqueuer" in _peers_installed(with_peers):
         # Read beside enqueue_single_1_client, enqueue_batch and pickup_idle_worker.
         results["pgqueuer_enqueue"] = measure(
