@@ -9,8 +9,8 @@ Usage: python bench/pairs.py --before DIR --after DIR [--pairs 7]
            [--only drain_4_workers,enqueue_single_8_clients,pickup_idle_worker] [--jobs N]
            [--bench-from DIR] [--out bench-results/pairs.json]
 `--bench-from` runs one checkout's bench/ with both sides' code, so a scenario newer than the
-older side can still measure it. Prints, per metric, each pair's ratio and the median with min-max. For latencies (ms) the ratio
-is before/after, so above 1 is better in every row.
+older side can still measure it. Prints, per metric, each pair's ratio and the median with
+min-max. For latencies (ms) the ratio is before/after, so above 1 is better in every row.
 """
 
 from __future__ import annotations
