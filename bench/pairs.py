@@ -44,15 +44,24 @@ def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
     for name, value in results.items():
         if isinstance(value, dict) and "median" in value:
             out[name] = (float(value["median"]), True)
-        elif isinstance(value, dict) and all(isinstance(v, dict) and "median" in v
-                                             for v in value.values()):
-            for case, summary in value.items():  # the sweep: one metric per case
-                out[f"{name} {case}"] = (float(summary["median"]), True)
+        elif isinstance(value, dict):  # by case (the sweep), or by case and system
+            out.update(_nested(name, value))
         elif name == "pickup_idle_worker":
             (first,) = value
             for way, q in first.items():
                 out[f"pickup {way} p50"] = (float(q["p50"]), False)
                 out[f"pickup {way} p99"] = (float(q["p99"]), False)
+    return out
+
+
+def _nested(prefix: str, value: dict[str, Any]) -> dict[str, tuple[float, bool]]:
+    """The throughput medians of a scenario that reports by case (and by system in a case)."""
+    out: dict[str, tuple[float, bool]] = {}
+    for key, item in value.items():
+        if isinstance(item, dict) and "median" in item:
+            out[f"{prefix} {key}"] = (float(item["median"]), True)
+        elif isinstance(item, dict):
+            out.update(_nested(f"{prefix} {key}", item))
     return out
 
 
