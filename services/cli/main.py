@@ -56,7 +56,8 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
     worker = sub.add_parser("worker", help="run jobs")
     worker.add_argument("--queues", type=_csv, default=["default"],
                         help="comma-separated queues, taken in this order (default: default)")
-    worker.add_argument("--concurrency", type=int, default=4, help="handler threads")
+    worker.add_argument("--concurrency", type=int, default=16,
+                        help="handler threads (default 16: docs/performance.md, concurrency sweep)")
     worker.add_argument("--metrics-port", type=int, default=None,
                         help="port of /metrics (default TASKLINE_METRICS_PORT; 0 = off)")
     worker.set_defaults(fn=cmd_worker)
