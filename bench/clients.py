@@ -57,22 +57,18 @@ def _client(base: str, path: str, body: bytes, requests: int, warmup: int, go: A
     done.put(requests)
 
 
-def post_concurrently(base: str, path: str, body: Any, requests: int, clients: int,
-                      warmup: int = 0, on_ready: Callable[[], None] | None = None) -> float:
-    """Seconds for `clients` processes to POST `body` `requests` times in all; each first
-    posts `warmup` requests before the clock starts, which are not counted. `on_ready` runs
-    once every client is connected and warmed up, before the clock starts."""
+def run_together(target: Callable[..., None], args: tuple, count: int,
+                 on_ready: Callable[[], None] | None = None) -> tuple[float, int]:
+    """Start `count` processes of `target(*args, go, ready, done)`, wait until each has put
+    on `ready` (connected and warmed up), run `on_ready`, then set `go` and time until each has
+    put its count on `done`: (seconds, the counts added up). A process that fails raises."""
     ctx = mp.get_context("fork")
     go, ready, done = ctx.Event(), ctx.Queue(), ctx.Queue()
-    data = json.dumps(body, separators=(",", ":")).encode()
-    share = requests // clients
-    procs = [ctx.Process(target=_client, args=(base, path, data, share, warmup, go, ready,
-                                                      done))
-             for _ in range(clients)]
+    procs = [ctx.Process(target=target, args=(*args, go, ready, done)) for _ in range(count)]
     for proc in procs:
         proc.start()
     for _ in procs:
-        ready.get(timeout=120)  # every client connected and warmed up
+        ready.get(timeout=120)
     if on_ready is not None:
         on_ready()
     started = time.perf_counter()
@@ -83,6 +79,18 @@ def post_concurrently(base: str, path: str, body: Any, requests: int, clients: i
         proc.join()
         if proc.exitcode != 0:
             raise RuntimeError("a benchmark client failed")
+    return elapsed, finished
+
+
+def post_concurrently(base: str, path: str, body: Any, requests: int, clients: int,
+                      warmup: int = 0, on_ready: Callable[[], None] | None = None) -> float:
+    """Seconds for `clients` processes to POST `body` `requests` times in all; each first
+    posts `warmup` requests before the clock starts, which are not counted. `on_ready` runs
+    once every client is connected and warmed up, before the clock starts."""
+    data = json.dumps(body, separators=(",", ":")).encode()
+    share = requests // clients
+    elapsed, finished = run_together(_client, (base, path, data, share, warmup), clients,
+                                     on_ready)
     if finished != share * clients:
         raise RuntimeError("a benchmark client stopped early")
     return elapsed

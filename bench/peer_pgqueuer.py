@@ -19,7 +19,6 @@ warmed up before the clock starts, like the HTTP clients of taskline's scenarios
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -30,6 +29,7 @@ from typing import Any
 
 import asyncpg
 import redis.asyncio as aioredis
+from clients import run_together
 from iojobs import COUNTER, SLEEP_S
 from pgqueuer import PgQueuer
 from pgqueuer.models import Job
@@ -126,24 +126,11 @@ def produce(dsn: str, jobs: int, batch: int = 1, producers: int = 1, warmup: int
             entrypoint: str = "noop") -> float:
     """Seconds for `producers` processes to enqueue `jobs` jobs in calls of `batch`; each first
     makes `warmup` calls that are not timed (their jobs stay in the queue)."""
-    ctx = mp.get_context("fork")
-    go, ready, done = ctx.Event(), ctx.Queue(), ctx.Queue()
     calls = jobs // batch // producers
-    procs = [ctx.Process(target=_producer,
-                         args=(dsn, entrypoint, batch, calls, warmup, go, ready, done))
-             for _ in range(producers)]
-    for proc in procs:
-        proc.start()
-    for _ in procs:
-        ready.get(timeout=120)
-    started = time.perf_counter()
-    go.set()
-    finished = sum(done.get(timeout=600) for _ in procs)
-    elapsed = time.perf_counter() - started
-    for proc in procs:
-        proc.join()
-    if finished != calls * producers or any(p.exitcode for p in procs):
-        raise RuntimeError("a pgqueuer producer failed")
+    elapsed, finished = run_together(_producer, (dsn, entrypoint, batch, calls, warmup),
+                                     producers)
+    if finished != calls * producers:
+        raise RuntimeError("a pgqueuer producer stopped early")
     return elapsed
 
 
