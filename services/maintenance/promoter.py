@@ -19,6 +19,7 @@ second for promotion with the default settings, and less when tests shorten the 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -83,8 +84,9 @@ class Promoter(Periodic):
 
     def _push(self, rows: list[Promoted]) -> int:
         self.dispatcher.follow([row.committed() for row in rows])
+        for queue, count in Counter(row.queue for row in rows).items():
+            PROMOTED.labels(queue=self.queue_label(queue)).inc(count)
         for row in rows:
-            PROMOTED.labels(queue=self.queue_label(row.queue)).inc()
             log.info("job promoted", extra={"action": "promoted", "job_id": str(row.id),
                                             "queue": row.queue, "priority": row.priority})
         return len(rows)
