@@ -69,6 +69,20 @@ QUEUE_PAUSED_SINCE = Gauge("taskline_queue_paused_since_timestamp_seconds",
                            multiprocess_mode="livemax")
 PAUSE_HELD = Counter("taskline_queue_pause_held_total",
                      "Fetched ids handed back to Redis because their queue is paused", ["queue"])
+# Flow limits: jobs the budgeted claim started (workers), and per scope (maintenance only,
+# from PostgreSQL) the limits, what they hold back and what uses their budget now.
+HELD_CLAIMS = Counter("taskline_limit_claimed_total",
+                      "Limited jobs started by the budgeted claim, within their budgets")
+LIMIT_HELD = Gauge("taskline_limit_held_jobs", "Queued jobs a flow limit applies to (held back "
+                   "while its budget is used)", ["scope"], multiprocess_mode="livemax")
+LIMIT_RUNNING = Gauge("taskline_limit_running", "Open leases of jobs a flow limit applies to",
+                      ["scope"], multiprocess_mode="livemax")
+LIMIT_STARTED = Gauge("taskline_limit_window_starts", "Starts inside a rate limit's window",
+                      ["scope"], multiprocess_mode="livemax")
+LIMIT_CONCURRENCY = Gauge("taskline_limit_concurrency", "A scope's concurrency limit",
+                          ["scope"], multiprocess_mode="livemax")
+LIMIT_RATE = Gauge("taskline_limit_rate", "A scope's rate limit (starts per period)",
+                   ["scope"], multiprocess_mode="livemax")
 # Retention (maintenance only; `status` is succeeded, cancelled or dead). The retention gauge
 # carries the setting so an alert can compare the oldest age with it.
 RETENTION_DELETED = Counter("taskline_retention_deleted_total",
