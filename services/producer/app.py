@@ -22,6 +22,7 @@ from taskline_producer import (
     events,
     health,
     jobs,
+    limits,
     operations,
     pauses,
     request_metrics,
@@ -50,7 +51,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     errors.init_app(app)
     events.init_app(app)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
-                      auth.bp, audit.bp, pauses.bp):
+                      auth.bp, audit.bp, pauses.bp, limits.bp):
         app.register_blueprint(blueprint)
     return app
 

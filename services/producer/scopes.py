@@ -29,6 +29,9 @@ ROUTE_SCOPES: dict[str, str] = {
     "audit.list_audit": OPERATE,
     "pauses.pause_queue": OPERATE,
     "pauses.resume_queue": OPERATE,
+    "limits.put_limit": OPERATE,
+    "limits.list_limits": READ,
+    "limits.delete_limit": OPERATE,
 }
 
 

@@ -374,7 +374,8 @@ class Store:
             picked += admission.picked
             usage = admission.usage
             if len(found) < window or not admission.picked or len(picked) >= slots:
-                held = len(found) > len(admission.picked)
+                # Jobs of a spent budget were left out of `found`: they may still wait.
+                held = len(found) > len(admission.picked) or bool(admission.full)
                 return picked, held, admission.frees_at
         return picked, True, admission.frees_at if admission else None
 
