@@ -66,7 +66,7 @@ def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
     job = client.enqueue(
         args.type, _payload(args.payload), queue=args.queue, priority=_priority(args.priority),
         max_retries=args.max_retries, timeout_s=args.timeout, delay_s=args.delay,
-        run_at=args.run_at, idempotency_key=args.idempotency_key)
+        run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key)
     if not args.wait:
         _emit(args, job, lambda: print(f"{job.get('id')}  {job.get('status')}"))
         return EXIT_OK
@@ -114,6 +114,31 @@ def cmd_workers(args: argparse.Namespace, client: Client) -> int:
 def cmd_queues(args: argparse.Namespace, client: Client) -> int:
     data = client.queues()
     _emit(args, data, lambda: _print_page(data, QUEUE_COLUMNS))
+    return EXIT_OK
+
+
+@client_command
+def cmd_limits_list(args: argparse.Namespace, client: Client) -> int:
+    data = client.limits()
+    _emit(args, data, lambda: _print_page(
+        {"limits": [_limit_row(x) for x in data["limits"]]}, LIMIT_COLUMNS))
+    return EXIT_OK
+
+
+@client_command
+def cmd_limits_set(args: argparse.Namespace, client: Client) -> int:
+    rate, period = _rate_option(args.rate)
+    limit = client.set_limit(args.scope, concurrency=args.concurrency, rate=rate,
+                             period_s=period, per_key=args.per_key)
+    _emit(args, limit, lambda: print(f"{limit['scope']}  {_describe_limit(limit)}"))
+    return EXIT_OK
+
+
+@client_command
+def cmd_limits_delete(args: argparse.Namespace, client: Client) -> int:
+    removed = client.delete_limit(args.scope)
+    _emit(args, removed, lambda: print(f"{removed['scope']} removed; "
+                                       f"{removed['released']} held jobs released"))
     return EXIT_OK
 
 
@@ -188,6 +213,8 @@ QUEUE_COLUMNS = (("QUEUE", "name"), ("PAUSED", "paused"), ("SCHEDULED", "counts.
                  ("QUEUED", "counts.queued"), ("RETRYING", "counts.retrying"),
                  ("RUNNING", "counts.running"), ("DEAD", "counts.dead"),
                  ("REDIS READY", "redis.ready_total"), ("REDIS PROCESSING", "redis.processing"))
+LIMIT_COLUMNS = (("SCOPE", "scope"), ("LIMITS", "limits"), ("RUNNING", "running"),
+                 ("STARTED", "started"), ("HELD", "held"))
 AUDIT_COLUMNS = (("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGET", "target"),
                  ("DETAIL", "detail"))
 
@@ -289,6 +316,8 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     when.add_argument("--run-at", metavar="TIME", help="first run at an ISO 8601 time")
     p.add_argument("--idempotency-key", metavar="K",
                    help="dedupe key (default: a fresh one per command)")
+    p.add_argument("--limit-key", metavar="K",
+                   help="the budget it draws from under a per_key flow limit (e.g. a tenant)")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to finish; exit 1 unless it succeeded")
     p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
@@ -321,6 +350,50 @@ def _audit_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
                    help="the name and scopes of the token").set_defaults(fn=cmd_whoami)
 
 
+def _limit_row(limit: dict[str, Any]) -> dict[str, Any]:
+    return {**limit, "limits": _describe_limit(limit)}
+
+
+def _describe_limit(limit: dict[str, Any]) -> str:
+    parts = []
+    if limit.get("concurrency") is not None:
+        parts.append(f"concurrency {limit['concurrency']}")
+    if limit.get("rate"):
+        parts.append(f"rate {limit['rate']['limit']}/{limit['rate']['period_s']:g}s")
+    if limit.get("per_key"):
+        parts.append("per key")
+    return ", ".join(parts)
+
+
+def _rate_option(text: str | None) -> tuple[int | None, float | None]:
+    """`N/S` (N starts per S seconds) from --rate; a usage error otherwise."""
+    if text is None:
+        return None, None
+    count, _, period = text.partition("/")
+    try:
+        return int(count), float(period or "1")
+    except ValueError:
+        raise UsageError(f"--rate takes N/SECONDS (e.g. 100/1), not {text!r}") from None
+
+
+def _limits_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    limits = sub.add_parser("limits", help="cluster-wide rate and concurrency limits")
+    limits_sub = limits.add_subparsers(dest="limits_command", required=True)
+    limits_sub.add_parser("list", parents=[common],
+                          help="every limit with its use").set_defaults(fn=cmd_limits_list)
+    put = limits_sub.add_parser("set", parents=[common],
+                                help="create or replace a scope's limits")
+    put.add_argument("scope", help="type:<type> or queue:<queue>")
+    put.add_argument("--concurrency", type=int, metavar="N", help="at most N running at once")
+    put.add_argument("--rate", metavar="N/S", help="at most N starts in any S seconds")
+    put.add_argument("--per-key", action="store_true",
+                     help="one budget per job limit_key (fairness between tenants)")
+    put.set_defaults(fn=cmd_limits_set)
+    delete = limits_sub.add_parser("delete", parents=[common], help="remove a scope's limits")
+    delete.add_argument("scope", help="type:<type> or queue:<queue>")
+    delete.set_defaults(fn=cmd_limits_delete)
+
+
 def _pause_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     pause = sub.add_parser("pause", parents=[common],
                            help="pause a queue: workers start none of its jobs until resumed")
@@ -345,4 +418,5 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("workers", parents=[common], help="live workers").set_defaults(fn=cmd_workers)
     sub.add_parser("queues", parents=[common], help="depth per queue").set_defaults(fn=cmd_queues)
     _pause_parsers(sub, common)
+    _limits_parser(sub, common)
     _audit_parser(sub, common)

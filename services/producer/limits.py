@@ -119,13 +119,16 @@ def _rate(rate: object, errors: list[dict]) -> tuple[int | None, float | None]:
     errors += [{"field": f"rate.{k}", "message": "unknown field"} for k in rate
                if k not in ("limit", "period_s")]
     limit = _number(rate, "limit", errors)
-    if "limit" not in rate:
-        errors.append({"field": "rate.limit", "message": "required"})
+    if rate.get("limit") is None:
+        errors.append({"field": "rate.limit", "message": "required: an integer "
+                                                         f"1..{flow.MAX_NUMBER}"})
     period = rate.get("period_s")
     if (isinstance(period, bool) or not isinstance(period, int | float)
             or not math.isfinite(period) or not 0 < period <= flow.MAX_PERIOD_S):
         errors.append({"field": "rate.period_s",
                        "message": f"required: seconds, > 0 and <= {flow.MAX_PERIOD_S:g}"})
+        return None, None
+    if limit is None:
         return None, None
     return limit, float(period)
 

@@ -96,11 +96,12 @@ class Client:
                 priority: int | str | None = None, max_retries: int | None = None,
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None,
-                idempotency_key: str | None = None) -> dict[str, Any]:
+                idempotency_key: str | None = None,
+                limit_key: str | None = None) -> dict[str, Any]:
         """Enqueue one job and return it (status 201 new, 200 when the key was seen before)."""
         spec = job_spec(type, payload, queue=queue, priority=priority, max_retries=max_retries,
                         timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
-                        idempotency_key=idempotency_key)
+                        idempotency_key=idempotency_key, limit_key=limit_key)
         return self._call("POST", "/jobs", body=spec)
 
     def enqueue_batch(self, specs: Iterable[Mapping[str, Any]]) -> Any:
@@ -160,6 +161,26 @@ class Client:
     def resume_queue(self, queue: str) -> dict[str, Any]:
         """Resume a paused queue (needs jobs:operate)."""
         return self._call("POST", f"/queues/{_segment(queue)}/resume")
+
+    def set_limit(self, scope: str, *, concurrency: int | None = None,
+                  rate: int | None = None, period_s: float | None = None,
+                  per_key: bool = False) -> dict[str, Any]:
+        """Create or replace the flow limits of `scope` (`type:<type>` or `queue:<queue>`):
+        `concurrency` running at once and/or `rate` starts per `period_s`, cluster-wide."""
+        body: dict[str, Any] = {"per_key": per_key}
+        if concurrency is not None:
+            body["concurrency"] = concurrency
+        if rate is not None or period_s is not None:
+            body["rate"] = {"limit": rate, "period_s": period_s}
+        return self._call("PUT", f"/limits/{_segment(scope)}", body=body)
+
+    def limits(self) -> dict[str, Any]:
+        """Every flow limit with its use now (running, started in the window, held jobs)."""
+        return self._call("GET", "/limits")
+
+    def delete_limit(self, scope: str) -> dict[str, Any]:
+        """Remove the flow limits of `scope`; the jobs it held go back to Redis."""
+        return self._call("DELETE", f"/limits/{_segment(scope)}", replay_safe=False)
 
     def wait(self, job_id: str | uuid.UUID, timeout: float = 60.0,
              poll: float = 0.2) -> dict[str, Any]:
@@ -244,13 +265,14 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
              priority: int | str | None = None, max_retries: int | None = None,
              timeout_s: float | None = None, delay_s: float | None = None,
              run_at: datetime | str | None = None,
-             idempotency_key: str | None = None) -> dict[str, Any]:
+             idempotency_key: str | None = None,
+             limit_key: str | None = None) -> dict[str, Any]:
     """The JSON body of one enqueue; fields left None take the API's defaults."""
     spec: dict[str, Any] = {
         "type": type, "payload": payload, "queue": queue, "priority": priority,
         "max_retries": max_retries, "timeout_s": timeout_s, "delay_s": delay_s,
         "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at,
-        "idempotency_key": idempotency_key or str(uuid.uuid4()),
+        "idempotency_key": idempotency_key or str(uuid.uuid4()), "limit_key": limit_key,
     }
     return {k: v for k, v in spec.items() if v is not None}
 

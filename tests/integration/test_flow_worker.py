@@ -103,6 +103,8 @@ def test_removing_a_limit_runs_what_it_held(settings, store, dispatcher, client)
     ("type:x", {"rate": {"limit": 5}}, 422, "rate.period_s"),
     ("type:x", {"rate": {"limit": 5, "period_s": 0}}, 422, "rate.period_s"),
     ("type:x", {"rate": {"period_s": 1}}, 422, "rate.limit"),
+    ("type:x", {"rate": {"limit": None, "period_s": 1}}, 422, "rate.limit"),
+    ("type:x", {"rate": [5, 1]}, 422, "rate"),
     ("type:x", {"concurrency": 1, "per_key": "yes"}, 422, "per_key"),
     ("type:x", {"concurrency": 1, "burst": 2}, 422, "burst"),
     ("tenant:x", {"concurrency": 1}, 400, "scope"),

@@ -40,8 +40,8 @@
     buckets: new Map(),                 // bucket start (s) -> {ok, failed}
     feed: [],
     historyId: null,
-    dirty: { queues: true, workers: true, dead: true, history: false, view: true },
-    lastFetch: { queues: 0, workers: 0, dead: 0, history: 0 },
+    dirty: { queues: true, workers: true, dead: true, limits: true, history: false, view: true },
+    lastFetch: { queues: 0, workers: 0, dead: 0, limits: 0, history: 0 },
     inflight: {},
     principal: null,                    // GET /api/v1/whoami; null until it answered
   };
@@ -214,6 +214,7 @@
     if (state.feed.length > FEED_SIZE) state.feed.length = FEED_SIZE;
     state.dirty.queues = true;
     state.dirty.workers = true;
+    state.dirty.limits = true;
     if (change.status === "dead" || change.event === "requeued") state.dirty.dead = true;
     if (change.job_id === state.historyId) state.dirty.history = true;
     state.dirty.view = true;
@@ -328,6 +329,28 @@
       guard(toggle, OPERATE);
       tr.append(cell(queue.name), stateCell, cell(String(queue.counts.queued || 0)),
         cell(String(queue.counts.running || 0)), cell(String(queue.counts.dead || 0)), cell(toggle));
+      return tr;
+    }));
+  }
+
+  // --- flow limits ------------------------------------------------------------------------
+
+  function describeLimit(limit) {
+    const parts = [];
+    if (limit.concurrency !== null) parts.push(`${limit.running}/${limit.concurrency} running`);
+    if (limit.rate) parts.push(`${limit.started}/${limit.rate.limit} per ${limit.rate.period_s} s`);
+    if (limit.per_key) parts.push("per key");
+    return parts.join(", ");
+  }
+
+  function applyLimits(data) {
+    const body = $("limits-body");
+    if (!data.limits.length) { emptyRow(body, 3, "No limit."); return; }
+    body.replaceChildren(...data.limits.map((limit) => {
+      const tr = document.createElement("tr");
+      tr.dataset.scope = limit.scope;
+      tr.append(cell(limit.scope), cell(describeLimit(limit)),
+        cell(String(limit.held), limit.held > 0 ? "held" : ""));
       return tr;
     }));
   }
@@ -665,6 +688,7 @@
     queues: { path: () => "/queues", apply: applyQueues, every: 5000, min: 1000 },
     workers: { path: () => "/workers", apply: applyWorkers, every: 3000, min: 1000 },
     dead: { path: () => "/dlq?limit=10", apply: applyDead, every: 10000, min: 1000 },
+    limits: { path: () => "/limits", apply: applyLimits, every: 5000, min: 1000 },
     history: { path: () => `/jobs/${state.historyId}`, apply: applyHistory, every: 0, min: 500 },
   };
 
