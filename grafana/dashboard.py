@@ -89,6 +89,15 @@ QUEUES = (
     Chart("Paused queues", "1 while a queue is paused: its jobs wait, none starts (alert when "
           "paused with a backlog for 1h).",
           (Query("max by (queue) (taskline_queue_paused)", "{{queue}}"),), width=12),
+    Chart("Flow limits: budget in use", "Open leases against each concurrency limit and "
+          "starts in each rate window against its limit.",
+          (Query("max by (scope) (taskline_limit_running)", "running {{scope}}"),
+           Query("max by (scope) (taskline_limit_concurrency)", "concurrency {{scope}}"),
+           Query("max by (scope) (taskline_limit_window_starts)", "started {{scope}}"),
+           Query("max by (scope) (taskline_limit_rate)", "rate {{scope}}")), width=12),
+    Chart("Flow limits: held jobs", "Queued jobs each limit holds back while its budget is "
+          "used (alert when held at a full budget for 15m).",
+          (Query("max by (scope) (taskline_limit_held_jobs)", "{{scope}}"),), width=12),
     Chart("Ids held back by a pause", "Fetched ids a worker handed back because the claim found "
           "their queue paused: a burst right after a pause, or after Redis lost a pause marker.",
           (Query("sum by (queue) (rate(taskline_queue_pause_held_total[5m]))", "{{queue}}"),),

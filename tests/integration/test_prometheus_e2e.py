@@ -53,7 +53,8 @@ QUEUE = "default"
 # Computed by maintenance alone, so Prometheus never adds up copies from other services.
 MAINTENANCE_ONLY = ("job_queue_depth", "job_dlq_depth", "job_oldest_ready_age_seconds",
                     "taskline_live_workers", "taskline_maintenance_leader",
-                    "reconciliation_duration_seconds_count", "taskline_queue_paused")
+                    "reconciliation_duration_seconds_count", "taskline_queue_paused",
+                    "taskline_limit_held_jobs")
 
 pytestmark = pytest.mark.slow
 
@@ -227,6 +228,12 @@ class Workload:
         self.dispatcher.unschedule(QUEUE, missing)
         self.dispatcher.schedule_many(QUEUE, [(str(uuid.uuid4()), 2**41)])
 
+    def limit(self) -> None:
+        """A flow limit with both budgets, on a type nothing enqueues: its gauges exist."""
+        response = requests.put(f"{self.api}/limits/type:e2e.limited", timeout=10,
+                                json={"concurrency": 1, "rate": {"limit": 10, "period_s": 1}})
+        assert response.status_code == 201, response.text
+
     def hold_by_pause(self) -> bool:
         """Pause the queue in PostgreSQL alone (as if Redis lost the marker) and enqueue: the
         worker fetches the job, the claim refuses it, and the worker hands it back. The queue
@@ -279,6 +286,7 @@ def test_every_panel_shows_data_and_every_alert_parses(settings: Settings, store
         prometheus = Prometheus(ports.prometheus)
         work = Workload(ports.api, store, dispatcher)
         work.drift()
+        work.limit()
         first = work.wave()
         work.lose_a_lease()
         # The second wave must land in later scrapes than the first, so rates see increases.
