@@ -16,7 +16,11 @@ overlap (each starts after the previous one was released); two executions overla
 the earlier one's lease had ended (expired, or released with an outcome such as a timeout);
 each lost lease was recovered once; the DLQ (status dead, dead_letter_jobs, the DLQ list)
 holds exactly the jobs that exhausted their attempts or failed permanently; Redis converges to
-PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After.
+PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After. For every flow
+limit in `flow_limits` (scope `type:<t>` or `queue:<q>`, per `limit_key` when `per_key`), judged
+from `job_leases` alone: at no instant were more leases of the scope open (from `leased_at`
+until `released_at`) than its `concurrency`, and no sliding window of `period_s` holds more
+`leased_at` than its `rate_limit`.
 
 Retention deletes finished jobs, so an acknowledged job may be absent. It counts as `expired`
 (an ok outcome) only when maintenance's log records its deletion (`action: expired`, with the
@@ -118,6 +122,8 @@ class Snapshot:
     execs: dict[str, list[dict]]
     effects: dict[str, list[dict]]
     dead_letters: dict[str, dict]
+    limits: list[dict] = field(default_factory=list)
+    """The flow limits in force (the scenario sets them before its load)."""
     expired: dict[str, dict] = field(default_factory=dict)
     """Job id -> maintenance's log record of its deletion by retention."""
 
@@ -160,6 +166,7 @@ class Checker:
         for job_id in snap.jobs:
             result.violations += [f"job {job_id}: {v}" for v in job_violations(job_id, snap)]
         result.violations += dlq_violations(snap)
+        result.violations += flow_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
         result.violations += self.redis_violations()
         result.stale = stale_rejections(self.cluster.log_events(("worker",)))
@@ -185,7 +192,8 @@ class Checker:
 
     def snapshot(self) -> Snapshot:
         jobs = {str(r["id"]): r for r in self._query(
-            "SELECT id, type, queue, status, attempts, max_retries, updated_at FROM jobs")}
+            "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key "
+            "FROM jobs")}
         return Snapshot(
             jobs=jobs,
             events=_grouped(self._query(
@@ -201,6 +209,8 @@ class Checker:
                 "SELECT job_id, attempt, worker_id FROM fault_effects ORDER BY id")),
             dead_letters={str(r["job_id"]): r for r in self._query(
                 "SELECT job_id, attempts FROM dead_letter_jobs")},
+            limits=self._query("SELECT scope, concurrency, rate_limit, period_s, per_key "
+                               "FROM flow_limits"),
         )
 
     # --- classification ------------------------------------------------------------------
@@ -456,6 +466,62 @@ def _failed_permanently(events: list[dict]) -> bool:
 
 
 # --- retention ----------------------------------------------------------------------------
+
+def flow_violations(snap: Snapshot) -> list[str]:
+    """Every flow limit held at every instant and in every sliding window (see the module)."""
+    problems = []
+    for limit in snap.limits:
+        for key, leases in _leases_by_budget(limit, snap).items():
+            name = f"{limit['scope']}" + (f" key {key!r}" if limit["per_key"] else "")
+            if limit["concurrency"] is not None:
+                peak = peak_open(leases)
+                if peak > limit["concurrency"]:
+                    problems.append(f"limit {name}: {peak} leases open at once "
+                                    f"(concurrency {limit['concurrency']})")
+            if limit["rate_limit"] is not None:
+                worst = busiest_window([lease["leased_at"] for lease in leases],
+                                       float(limit["period_s"]))
+                if worst > limit["rate_limit"]:
+                    problems.append(f"limit {name}: {worst} starts within {limit['period_s']} s "
+                                    f"(rate {limit['rate_limit']})")
+    return problems
+
+
+def _leases_by_budget(limit: Mapping[str, Any], snap: Snapshot) -> dict[str, list[dict]]:
+    kind, name = limit["scope"].split(":", 1)
+    out: dict[str, list[dict]] = defaultdict(list)
+    for job_id, job in snap.jobs.items():
+        if job.get(kind) == name:
+            key = (job.get("limit_key") or "") if limit["per_key"] else ""
+            out[key] += snap.leases.get(job_id, [])
+    return out
+
+
+def peak_open(leases: Iterable[Mapping[str, Any]]) -> int:
+    """The most leases open at one instant; a lease is open from leased_at until released_at
+    (still open if never released), and one ending at the instant another starts is not."""
+    edges = []
+    for lease in leases:
+        edges.append((lease["leased_at"], 1))
+        if lease["released_at"] is not None:
+            edges.append((lease["released_at"], -1))
+    peak = open_now = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+def busiest_window(starts: Iterable[datetime], period_s: float) -> int:
+    """The most starts inside any half-open window (t - period_s, t]."""
+    times = sorted(starts)
+    worst, first = 0, 0
+    for last, at in enumerate(times):
+        while (at - times[first]).total_seconds() >= period_s:
+            first += 1
+        worst = max(worst, last - first + 1)
+    return worst
+
 
 def expiry_records(records: Iterable[Mapping[str, Any]]) -> dict[str, dict]:
     """Job id -> the log record of its deletion by retention (maintenance's `expired`)."""
