@@ -20,6 +20,7 @@ import os
 import statistics
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 import requests
@@ -107,17 +108,20 @@ def idle(stack: Stack, seconds: float = 60.0) -> dict[str, Any]:
                           1, 1)
     # The budget is held by a running job no process runs: its lease stays open.
     holder = stack.sql("SELECT id FROM jobs ORDER BY created_at LIMIT 1")[0][0]
-    stack.sql("UPDATE jobs SET status = 'running', attempts = 1 WHERE id = %s", holder)
+    stack.sql("UPDATE jobs SET status = 'running', attempts = 1 WHERE id = %s RETURNING id",
+              holder)
     stack.sql("INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until) "
-              "VALUES (%s, 1, 'bench-holder', now(), now() + interval '1 hour')", holder)
+              "VALUES (%s, 1, 'bench-holder', now(), now() + interval '1 hour') RETURNING id",
+              holder)
     with stack.workers(1, SLOTS) as (worker,):
         time.sleep(5.0)  # started, fetched and refused the held id, settled into waiting
-        cpu0, cmds0, t0 = _cpu_s(worker.pid), _redis_commands(stack), time.monotonic()
-        time.sleep(seconds)
-        cpu1, cmds1, t1 = _cpu_s(worker.pid), _redis_commands(stack), time.monotonic()
+        cpu0, t0 = _cpu_s(worker.pid), time.monotonic()
+        commands = _commands_seen(stack, seconds)
+        cpu1, t1 = _cpu_s(worker.pid), time.monotonic()
     elapsed = t1 - t0
     return {"cpu_share_of_a_core": round((cpu1 - cpu0) / elapsed, 4),
-            "redis_commands_per_s": round((cmds1 - cmds0 - 1) / elapsed, 2)}
+            "redis_commands_per_s": round(sum(commands.values()) / seconds, 2),
+            "redis_commands": dict(commands)}
 
 
 def _cpu_s(pid: int) -> float:
@@ -127,8 +131,20 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / HZ
 
 
-def _redis_commands(stack: Stack) -> int:
-    return int(stack.redis.info("stats")["total_commands_processed"])
+def _commands_seen(stack: Stack, seconds: float) -> Counter[str]:
+    """The commands clients sent to the benchmark's Redis DB for `seconds`, by name, as MONITOR
+    shows them (the server is shared: its global counters would count other DBs' clients too)."""
+    db = stack.redis.connection_pool.connection_kwargs.get("db", 0)
+    seen: Counter[str] = Counter()
+    deadline = time.monotonic() + seconds
+    with stack.redis.monitor() as monitor:
+        for item in monitor.listen():
+            # Commands a script runs show as sent by "lua": not the client's round trips.
+            if int(item.get("db", -1)) == db and item.get("client_type") != "lua":
+                seen[str(item["command"]).split(" ", 1)[0].upper()] += 1
+            if time.monotonic() >= deadline:
+                break
+    return seen
 
 
 def fairness(stack: Stack, duration_s: float = 0.1) -> dict[str, Any]:
@@ -158,8 +174,10 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def run_all(stack: Stack, jobs: int, pairs: int) -> dict[str, Any]:
-    results = {"fairness": fairness(stack), "idle": idle(stack), "rate_60s": rate_60s(stack),
-               "beside": beside(stack, jobs, pairs)}
-    for name, value in results.items():
-        print(f"limits {name:10s} {value}", flush=True)
+    scenarios = {"fairness": fairness, "idle": idle, "rate_60s": rate_60s,
+                 "beside": lambda s: beside(s, jobs, pairs)}
+    results = {}
+    for name, scenario in scenarios.items():
+        results[name] = scenario(stack)
+        print(f"limits {name:10s} {results[name]}", flush=True)
     return results
