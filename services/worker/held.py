@@ -98,6 +98,7 @@ class HeldWork:
 
     def claim(self, slots: int) -> list[Claimed]:
         """Claim up to `slots` held jobs within budget; [] when PostgreSQL is unreachable."""
+        sent_at = self._clock()  # frees_at is judged inside the transaction, not after it
         try:
             result = self._store.claim_held(self._queues, slots, self._worker_id, self._lease_s)
         except StoreUnavailable as err:
@@ -113,7 +114,8 @@ class HeldWork:
                 self._pending = False  # nothing waits: the next refusal or end says otherwise
             elif len(result.claimed) < slots:  # a budget is the bound, not our slots
                 frees_in = result.frees_in_s()
-                self._next_try = now + min(RETRY_S, RETRY_S if frees_in is None else frees_in)
+                self._next_try = (now + RETRY_S if frees_in is None
+                                  else sent_at + min(RETRY_S, frees_in))
             else:
                 self._next_try = now
         return result.claimed
