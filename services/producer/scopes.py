@@ -27,6 +27,12 @@ ROUTE_SCOPES: dict[str, str] = {
     "apidoc.openapi": READ,
     "access.whoami": ANY_SCOPE,
     "audit.list_audit": OPERATE,
+    "schedules.put_schedule": OPERATE,
+    "schedules.get_schedule": READ,
+    "schedules.list_schedules": READ,
+    "schedules.delete_schedule": OPERATE,
+    "bulkdlq.retry_dead": OPERATE,
+    "bulkdlq.purge_dead": OPERATE,
 }
 
 

@@ -73,11 +73,13 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
     ("dead", "requeued"): frozenset({"queued"}),
     **{(state, "expired"): frozenset({"deleted"}) for state in TERMINAL},
+    ("dead", "purged"): frozenset({"deleted"}),
 }
 """The checker's own model of the job lifecycle, written from the contract and not read from
 taskline.transitions, so a wrong product table is caught rather than shared: (state before,
 event) -> the states allowed after it; `recovered` ends in the state its row records;
-`expired` (retention) leaves no row: `deleted` is where a finished job goes last."""
+`expired` (retention) leaves no row: `deleted` is where a finished job goes last; `purged`
+(an operator's bulk purge of the DLQ) takes only a dead job there."""
 CONVERGE_S = 20.0
 """Reconciliation ignores jobs changed in the last 5 s and runs every 2 s here: 20 s is ample."""
 
