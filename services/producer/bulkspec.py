@@ -37,8 +37,10 @@ def parse_bulk(body: object) -> BulkRequest | list[FieldError]:
     if not isinstance(body, dict):
         return [FieldError("$", "the request body must be a JSON object")]
     errors = [FieldError(name, "unknown field") for name in body if name not in FIELDS]
-    if not any(body.get(name) is not None for name in ("queue", "type", "ids")):
+    if not any(name in body for name in ("queue", "type", "ids")):
         errors.append(FieldError("$", "give at least one of queue, type, ids"))
+    errors += [FieldError(name, "must not be null; leave the field out to match any")
+               for name in ("queue", "type", "ids") if name in body and body[name] is None]
     queue, job_type, ids = body.get("queue"), body.get("type"), body.get("ids")
     if queue is not None and not valid_queue_name(queue):
         errors.append(FieldError("queue", "must be 1..64 characters of A-Z a-z 0-9 _ . : -"))

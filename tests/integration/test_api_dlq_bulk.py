@@ -80,7 +80,7 @@ def test_retry_requeues_matching_jobs_up_to_the_limit(client, store, dispatcher)
 
 def test_retry_by_ids(client, store, dispatcher):
     ids = make_dead(store, dispatcher, 4)
-    answer = client.post("/api/v1/dlq/retry", json={"ids": ids[:2] + [str(uuid.uuid4())]})
+    answer = client.post("/api/v1/dlq/retry", json={"ids": [*ids[:2], str(uuid.uuid4())]})
     assert answer.get_json() == {"requeued": 2, "remaining": 0}
     assert statuses(store) == Counter({"queued": 2, "dead": 2})
 

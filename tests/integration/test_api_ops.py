@@ -273,7 +273,7 @@ def test_openapi_document_is_valid_openapi_31(client: FlaskClient) -> None:
         _validator(doc, name)
     served = {(rule.rule, m) for rule in client.application.url_map.iter_rules()
               for m in rule.methods - {"HEAD", "OPTIONS"}}
-    documented = {(p.replace("{job_id}", "<uuid:job_id>"), m.upper())
+    documented = {(p.replace("{job_id}", "<uuid:job_id>").replace("{name}", "<name>"), m.upper())
                   for p, ops in doc["paths"].items() for m in ops if m != "parameters"}
     assert served == documented
 
