@@ -24,15 +24,24 @@ from datetime import datetime
 from typing import Any
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.metrics import SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
-from taskline.schedules import Cron, InvalidSchedule, declared, due_slot, missed, next_due
+from taskline.metrics import LOOP_ERRORS, SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
+from taskline.schedules import (
+    NO_SLOT,
+    Cron,
+    InvalidSchedule,
+    declared,
+    due_slot,
+    missed,
+    next_due,
+)
 from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.rows import ScheduleRow
-from taskline.store.store import Store
+from taskline.store.store import STATEMENT_ERRORS, Store
 from taskline.transitions import ENQUEUE, Committed
 
 log = logging.getLogger(__name__)
+SCHEDULE_ERRORS = LOOP_ERRORS.labels(loop="scheduler")
 
 TICK_S = 0.5
 """Longest pause between passes, seconds: a due slot waits at most this long to be seen."""
@@ -90,7 +99,7 @@ class Scheduler(Periodic):
         fired = skipped = conflicts = 0
         wait = TICK_S
         for row in rows:
-            outcome = self._judge(row)
+            outcome = self._judge_one(row)
             if outcome is None:
                 continue
             f, s, c, due = outcome
@@ -106,6 +115,17 @@ class Scheduler(Periodic):
         if key not in self._crons:
             self._crons[key] = Cron.parse(row.cron, row.timezone)
         return self._crons[key]
+
+    def _judge_one(self, row: ScheduleRow) -> tuple[int, int, int, datetime] | None:
+        """`_judge`, where a schedule PostgreSQL refuses to enqueue (or whose expression finds
+        no next slot) costs that schedule's slot only; an outage still fails the pass."""
+        try:
+            return self._judge(row)
+        except (*STATEMENT_ERRORS, *NO_SLOT) as err:
+            SCHEDULE_ERRORS.inc()
+            log.error("schedule %s could not be judged or fired: %s", row.name, err,
+                      extra={"action": "scheduler", "schedule": row.name})
+            return None
 
     def _judge(self, row: ScheduleRow) -> tuple[int, int, int, datetime] | None:
         """(fired, skipped, conflicts, next due) for one schedule; None when it is unusable."""

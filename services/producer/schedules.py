@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline.schedules import Cron, InvalidSchedule, next_due, valid_name
+from taskline.schedules import NO_SLOT, Cron, InvalidSchedule, next_due, valid_name
 from taskline.store.rows import ScheduleRow
 from taskline_producer import audit, paging
 from taskline_producer.backends import backends
@@ -40,11 +40,11 @@ def _next_runs(row: ScheduleRow) -> list[str]:
         return []
     try:
         cron = Cron.parse(row.cron, row.timezone)
-    except InvalidSchedule:
+        since = max(row.since, row.last_slot or row.since)
+        first = next_due(cron, since, row.db_now)
+        rest = cron.next_runs(first, 4)
+    except (InvalidSchedule, *NO_SLOT):  # no slot for years to come
         return []
-    since = max(row.since, row.last_slot or row.since)
-    first = next_due(cron, since, row.db_now)
-    rest = cron.next_runs(first, 4)
     return [plain(slot) for slot in (first, *rest)]
 
 

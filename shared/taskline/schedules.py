@@ -40,6 +40,11 @@ _LOOKAHEAD = 4
 """Candidates read past a skipped wall time before giving up on an expression."""
 
 
+NO_SLOT: tuple[type[Exception], ...] = (CroniterError, StopIteration)
+"""What computing a slot raises for an expression that finds none for years (croniter gives
+up): such a schedule has no next run, and costs only its own slot."""
+
+
 class InvalidSchedule(ValueError):
     """A cron expression, time zone or schedule name that cannot be used."""
 

@@ -154,3 +154,16 @@ def test_periodic_declarations_are_upserted_on_the_first_pass(store, dispatcher,
     row = store.get_schedule("code.nightly")
     assert row is not None and row.cron == "0 3 * * *" and row.job["queue"] == "default"
     assert row.job["max_retries"] == settings.default_max_retries
+
+
+def test_a_schedule_postgresql_refuses_costs_only_its_own_slot(store, dispatcher, settings):
+    define(store, "broken", backdate="1 hour")
+    define(store, "fine", backdate="1 hour")
+    # Written past the API's validation: a priority the jobs table refuses.
+    sql(store, "UPDATE schedules SET job = jsonb_set(job, '{priority}', '99') "
+               "WHERE name = 'broken'")
+    result = Scheduler(store, dispatcher, settings).run_once()
+    assert result.fired == 1
+    assert slot_jobs(store, "broken") == [] and len(slot_jobs(store, "fine")) == 1
+    # The refused statement left no slot record behind: the slot fires once it is repaired.
+    assert [r.schedule for r in sql(store, "SELECT schedule FROM schedule_slots")] == ["fine"]
