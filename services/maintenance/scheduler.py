@@ -26,6 +26,7 @@ from typing import Any
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.metrics import LOOP_ERRORS, SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
 from taskline.schedules import (
+    CATCH_UP,
     NO_SLOT,
     Cron,
     InvalidSchedule,
@@ -83,6 +84,8 @@ class Scheduler(Periodic):
         self._known: dict[str, _Known] = {}
         self._crons: dict[tuple[str, str], Cron] = {}
         self._wait_s = TICK_S
+        for mode in CATCH_UP:  # 0, not "no data", on a dashboard before the first skip
+            SCHEDULE_SKIPPED.labels(catch_up=mode)
 
     @property
     def interval_s(self) -> float:

@@ -38,6 +38,9 @@ BATCH_SIZE = 500
 TIME_BUDGET_S = 10.0
 """No batch starts after this many seconds of a call; the answer's `remaining` says the rest."""
 _FIRST = uuid.UUID(int=0)
+ACTIONS = ("dlq.retry", "dlq.purge")
+for _action in ACTIONS:  # 0, not "no data", on a dashboard before the first bulk operation
+    DLQ_BULK.labels(action=_action)
 
 Batch = Callable[[Store, DeadFilter, uuid.UUID, int, Connection], Sequence[Requeued | Purged]]
 
