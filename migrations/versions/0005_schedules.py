@@ -18,7 +18,7 @@ they stay NULL; its `SELECT *` readers ignore columns they do not know). A job i
 job without a schedule, which is what it is.
 
 Revision ID: 0005
-Revises: 0004
+Revises: 0009
 Create Date: 2026-12-01 12:30:00
 """
 
@@ -27,7 +27,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 revision = '0005'
-down_revision = '0004'
+down_revision = '0009'
 branch_labels = None
 depends_on = None
 

@@ -24,6 +24,7 @@ from taskline_producer import (
     health,
     jobs,
     operations,
+    pauses,
     request_metrics,
     schedules,
 )
@@ -51,7 +52,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     errors.init_app(app)
     events.init_app(app)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
-                      auth.bp, audit.bp, schedules.bp, bulkdlq.bp):
+                      auth.bp, audit.bp, pauses.bp, schedules.bp, bulkdlq.bp):
         app.register_blueprint(blueprint)
     return app
 
