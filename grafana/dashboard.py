@@ -189,6 +189,23 @@ SELF_HEALING = (
           "events, leases and DLQ rows; in steady state it follows the finish rate.",
           (Query("sum by (status) (rate(taskline_retention_deleted_total[5m]))", "{{status}}"),),
           unit="ops"),
+    # Schedules are fired by the leading maintenance instance only.
+    Chart("Schedules: slots fired and skipped", "Schedule slots that enqueued their job, and "
+          "slots passed over (missed while no maintenance instance led, or folded into a later "
+          "slot by catch_up), per second.",
+          (Query("sum(rate(taskline_schedule_slots_fired_total[5m]))", "fired"),
+           Query("sum by (catch_up) (rate(taskline_schedule_slots_skipped_total[5m]))",
+                 "skipped ({{catch_up}})")), unit="ops"),
+    Chart("Schedules: lag from slot to job", "Time from a slot's instant to the commit of its "
+          "job, p50 and p99; a slot fires within about a second while maintenance runs.",
+          (Query("histogram_quantile(0.5, sum by (le) "
+                 "(rate(taskline_schedule_lag_seconds_bucket[5m])))", "p50"),
+           Query("histogram_quantile(0.99, sum by (le) "
+                 "(rate(taskline_schedule_lag_seconds_bucket[5m])))", "p99")), unit="s"),
+    Chart("Bulk DLQ operations", "Dead jobs requeued or purged per second by POST "
+          "/api/v1/dlq/retry and /purge.",
+          (Query("sum by (action) (rate(taskline_dlq_bulk_jobs_total[5m]))", "{{action}}"),),
+          unit="ops"),
     Chart("Loop errors", "Failed iterations of service loops (reaper, promoter, reconciler, "
           "heartbeat ...), per scrape job.",
           (Query("sum by (job, loop) (rate(taskline_loop_errors_total[5m]))",

@@ -29,6 +29,7 @@ from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reaper import Reaper
 from taskline_maintenance.reconciler import Reconciler
 from taskline_maintenance.retention import Retention
+from taskline_maintenance.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ class Maintenance:
         self.audit_retention = AuditRetention(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
         self.retention = Retention(store, dispatcher, settings, active=self.leader.holds)
+        # The @periodic declarations of the handler modules loaded so far (type_labels).
+        self.scheduler = Scheduler(store, dispatcher, settings,
+                                   declarations=registry.periodic_declarations())
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -61,7 +65,8 @@ class Maintenance:
                                 ("reconciler", self.reconciler), ("depths", self.depths),
                                 ("pauses", self.pauses), ("limits", self.limits),
                                 ("audit_retention", self.audit_retention),
-                                ("retention", self.retention)):
+                                ("retention", self.retention),
+                                ("scheduler", self.scheduler)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:

@@ -95,6 +95,18 @@ RETENTION_SECONDS = Gauge("taskline_retention_seconds",
                           "How long finished jobs are kept, seconds (0: forever)", ["status"],
                           multiprocess_mode="livemax")
 
+# Schedules (maintenance's scheduler) and bulk dead-letter operations (the API).
+SCHEDULE_FIRED = Counter("taskline_schedule_slots_fired_total",
+                         "Schedule slots that enqueued their job", ["queue"])
+SCHEDULE_SKIPPED = Counter("taskline_schedule_slots_skipped_total",
+                           "Schedule slots passed over (missed while no maintenance led, or "
+                           "folded into a later slot by catch_up)", ["catch_up"])
+SCHEDULE_LAG = Histogram("taskline_schedule_lag_seconds",
+                         "From a slot's instant to the commit of its job",
+                         buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 15.0, 60.0, 300.0))
+DLQ_BULK = Counter("taskline_dlq_bulk_jobs_total",
+                   "Dead jobs requeued or purged by the bulk DLQ operations", ["action"])
+
 PROCESSING_TIME = Histogram("job_processing_time_seconds", "Handler run time",
                             ["type", "queue"], buckets=_LATENCY_BUCKETS)
 WAIT_TIME = Histogram("job_wait_time_seconds", "Time from ready to claimed", ["type", "queue"],

@@ -28,6 +28,12 @@ state the deleted row held) in a state `LEGAL` lets expire and the scenario allo
 than that state's retention after it finished. Whatever the logs say, no job may be half gone:
 an id with events, leases or a DLQ row but no job row is a violation, and Redis must hold no id
 of an absent job.
+
+Schedules: each schedule slot enqueues at most one job (`slot_violations`, its own model: a
+slot is a (schedule, instant) pair, and it maps to at most one job). Judged from the jobs'
+`schedule` / `scheduled_for`, the `schedule_slots` record and maintenance's `schedule_fired`
+log records: no two jobs for one slot, every slot's job carries that slot, every job of a
+slot is the one its record names, and no two log records claim to have fired one slot.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
 
@@ -58,6 +64,7 @@ STALE_ACTIONS = frozenset({"stale_outcome", "self_fence", "outcome_given_up"})
 CLASSES = ("ok", "recovered", "expired", "lost", "duplicated", "unexpected")
 OK_CLASSES = frozenset({"ok", "recovered", "expired"})
 EXPIRED_ACTION = "expired"
+FIRED_ACTION = "schedule_fired"
 CLOCK_SLACK_S = 1.0
 """How far the deleting process's log clock may trail PostgreSQL's, judging early deletions."""
 _PENDING = ("queued", "scheduled", "retrying")
@@ -77,11 +84,13 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
     ("dead", "requeued"): frozenset({"queued"}),
     **{(state, "expired"): frozenset({"deleted"}) for state in TERMINAL},
+    ("dead", "purged"): frozenset({"deleted"}),
 }
 """The checker's own model of the job lifecycle, written from the contract and not read from
 taskline.transitions, so a wrong product table is caught rather than shared: (state before,
 event) -> the states allowed after it; `recovered` ends in the state its row records;
-`expired` (retention) leaves no row: `deleted` is where a finished job goes last."""
+`expired` (retention) leaves no row: `deleted` is where a finished job goes last; `purged`
+(an operator's bulk purge of the DLQ) takes only a dead job there."""
 CONVERGE_S = 20.0
 """Reconciliation ignores jobs changed in the last 5 s and runs every 2 s here: 20 s is ample."""
 
@@ -168,6 +177,7 @@ class Checker:
         result.violations += dlq_violations(snap)
         result.violations += flow_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
+        result.violations += self.schedule_violations()
         result.violations += self.redis_violations()
         result.stale = stale_rejections(self.cluster.log_events(("worker",)))
         result.recover_s = self.recovery(acked, snap)
@@ -250,6 +260,17 @@ class Checker:
         if record.get("status") not in self.allowed({"id": job_id, "type": record.get("type")}):
             return "unexpected"
         return "expired"
+
+    # --- schedules -----------------------------------------------------------------------
+
+    def schedule_violations(self) -> list[str]:
+        """At most one job per schedule slot (see `slot_violations`)."""
+        jobs = self._query("SELECT id, schedule, scheduled_for FROM jobs "
+                           "WHERE schedule IS NOT NULL")
+        slots = self._query("SELECT schedule, slot, job_id FROM schedule_slots")
+        fired = [r for r in self.cluster.log_events(("maintenance",))
+                 if r.get("action") == FIRED_ACTION]
+        return slot_violations(jobs, slots, fired)
 
     # --- Redis ---------------------------------------------------------------------------
 
@@ -562,6 +583,37 @@ def _deleted_early(record: Mapping[str, Any], retain_s: float) -> str:
     if kept_s + CLOCK_SLACK_S < retain_s:
         return f"{kept_s:.1f} s after it finished, before its retention of {retain_s:g} s"
     return ""
+
+
+# --- schedule slots -----------------------------------------------------------------------
+
+def _instant(value: Any) -> str:
+    """A slot instant as one comparable text (UTC, seconds), from a datetime or ISO text."""
+    when = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def slot_violations(jobs: Iterable[Mapping[str, Any]], slots: Iterable[Mapping[str, Any]],
+                    fired: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The checker's model of schedules: a slot (schedule, instant) has at most one job. From
+    the jobs carrying a slot, the slot records, and the `schedule_fired` log records."""
+    problems = []
+    by_slot: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for job in jobs:
+        by_slot[(job["schedule"], _instant(job["scheduled_for"]))].append(str(job["id"]))
+    problems += [f"schedule {s} slot {t}: {len(ids)} jobs {sorted(ids)}"
+                 for (s, t), ids in sorted(by_slot.items()) if len(ids) > 1]
+    recorded = {(r["schedule"], _instant(r["slot"])): str(r["job_id"]) for r in slots}
+    for (name, at), ids in sorted(by_slot.items()):
+        owner = recorded.get((name, at))
+        problems += [f"schedule {name} slot {at}: job {j} is not the slot's recorded job "
+                     f"({owner})" for j in ids if j != owner]
+    claims = Counter((r.get("schedule"), _instant(r.get("scheduled_for"))) for r in fired)
+    problems += [f"schedule {s} slot {t}: {n} instances logged firing it"
+                 for (s, t), n in sorted(claims.items()) if n > 1]
+    problems += [f"schedule {s} slot {t}: logged fired but never recorded"
+                 for (s, t) in sorted(claims) if (s, t) not in recorded]
+    return problems
 
 
 # --- Redis against PostgreSQL -------------------------------------------------------------

@@ -217,6 +217,17 @@ class Workload:
                  timeout=20, message="every job of the wave ended")
         return ids
 
+    def schedule_every_second(self) -> None:
+        """A schedule whose slots fire every second (a seconds field last), for the schedule
+        panels; a bulk requeue of the wave's dead job for the bulk DLQ panel."""
+        response = requests.put(self.api + "/schedules/e2e", timeout=10, json={
+            "cron": "* * * * * *", "job": {"type": "echo", "queue": QUEUE}})
+        assert response.status_code == 201, response.text
+
+    def bulk_retry(self) -> None:
+        response = requests.post(self.api + "/dlq/retry", json={"type": "simulate"}, timeout=10)
+        assert response.status_code == 200 and response.json()["requeued"] >= 1, response.text
+
     def claim_conflict(self, done_id: str) -> None:
         """Push the id of a finished job again: the worker fetches it and loses the claim."""
         self.dispatcher.push([(QUEUE, 5, done_id)])
@@ -287,12 +298,14 @@ def test_every_panel_shows_data_and_every_alert_parses(settings: Settings, store
         work = Workload(ports.api, store, dispatcher)
         work.drift()
         work.limit()
+        work.schedule_every_second()
         first = work.wave()
         work.lose_a_lease()
         # The second wave must land in later scrapes than the first, so rates see increases.
         wait_for(lambda: prometheus.total("sum(job_completed_total)") >= 8, timeout=15,
                  message="the first wave scraped")
         work.claim_conflict(first[0])
+        work.bulk_retry()
         work.wave()
         wait_for(lambda: work.hold_by_pause() or prometheus.total(
             "sum(taskline_queue_pause_held_total)") >= 1, timeout=20, interval=1.0,

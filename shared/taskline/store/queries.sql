@@ -392,6 +392,59 @@ WHERE (CAST(:queue AS text) IS NULL OR j.queue = :queue)
 ORDER BY d.failed_at DESC, d.job_id DESC
 LIMIT :limit;
 
+-- name: requeue_dead_batch
+-- Requeue up to :limit dead jobs matching the filter (:queue, :type, :ids; NULL matches all),
+-- job ids above :after, in id order, skipping rows others hold: each with a fresh retry budget,
+-- out of dead_letter_jobs, with its event. Re-checked under the row lock, so two concurrent
+-- calls requeue each job once. Returns the requeued jobs.
+WITH picked AS (
+    SELECT j.id FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+    WHERE j.status = 'dead' AND d.job_id > CAST(:after AS uuid)
+      AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
+      AND (CAST(:type AS text) IS NULL OR j.type = :type)
+      AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])))
+    ORDER BY d.job_id
+    LIMIT :limit
+    FOR UPDATE OF j SKIP LOCKED
+), changed AS (
+    UPDATE jobs j SET status = :target, attempts = 0, last_error = NULL, result = NULL,
+                      cancel_requested = false, next_run_at = now(), updated_at = now(),
+                      finished_at = NULL
+    FROM picked WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
+    RETURNING j.id, j.queue, j.priority, j.type
+), undead AS (
+    DELETE FROM dead_letter_jobs d USING changed WHERE d.job_id = changed.id
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
+)
+SELECT id, queue, priority, type FROM changed ORDER BY id;
+
+-- name: purge_dead_batch
+-- Delete up to :limit dead jobs matching the filter (as requeue_dead_batch), job ids above
+-- :after, in id order, skipping rows others hold; their events, leases and DLQ row go in the
+-- same statement by the foreign keys' ON DELETE CASCADE. Returns the deleted jobs.
+WITH picked AS (
+    SELECT j.id FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+    WHERE j.status = 'dead' AND d.job_id > CAST(:after AS uuid)
+      AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
+      AND (CAST(:type AS text) IS NULL OR j.type = :type)
+      AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])))
+    ORDER BY d.job_id
+    LIMIT :limit
+    FOR UPDATE OF j SKIP LOCKED
+)
+DELETE FROM jobs j USING picked
+WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
+RETURNING j.id, j.queue, j.priority, j.type, j.status;
+
+-- name: count_dead_matching
+-- How many dead jobs match the filter of requeue_dead_batch / purge_dead_batch.
+SELECT count(*) AS n FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+WHERE j.status = 'dead'
+  AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
+  AND (CAST(:type AS text) IS NULL OR j.type = :type)
+  AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])));
+
 -- name: promote_due
 -- Move due scheduled and retrying jobs to queued, oldest due first; skips rows others hold.
 WITH due AS (
@@ -578,3 +631,65 @@ DELETE FROM audit_log WHERE id IN (
     ORDER BY at, id LIMIT :limit
     FOR UPDATE SKIP LOCKED)
 RETURNING id;
+
+-- name: upsert_schedule
+-- Create or replace a schedule; `created` says which. A change of cron, time zone or a resume
+-- moves `since` to now (slots at or before it never fire); an unchanged definition keeps it, so
+-- the declarations upserted at every maintenance start lose no missed slot.
+INSERT INTO schedules (name, cron, timezone, job, paused, catch_up, since)
+VALUES (:name, :cron, :timezone, CAST(:job AS jsonb), :paused, :catch_up, now())
+ON CONFLICT (name) DO UPDATE SET
+    cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, job = EXCLUDED.job,
+    paused = EXCLUDED.paused, catch_up = EXCLUDED.catch_up,
+    since = CASE WHEN schedules.cron <> EXCLUDED.cron OR schedules.timezone <> EXCLUDED.timezone
+                      OR (schedules.paused AND NOT EXCLUDED.paused)
+                 THEN now() ELSE schedules.since END,
+    revision = schedules.revision + 1, updated_at = now()
+RETURNING *, (xmax = 0) AS created, now() AS db_now;
+
+-- name: get_schedule
+-- One schedule by name, with PostgreSQL's clock.
+SELECT *, now() AS db_now FROM schedules WHERE name = :name;
+
+-- name: list_schedules
+-- Schedules by name, paged by the previous page's last name.
+SELECT *, now() AS db_now FROM schedules
+WHERE CAST(:after AS text) IS NULL OR name > :after
+ORDER BY name
+LIMIT :limit;
+
+-- name: delete_schedule
+-- Remove a schedule; its fired slots keep their record and its jobs stay. Returns it if removed.
+DELETE FROM schedules WHERE name = :name RETURNING name;
+
+-- name: active_schedules
+-- Every schedule that is not paused, with PostgreSQL's clock: what the scheduler judges.
+SELECT name, cron, timezone, job, catch_up, since, revision, last_slot, now() AS db_now
+FROM schedules WHERE NOT paused ORDER BY name;
+
+-- name: fire_slot
+-- Fire one slot of a schedule still at :revision and not paused: the slot's row, its job (a
+-- new queued job carrying the schedule and the slot instant) with its first event, and the
+-- schedule's last slot, in one statement. A slot already recorded inserts nothing: no row.
+WITH slot AS (
+    INSERT INTO schedule_slots (schedule, slot, job_id)
+    SELECT name, CAST(:slot AS timestamptz), CAST(:id AS uuid) FROM schedules
+    WHERE name = :name AND revision = :revision AND NOT paused
+    ON CONFLICT (schedule, slot) DO NOTHING
+    RETURNING schedule, slot, job_id
+), job AS (
+    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, schedule, scheduled_for)
+    SELECT slot.job_id, :type, :queue, CAST(:payload AS jsonb), :priority, :status,
+           :max_retries, :timeout_s, now(), slot.schedule, slot.slot
+    FROM slot
+    RETURNING *
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, detail)
+    SELECT id, 0, :event, jsonb_build_object('schedule', schedule, 'scheduled_for', scheduled_for)
+    FROM job
+), marked AS (
+    UPDATE schedules s SET last_slot = slot.slot, last_job_id = slot.job_id
+    FROM slot WHERE s.name = slot.schedule AND (s.last_slot IS NULL OR s.last_slot < slot.slot)
+)
+SELECT * FROM job;

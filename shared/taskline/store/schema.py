@@ -56,6 +56,9 @@ jobs = Table(
     Column("finished_at", DateTime(timezone=True), nullable=True),
     # The budget the job draws from under a `per_key` flow limit (migration 0010).
     Column("limit_key", Text, nullable=True),
+    # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
+    Column("schedule", Text, nullable=True),
+    Column("scheduled_for", DateTime(timezone=True), nullable=True),
     CheckConstraint(
         "status IN ('scheduled','queued','running','retrying','succeeded','dead','cancelled')",
         name="jobs_status_valid",
@@ -200,3 +203,35 @@ audit_log = Table(
 )
 Index("audit_log_at", audit_log.c.at, audit_log.c.id)
 Index("audit_log_actor", audit_log.c.actor, audit_log.c.at, audit_log.c.id)
+
+# Periodic jobs (migration 0005): each schedule, and the record of every slot that fired. A
+# slot's row and its job are inserted by one statement, keyed by (schedule, slot), and nothing
+# deletes slots: a slot never gets a second job, whatever happened to its first.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("cron", Text, nullable=False),
+    Column("timezone", Text, nullable=False),
+    Column("job", JSONB, nullable=False),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    Column("catch_up", Text, nullable=False, server_default=text("'latest'")),
+    # Slots at or before it never fire: the creation, or the last change of cron, time zone or
+    # pause; `revision` counts every change.
+    Column("since", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("revision", BigInteger, nullable=False, server_default=text("1")),
+    Column("last_slot", DateTime(timezone=True), nullable=True),
+    Column("last_job_id", UUID(as_uuid=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint("catch_up IN ('latest', 'none')", name="schedules_catch_up_valid"),
+)
+
+schedule_slots = Table(
+    "schedule_slots",
+    metadata,
+    Column("schedule", Text, primary_key=True),
+    Column("slot", DateTime(timezone=True), primary_key=True),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    Column("fired_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)

@@ -26,10 +26,20 @@ from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
 from taskline import flow, transitions
 from taskline.errors import StoreUnavailable
-from taskline.jobs import Job, Status, parse_job_id
+from taskline.jobs import Job, Status, new_job_id, parse_job_id
 from taskline.store import bulk
 from taskline.store.queries import load_queries
-from taskline.store.rows import Deleted, Expired, Promoted, Recovered, Settled, Settlement
+from taskline.store.rows import (
+    Deleted,
+    Expired,
+    Promoted,
+    Purged,
+    Recovered,
+    Requeued,
+    ScheduleRow,
+    Settled,
+    Settlement,
+)
 from taskline.transitions import Move
 
 _QUERIES = load_queries()
@@ -84,6 +94,19 @@ def _json_loads(data: str | bytes) -> Any:
         except orjson.JSONDecodeError:
             pass
     return json.loads(text)
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    """Which dead jobs a bulk operation matches: every given field, combined with AND."""
+
+    queue: str | None = None
+    type: str | None = None
+    ids: tuple[uuid.UUID, ...] | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"queue": self.queue, "type": self.type,
+                "ids": None if self.ids is None else _uuid_array(self.ids)}
 
 
 @dataclass(frozen=True)
@@ -314,6 +337,64 @@ class Store:
         return [{"job": Job.from_row(r), "final_error": r.final_error,
                  "attempts": r.dead_attempts, "failed_at": r.failed_at}
                 for r in self._run("list_dead", params)]
+
+    def requeue_dead_batch(self, match: DeadFilter, after: uuid.UUID, limit: int,
+                           actor: str | None = None,
+                           conn: Connection | None = None) -> list[Requeued]:
+        """Requeue up to `limit` dead jobs matching `match` with ids above `after` (one
+        statement); rows another transaction holds are skipped, not waited for."""
+        params = {**match.params(), "after": after, "limit": limit, "actor": actor,
+                  **_move_params(transitions.REQUEUE)}
+        return [Requeued.from_row(r) for r in self._run("requeue_dead_batch", params, conn)]
+
+    def purge_dead(self, match: DeadFilter, after: uuid.UUID, limit: int,
+                   conn: Connection | None = None) -> list[Purged]:
+        """Delete up to `limit` dead jobs matching `match` with ids above `after`, each whole
+        (events, leases, DLQ row), in one statement: the one place a purge deletes jobs."""
+        params = {**match.params(), "after": after, "limit": limit,
+                  **_move_params(transitions.PURGE)}
+        return [Purged.from_row(r) for r in self._run("purge_dead_batch", params, conn)]
+
+    def count_dead_matching(self, match: DeadFilter) -> int:
+        return int(self._run("count_dead_matching", match.params())[0].n)
+
+    # --- schedules -----------------------------------------------------------------------
+
+    def upsert_schedule(self, *, name: str, cron: str, timezone: str, job: dict[str, Any],
+                        paused: bool, catch_up: str,
+                        conn: Connection | None = None) -> tuple[ScheduleRow, bool]:
+        """Create or replace a schedule: (the row, whether it was created)."""
+        rows = self._run("upsert_schedule", {"name": name, "cron": cron, "timezone": timezone,
+                                             "job": _json(job), "paused": paused,
+                                             "catch_up": catch_up}, conn)
+        return ScheduleRow.from_row(rows[0]), bool(rows[0].created)
+
+    def get_schedule(self, name: str) -> ScheduleRow | None:
+        rows = self._run("get_schedule", {"name": name})
+        return ScheduleRow.from_row(rows[0]) if rows else None
+
+    def list_schedules(self, after: str | None, limit: int) -> list[ScheduleRow]:
+        return [ScheduleRow.from_row(r)
+                for r in self._run("list_schedules", {"after": after, "limit": limit})]
+
+    def delete_schedule(self, name: str, conn: Connection | None = None) -> bool:
+        return bool(self._run("delete_schedule", {"name": name}, conn))
+
+    def active_schedules(self) -> list[ScheduleRow]:
+        return [ScheduleRow.from_row(r) for r in self._run("active_schedules", {})]
+
+    def fire_slot(self, schedule: ScheduleRow, slot: datetime) -> Job | None:
+        """Enqueue the job of `schedule`'s `slot` with the slot's record, in one statement;
+        None when the slot already fired (or the schedule changed, paused or went)."""
+        job = schedule.job
+        params = {"name": schedule.name, "revision": schedule.revision, "slot": slot,
+                  "id": new_job_id(), "type": job["type"], "queue": job["queue"],
+                  "payload": _json(job["payload"]), "priority": job["priority"],
+                  "max_retries": job["max_retries"], "timeout_s": job["timeout_s"],
+                  "status": transitions.ENQUEUE.target.value,
+                  "event": transitions.ENQUEUE.event.value}
+        rows = self._run("fire_slot", params)
+        return Job.from_row(rows[0]) if rows else None
 
     # --- worker side ---------------------------------------------------------------------
 
