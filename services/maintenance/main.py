@@ -23,6 +23,7 @@ from taskline.store.store import Store
 from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.depths import DepthGauges
 from taskline_maintenance.leader import Leader, leader_ttl
+from taskline_maintenance.outbox import OutboxRelay
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reaper import Reaper
 from taskline_maintenance.reconciler import Reconciler
@@ -48,6 +49,7 @@ class Maintenance:
         self.audit_retention = AuditRetention(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
         self.retention = Retention(store, dispatcher, settings, active=self.leader.holds)
+        self.outbox = OutboxRelay(store, dispatcher, settings.database_url)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -56,7 +58,7 @@ class Maintenance:
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
                                 ("reconciler", self.reconciler), ("depths", self.depths),
                                 ("audit_retention", self.audit_retention),
-                                ("retention", self.retention)):
+                                ("retention", self.retention), ("outbox", self.outbox)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:

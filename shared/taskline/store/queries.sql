@@ -63,6 +63,51 @@ WITH input AS MATERIALIZED (
 )
 SELECT id, payload, next_run_at, created_at, updated_at FROM inserted;
 
+-- name: enqueue_in_transaction
+-- Insert jobs with their first events and outbox rows on the caller's connection, in its transaction; NOTIFY each queue.
+-- The caller's transaction decides: the jobs, events and outbox rows commit together or not at
+-- all, and PostgreSQL delivers `taskline_enqueued` (payload: the queue) only at that commit.
+-- A job's status is decided here, by PostgreSQL's clock: :scheduled when its first run lies
+-- ahead, else :queued. A job whose (queue, idempotency key) exists, or comes earlier in the
+-- array, is skipped (no event, no outbox row, no signal), as in insert_jobs_with_events.
+WITH input AS MATERIALIZED (
+    SELECT t.*, COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)) AS due
+    FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
+            id uuid, type text, queue text, payload jsonb, priority smallint,
+            max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
+            idempotency_key text, request_hash text))
+         WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
+                              run_at, delay_s, idempotency_key, request_hash, ord)
+), inserted AS (
+    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, idempotency_key, request_hash)
+    SELECT t.id, t.type, t.queue, t.payload, t.priority,
+           CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
+           t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash
+    FROM input t
+    ORDER BY t.ord
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, status
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event)
+    SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status FROM inserted i
+), outbox AS (
+    INSERT INTO enqueue_outbox (job_id, queue) SELECT i.id, i.queue FROM inserted i
+)
+-- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
+SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal FROM inserted i;
+
+-- name: outbox_page
+-- The oldest :limit outbox rows with their job's queue, priority, status and due time (status null: the job is gone).
+SELECT o.job_id, o.queue, j.priority, j.status, j.next_run_at
+FROM (SELECT job_id, queue FROM enqueue_outbox ORDER BY job_id LIMIT :limit) o
+LEFT JOIN jobs j ON j.id = o.job_id
+ORDER BY o.job_id;
+
+-- name: delete_outbox
+-- Forget outbox rows whose ids Redis has been given (or whose jobs no longer wait).
+DELETE FROM enqueue_outbox WHERE job_id = ANY(CAST(:ids AS uuid[])) RETURNING job_id;
+
 -- name: get_job_by_key
 -- The job holding an idempotency key in a queue.
 SELECT * FROM jobs WHERE queue = :queue AND idempotency_key = :idempotency_key;

@@ -137,3 +137,31 @@ class Deleted:
 
     def committed(self) -> Committed:
         return Committed(transitions.EXPIRE, str(self.id), self.queue, left=self.status)
+
+
+@dataclass(frozen=True)
+class Owed:
+    """An outbox row: a job committed inside an application's transaction that Redis may not
+    hold yet, with its job's state now (`status` None: the job is gone)."""
+
+    job_id: uuid.UUID
+    queue: str
+    priority: int | None
+    status: Status | None
+    due_ms: int | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Owed:
+        due = row.next_run_at
+        return cls(job_id=row.job_id, queue=row.queue, priority=row.priority,
+                   status=None if row.status is None else Status(row.status),
+                   due_ms=None if due is None else round(due.timestamp() * 1000))
+
+    def committed(self) -> Committed | None:
+        """The creating move Redis still owes this job, or None when it no longer waits to
+        start (claimed already, cancelled, deleted): its row is then simply forgotten. A job
+        promoted since is queued and pushed like a new one; a second copy is dropped at claim."""
+        if self.status not in (Status.QUEUED, Status.SCHEDULED) or self.priority is None:
+            return None
+        return Committed(transitions.CREATED[self.status], str(self.job_id), self.queue,
+                         self.priority, due_ms=self.due_ms)

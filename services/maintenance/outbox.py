@@ -1,0 +1,156 @@
+"""The outbox relay: hands Redis the jobs applications enqueued inside their own transactions.
+
+`taskline.enqueue(conn, ...)` writes a job with an `enqueue_outbox` row and signals
+`NOTIFY taskline_enqueued, '<queue>'`, both effective only when the application commits. This
+component LISTENs on that channel on a connection of its own; on every signal it drains the
+outbox: reads the rows (oldest first), pushes their ids to Redis (`Dispatcher.follow`, the step
+of each job's creating move), and only then deletes the rows.
+
+Invariant: no committed outbox row is lost and none waits for reconciliation. Push comes before
+delete, so a crash between the two pushes an id twice, which the claim tolerates (one claimer
+wins, the other drops it), and never drops one. The outbox is drained at the start, after every
+(re)LISTEN (signals sent while nobody listened are gone, their rows are not), on every signal,
+and at least every `backstop_s` whatever arrived, so a job waits at most about `backstop_s`
+when the listener was down, restarting or taken over by another instance, and a transaction
+that stayed open for minutes is found at its commit like any other (rows, not a created_at
+watermark, say what is owed). Only the active maintenance instance relays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psycopg
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.enqueuing import CHANNEL
+from taskline.errors import StoreUnavailable
+from taskline.service import IDLE_POLL_S, Periodic, always, guarded
+from taskline.store.store import Store
+
+log = logging.getLogger(__name__)
+
+BACKSTOP_S = 0.5
+"""Longest time between two drains, seconds, signals or not."""
+WAKE_S = 0.1
+"""Longest wait for a signal before checking for stop, leadership and the backstop, seconds."""
+RECONNECT_S = 1.0
+"""Pause after a failed turn (PostgreSQL or Redis unreachable) before listening again."""
+PAGE_SIZE = 1000
+"""Outbox rows relayed per round; a drain pages until the outbox is empty."""
+
+
+@dataclass(frozen=True)
+class RelayResult:
+    """Counts of one drain: ids pushed to Redis, rows forgotten (their jobs no longer wait)."""
+
+    pushed: int = 0
+    forgotten: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.pushed > 0 or self.forgotten > 0
+
+
+class OutboxRelay(Periodic):
+    """LISTENs for committed in-transaction enqueues and pushes their ids to Redis."""
+
+    name = "outbox"
+
+    def __init__(self, store: Store, dispatcher: Dispatcher, database_url: str, *,
+                 backstop_s: float = BACKSTOP_S, page_size: int = PAGE_SIZE) -> None:
+        super().__init__()
+        self.store = store
+        self.dispatcher = dispatcher
+        self.database_url = database_url
+        self.backstop_s = backstop_s
+        self.page_size = page_size
+        self.listens = 0
+        """How many times this relay has (re)started listening: tests wait on it."""
+        self._listener: psycopg.Connection | None = None
+        self._last_drain = 0.0
+
+    @property
+    def interval_s(self) -> float:
+        return self.backstop_s
+
+    def run_once(self) -> RelayResult:
+        """Drain the outbox: push every owed id, then forget its row."""
+        pushed = forgotten = 0
+        while True:
+            page = self.store.outbox_page(self.page_size)
+            changes = [c for c in (owed.committed() for owed in page) if c is not None]
+            self.dispatcher.follow(changes)
+            self.store.delete_outbox([owed.job_id for owed in page])
+            pushed, forgotten = pushed + len(changes), forgotten + len(page) - len(changes)
+            if len(page) < self.page_size:
+                break
+        self._last_drain = time.monotonic()
+        if pushed:
+            log.info("relayed %d jobs enqueued in application transactions", pushed,
+                     extra={"action": "outbox", "jobs": pushed})
+        return RelayResult(pushed, forgotten)
+
+    def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
+        """Listen while active, drain on each signal and backstop; stop listening when not."""
+        try:
+            while not stop.is_set():
+                if not active():
+                    self._close()
+                    stop.wait(IDLE_POLL_S)
+                    continue
+                ok, result = guarded(self.name, self._turn)
+                if not ok:
+                    self._close()
+                    self.passes.done(False, None)
+                    stop.wait(RECONNECT_S)
+                elif result is not None:
+                    self.passes.done(True, result)
+        finally:
+            self._close()
+
+    def _turn(self) -> RelayResult | None:
+        """One turn: listen if not yet (then drain), else wait briefly for a signal and drain
+        when one came or the backstop is due. None when there was nothing to do."""
+        if self._listener is None:
+            self._listener = self._listen()
+            return self.run_once()
+        with self._translated():
+            signalled = bool(list(self._listener.notifies(timeout=WAKE_S, stop_after=1)))
+            if signalled:  # signals already here as well are answered by this same drain
+                list(self._listener.notifies(timeout=0))
+        if signalled or time.monotonic() - self._last_drain >= self.backstop_s:
+            return self.run_once()
+        return None
+
+    def _listen(self) -> psycopg.Connection:
+        with self._translated():
+            conn = psycopg.connect(self.database_url, autocommit=True, connect_timeout=5,
+                                   keepalives=1, keepalives_idle=5, keepalives_interval=2,
+                                   keepalives_count=3, application_name="taskline-outbox")
+            try:
+                conn.execute(f"LISTEN {CHANNEL}")
+            except BaseException:
+                conn.close()
+                raise
+        self.listens += 1
+        log.info("listening for in-transaction enqueues", extra={"action": "outbox"})
+        return conn
+
+    def _close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                listener.close()
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.OperationalError as err:
+            raise StoreUnavailable(f"PostgreSQL unavailable: {type(err).__name__}") from err
