@@ -1,9 +1,11 @@
 """HTTP/1.1 connection pools of the API clients: one for threads, one for asyncio.
 
 A client call costs the producer CPU on every job it enqueues, so the request path is kept
-short: a kept-alive connection from a pool (the standard library's http.client for threads;
-asyncio streams read by h11, the strict HTTP/1.1 parser the API already depends on, for
-asyncio), a body encoded once by orjson, and no per-call objects beyond the request itself.
+short: a kept-alive connection from a pool, the whole request (head and body) written by one
+send, and the answer read by a small HTTP/1.1 reader (status line, headers, then a body framed
+by Content-Length, chunked transfer coding, or the connection's close; 1xx answers skipped).
+http.client spends more CPU on one answer's headers (the email package parses them) than the
+rest of a call together, and h11 about as much (docs/performance.md).
 
 Invariant: a pooled connection is handed out only when it is idle and still open (a connection
 the server closed while it sat in the pool is dropped before use, so a request is never written
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
 import select
 import socket
 import ssl
@@ -26,7 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import h11
+MAX_HEAD_BYTES = 65536
+"""Longest answer head (status line and headers) read, bytes; longer is a broken answer."""
+_RECV = 65536
+_NO_BODY = frozenset({204, 304})
 
 
 class TransportError(Exception):
@@ -45,6 +49,10 @@ class Lost(TransportError):
     """The connection broke after the request was (perhaps partly) sent."""
 
 
+class BrokenAnswer(ValueError):
+    """The bytes that came back are not an HTTP/1.1 answer."""
+
+
 @dataclass(frozen=True)
 class Answer:
     """A whole HTTP response: status, headers (lower-case names) and body."""
@@ -58,7 +66,6 @@ class Answer:
 class Origin:
     """Where requests go: scheme, host, port, and the TLS context an https origin needs."""
 
-    scheme: str
     host: str
     port: int
     tls: ssl.SSLContext | None
@@ -69,70 +76,210 @@ class Origin:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"the API URL must be http:// or https:// with a host, not {url!r}")
         https = parts.scheme == "https"
-        return cls(parts.scheme, parts.hostname, parts.port or (443 if https else 80),
+        return cls(parts.hostname, parts.port or (443 if https else 80),
                    ssl.create_default_context() if https else None)
 
     @property
     def host_header(self) -> str:
-        default = 443 if self.tls else 80
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port == default else f"{host}:{self.port}"
+        return host if self.port == (443 if self.tls else 80) else f"{host}:{self.port}"
+
+
+def request_bytes(origin: Origin, method: str, target: str, headers: Mapping[str, str],
+                  body: bytes | None) -> bytes:
+    """One request, head and body, ready for a single send."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {origin.host_header}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head + body if body else head
+
+
+@dataclass(frozen=True)
+class Head:
+    """An answer's status line and headers, and how its body is framed."""
+
+    status: int
+    headers: dict[str, str]
+    length: int | None
+    """Content-Length; None with chunked coding or a body that ends at the close."""
+    chunked: bool
+    closes: bool
+    """The connection ends after this answer (Connection: close, HTTP/1.0, body to the close)."""
+
+
+def parse_head(raw: bytes, method: str) -> Head:
+    """Read an answer's head (without its final empty line); BrokenAnswer when it is none."""
+    status_line, *lines = raw.decode("latin-1").split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise BrokenAnswer(f"not an HTTP/1.1 status line: {status_line[:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise BrokenAnswer(f"not a header line: {line[:80]!r}")
+        name = name.strip().lower()
+        value = value.strip()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    status = int(code)
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    length = _length(headers, status, method, chunked)
+    connection = headers.get("connection", "").lower()
+    closes = ("close" in connection
+              or (version == "HTTP/1.0" and "keep-alive" not in connection)
+              or (length is None and not chunked))
+    return Head(status, headers, length, chunked, closes)
+
+
+def _length(headers: dict[str, str], status: int, method: str, chunked: bool) -> int | None:
+    if method == "HEAD" or status in _NO_BODY or 100 <= status < 200:
+        return 0
+    if chunked:
+        return None
+    declared = headers.get("content-length")
+    if declared is None:
+        return None
+    if not declared.isdigit():
+        raise BrokenAnswer(f"invalid Content-Length {declared[:40]!r}")
+    return int(declared)
+
+
+def chunk_size(line: bytes) -> int:
+    """The size a chunk's line announces (extensions ignored)."""
+    try:
+        return int(line.split(b";", 1)[0].strip(), 16)
+    except ValueError:
+        raise BrokenAnswer(f"invalid chunk size line {line[:40]!r}") from None
+
+
+# --- threads ----------------------------------------------------------------------------------
+
+class _Socket:
+    """A connected socket with the bytes read past the last answer kept for the next one."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def _fill(self) -> None:
+        data = self.sock.recv(_RECV)
+        if not data:
+            raise ConnectionResetError("the server closed the connection")
+        self.buffer += data
+
+    def readuntil(self, separator: bytes) -> bytes:
+        while (end := self.buffer.find(separator)) < 0:
+            if len(self.buffer) > MAX_HEAD_BYTES:
+                raise BrokenAnswer("the answer's head is too long")
+            self._fill()
+        line, self.buffer = self.buffer[:end], self.buffer[end + len(separator):]
+        return line
+
+    def readexactly(self, count: int) -> bytes:
+        while len(self.buffer) < count:
+            self._fill()
+        data, self.buffer = self.buffer[:count], self.buffer[count:]
+        return data
+
+    def read_to_close(self) -> bytes:
+        chunks = [self.buffer]
+        while data := self.sock.recv(_RECV):
+            chunks.append(data)
+        self.buffer = b""
+        return b"".join(chunks)
+
+    def answer(self, method: str) -> tuple[Answer, bool]:
+        """The next whole answer, and whether the connection can be used again."""
+        head = parse_head(self.readuntil(b"\r\n\r\n"), method)
+        while 100 <= head.status < 200:  # 100 Continue and other interim answers
+            head = parse_head(self.readuntil(b"\r\n\r\n"), method)
+        if head.chunked:
+            parts = []
+            while size := chunk_size(self.readuntil(b"\r\n")):
+                parts.append(self.readexactly(size))
+                self.readexactly(2)
+            while self.readuntil(b"\r\n"):  # trailer fields, up to the empty line
+                pass
+            body = b"".join(parts)
+        elif head.length is not None:
+            body = self.readexactly(head.length)
+        else:
+            body = self.read_to_close()
+        return Answer(head.status, head.headers, body), not head.closes
+
+    @property
+    def dropped(self) -> bool:
+        """An idle connection with something to read was closed by the server (or broke):
+        HTTP/1.1 sends nothing unasked."""
+        if self.buffer:
+            return True
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 class SyncPool:
-    """Kept-alive http.client connections shared by the threads of one client."""
+    """Kept-alive connections shared by the threads of one client."""
 
     def __init__(self, origin: Origin, timeout: float, size: int) -> None:
         self.origin = origin
         self.timeout = timeout
         self.size = size
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[_Socket] = []
         self._lock = threading.Lock()
 
-    def request(self, method: str, target: str, headers: dict[str, str],
+    def request(self, method: str, target: str, headers: Mapping[str, str],
                 body: bytes | None) -> Answer:
         conn = self._checkout()
         try:
-            conn.request(method, target, body=body, headers=headers)
-            response = conn.getresponse()
-            content = response.read()
+            conn.sock.sendall(request_bytes(self.origin, method, target, headers, body))
+            answer, reusable = conn.answer(method)
         except TimeoutError as err:
             conn.close()
             raise TimedOut(str(err) or "timed out") from None
-        except (OSError, http.client.HTTPException) as err:
+        except (OSError, BrokenAnswer) as err:
             conn.close()
             raise Lost(_reason(err)) from None
-        if response.will_close:
-            conn.close()
-        else:
+        if reusable:
             self._checkin(conn)
-        return Answer(response.status, _lower(response.getheaders()), content)
+        else:
+            conn.close()
+        return answer
 
-    def _checkout(self) -> http.client.HTTPConnection:
+    def _checkout(self) -> _Socket:
         with self._lock:
             while self._idle:
                 conn = self._idle.pop()
-                if conn.sock is not None and not _dropped(conn.sock):
+                if not conn.dropped:
                     return conn
                 conn.close()
         return self._open()
 
-    def _open(self) -> http.client.HTTPConnection:
+    def _open(self) -> _Socket:
         origin = self.origin
-        if origin.tls is not None:
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                origin.host, origin.port, timeout=self.timeout, context=origin.tls)
-        else:
-            conn = http.client.HTTPConnection(origin.host, origin.port, timeout=self.timeout)
         try:
-            conn.connect()
+            sock = socket.create_connection((origin.host, origin.port), timeout=self.timeout)
         except OSError as err:
-            conn.close()
             raise Unreachable(_reason(err)) from None
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if origin.tls is not None:
+            try:
+                sock = origin.tls.wrap_socket(sock, server_hostname=origin.host)
+            except OSError as err:
+                sock.close()
+                raise Unreachable(_reason(err)) from None
+        return _Socket(sock)
 
-    def _checkin(self, conn: http.client.HTTPConnection) -> None:
+    def _checkin(self, conn: _Socket) -> None:
         with self._lock:
             if len(self._idle) < self.size:
                 self._idle.append(conn)
@@ -146,54 +293,52 @@ class SyncPool:
             conn.close()
 
 
-def _dropped(sock: socket.socket) -> bool:
-    """An idle connection with something to read has been closed by the server (or broken):
-    HTTP/1.1 sends nothing unasked."""
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    return bool(readable)
-
+# --- asyncio ----------------------------------------------------------------------------------
 
 class _Stream:
-    """One asyncio connection and its h11 state, reused request after request."""
+    """One asyncio connection, reused answer after answer."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.h11 = h11.Connection(h11.CLIENT)
 
     @property
     def usable(self) -> bool:
-        return (self.h11.our_state is h11.IDLE and not self.writer.is_closing()
-                and not self.reader.at_eof())
+        return not self.writer.is_closing() and not self.reader.at_eof()
 
-    async def exchange(self, request: h11.Request, body: bytes | None) -> Answer:
-        out = self.h11.send(request) or b""
-        if body:
-            out += self.h11.send(h11.Data(data=body)) or b""
-        out += self.h11.send(h11.EndOfMessage()) or b""
-        self.writer.write(out)
+    async def _until(self, separator: bytes) -> bytes:
+        try:
+            return (await self.reader.readuntil(separator))[:-len(separator)]
+        except asyncio.IncompleteReadError:
+            raise ConnectionResetError("the server closed the connection") from None
+        except asyncio.LimitOverrunError:
+            raise BrokenAnswer("the answer's head is too long") from None
+
+    async def _exactly(self, count: int) -> bytes:
+        try:
+            return await self.reader.readexactly(count)
+        except asyncio.IncompleteReadError:
+            raise ConnectionResetError("the server closed the connection") from None
+
+    async def exchange(self, data: bytes, method: str) -> tuple[Answer, bool]:
+        self.writer.write(data)
         await self.writer.drain()
-        response, chunks = None, []
-        while True:
-            event = self.h11.next_event()
-            if event is h11.NEED_DATA:
-                self.h11.receive_data(await self.reader.read(65536))
-            elif isinstance(event, h11.Response):
-                response = event
-            elif isinstance(event, h11.Data):
-                chunks.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            elif isinstance(event, h11.ConnectionClosed):
-                raise ConnectionResetError("the server closed the connection")
-        if self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE:
-            self.h11.start_next_cycle()
-        assert response is not None
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in response.headers}
-        return Answer(response.status_code, headers, b"".join(chunks))
+        head = parse_head(await self._until(b"\r\n\r\n"), method)
+        while 100 <= head.status < 200:
+            head = parse_head(await self._until(b"\r\n\r\n"), method)
+        if head.chunked:
+            parts = []
+            while size := chunk_size(await self._until(b"\r\n")):
+                parts.append(await self._exactly(size))
+                await self._exactly(2)
+            while await self._until(b"\r\n"):
+                pass
+            body = b"".join(parts)
+        elif head.length is not None:
+            body = await self._exactly(head.length)
+        else:
+            body = await self.reader.read()
+        return Answer(head.status, head.headers, body), not head.closes
 
     def close(self) -> None:
         self.writer.close()
@@ -208,23 +353,20 @@ class AsyncPool:
         self.size = size
         self._idle: list[_Stream] = []
 
-    async def request(self, method: str, target: str, headers: dict[str, str],
+    async def request(self, method: str, target: str, headers: Mapping[str, str],
                       body: bytes | None) -> Answer:
         stream = await self._checkout()
-        fields = [("host", self.origin.host_header), *headers.items()]
-        if body is not None:
-            fields.append(("content-length", str(len(body))))
+        data = request_bytes(self.origin, method, target, headers, body)
         try:
             async with asyncio.timeout(self.timeout):
-                answer = await stream.exchange(
-                    h11.Request(method=method, target=target, headers=fields), body)
+                answer, reusable = await stream.exchange(data, method)
         except TimeoutError:
             stream.close()
             raise TimedOut("timed out") from None
-        except (OSError, h11.ProtocolError) as err:
+        except (OSError, BrokenAnswer) as err:
             stream.close()
             raise Lost(_reason(err)) from None
-        if stream.usable and len(self._idle) < self.size:
+        if reusable and stream.usable and len(self._idle) < self.size:
             self._idle.append(stream)
         else:
             stream.close()
@@ -240,9 +382,12 @@ class AsyncPool:
         try:
             async with asyncio.timeout(self.timeout):
                 reader, writer = await asyncio.open_connection(
-                    origin.host, origin.port, ssl=origin.tls)
+                    origin.host, origin.port, ssl=origin.tls, limit=MAX_HEAD_BYTES)
         except (OSError, TimeoutError) as err:
             raise Unreachable(_reason(err) or "connect timed out") from None
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _Stream(reader, writer)
 
     async def close(self) -> None:
@@ -251,10 +396,6 @@ class AsyncPool:
             stream.close()
             with contextlib.suppress(OSError):
                 await stream.writer.wait_closed()
-
-
-def _lower(headers: list[tuple[str, str]]) -> dict[str, str]:
-    return {name.lower(): value for name, value in headers}
 
 
 def _reason(err: BaseException) -> str:
