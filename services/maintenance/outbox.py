@@ -22,6 +22,7 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.enqueuing import CHANNEL
 from taskline.errors import StoreUnavailable
 from taskline.service import IDLE_POLL_S, Periodic, always, guarded
+from taskline.store import caller
+from taskline.store.rows import Owed
 from taskline.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -83,10 +86,10 @@ class OutboxRelay(Periodic):
         """Drain the outbox: push every owed id, then forget its row."""
         pushed = forgotten = 0
         while True:
-            page = self.store.outbox_page(self.page_size)
+            page = self._page()
             changes = [c for c in (owed.committed() for owed in page) if c is not None]
             self.dispatcher.follow(changes)
-            self.store.delete_outbox([owed.job_id for owed in page])
+            self._forget([owed.job_id for owed in page])
             pushed, forgotten = pushed + len(changes), forgotten + len(page) - len(changes)
             if len(page) < self.page_size:
                 break
@@ -95,6 +98,22 @@ class OutboxRelay(Periodic):
             log.info("relayed %d jobs enqueued in application transactions", pushed,
                      extra={"action": "outbox", "jobs": pushed})
         return RelayResult(pushed, forgotten)
+
+    def _page(self) -> list[Owed]:
+        """The next outbox rows: read on the listening connection when there is one (already
+        open, its statements prepared: no pool round trip on the path to Redis)."""
+        if self._listener is None:
+            return self.store.outbox_page(self.page_size)
+        with self._translated():
+            return [Owed.from_row(r) for r in caller.run(self._listener, "outbox_page",
+                                                         {"limit": self.page_size})]
+
+    def _forget(self, ids: list[uuid.UUID]) -> None:
+        if self._listener is None:
+            self.store.delete_outbox(ids)
+        elif ids:
+            with self._translated():
+                caller.run(self._listener, "delete_outbox", {"ids": ids})
 
     def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
         """Listen while active, drain on each signal and backstop; stop listening when not."""

@@ -144,3 +144,18 @@ def test_events_and_leases_of_a_deleted_job_are_found_by_job_id_indexes(store: S
     assert {("job_events", "job_id"), ("job_leases", "job_id"),
             ("dead_letter_jobs", "job_id")} <= leading
     assert {r[0] for r in cascades} == {"job_events", "job_leases", "dead_letter_jobs"}
+
+
+def test_the_outbox_page_looks_its_jobs_up_by_primary_key(store: Store):
+    """A page of 1,000 outbox rows must not hash-join all of jobs (100 million rows in
+    production): each row's job is one primary-key lookup."""
+    ids = insert_queued(store, QUEUED)
+    with store.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.execute(text("INSERT INTO enqueue_outbox (job_id, queue) "
+                          "SELECT CAST(id AS uuid), 'default' FROM unnest(CAST(:ids AS text[])) "
+                          "AS t(id)"), {"ids": ids[:2000]})
+        conn.execute(text("ANALYZE jobs, enqueue_outbox"))
+    page = plan(store, "outbox_page", {"limit": 1000})
+    assert "jobs_pkey" in page and "Seq Scan on jobs" not in page, page
+    assert len(store.outbox_page(1000)) == 1000

@@ -101,7 +101,9 @@ SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal FROM inserted i;
 -- The oldest :limit outbox rows with their job's queue, priority, status and due time (status null: the job is gone).
 SELECT o.job_id, o.queue, j.priority, j.status, j.next_run_at
 FROM (SELECT job_id, queue FROM enqueue_outbox ORDER BY job_id LIMIT :limit) o
-LEFT JOIN jobs j ON j.id = o.job_id
+-- One primary-key lookup per row: OFFSET 0 keeps the planner from hash-joining all of jobs.
+LEFT JOIN LATERAL (SELECT priority, status, next_run_at FROM jobs WHERE jobs.id = o.job_id
+                   OFFSET 0) j ON true
 ORDER BY o.job_id;
 
 -- name: delete_outbox
