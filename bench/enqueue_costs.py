@@ -33,7 +33,7 @@ import taskline
 from taskline.client import Client
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
-from taskline.enqueuing import _body, _row
+from taskline.enqueuing import _STATEMENT_PARAMS, _body, _row
 from taskline.jobspec import parse_job
 from taskline.settings import Settings
 from taskline.store.caller import _psycopg_sql
@@ -74,7 +74,6 @@ def library(url: str, redis_url: str, calls: int) -> dict[str, float]:
 
 def _explained(conn: psycopg.Connection, calls: int) -> float:
     sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + _psycopg_sql("enqueue_in_transaction")
-    from taskline.enqueuing import _STATEMENT_PARAMS
     spec = parse_job(_body("bench.noop", None, {}), Settings())
     runs = []
     with conn.transaction(force_rollback=True):
