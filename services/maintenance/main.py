@@ -49,7 +49,7 @@ class Maintenance:
         self.audit_retention = AuditRetention(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
         self.retention = Retention(store, dispatcher, settings, active=self.leader.holds)
-        self.outbox = OutboxRelay(store, dispatcher, settings.database_url)
+        self.outbox = OutboxRelay(store, dispatcher, settings.database_url, queues=queues)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 

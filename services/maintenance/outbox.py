@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ import psycopg
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.enqueuing import CHANNEL
 from taskline.errors import StoreUnavailable
+from taskline.metrics import OUTBOX_RELAYED, LabelGuard
 from taskline.service import IDLE_POLL_S, Periodic, always, guarded
 from taskline.store import caller
 from taskline.store.rows import Owed
@@ -66,8 +68,10 @@ class OutboxRelay(Periodic):
     name = "outbox"
 
     def __init__(self, store: Store, dispatcher: Dispatcher, database_url: str, *,
-                 backstop_s: float = BACKSTOP_S, page_size: int = PAGE_SIZE) -> None:
+                 backstop_s: float = BACKSTOP_S, page_size: int = PAGE_SIZE,
+                 queues: Callable[[str], str] | None = None) -> None:
         super().__init__()
+        self.queue_label = queues or LabelGuard()
         self.store = store
         self.dispatcher = dispatcher
         self.database_url = database_url
@@ -90,6 +94,8 @@ class OutboxRelay(Periodic):
             changes = [c for c in (owed.committed() for owed in page) if c is not None]
             self.dispatcher.follow(changes)
             self._forget([owed.job_id for owed in page])
+            for queue, count in Counter(c.queue for c in changes).items():
+                OUTBOX_RELAYED.labels(queue=self.queue_label(queue)).inc(count)
             pushed, forgotten = pushed + len(changes), forgotten + len(page) - len(changes)
             if len(page) < self.page_size:
                 break

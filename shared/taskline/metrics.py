@@ -71,6 +71,11 @@ RETENTION_OLDEST = Gauge("taskline_retention_oldest_finished_age_seconds",
 RETENTION_SECONDS = Gauge("taskline_retention_seconds",
                           "How long finished jobs are kept, seconds (0: forever)", ["status"],
                           multiprocess_mode="livemax")
+# The outbox relay (maintenance only): jobs enqueued inside application transactions whose ids
+# it pushed to Redis after their commit.
+OUTBOX_RELAYED = Counter("taskline_outbox_relayed_total",
+                         "Jobs enqueued in application transactions, pushed to Redis by the relay",
+                         ["queue"])
 
 PROCESSING_TIME = Histogram("job_processing_time_seconds", "Handler run time",
                             ["type", "queue"], buckets=_LATENCY_BUCKETS)

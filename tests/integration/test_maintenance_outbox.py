@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import Engine, create_engine, text
 
 import taskline
@@ -61,6 +62,10 @@ def ready(dispatcher: Dispatcher, priority: int = 5) -> list[str]:
 def outbox(store: Store) -> int:
     with store.transaction() as conn:
         return conn.execute(text("SELECT count(*) FROM enqueue_outbox")).scalar_one()
+
+
+def relayed() -> float:
+    return REGISTRY.get_sample_value("taskline_outbox_relayed_total", {"queue": "default"}) or 0.0
 
 
 def enqueue_committed(engine: Engine, **fields) -> str:
@@ -157,8 +162,10 @@ def test_ids_stay_owed_while_redis_is_unreachable(
     finally:
         down.close()
     assert outbox(store) == 1  # pushed before deleted: nothing was pushed, nothing forgotten
+    before = relayed()
     result = relay_for(store, dispatcher, settings).run_once()
     assert (result.pushed, result.forgotten) == (1, 0)
+    assert relayed() - before == 1
     assert ready(dispatcher) == [job_id] and outbox(store) == 0
 
 
