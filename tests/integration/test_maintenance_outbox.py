@@ -25,7 +25,7 @@ from taskline.settings import Settings
 from taskline.store.store import Store, sqlalchemy_url
 from taskline_maintenance.main import Maintenance
 from taskline_maintenance.outbox import OutboxRelay
-from tests.helpers import wait_for
+from tests.helpers import service, service_env, wait_for
 
 KEYS = QueueKeys("default")
 HOUR = 3600.0
@@ -189,3 +189,25 @@ def test_maintenance_runs_the_relay_only_while_it_leads(
     finally:
         service.stop()
     assert service.outbox._listener is None
+
+
+@pytest.mark.slow
+def test_workers_run_jobs_committed_in_application_transactions(
+        engine: Engine, store: Store, settings: Settings, tmp_path) -> None:
+    """`taskline maintenance` and `taskline worker` as processes: a job committed inside an
+    application transaction runs, and a rolled-back one never does. Reconciliation is set an
+    hour apart, so only the relay can have made the committed job dispatchable."""
+    env = service_env(settings, TASKLINE_RECONCILE_INTERVAL_S="3600")
+    with service(["maintenance"], env, tmp_path), service(["worker"], env, tmp_path):
+        wait_for(lambda: store.list_workers(60), timeout=30, message="the worker to register")
+        with engine.connect() as conn:
+            rolled_back = taskline.enqueue(conn, "echo", {"n": 0})
+            conn.rollback()
+        with engine.begin() as conn:
+            conn.execute(text("SELECT 1"))  # the application's own work would go here
+            job_id = taskline.enqueue(conn, "echo", {"n": 1})
+        done = wait_for(lambda: store.get_job(job_id).status == "succeeded", timeout=20,
+                        message="the job to run")
+        assert done
+    assert store.get_job(job_id).result == {"n": 1}
+    assert store.get_job(rolled_back) is None
