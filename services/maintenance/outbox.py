@@ -1,19 +1,21 @@
 """The outbox relay: hands Redis the jobs applications enqueued inside their own transactions.
 
-`taskline.enqueue(conn, ...)` writes a job with an `enqueue_outbox` row and signals
-`NOTIFY taskline_enqueued, '<queue>'`, both effective only when the application commits. This
-component LISTENs on that channel on a connection of its own; on every signal it drains the
-outbox: reads the rows (oldest first), pushes their ids to Redis (`Dispatcher.follow`, the step
-of each job's creating move), and only then deletes the rows.
+`taskline.enqueue(conn, ...)` writes a job with an `enqueue_outbox` row, signals
+`NOTIFY taskline_enqueued, '<queue>'` and announces the job on `taskline_enqueued_jobs` (its
+id, priority, status, due time and queue), all effective only when the application commits.
+This component LISTENs on both channels on a connection of its own. An announced job is pushed
+to Redis at once (`Dispatcher.follow`, the step of the job's creating move), with no read of
+the outbox on the way, and only then is its row deleted. A drain reads the outbox instead
+(oldest first), pushes what it holds and deletes those rows: at the start, after every
+(re)LISTEN, at least every `backstop_s`, and for a queue signal no announcement explains.
 
 Invariant: no committed outbox row is lost and none waits for reconciliation. Push comes before
 delete, so a crash between the two pushes an id twice, which the claim tolerates (one claimer
-wins, the other drops it), and never drops one. The outbox is drained at the start, after every
-(re)LISTEN (signals sent while nobody listened are gone, their rows are not), on every signal,
-and at least every `backstop_s` whatever arrived, so a job waits at most about `backstop_s`
-when the listener was down, restarting or taken over by another instance, and a transaction
-that stayed open for minutes is found at its commit like any other (rows, not a created_at
-watermark, say what is owed). Only the active maintenance instance relays.
+wins, the other drops it), and never drops one. Signals sent while nobody listened are gone but
+their rows are not, and the drain after every LISTEN finds them, so a job waits at most about
+`backstop_s` when the listener was down, restarting or taken over by another instance; a
+transaction that stayed open for minutes is signalled at its commit like any other (rows, not a
+created_at watermark, say what is owed). Only the active maintenance instance relays.
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ from dataclasses import dataclass
 import psycopg
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.enqueuing import CHANNEL
+from taskline.enqueuing import CHANNEL, JOBS_CHANNEL
 from taskline.errors import StoreUnavailable
 from taskline.metrics import OUTBOX_RELAYED, LabelGuard
 from taskline.service import IDLE_POLL_S, Periodic, always, guarded
 from taskline.store import caller
 from taskline.store.rows import Owed
 from taskline.store.store import Store
+from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +97,7 @@ class OutboxRelay(Periodic):
             changes = [c for c in (owed.committed() for owed in page) if c is not None]
             self.dispatcher.follow(changes)
             self._forget([owed.job_id for owed in page])
-            for queue, count in Counter(c.queue for c in changes).items():
-                OUTBOX_RELAYED.labels(queue=self.queue_label(queue)).inc(count)
+            self._count(changes)
             pushed, forgotten = pushed + len(changes), forgotten + len(page) - len(changes)
             if len(page) < self.page_size:
                 break
@@ -140,18 +142,39 @@ class OutboxRelay(Periodic):
             self._close()
 
     def _turn(self) -> RelayResult | None:
-        """One turn: listen if not yet (then drain), else wait briefly for a signal and drain
-        when one came or the backstop is due. None when there was nothing to do."""
+        """One turn: listen if not yet (then drain), else wait briefly for signals and answer
+        them, or drain when the backstop is due. None when there was nothing to do."""
         if self._listener is None:
             self._listener = self._listen()
             return self.run_once()
         with self._translated():
-            signalled = bool(list(self._listener.notifies(timeout=WAKE_S, stop_after=1)))
-            if signalled:  # signals already here as well are answered by this same drain
-                list(self._listener.notifies(timeout=0))
-        if signalled or time.monotonic() - self._last_drain >= self.backstop_s:
+            signals = list(self._listener.notifies(timeout=WAKE_S, stop_after=1))
+            if signals:  # signals already here as well are answered in this same turn
+                signals += self._listener.notifies(timeout=0)
+        if signals:
+            return self._answer(signals)
+        if time.monotonic() - self._last_drain >= self.backstop_s:
             return self.run_once()
         return None
+
+    def _answer(self, signals: list[psycopg.Notify]) -> RelayResult:
+        """Push the jobs the signals announce, then forget their rows: no outbox read on the
+        way to Redis. A queue signal with no announced job of its queue among them (a writer
+        that does not announce) drains the outbox instead."""
+        announced = [owed for owed in (Owed.from_announcement(n.payload) for n in signals
+                                       if n.channel == JOBS_CHANNEL) if owed is not None]
+        queues = {owed.queue for owed in announced}
+        if any(n.channel == CHANNEL and n.payload not in queues for n in signals):
+            return self.run_once()
+        changes = [c for c in (owed.committed() for owed in announced) if c is not None]
+        self.dispatcher.follow(changes)
+        self._forget([owed.job_id for owed in announced])
+        self._count(changes)
+        return RelayResult(len(changes), len(announced) - len(changes))
+
+    def _count(self, changes: list[Committed]) -> None:
+        for queue, count in Counter(c.queue for c in changes).items():
+            OUTBOX_RELAYED.labels(queue=self.queue_label(queue)).inc(count)
 
     def _listen(self) -> psycopg.Connection:
         with self._translated():
@@ -160,6 +183,7 @@ class OutboxRelay(Periodic):
                                    keepalives_count=3, application_name="taskline-outbox")
             try:
                 conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute(f"LISTEN {JOBS_CHANNEL}")
             except BaseException:
                 conn.close()
                 raise

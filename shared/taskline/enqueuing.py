@@ -6,9 +6,10 @@
 
 Invariant: the job exists exactly when the caller's transaction commits. The job, its first
 event and its outbox row are written by one statement on the caller's connection, which also
-signals `NOTIFY taskline_enqueued, '<queue>'`; PostgreSQL delivers the signal only at the
-commit, and a rolled-back job leaves nothing behind, not even an id in Redis. After the commit
-the active maintenance instance hears the signal and pushes the id to Redis
+signals `NOTIFY taskline_enqueued, '<queue>'` (and announces each job on
+`taskline_enqueued_jobs`); PostgreSQL delivers the signals only at the commit, and a
+rolled-back job leaves nothing behind, not even an id in Redis. After the commit the active
+maintenance instance hears the signal and pushes the id to Redis
 (taskline_maintenance.outbox), so an idle worker starts the job within milliseconds with
 nothing more done by the caller; the outbox row keeps the job owed to Redis until then,
 whatever was listening at the commit.
@@ -38,7 +39,10 @@ from taskline.store.caller import AppConnection
 from taskline.store.store import _rows_json as rows_json
 
 CHANNEL = "taskline_enqueued"
-"""The channel the insert signals after commit; its payload is the job's queue."""
+"""The channel the insert signals after commit, once per queue; its payload is the queue."""
+JOBS_CHANNEL = "taskline_enqueued_jobs"
+"""The channel the insert signals after commit, once per job; its payload names the job
+(taskline.store.rows.Owed.from_announcement)."""
 MAX_DEPTH = 64
 """Deepest nesting of a payload, as the API accepts in a request body."""
 

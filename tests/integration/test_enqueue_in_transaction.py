@@ -18,10 +18,12 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 import taskline
-from taskline.enqueuing import CHANNEL
+from taskline.enqueuing import CHANNEL, JOBS_CHANNEL
 from taskline.errors import IdempotencyConflict, InvalidJob
+from taskline.jobs import Status
 from taskline.jobspec import parse_job
 from taskline.settings import Settings
+from taskline.store.rows import Owed
 from taskline.store.store import Store, sqlalchemy_url
 
 
@@ -79,6 +81,25 @@ def test_psycopg_connection_and_notify_at_commit(database_url: str, store: Store
     assert [store.get_job(i).status for i in ids] == ["queued", "scheduled", "queued"]
     assert _events(store, ids[1]) == ["scheduled"]
     assert sorted(_outbox(store)) == sorted(ids)
+
+
+def test_each_job_is_announced_at_commit(database_url: str, store: Store) -> None:
+    with psycopg.connect(database_url, autocommit=True) as listener, \
+            psycopg.connect(database_url) as conn:
+        listener.execute(f"LISTEN {JOBS_CHANNEL}")
+        ids = taskline.enqueue_many(conn, [{"type": "echo", "queue": "q:1", "priority": 8},
+                                           {"type": "echo", "delay_s": 60}])
+        conn.commit()
+        heard = {owed.job_id: owed for owed in (
+            Owed.from_announcement(n.payload) for n in listener.notifies(timeout=2, stop_after=2))}
+    first, second = (store.get_job(i) for i in ids)
+    assert heard[ids[0]] == Owed(ids[0], "q:1", 8, Status.QUEUED,
+                                 round(first.next_run_at.timestamp() * 1000))
+    assert heard[ids[1]] == Owed(ids[1], "default", 5, Status.SCHEDULED,
+                                 round(second.next_run_at.timestamp() * 1000))
+    assert heard[ids[1]].committed().due_ms == heard[ids[1]].due_ms
+    assert Owed.from_announcement("not one") is None
+    assert Owed.from_announcement(f"{ids[0]} 5 bogus 0 default") is None
 
 
 def test_autocommit_psycopg_commits_at_once(database_url: str, store: Store) -> None:

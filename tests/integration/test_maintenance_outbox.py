@@ -151,6 +151,29 @@ def test_a_transaction_open_for_minutes_is_relayed_at_its_commit(
         wait_for(lambda: ready(dispatcher, 1) == [old], message="the old transaction's job")
 
 
+def test_a_queue_signal_without_announcement_drains_the_outbox(
+        engine: Engine, store: Store, dispatcher: Dispatcher, settings: Settings) -> None:
+    """A writer that only signals its queue (and a malformed announcement) still gets its
+    rows relayed: the relay reads the outbox for them."""
+    relay = relay_for(store, dispatcher, settings)
+    with engine.begin() as conn:  # a job and its row as a writer that does not announce
+        job_id = taskline.enqueue(conn, "echo")
+        conn.execute(text("DELETE FROM enqueue_outbox"))
+        conn.execute(text("INSERT INTO enqueue_outbox (job_id, queue) VALUES (:id, 'default')"),
+                     {"id": job_id})
+    with running(relay):
+        wait_for(lambda: ready(dispatcher) == [str(job_id)] and outbox(store) == 0,
+                 message="the start drain")
+        dispatcher.client.delete(KEYS.ready(5))
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO enqueue_outbox (job_id, queue) VALUES (:id, 'default')"),
+                         {"id": job_id})
+            conn.execute(text("NOTIFY taskline_enqueued_jobs, 'not an announcement'"))
+            conn.execute(text("NOTIFY taskline_enqueued, 'default'"))
+        wait_for(lambda: ready(dispatcher) == [str(job_id)], message="the signalled drain")
+        wait_for(lambda: outbox(store) == 0, message="the row to go")
+
+
 def test_ids_stay_owed_while_redis_is_unreachable(
         engine: Engine, store: Store, dispatcher: Dispatcher, settings: Settings,
         unused_port: int) -> None:

@@ -64,9 +64,12 @@ WITH input AS MATERIALIZED (
 SELECT id, payload, next_run_at, created_at, updated_at FROM inserted;
 
 -- name: enqueue_in_transaction
--- Insert jobs with their first events and outbox rows on the caller's connection, in its transaction; NOTIFY each queue.
+-- Insert jobs with their first events and outbox rows on the caller's connection, in its transaction; NOTIFY each queue and job.
 -- The caller's transaction decides: the jobs, events and outbox rows commit together or not at
--- all, and PostgreSQL delivers `taskline_enqueued` (payload: the queue) only at that commit.
+-- all, and PostgreSQL delivers its signals only at that commit: `taskline_enqueued` once per
+-- queue (payload: the queue), `taskline_enqueued_jobs` once per job (payload: id, priority,
+-- status, due time in epoch ms and queue, space-separated: taskline.store.rows.Owed), so the
+-- relay can push without reading the outbox first.
 -- A job's status is decided here, by PostgreSQL's clock: :scheduled when its first run lies
 -- ahead, else :queued. A job whose (queue, idempotency key) exists, or comes earlier in the
 -- array, is skipped (no event, no outbox row, no signal), as in insert_jobs_with_events.
@@ -87,7 +90,7 @@ WITH input AS MATERIALIZED (
     FROM input t
     ORDER BY t.ord
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, status
+    RETURNING id, queue, status, priority, next_run_at
 ), events AS (
     INSERT INTO job_events (job_id, attempt, event)
     SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status FROM inserted i
@@ -95,7 +98,10 @@ WITH input AS MATERIALIZED (
     INSERT INTO enqueue_outbox (job_id, queue) SELECT i.id, i.queue FROM inserted i
 )
 -- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
-SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal FROM inserted i;
+SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
+       pg_notify('taskline_enqueued_jobs', concat_ws(' ', i.id, i.priority, i.status,
+                 round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced
+FROM inserted i;
 
 -- name: outbox_page
 -- The oldest :limit outbox rows with their job's queue, priority, status and due time (status null: the job is gone).

@@ -157,6 +157,20 @@ class Owed:
                    status=None if row.status is None else Status(row.status),
                    due_ms=None if due is None else round(due.timestamp() * 1000))
 
+    @classmethod
+    def from_announcement(cls, payload: str) -> Owed | None:
+        """The job a `taskline_enqueued_jobs` signal announces ("<id> <priority> <status>
+        <due ms> <queue>", as enqueue_in_transaction writes it); None when it is not one."""
+        parts = payload.split(" ", 4)
+        if len(parts) != 5:
+            return None
+        job_id, priority, status, due_ms, queue = parts
+        try:
+            return cls(job_id=uuid.UUID(job_id), queue=queue, priority=int(priority),
+                       status=Status(status), due_ms=int(due_ms))
+        except ValueError:
+            return None
+
     def committed(self) -> Committed | None:
         """The creating move Redis still owes this job, or None when it no longer waits to
         start (claimed already, cancelled, deleted): its row is then simply forgotten. A job
