@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -73,6 +75,21 @@ class ClientError(Exception):
                    _retry_after(response.headers.get("retry-after")))
 
 
+_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+"""Every live client of this process, for _after_fork."""
+
+
+def _after_fork() -> None:
+    """In a forked child: new keys for every client (the parent's counter goes on in the
+    parent), and none of the parent's connections (a socket two processes write is garbage)."""
+    for client in list(_CLIENTS):
+        client._fresh_keys()
+        client._pool.forget()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _retry_after(value: str | None) -> float | None:
     if value and value.strip().isdigit():
         return float(value.strip())
@@ -99,7 +116,12 @@ class Client:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._pool = self._make_pool(origin, timeout, pool_size)
+        self._fresh_keys()
+        _CLIENTS.add(self)
+
+    def _fresh_keys(self) -> None:
         # UUID-shaped keys: 64 random bits per client, then a counter (2**48 keys per client).
+        # A forked child draws its own (see _after_fork): two processes never share a key.
         self._key_base = str(uuid.uuid4())[:24]
         self._key_counter = itertools.count()
 
@@ -333,6 +355,9 @@ class AsyncClient(Client):
 
     def _make_pool(self, origin: transport.Origin, timeout: float, size: int) -> Any:
         return transport.AsyncPool(origin, timeout, size)
+
+    def __enter__(self) -> AsyncClient:
+        raise TypeError("an AsyncClient is entered with `async with`")
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import select
 import socket
 import ssl
@@ -292,6 +293,14 @@ class SyncPool:
         for conn in idle:
             conn.close()
 
+    def forget(self) -> None:
+        """Drop the idle connections without a word on them (in a forked child: the parent
+        still uses them); only this process's descriptors are closed."""
+        self._lock = threading.Lock()  # the parent's may have been held at the fork
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()  # no shutdown: the parent's end of the connection stays open
+
 
 # --- asyncio ----------------------------------------------------------------------------------
 
@@ -396,6 +405,16 @@ class AsyncPool:
             stream.close()
             with contextlib.suppress(OSError):
                 await stream.writer.wait_closed()
+
+    def forget(self) -> None:
+        """Drop the idle connections (in a forked child: they belong to the parent's event
+        loop); only this process's descriptors are closed."""
+        idle, self._idle = self._idle, []
+        for stream in idle:
+            sock = stream.writer.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    os.close(sock.fileno())
 
 
 def _reason(err: BaseException) -> str:

@@ -4,6 +4,7 @@ scripted HTTP server of test_client_retries (a thread on 127.0.0.1)."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import uuid
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -146,3 +147,25 @@ def test_async_client_serves_concurrent_tasks(api: ThreadingHTTPServer) -> None:
 
     assert len(_run(main())) == many
     assert len({s["body"]["idempotency_key"] for s in api.seen}) == many
+
+
+def _child_key(client: Client, out: Any) -> None:
+    out.put((client.new_key(), client.enqueue("echo")["id"]))
+
+
+def test_a_forked_child_makes_its_own_keys_and_connections(api: ThreadingHTTPServer) -> None:
+    api.script = [CREATED]
+    ctx = multiprocessing.get_context("fork")
+    with Client(_url(api)) as client:
+        client.enqueue("echo")  # a pooled connection the child must not write to
+        out = ctx.Queue()
+        child = ctx.Process(target=_child_key, args=(client, out))
+        child.start()
+        child_key, _ = out.get(timeout=10)
+        child.join(10)
+        parent_key = client.new_key()
+        client.enqueue("echo")
+    assert child.exitcode == 0
+    assert child_key[:24] != parent_key[:24]
+    ports = [seen["port"] for seen in api.seen]
+    assert ports[0] == ports[2] != ports[1]  # the parent kept its connection, the child its own
