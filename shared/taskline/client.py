@@ -120,7 +120,7 @@ class Client:
         _CLIENTS.add(self)
 
     def _fresh_keys(self) -> None:
-        # UUID-shaped keys: 64 random bits per client, then a counter (2**48 keys per client).
+        # UUID-shaped keys: 70 random bits per client, then a counter (2**48 keys per client).
         # A forked child draws its own (see _after_fork): two processes never share a key.
         self._key_base = str(uuid.uuid4())[:24]
         self._key_counter = itertools.count()
