@@ -331,9 +331,9 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
     return {k: v for k, v in spec.items() if v is not None}
 
 
-def _segment(job_id: str | uuid.UUID) -> str:
-    """A job id as one path segment: `../` in an id cannot reach another endpoint."""
-    return quote(str(job_id), safe="")
+def _segment(value: str | uuid.UUID) -> str:
+    """A job id or a name as one path segment: `../` in it cannot reach another endpoint."""
+    return quote(str(value), safe="")
 
 
 class AsyncClient(Client):

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from taskline.client import AsyncClient, Client, ClientError
+from tests.helpers import wait_for
 from tests.integration.test_client_retries import CREATED, THEN_CLOSE, UNAVAILABLE
 from tests.integration.test_client_retries import api as api  # the fixture, re-exported
 
@@ -47,6 +48,10 @@ def test_a_connection_the_server_closed_while_idle_is_not_used(
                   (200, {}, {"id": "x", "status": "queued"})]
     with Client(_url(api), attempts=1) as client:
         client.get("x")
+        # Once the server's close has reached the pooled connection (as it has long before a
+        # kept-alive connection's next use, in practice):
+        wait_for(lambda: all(conn.dropped for conn in client._pool._idle),
+                 message="the server's close to arrive")
         # A requeue is never replayed: it must go out on a live connection the first time.
         assert client.retry("x") == {"id": "x", "status": "queued"}
     assert len(api.seen) == 2 and api.seen[0]["port"] != api.seen[1]["port"]
