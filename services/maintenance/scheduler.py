@@ -185,8 +185,7 @@ class Scheduler(Periodic):
         A declaration that cannot be used is logged and left out; the others are written."""
         for name, spec in self._declarations:
             try:
-                fields = declared(name, spec, self.settings.default_max_retries,
-                                  self.settings.default_timeout_s)
+                fields = declared(name, spec, self.settings)
             except InvalidSchedule as err:
                 log.error("@periodic declaration refused: %s", err,
                           extra={"action": "schedule_declared", "schedule": name})

@@ -23,8 +23,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import croniter
 from croniter.croniter import CroniterError
 
-from taskline.dispatch.keys import valid_queue_name
-from taskline.jobs import DEFAULT_PRIORITY, parse_priority
+from taskline.jobspec import FieldError, JobSpec, parse_job
+from taskline.settings import Settings
 
 MAX_NAME_CHARS = 200
 NAME_RULE = f"1..{MAX_NAME_CHARS} characters of A-Z a-z 0-9 _ . : -"
@@ -162,40 +162,46 @@ def next_due(cron: Cron, since: datetime, now: datetime) -> datetime:
     return next(cron.after(max(since, now)))
 
 
-_DECLARED_JOB_FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries",
-                                  "timeout_s"})
+NOT_IN_A_SCHEDULE = ("delay_s", "run_at", "idempotency_key")
+"""Job fields a slot decides for itself: each slot runs at its instant, once."""
 
 
-def declared(name: str, spec: dict[str, Any], max_retries: int,
-             timeout_s: float) -> dict[str, Any]:
-    """A schedule declared in code (`@periodic`) as `Store.upsert_schedule` takes it, the job
-    filled with the defaults the API would give it; InvalidSchedule naming what is wrong.
-    (The API validates its bodies with the producer's job rules; these are the same bounds.)"""
+def schedule_job(body: object, settings: Settings) -> tuple[dict[str, Any] | None,
+                                                          list[FieldError]]:
+    """A schedule's job body, validated by the rules of POST /api/v1/jobs (taskline.jobspec)
+    minus NOT_IN_A_SCHEDULE, with the defaults filled in (so every slot's job is the same
+    whatever the settings are when it fires); or the field errors, named `job.<field>`."""
+    if body is None:
+        return None, [FieldError("job", "required")]
+    if not isinstance(body, dict):
+        return None, [FieldError("job", "must be a JSON object (a job body as POST /jobs takes)")]
+    errors = [FieldError(f"job.{k}", "not allowed in a schedule's job: each slot runs at its "
+                         "instant, once") for k in NOT_IN_A_SCHEDULE if k in body]
+    parsed = parse_job({k: v for k, v in body.items() if k not in NOT_IN_A_SCHEDULE}, settings)
+    if not isinstance(parsed, JobSpec):
+        errors += [FieldError(f"job.{e.field}".replace(".$", ""), e.message) for e in parsed]
+    if errors or not isinstance(parsed, JobSpec):
+        return None, errors
+    job = {"type": parsed.type, "payload": parsed.payload, "queue": parsed.queue,
+           "priority": parsed.priority, "max_retries": parsed.max_retries,
+           "timeout_s": parsed.timeout_s}
+    if parsed.limit_key is not None:
+        job["limit_key"] = parsed.limit_key
+    return job, []
+
+
+def declared(name: str, spec: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """A schedule declared in code (`@periodic`) as `Store.upsert_schedule` takes it, its job
+    checked by the same rules as the API's (schedule_job); InvalidSchedule naming what is
+    wrong."""
     if not valid_name(name):
         raise InvalidSchedule(f"schedule name {name!r}: must be {NAME_RULE}")
     Cron.parse(spec["cron"], spec["timezone"])
     if spec["catch_up"] not in CATCH_UP:
         raise InvalidSchedule(f"schedule {name}: catch_up must be latest or none")
-    job = spec["job"]
-    unknown = set(job) - _DECLARED_JOB_FIELDS
-    if unknown or not isinstance(job.get("type"), str) or not 1 <= len(job["type"]) <= 200:
-        raise InvalidSchedule(f"schedule {name}: job needs a type (1..200 characters) and "
-                              f"only {sorted(_DECLARED_JOB_FIELDS)}")
-    queue = job.get("queue", "default")
-    if not valid_queue_name(queue):
-        raise InvalidSchedule(f"schedule {name}: invalid queue {queue!r}")
-    try:
-        priority = parse_priority(job.get("priority", DEFAULT_PRIORITY))
-    except ValueError as err:
-        raise InvalidSchedule(f"schedule {name}: {err}") from None
-    retries = job.get("max_retries", max_retries)
-    timeout = job.get("timeout_s", timeout_s)
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 100:
-        raise InvalidSchedule(f"schedule {name}: max_retries must be an integer 0..100")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
-            0 < timeout <= 86_400):
-        raise InvalidSchedule(f"schedule {name}: timeout_s must be a number in (0, 86400]")
+    job, errors = schedule_job(spec["job"], settings)
+    if job is None:
+        raise InvalidSchedule(f"schedule {name}: " + "; ".join(
+            f"{e.field}: {e.message}" for e in errors))
     return {"cron": spec["cron"], "timezone": spec["timezone"], "catch_up": spec["catch_up"],
-            "paused": bool(spec["paused"]),
-            "job": {"type": job["type"], "payload": job.get("payload", {}), "queue": queue,
-                    "priority": priority, "max_retries": retries, "timeout_s": float(timeout)}}
+            "paused": bool(spec["paused"]), "job": job}

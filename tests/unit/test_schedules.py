@@ -18,6 +18,7 @@ from taskline.schedules import (
     missed,
     valid_name,
 )
+from taskline.settings import Settings
 
 
 def utc(*args: int) -> datetime:
@@ -129,11 +130,15 @@ def test_names_follow_the_name_rule():
 def test_code_declarations_get_the_api_defaults_and_are_checked():
     spec = {"cron": "0 3 * * *", "timezone": "UTC", "catch_up": "latest", "paused": False,
             "job": {"type": "report"}}
-    fields = declared("nightly", spec, 3, 300.0)
+    settings = Settings.from_env(env={}, default_max_retries=3, default_timeout_s=300.0)
+    fields = declared("nightly", spec, settings)
     assert fields["job"] == {"type": "report", "payload": {}, "queue": "default",
                              "priority": 5, "max_retries": 3, "timeout_s": 300.0}
-    for bad in ({"type": "report", "delay_s": 5}, {"type": "report", "queue": "a b"}, {}):
+    keyed = declared("nightly", {**spec, "job": {"type": "report", "limit_key": "t1"}}, settings)
+    assert keyed["job"]["limit_key"] == "t1"
+    for bad in ({"type": "report", "delay_s": 5}, {"type": "report", "queue": "a b"}, {},
+                {"type": "report", "limit_key": ""}):
         with pytest.raises(InvalidSchedule):
-            declared("nightly", {**spec, "job": bad}, 3, 300.0)
+            declared("nightly", {**spec, "job": bad}, settings)
     with pytest.raises(InvalidSchedule):
-        declared("no/slash", spec, 3, 300.0)
+        declared("no/slash", spec, settings)

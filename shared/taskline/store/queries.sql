@@ -738,9 +738,10 @@ WITH slot AS (
     RETURNING schedule, slot, job_id
 ), job AS (
     INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, schedule, scheduled_for)
+                      next_run_at, schedule, scheduled_for, limit_key)
     SELECT slot.job_id, :type, :queue, CAST(:payload AS jsonb), :priority, :status,
-           :max_retries, :timeout_s, now(), slot.schedule, slot.slot
+           :max_retries, :timeout_s, now(), slot.schedule, slot.slot,
+           CAST(:limit_key AS text)
     FROM slot
     RETURNING *
 ), events AS (

@@ -392,6 +392,7 @@ class Store:
                   "id": new_job_id(), "type": job["type"], "queue": job["queue"],
                   "payload": _json(job["payload"]), "priority": job["priority"],
                   "max_retries": job["max_retries"], "timeout_s": job["timeout_s"],
+                  "limit_key": job.get("limit_key"),
                   "status": transitions.ENQUEUE.target.value,
                   "event": transitions.ENQUEUE.event.value}
         rows = self._run("fire_slot", params)
