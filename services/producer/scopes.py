@@ -27,6 +27,10 @@ ROUTE_SCOPES: dict[str, str] = {
     "apidoc.openapi": READ,
     "access.whoami": ANY_SCOPE,
     "audit.list_audit": OPERATE,
+    "workflows.create_workflow": WRITE,
+    "workflows.get_workflow": READ,
+    "workflows.list_workflows": READ,
+    "workflows.cancel_workflow": OPERATE,
 }
 
 

@@ -32,6 +32,7 @@ from taskline.metrics import (
     JOB_FAILED,
     JOB_RETRIED,
     STALE_COMPLETIONS,
+    STEPS_RELEASED,
     CachedLabels,
     TypeLabels,
 )
@@ -123,6 +124,14 @@ def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
                                > newest[job_id].attempt.job.attempts):
             newest[job_id] = report
     return list(newest.values())
+
+
+def released_steps(rows: Iterable[Settled]) -> list[Committed]:
+    """The waiting workflow steps the settlement released, to push after the commit."""
+    released = [step for row in rows for step in row.released]
+    if released:
+        STEPS_RELEASED.inc(len(released))
+    return [step.committed() for step in released]
 
 
 class Recorder:
@@ -231,7 +240,8 @@ class Recorder:
         return None
 
     def _settlement(self, report: Report, transition: Transition) -> Settlement:
-        return Settlement(report.attempt.lease_id, self._worker_id, transition)
+        return Settlement(report.attempt.lease_id, self._worker_id, transition,
+                          releases=report.attempt.job.workflow_id is not None)
 
     def _complete(self, reports: list[Report]) -> None:
         written = self._persist(reports, lambda live: self._store.settle(
@@ -244,7 +254,8 @@ class Recorder:
             self._completed(report)
         for report in stale:
             self._stale(report)
-        self._follow([self._committed(r, transitions.SUCCEED) for r in recorded], stale)
+        self._follow([self._committed(r, transitions.SUCCEED) for r in recorded]
+                     + released_steps(rows), stale)
 
     def _complete_with_hooks(self, report: Report) -> None:
         attempt = report.attempt
@@ -259,7 +270,8 @@ class Recorder:
             self._gave_up([report])
         elif written[1]:
             self._completed(report)
-            self._follow([self._committed(report, transitions.SUCCEED)], [])
+            self._follow([self._committed(report, transitions.SUCCEED),
+                          *released_steps(written[1])], [])
         else:
             self._stale(report)
             self._follow([], [report])
