@@ -122,7 +122,7 @@ class Retention(Periodic):
         """A workflow step dead past its retention is purged: first its waiting dependents are
         cancelled, which finishes its workflow, so the step (kept while its workflow is
         unfinished, for parent_results) can go."""
-        while self.active():
+        while True:
             cancelled = self.store.cancel_dependents_of_expired_dead(
                 self.retention_s(Status.DEAD), self.batch_size)
             for row in cancelled:
@@ -131,13 +131,13 @@ class Retention(Periodic):
                                 "queue": row.queue, "cause": "parent_expired"})
             self.dispatcher.follow([Committed(transitions.CANCEL, str(r.id), r.queue, r.priority)
                                     for r in cancelled])
-            if len(cancelled) < self.batch_size:
+            if len(cancelled) < self.batch_size or not self.active():
                 break
 
     def _delete_empty_workflows(self) -> None:
         """Workflow rows whose steps are all gone, after the longest retention."""
         longest = max(self.retention_s(status) for status in STATUSES)
-        if longest > 0 and self.active():
+        if longest > 0:
             self.store.delete_empty_workflows(longest, self.batch_size)
 
     def _forget(self, status: Status, batch: list[Deleted]) -> None:

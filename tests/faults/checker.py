@@ -71,6 +71,9 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("running", "cancelled"): frozenset({"cancelled"}),
     ("running", "cancel_requested"): frozenset({"running"}),
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
+    (None, "waiting"): frozenset({"waiting"}),
+    ("waiting", "unblocked"): frozenset({"queued"}),
+    ("waiting", "cancelled"): frozenset({"cancelled"}),
     ("dead", "requeued"): frozenset({"queued"}),
     **{(state, "expired"): frozenset({"deleted"}) for state in TERMINAL},
 }

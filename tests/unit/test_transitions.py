@@ -51,10 +51,20 @@ def test_finished_at_is_stamped_by_exactly_the_moves_into_a_terminal_state() -> 
         queries["settle"])
 
 
-def test_only_pending_jobs_are_cancelled_outright_and_new_jobs_start_pending() -> None:
-    assert t.CANCEL.sources == PENDING
-    assert {m.target for m in t.CREATED.values()} == {Status.QUEUED, Status.SCHEDULED}
-    assert dict(t.FIRST_EVENTS) == {"queued": "enqueued", "scheduled": "scheduled"}
+def test_only_unstarted_jobs_are_cancelled_outright_and_new_jobs_start_pending_or_waiting(
+) -> None:
+    assert t.CANCEL.sources == PENDING | {Status.WAITING}
+    assert {m.target for m in t.CREATED.values()} == {Status.QUEUED, Status.SCHEDULED,
+                                                      Status.WAITING}
+    assert dict(t.FIRST_EVENTS) == {"queued": "enqueued", "scheduled": "scheduled",
+                                    "waiting": "waiting"}
+
+
+def test_a_waiting_step_is_in_no_redis_structure_until_unblocked() -> None:
+    assert Status.WAITING not in PENDING and not Status.WAITING.terminal
+    assert t.WAIT.step is t.Step.NONE and t.UNBLOCK.step is t.Step.PUSH
+    assert t.TABLE[(Status.WAITING, Event.UNBLOCKED)] == {Status.QUEUED}
+    assert t.status_after("unblocked") == "queued" and t.status_after("waiting") == "waiting"
 
 
 @pytest.mark.parametrize("build", [
