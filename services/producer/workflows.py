@@ -27,7 +27,7 @@ from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.enqueuer import due_ms
 from taskline_producer.errors import InvalidIdempotencyKey, InvalidState, NotFound, ValidationFailed
-from taskline_producer.jobspec import FieldError
+from taskline_producer.jobspec import KEY_CODE, FieldError
 from taskline_producer.shapes import plain
 from taskline_producer.workflowspec import WorkflowSpec, parse_workflow
 
@@ -72,7 +72,7 @@ def _check_replay(conn: Any, spec: WorkflowSpec, submitted: Submitted) -> None:
 
 
 def _invalid(errors: list[FieldError]) -> Exception:
-    keys = [e.to_dict() for e in errors if e.code == "invalid_idempotency_key"]
+    keys = [e.to_dict() for e in errors if e.code == KEY_CODE]
     if keys:
         return InvalidIdempotencyKey(details=keys)
     return ValidationFailed(details=[e.to_dict() for e in errors])

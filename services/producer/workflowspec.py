@@ -9,16 +9,27 @@ step. No I/O happens here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from taskline.settings import Settings
 from taskline.workflows import MAX_STEP_ID_CHARS, MAX_STEPS, StepJob, StepSpec, graph_errors
-from taskline_producer.jobspec import FieldError, JobSpec, key_from_header, parse_job, request_hash
+from taskline_producer.jobspec import (
+    KEY_CODE,
+    MAX_KEY_CHARS,
+    FieldError,
+    InvalidKey,
+    JobSpec,
+    key_from_header,
+    parse_job,
+    request_hash,
+)
 
-FIELDS = frozenset({"name", "steps"})
+FIELDS = frozenset({"name", "steps", "idempotency_key"})
 STEP_FIELDS = frozenset({"id", "job", "after"})
 MAX_NAME_CHARS = 200
+_KEY = re.compile(rf"[!-~]{{1,{MAX_KEY_CHARS}}}")
 
 
 @dataclass(frozen=True)
@@ -40,12 +51,8 @@ def parse_workflow(body: object, settings: Settings,
     name = body.get("name")
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_CHARS or "\x00" in name:
         errors.append(FieldError("name", f"must be a string of 1..{MAX_NAME_CHARS} characters"))
-    key = None
-    if header_key is not None:
-        try:
-            key = key_from_header(header_key)
-        except ValueError as err:
-            errors.append(FieldError("Idempotency-Key", str(err), "invalid_idempotency_key"))
+    key, key_errors = _key(body, header_key)
+    errors += key_errors
     raw = body.get("steps")
     if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_STEPS:
         return [*errors, FieldError("steps", f"must be an array of 1..{MAX_STEPS} steps")]
@@ -62,6 +69,30 @@ def parse_workflow(body: object, settings: Settings,
         return errors
     digest = request_hash(body) if key is not None else None
     return WorkflowSpec(str(name), steps, key, digest)
+
+
+def _key(body: dict[str, Any], header_key: str | None) -> tuple[str | None, list[FieldError]]:
+    """The workflow's idempotency key, from the header or the body (as for jobs: both may be
+    given only when they agree)."""
+    keys: dict[str, str] = {}
+    errors: list[FieldError] = []
+    for where, raw, parse in (("Idempotency-Key", header_key, key_from_header),
+                              ("idempotency_key", body.get("idempotency_key"), _body_key)):
+        if raw is None:
+            continue
+        try:
+            keys[where] = parse(raw)
+        except ValueError as err:
+            errors.append(FieldError(where, str(err), KEY_CODE))
+    if len(set(keys.values())) > 1:
+        errors.append(FieldError("idempotency_key", "differs from the Idempotency-Key header"))
+    return next(iter(keys.values()), None), errors
+
+
+def _body_key(value: object) -> str:
+    if not isinstance(value, str) or not _KEY.fullmatch(value):
+        raise InvalidKey(f"must be 1..{MAX_KEY_CHARS} visible ASCII characters (! to ~)")
+    return value
 
 
 def _where(step_id: str | None, steps: list[StepSpec]) -> str:
