@@ -14,6 +14,8 @@ Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
            [--soak-s S] [--soak-window-s S] [--soak-sample-s S] [--soak-pairs N]
            [--out bench-results/latest.json]
+`--only workflows` runs the two workflow scenarios (a fan-out of 1,000 steps into one fan-in:
+submit to the fan-in's start; a chain of 100: median handoff against the idle pickup).
 `--only retention` (never part of a run without --only: it lasts about half an hour) runs the
 retention soak at half the 2-worker drain rate with TASKLINE_RETAIN_SUCCEEDED_S=60, then drains
 with retention on and off in interleaved pairs (docs/performance.md, "Retention soak").
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # bench/ is put on the path first: its modules import each other by name.
 import peers
 import scenarios as sc
+import workflows as wfb
 from stack import ROOT, Stack, open_stack
 
 PACKAGES = ("taskline", "gunicorn", "flask", "psycopg", "sqlalchemy", "redis", "celery",
@@ -53,6 +56,7 @@ PEER_DRAINS: dict[str, Callable[..., float]] = {
 IO_HANDLERS = ("redis", "sleep10")
 IO_PROCESSES = 2
 IO_SLOTS = 8
+WORKFLOW_SCENARIOS = ("workflow_fan_in_1000_s", "workflow_chain_100_handoff")
 
 
 def summary(runs: list[float]) -> dict[str, Any]:
@@ -98,6 +102,10 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
         "reconcile_100k_pending": lambda s: sc.reconcile(s, 100_000),
         # Normal requests' latency (ms) while 1,000 slow or half-open connections are held.
         "slow_clients_1000": lambda s: sc.slow_clients(s, 1000),
+        # Workflows (`--only workflows` runs both): submit -> start of the fan-in of 1,000
+        # parallel steps, seconds; and the step-to-step handoff along a chain of 100, ms.
+        "workflow_fan_in_1000_s": lambda s: wfb.fan_in(s, 1000),
+        "workflow_chain_100_handoff": lambda s: wfb.chain(s, 100),
     }
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)
@@ -257,6 +265,8 @@ def side_by_sides(stack: Stack, args: argparse.Namespace, only: set[str],
 
 def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     only = {name for name in args.only.split(",") if name}
+    if "workflows" in only:
+        only |= set(WORKFLOW_SCENARIOS)
     stack.extra_env["TASKLINE_LOG_LEVEL"] = args.log_level
     report: dict[str, Any] = {"machine": machine(stack), "jobs": args.jobs,
                               "repeat": args.repeat, "log_level": args.log_level,

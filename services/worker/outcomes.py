@@ -111,6 +111,11 @@ def _batchable(report: Report) -> bool:
     return report.kind == SUCCESS and not report.attempt.ctx.completion_hooks
 
 
+def _releases(report: Report) -> bool:
+    """A workflow step's success: its waiting dependents are released by its completion."""
+    return report.kind == SUCCESS and report.attempt.job.workflow_id is not None
+
+
 def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
     """The reports whose success was written, given the job ids the statement changed.
 
@@ -175,11 +180,17 @@ class Recorder:
                 self._record(batch)
 
     def _collect(self) -> tuple[list[Report], bool]:
-        """The next batch: wait for one report, then gather for a few ms; False after stop."""
+        """The next batch: wait for one report, then gather for a few ms; False after stop.
+
+        A workflow step's success is not held back: its dependents wait for it, so the batch
+        takes only what is reported already (a fan-out's burst still shares one statement).
+        """
         first = self._queue.get()
         if first is None:
             return [], False
         batch = [first]
+        if _releases(first):
+            return self._ready(batch)
         deadline = time.monotonic() + BATCH_WINDOW_S
         while len(batch) < BATCH_MAX:
             remaining = deadline - time.monotonic()
@@ -187,6 +198,18 @@ class Recorder:
                 break
             try:
                 report = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if report is None:
+                return batch, False
+            batch.append(report)
+        return batch, True
+
+    def _ready(self, batch: list[Report]) -> tuple[list[Report], bool]:
+        """`batch` and the reports already queued, without waiting for more."""
+        while len(batch) < BATCH_MAX:
+            try:
+                report = self._queue.get_nowait()
             except queue.Empty:
                 break
             if report is None:
@@ -254,8 +277,9 @@ class Recorder:
             self._completed(report)
         for report in stale:
             self._stale(report)
-        self._follow([self._committed(r, transitions.SUCCEED) for r in recorded]
-                     + released_steps(rows), stale)
+        # Released steps first: their push is what the next step waits for, the acks are not.
+        self._follow([*released_steps(rows),
+                      *(self._committed(r, transitions.SUCCEED) for r in recorded)], stale)
 
     def _complete_with_hooks(self, report: Report) -> None:
         attempt = report.attempt
@@ -270,8 +294,8 @@ class Recorder:
             self._gave_up([report])
         elif written[1]:
             self._completed(report)
-            self._follow([self._committed(report, transitions.SUCCEED),
-                          *released_steps(written[1])], [])
+            self._follow([*released_steps(written[1]),
+                          self._committed(report, transitions.SUCCEED)], [])
         else:
             self._stale(report)
             self._follow([], [report])

@@ -3,7 +3,10 @@ succeeded, and each is released exactly once.
 
 Written from the contract, not from the product's SQL: a step with parents starts `waiting`
 (its first event); it is released by one `unblocked` event, never two, and only once every
-parent has a `succeeded` event no later than that release; it is claimed and executed only
+parent has a `succeeded` event no later than that release, or written by the very transaction
+that wrote the release (the contract's "in the same transaction": the order of rows one
+transaction writes says nothing, so that is judged by transaction id); it is claimed and
+executed only
 after its release; a step whose parents all succeeded is not left waiting (a lost release);
 and one whose parents did not all succeed has not been released. Times are PostgreSQL's
 (`job_events.created_at` and `fault_exec_log.started_at`, both `clock_timestamp()` of one
@@ -30,13 +33,20 @@ def parents_of(query: Query) -> dict[str, list[str]]:
     return edges
 
 
+def transactions_of(query: Query) -> dict[int, str]:
+    """Event id -> the transaction that wrote it, for successes and releases."""
+    return {int(r["id"]): str(r["xid"]) for r in query(
+        "SELECT id, xmin::text AS xid FROM job_events WHERE event IN ('succeeded', 'unblocked')")}
+
+
 def workflow_violations(query: Query, snap: Snapshot) -> list[str]:
     """Every violation of the release model, over every step with parents."""
     problems: list[str] = []
+    xids = transactions_of(query)
     for child, parents in sorted(parents_of(query).items()):
         if child in snap.jobs:
             problems += [f"workflow step {child}: {p}"
-                         for p in step_violations(child, parents, snap)]
+                         for p in step_violations(child, parents, snap, xids)]
     return problems
 
 
@@ -44,7 +54,12 @@ def _times(events: list[dict], name: str) -> list[Any]:
     return [e["created_at"] for e in events if e["event"] == name]
 
 
-def step_violations(child: str, parents: list[str], snap: Snapshot) -> list[str]:
+def _named(events: list[dict], name: str) -> list[dict]:
+    return [e for e in events if e["event"] == name]
+
+
+def step_violations(child: str, parents: list[str], snap: Snapshot,
+                    xids: Mapping[int, str] | None = None) -> list[str]:
     events = snap.events.get(child, [])
     released = _times(events, "unblocked")
     problems = []
@@ -52,20 +67,28 @@ def step_violations(child: str, parents: list[str], snap: Snapshot) -> list[str]
         problems.append(f"first event is {events[0]['event'] if events else None}, not waiting")
     if len(released) > 1:
         problems.append(f"released {len(released)} times")
-    succeeded = {p: _times(snap.events.get(p, []), "succeeded") for p in parents}
+    succeeded = {p: _named(snap.events.get(p, []), "succeeded") for p in parents}
     all_done = all(snap.jobs.get(p, {}).get("status") == "succeeded" for p in parents)
     if released:
-        problems += _release_violations(released[0], succeeded)
+        problems += _release_violations(_named(events, "unblocked")[0], succeeded, xids or {})
     elif all_done and snap.jobs[child]["status"] == "waiting":
         problems.append("every parent succeeded but the step is still waiting (lost release)")
     problems += _run_violations(child, released, snap)
     return problems
 
 
-def _release_violations(at: Any, succeeded: Mapping[str, list[Any]]) -> list[str]:
-    """Released at `at`: every parent had succeeded by then."""
-    return [f"released at {at} before parent {p} succeeded ({times or 'never'})"
-            for p, times in sorted(succeeded.items()) if not times or min(times) > at]
+def _release_violations(release: Mapping[str, Any], succeeded: Mapping[str, list[dict]],
+                        xids: Mapping[int, str]) -> list[str]:
+    """Every parent had succeeded by the release, or succeeded in its transaction."""
+    at, xid = release["created_at"], xids.get(release["id"])
+
+    def before(success: Mapping[str, Any]) -> bool:
+        return success["created_at"] <= at or (
+            xid is not None and xids.get(success["id"]) == xid)
+
+    return [f"released at {at} before parent {p} succeeded "
+            f"({[e['created_at'] for e in events] or 'never'})"
+            for p, events in sorted(succeeded.items()) if not any(before(e) for e in events)]
 
 
 def _run_violations(child: str, released: list[Any], snap: Snapshot) -> list[str]:

@@ -48,6 +48,16 @@ def test_a_release_before_the_parent_succeeded_is_caught() -> None:
     assert any("before parent p" in v for v in step_violations("c", ["p"], snapshot(events)))
 
 
+def test_a_success_written_by_the_releasing_transaction_counts_whatever_its_time() -> None:
+    parent = [ev("enqueued", 0), ev("claimed", 1), ev("succeeded", 2.6)]
+    events = [ev("waiting", 0), ev("unblocked", 2.5), ev("claimed", 3), ev("succeeded", 4)]
+    snap = snapshot(events, parent_events=parent)
+    same = {parent[2]["id"]: "700", events[1]["id"]: "700"}
+    assert step_violations("c", ["p"], snap, same) == []
+    other = {parent[2]["id"]: "701", events[1]["id"]: "700"}
+    assert any("before parent p" in v for v in step_violations("c", ["p"], snap, other))
+
+
 def test_a_run_before_the_release_or_without_one_is_caught() -> None:
     early = step_violations("c", ["p"], snapshot(GOOD, execs=[2.0]))
     assert any("before its release" in v for v in early)

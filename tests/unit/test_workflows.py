@@ -92,3 +92,13 @@ def test_the_api_names_the_step_of_a_graph_error_and_takes_the_key_once() -> Non
     assert isinstance(spec, WorkflowSpec) and spec.idempotency_key == "k1" and spec.request_hash
     clash = parse_workflow(ok, settings, header_key="k2")
     assert [e.field for e in clash] == ["idempotency_key"]
+
+
+def test_the_releasing_settle_is_settle_verbatim_then_the_release() -> None:
+    from taskline.store.queries import load_queries
+
+    queries = {name: str(q) for name, q in load_queries().items()}
+    settle, releasing = queries["settle"], queries["settle_releasing"]
+    ctes = settle[:settle.rindex("\nSELECT ")]
+    assert releasing.startswith(ctes + ", finished AS (")
+    assert "FOR UPDATE OF j" in releasing and "ORDER BY j.id" in releasing

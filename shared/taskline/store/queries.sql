@@ -204,6 +204,87 @@ SELECT id, queue, priority, attempts, status, lease_id, worker_id,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
 FROM changed;
 
+-- name: settle_releasing
+-- `settle` for a batch holding workflow steps, in the same one statement: it also counts each
+-- succeeded step's success on its waiting children (settlements flagged `releases`),
+-- decrementing a child's pending_parents by its parents among them, and queues each child
+-- left with none (:release_target, event :release_event). Children are locked in id order,
+-- so statements releasing overlapping children cannot deadlock; one that waited for another's
+-- lock decrements the count the other committed (READ COMMITTED re-reads the locked row), so
+-- of parents finishing at once exactly one sees the count reach 0. Returns settle's rows,
+-- then one row per child released (lease_id NULL).
+WITH input AS MATERIALIZED (
+    SELECT CAST(:settlements AS jsonb) AS doc
+), leases AS (
+    UPDATE live_leases l
+    SET released_at = clock_timestamp(), outcome = input.doc -> l.id::text ->> 'outcome'
+    FROM input
+    WHERE l.id = ANY(CAST(:lease_ids AS bigint[]))
+      AND l.worker_id = input.doc -> l.id::text ->> 'worker_id'
+      AND (CAST(input.doc -> l.id::text ->> 'lapsed' AS boolean) IS NOT TRUE
+           OR l.leased_until < now())
+    RETURNING l.id AS lease_id, l.job_id, l.attempt, l.worker_id, input.doc -> l.id::text AS s
+), changed AS (
+    UPDATE jobs j
+    SET status = leases.s ->> 'status',
+        attempts = j.attempts - CAST(leases.s ->> 'refund' AS int),
+        result = CASE WHEN CAST(leases.s ->> 'writes_result' AS boolean)
+                      THEN leases.s -> 'result' ELSE j.result END,
+        last_error = CASE WHEN CAST(leases.s ->> 'writes_error' AS boolean)
+                          THEN leases.s ->> 'error' ELSE j.last_error END,
+        next_run_at = CASE WHEN leases.s ->> 'delay_s' IS NULL THEN j.next_run_at
+                           ELSE now() + make_interval(
+                               secs => CAST(leases.s ->> 'delay_s' AS float8)) END,
+        finished_at = CASE WHEN CAST(leases.s ->> 'finishes' AS boolean) THEN now() END,
+        updated_at = now()
+    FROM leases WHERE j.id = leases.job_id AND (j.status = 'running') IS TRUE
+    RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, leases.lease_id,
+              leases.attempt, leases.worker_id, leases.s
+), dead AS (
+    INSERT INTO dead_letter_jobs (job_id, final_error, attempts, failed_at)
+    SELECT id, s ->> 'error', attempts, now() FROM changed
+    WHERE CAST(s ->> 'dead_letter' AS boolean)
+    ON CONFLICT (job_id) DO UPDATE
+        SET final_error = EXCLUDED.final_error, attempts = EXCLUDED.attempts,
+            failed_at = EXCLUDED.failed_at
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
+    SELECT id, attempt, s ->> 'event', worker_id, NULLIF(s -> 'detail', 'null'::jsonb)
+    FROM changed
+), finished AS (
+    -- From here on: the release. Above: `settle`, verbatim (a unit test holds them equal).
+    SELECT d.child_id, count(*) AS n
+    FROM changed c JOIN job_dependencies d ON d.parent_id = c.id
+    WHERE c.status = 'succeeded' AND CAST(c.s ->> 'releases' AS boolean)
+    GROUP BY d.child_id
+), locked AS MATERIALIZED (
+    SELECT j.id, f.n
+    FROM jobs j JOIN finished f ON f.child_id = j.id
+    WHERE (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
+    ORDER BY j.id
+    FOR UPDATE OF j
+), released AS (
+    UPDATE jobs j
+    SET pending_parents = j.pending_parents - locked.n,
+        status = CASE WHEN j.pending_parents - locked.n <= 0 THEN :release_target
+                      ELSE j.status END,
+        next_run_at = CASE WHEN j.pending_parents - locked.n <= 0 THEN now()
+                           ELSE j.next_run_at END,
+        updated_at = now()
+    FROM locked
+    WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
+    RETURNING j.id, j.queue, j.priority, j.attempts, j.status
+), release_events AS (
+    INSERT INTO job_events (job_id, attempt, event)
+    SELECT id, attempts, :release_event FROM released WHERE status = :release_target
+)
+SELECT id, queue, priority, attempts, status, lease_id, worker_id,
+       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
+FROM changed
+UNION ALL
+SELECT id, queue, priority, attempts, status, NULL, NULL, NULL
+FROM released WHERE status = :release_target;
+
 -- name: cancel_running_job
 -- Mark a running job's cancellation as requested, with its event; the worker's next renewal
 -- stops it. Returns the job only when this call asked.
@@ -486,40 +567,6 @@ SELECT * FROM inserted;
 INSERT INTO job_dependencies (parent_id, child_id)
 SELECT parent_id, child_id
 FROM json_to_recordset(CAST(:edges AS json)) AS t(parent_id uuid, child_id uuid);
-
--- name: release_dependents
--- In the transaction that settled the succeeded parents :ids: decrement each waiting child's
--- pending_parents by the number of its parents among :ids, and queue it (:target, with its
--- :event) when none is left; returns the children released. Children are locked in id order,
--- so two transactions releasing overlapping children cannot deadlock; one that waited for
--- the other's lock decrements the count the other committed (READ COMMITTED re-reads the
--- locked row), so of parents finishing at once exactly one sees the count reach 0.
-WITH finished AS (
-    SELECT d.child_id, count(*) AS n
-    FROM job_dependencies d
-    WHERE d.parent_id = ANY(CAST(:ids AS uuid[]))
-    GROUP BY d.child_id
-), locked AS MATERIALIZED (
-    SELECT j.id, f.n
-    FROM jobs j JOIN finished f ON f.child_id = j.id
-    WHERE (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
-    ORDER BY j.id
-    FOR UPDATE OF j
-), changed AS (
-    UPDATE jobs j
-    SET pending_parents = j.pending_parents - locked.n,
-        status = CASE WHEN j.pending_parents - locked.n <= 0 THEN :target ELSE j.status END,
-        next_run_at = CASE WHEN j.pending_parents - locked.n <= 0 THEN now()
-                           ELSE j.next_run_at END,
-        updated_at = now()
-    FROM locked
-    WHERE j.id = locked.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
-    RETURNING j.id, j.queue, j.priority, j.attempts, j.status
-), events AS (
-    INSERT INTO job_events (job_id, attempt, event)
-    SELECT id, attempts, :event FROM changed WHERE status = :target
-)
-SELECT id, queue, priority, attempts FROM changed WHERE status = :target;
 
 -- name: cancel_waiting_dependents
 -- Cancel every waiting descendant of the jobs :ids (their children, their children's children

@@ -26,7 +26,7 @@ class Settlement:
     transition: Transition
     releases: bool = False
     """The job is a workflow step: its success may release waiting dependents, so the store
-    settles it in a transaction with `release_dependents`. False keeps the one statement."""
+    settles its batch with `settle_releasing` (settle and the release in one statement)."""
 
     def to_input(self, *, lapsed: bool) -> dict[str, Any]:
         """The settle statement's input row (see queries.sql `settle`)."""
@@ -37,7 +37,7 @@ class Settlement:
                 "writes_result": move.writes_result, "writes_error": move.writes_error,
                 "delay_s": t.delay_s, "detail": dict(t.detail) if t.detail else None,
                 "refund": int(move.refunds_attempt), "dead_letter": move.dead_letter,
-                "finishes": move.finishes, "lapsed": lapsed}
+                "finishes": move.finishes, "lapsed": lapsed, "releases": self.releases}
 
 
 @dataclass(frozen=True)

@@ -350,27 +350,21 @@ class Store:
         params = {"settlements": _rows_json({str(s.lease_id): s.to_input(lapsed=lapsed)
                                              for s in settlements}),
                   "lease_ids": "{" + ",".join(str(s.lease_id) for s in settlements) + "}"}
-        releasing = {s.lease_id for s in settlements
-                     if s.releases and s.transition.move is transitions.SUCCEED}
-        if releasing:
-            return self._settle_releasing(params, releasing, conn)
+        if any(s.releases and s.transition.move is transitions.SUCCEED for s in settlements):
+            return self._settle_releasing({**params, **_RELEASE}, conn)
         rows = (self._run("settle", params, conn) if conn is not None
                 else self._run_on_driver("settle", params))
         return [Settled.from_row(r) for r in rows]
 
-    def _settle_releasing(self, params: dict[str, Any], releasing: set[int],
-                          conn: Connection | None) -> list[Settled]:
-        """settle, then release_dependents of the workflow steps it made succeeded, in one
-        transaction: a step is queued exactly when its last parent's success commits."""
-        if conn is None:
-            with self.transaction() as own:
-                return self._settle_releasing(params, releasing, own)
-        settled = [Settled.from_row(r) for r in self._run("settle", params, conn)]
-        parents = [r.id for r in settled
-                   if r.lease_id in releasing and r.status is Status.SUCCEEDED]
-        if not parents:
+    def _settle_releasing(self, params: dict[str, Any], conn: Connection | None) -> list[Settled]:
+        """settle_releasing: the settlements, and the waiting steps whose last parents they
+        made succeeded queued, in one statement (one round trip, as `settle`)."""
+        rows = (self._run("settle_releasing", params, conn) if conn is not None
+                else self._run_on_driver("settle_releasing", params))
+        settled = [Settled.from_row(r) for r in rows if r.lease_id is not None]
+        released = tuple(Released.from_row(r) for r in rows if r.lease_id is None)
+        if not released:
             return settled
-        released = tuple(self.release_dependents(parents, conn))
         return [*settled[:-1], dataclasses.replace(settled[-1], released=released)]
 
     def settle_with_hooks(self, settlement: Settlement,
@@ -525,14 +519,6 @@ class Store:
             self._run("insert_dependencies", {"edges": _rows_json(
                 [{"parent_id": p, "child_id": c} for p, c in edges])}, conn)
 
-    def release_dependents(self, parent_ids: Sequence[uuid.UUID],
-                           conn: Connection) -> list[Released]:
-        """Count these parents' successes on their waiting children, queueing each child that
-        has none left; only inside the transaction that settled the parents."""
-        rows = self._run("release_dependents", {"ids": _uuid_array(sorted(set(parent_ids))),
-                                                **_move_params(transitions.UNBLOCK)}, conn)
-        return [Released.from_row(r) for r in rows]
-
     def cancel_waiting_dependents(self, job_ids: Sequence[uuid.UUID], actor: str | None = None,
                                   conn: Connection | None = None) -> list[Job]:
         """Cancel every waiting descendant of `job_ids`; returns the jobs cancelled."""
@@ -616,6 +602,9 @@ def _move_params(move: Move) -> dict[str, Any]:
 
 _FIRST_EVENTS = json.dumps(dict(transitions.FIRST_EVENTS))
 _CLAIM = {"target": transitions.CLAIM.target.value, "event": transitions.CLAIM.event.value}
+_RELEASE = {"release_sources": transitions.UNBLOCK.source_names,
+            "release_target": transitions.UNBLOCK.target.value,
+            "release_event": transitions.UNBLOCK.event.value}
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
 _DRIVER_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
