@@ -117,7 +117,7 @@ WAIT = Move("wait", frozenset(), Status.WAITING, Event.WAITING, Step.NONE)
 """A workflow step with parents is created waiting: in PostgreSQL only, never in Redis."""
 UNBLOCK = Move("unblock", frozenset({Status.WAITING}), Status.QUEUED, Event.UNBLOCKED, Step.PUSH)
 """The last parent of a waiting step succeeded: the step is queued in the transaction that
-records that success (the store's `release_dependents`), then pushed onto its ready list."""
+records that success (the store's `settle_releasing`), then pushed onto its ready list."""
 
 MOVES: Mapping[str, Move] = MappingProxyType({m.name: m for m in (
     ENQUEUE, SCHEDULE, PROMOTE, CLAIM, SUCCEED, RETRY, DEAD, RECOVER, RECOVER_DEAD, HAND_BACK,

@@ -3,7 +3,7 @@
 A workflow is a set of steps, each a job with the ids of the steps it waits for (`after`). A
 step without parents starts queued (or scheduled); a step with parents starts `waiting` with
 `pending_parents` set to their number, and the transaction that records the success of its
-last parent queues it (the store's `release_dependents`, run by `Store.settle`).
+last parent queues it (the store's `settle_releasing`, run by `Store.settle`).
 
 Invariants: a workflow is inserted in one transaction, all steps and edges or none
 (`insert_workflow` takes the caller's connection); an accepted graph names only its own
