@@ -76,10 +76,10 @@ def _key(body: dict[str, Any], header_key: str | None) -> tuple[str | None, list
     given only when they agree)."""
     keys: dict[str, str] = {}
     errors: list[FieldError] = []
-    for where, raw, parse in (("Idempotency-Key", header_key, key_from_header),
-                              ("idempotency_key", body.get("idempotency_key"), _body_key)):
-        if raw is None:
-            continue
+    given = [("Idempotency-Key", header_key, key_from_header)] if header_key is not None else []
+    if "idempotency_key" in body:  # null is no key: refused like any other non-string
+        given.append(("idempotency_key", body["idempotency_key"], _body_key))
+    for where, raw, parse in given:
         try:
             keys[where] = parse(raw)
         except ValueError as err:

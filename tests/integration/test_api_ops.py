@@ -87,7 +87,7 @@ def test_queues_report_postgresql_counts_and_redis_depths(client: FlaskClient,
     assert set(queues) == {"default", "mail", "redis-only"}
     default = queues["default"]
     assert default["counts"] == {"scheduled": 1, "queued": 3, "retrying": 0, "running": 0,
-                                 "dead": 0}
+                                 "dead": 0, "waiting": 0}
     assert default["priorities"]["9"]["queued"] == 2
     assert default["priorities"]["5"]["scheduled"] == 1
     assert default["redis"]["ready"]["9"] == 2 and default["redis"]["ready_total"] == 3
@@ -129,7 +129,11 @@ STORE_ROUTES = [("post", "/api/v1/jobs", {"type": "echo"}),
                 ("get", "/api/v1/jobs", None), ("get", f"/api/v1/jobs/{UUID}", None),
                 ("delete", f"/api/v1/jobs/{UUID}", None),
                 ("post", f"/api/v1/jobs/{UUID}/retry", None), ("get", "/api/v1/dlq", None),
-                ("get", "/api/v1/workers", None), ("get", "/api/v1/queues", None)]
+                ("get", "/api/v1/workers", None), ("get", "/api/v1/queues", None),
+                ("post", "/api/v1/workflows",
+                 {"name": "w", "steps": [{"id": "a", "job": {"type": "echo"}}]}),
+                ("get", "/api/v1/workflows", None), ("get", f"/api/v1/workflows/{UUID}", None),
+                ("delete", f"/api/v1/workflows/{UUID}", None)]
 
 
 def test_postgresql_unreachable_is_503_with_retry_after(make_app: Any, closed_port: int,
@@ -273,7 +277,8 @@ def test_openapi_document_is_valid_openapi_31(client: FlaskClient) -> None:
         _validator(doc, name)
     served = {(rule.rule, m) for rule in client.application.url_map.iter_rules()
               for m in rule.methods - {"HEAD", "OPTIONS"}}
-    documented = {(p.replace("{job_id}", "<uuid:job_id>"), m.upper())
+    documented = {(p.replace("{job_id}", "<uuid:job_id>")
+                   .replace("{workflow_id}", "<uuid:workflow_id>"), m.upper())
                   for p, ops in doc["paths"].items() for m in ops if m != "parameters"}
     assert served == documented
 
