@@ -294,3 +294,35 @@ def test_submit_workflow_inside_the_callers_transaction(store):
     steps = store.workflow_steps([kept])[kept]
     assert sorted((s["step"], s["status"]) for s in steps) == [("a", "queued"),
                                                                ("b", "waiting")]
+
+
+def _run_step(store, job_id, transition) -> None:
+    [claimed] = store.claim_jobs([job_id], "w", 30.0)
+    assert store.settle([Settlement(claimed.lease_id, "w", transition, releases=True)])
+
+
+def test_retention_keeps_an_unfinished_workflow_and_a_purged_dead_step_cancels_its_dependents(
+        store, dispatcher, settings):
+    from taskline_maintenance.retention import Retention
+
+    steps = [StepSpec("a", StepJob("wf.step")), StepSpec("b", StepJob("wf.step"), ("a",)),
+             StepSpec("c", StepJob("wf.step"), ("b",))]
+    with store.transaction() as conn:
+        jobs = {k: j.id for k, j in insert_workflow(conn, "kept", steps).jobs.items()}
+    _run_step(store, jobs["a"], transitions.succeeded({"n": 1}))
+    _run_step(store, jobs["b"], transitions.dead("boom", reason="test"))
+    with store.transaction() as conn:  # a and b finished two hours ago
+        conn.execute(text("UPDATE jobs SET finished_at = now() - interval '2 hours', "
+                          "updated_at = now() - interval '2 hours' WHERE id = ANY(:ids)"),
+                     {"ids": [jobs["a"], jobs["b"]]})
+    hour = {"retain_succeeded_s": 3600.0, "retain_cancelled_s": 3600.0}
+
+    Retention(store, dispatcher, settings.replace(**hour, retain_dead_s=86400.0)).run_once()
+    statuses = {k: getattr(store.get_job(j), "status", None) for k, j in jobs.items()}
+    assert statuses == {"a": Status.SUCCEEDED, "b": Status.DEAD, "c": Status.WAITING}
+
+    Retention(store, dispatcher, settings.replace(**hour, retain_dead_s=3600.0)).run_once()
+    statuses = {k: getattr(store.get_job(j), "status", None) for k, j in jobs.items()}
+    assert statuses == {"a": None, "b": None, "c": Status.CANCELLED}
+    events = [e["event"] for e in store.get_history(jobs["c"])[0]]
+    assert events == ["waiting", "cancelled"]
