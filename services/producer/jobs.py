@@ -124,10 +124,9 @@ def cancel_job(job_id: uuid.UUID) -> Response:
         _follow_in_redis(transitions.CANCEL, job)
         workflows.follow_cancelled(dependents)
         return jsonify(shapes.job(job))
-    job = b.store.cancel_running_job(job_id, actor)
+    job, dependents = b.store.request_cancel_step(job_id, actor)
     if job is not None:
-        if job.workflow_id is not None:  # its dependents can no longer run: cancelled now
-            workflows.follow_cancelled(b.store.cancel_waiting_dependents([job.id], actor))
+        workflows.follow_cancelled(dependents)
         log.info("cancel requested: the worker stops the job at its next lease renewal",
                  extra=job_log_extra("cancel_requested", job))
         audit.record_after("job.cancel_requested", str(job.id),

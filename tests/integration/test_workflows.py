@@ -326,3 +326,15 @@ def test_retention_keeps_an_unfinished_workflow_and_a_purged_dead_step_cancels_i
     assert statuses == {"a": None, "b": None, "c": Status.CANCELLED}
     events = [e["event"] for e in store.get_history(jobs["c"])[0]]
     assert events == ["waiting", "cancelled"]
+
+
+def test_asking_a_running_step_to_stop_cancels_its_waiting_dependents(client, settings):
+    wf = submit(client, [_step("a", gate="wf-stop"), _step("b", ["a"]), _step("c", ["b"])])
+    job_of = {s["id"]: s["job_id"] for s in wf["steps"]}
+    with running_worker(settings, concurrency=1):
+        wait_for(lambda: "a" in order(), message="a running")
+        assert client.delete(f"/api/v1/jobs/{job_of['a']}").status_code == 202
+        statuses = {s["id"]: s["status"] for s in workflow(client, wf["id"])["steps"]}
+        assert statuses["b"] == statuses["c"] == "cancelled"
+        wait_status(client, wf["id"], "cancelled")
+    assert order() == ["a"]

@@ -538,6 +538,18 @@ class Store:
                 return job, []
             return job, self.cancel_waiting_dependents([job.id], actor, conn)
 
+    def request_cancel_step(self, job_id: uuid.UUID,
+                            actor: str | None = None) -> tuple[Job | None, list[Job]]:
+        """Ask a running job to stop and, when it is a workflow step, cancel its waiting
+        dependents (they can no longer count on it), in one transaction."""
+        with self.transaction() as conn:
+            rows = self._run("cancel_running_job", {
+                "id": job_id, "actor": actor, **_move_params(transitions.REQUEST_CANCEL)}, conn)
+            job = Job.from_row(rows[0]) if rows else None
+            if job is None or job.workflow_id is None:
+                return job, []
+            return job, self.cancel_waiting_dependents([job.id], actor, conn)
+
     def cancel_workflow(self, workflow_id: uuid.UUID,
                         actor: str | None = None) -> tuple[list[Job], list[Job]]:
         """Cancel every unfinished step of a workflow in one transaction: (cancelled, asked to
