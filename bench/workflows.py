@@ -39,7 +39,7 @@ def _started(stack: Stack, job_ids: list[str]) -> dict[str, float]:
     return {r[0]: float(r[1]) for r in rows}
 
 
-def fan_in(stack: Stack, parts: int = 1000, workers: int = 2) -> float:
+def fan_in(stack: Stack, parts: int = 999, workers: int = 2) -> float:
     """Seconds from submitting `parts` parallel steps and their fan-in to the fan-in's start."""
     stack.reset()
     names = [f"p{i}" for i in range(parts)]
