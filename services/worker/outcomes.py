@@ -270,6 +270,8 @@ class Recorder:
         written = self._persist(reports, lambda live: self._store.settle(
             [self._settlement(r, transitions.succeeded(r.result)) for r in live]))
         live, rows = written if written is not None else ([], [])
+        # Released steps are pushed first, before any bookkeeping: the next step waits for them.
+        self._follow(released_steps(rows), [])
         self._gave_up([r for r in reports if r not in live])
         recorded = set(newest_recorded(live, {str(row.id) for row in rows}))
         stale = [r for r in live if r not in recorded]
@@ -277,9 +279,7 @@ class Recorder:
             self._completed(report)
         for report in stale:
             self._stale(report)
-        # Released steps first: their push is what the next step waits for, the acks are not.
-        self._follow([*released_steps(rows),
-                      *(self._committed(r, transitions.SUCCEED) for r in recorded)], stale)
+        self._follow([self._committed(r, transitions.SUCCEED) for r in recorded], stale)
 
     def _complete_with_hooks(self, report: Report) -> None:
         attempt = report.attempt
@@ -293,9 +293,9 @@ class Recorder:
         if written is None:
             self._gave_up([report])
         elif written[1]:
+            self._follow(released_steps(written[1]), [])
             self._completed(report)
-            self._follow([*released_steps(written[1]),
-                          self._committed(report, transitions.SUCCEED)], [])
+            self._follow([self._committed(report, transitions.SUCCEED)], [])
         else:
             self._stale(report)
             self._follow([], [report])
