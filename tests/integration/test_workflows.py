@@ -338,3 +338,26 @@ def test_asking_a_running_step_to_stop_cancels_its_waiting_dependents(client, se
         assert statuses["b"] == statuses["c"] == "cancelled"
         wait_status(client, wf["id"], "cancelled")
     assert order() == ["a"]
+
+
+def test_reconciliation_never_restores_a_waiting_step_and_removes_one_found_in_redis(
+        store, dispatcher, settings):
+    from taskline.dispatch.keys import QueueKeys
+    from taskline_maintenance.reconciler import Reconciler
+
+    with store.transaction() as conn:
+        jobs = insert_workflow(conn, "r", [StepSpec("a", StepJob("wf.step")),
+                                           StepSpec("b", StepJob("wf.step"), ("a",)),
+                                           StepSpec("c", StepJob("wf.step"), ("a",))]).jobs
+    with store.transaction() as conn:  # past the reconciler's grace
+        conn.execute(text("UPDATE jobs SET updated_at = updated_at - interval '1 minute'"))
+    keys = QueueKeys("default")
+    dispatcher.push([("default", 5, str(jobs["b"].id))])  # a stray copy of a waiting step
+    dispatcher.client.rpush(keys.processing("w-1"), str(jobs["c"].id))
+
+    Reconciler(store, dispatcher, settings, strand_pause_s=0.1).run_once()
+
+    ready = [i for key in keys.ready_by_urgency for i in dispatcher.list_range(key, 0, -1)]
+    assert ready == [str(jobs["a"].id)]  # the queued root restored, no waiting step
+    assert dispatcher.list_range(keys.processing("w-1"), 0, -1) == []
+    assert {store.get_job(jobs[s].id).status for s in ("b", "c")} == {Status.WAITING}
