@@ -20,6 +20,9 @@ handoff against the idle pickup).
 `--only retention` (never part of a run without --only: it lasts about half an hour) runs the
 retention soak at half the 2-worker drain rate with TASKLINE_RETAIN_SUCCEEDED_S=60, then drains
 with retention on and off in interleaved pairs (docs/performance.md, "Retention soak").
+`--only limits` (also only when named, about ten minutes) runs the flow-limit scenarios of
+bench/limits.py: --soak-pairs interleaved pairs of an unlimited type's drain beside a limited
+one and alone, a 60 s rate limit, an idle worker waiting on a full budget, and fairness.
 Environment: BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; that logical DB is flushed),
 BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64).
 """
@@ -42,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # bench/ is put on the path first: its modules import each other by name.
+import limits
 import peers
 import scenarios as sc
 import workflows as wfb
@@ -296,6 +300,8 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         show("steady_latency_50pct", results["steady_latency_50pct"])
     if "retention" in only:
         results["retention"] = retention(stack, args)
+    if "limits" in only:  # only when asked: about ten minutes
+        results["limits"] = limits.run_all(stack, args.jobs, args.soak_pairs)
     if args.memory_jobs:
         results["memory"] = sc.memory(stack, args.memory_jobs)
         show("memory", results["memory"]["rss_mib_after_10pct"])

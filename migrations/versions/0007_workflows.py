@@ -34,12 +34,15 @@ such a row, and its `Status` does not know `waiting`: submit workflows once ever
 runs this release (docs/workflows.md says so). A step the previous release's worker completes
 is a plain success to it, which would leave that step's dependents waiting: run workers of this
 release before the first workflow is submitted, as for any new job type.
+
+Revision ID: 0007
+Revises: 0010
 """
 
 from alembic import op
 
 revision = '0007'
-down_revision = '0004'
+down_revision = '0010'
 branch_labels = None
 depends_on = None
 

@@ -1,7 +1,8 @@
 """The operations blueprint: the dead-letter queue, the worker registry and queue depths.
 
-Invariant: read-only. Counts come from PostgreSQL (the truth); Redis depths are reported beside
-them for the queues either side knows, so an operator sees drift between the two at a glance.
+Invariant: read-only (pausing a queue is taskline_producer.pauses). Counts come from
+PostgreSQL (the truth); Redis depths are reported beside them for the queues either side knows,
+so an operator sees drift between the two at a glance.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def list_workers() -> Response:
 def list_queues() -> Response:
     b = backends()
     counts = list(b.store.queue_counts())
-    names = b.dispatcher.known_queues() | {row.queue for row in counts}
+    paused = b.store.paused_queues()
+    names = b.dispatcher.known_queues() | {row.queue for row in counts} | set(paused)
     depths = {name: b.dispatcher.depths(name) for name in sorted(names)
               if valid_queue_name(name)}
-    return jsonify({"queues": shapes.queues(counts, depths)})
+    return jsonify({"queues": shapes.queues(counts, depths, paused)})

@@ -64,18 +64,27 @@ def worker(row: Mapping[str, Any]) -> dict[str, Any]:
                                        "active_jobs", "job_ids")}
 
 
-def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]]) -> list[dict]:
-    """Per queue: PostgreSQL counts by status and by priority, and Redis depths."""
-    names = sorted(set(depths) | {row.queue for row in counts})
+def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]],
+           paused: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict]:
+    """Per queue: whether it is paused, PostgreSQL counts by status and by priority, and Redis
+    depths."""
+    paused = paused or {}
+    names = sorted(set(depths) | {row.queue for row in counts} | set(paused))
     by_queue: dict[str, dict[str, Any]] = {
-        name: {"name": name, "counts": dict.fromkeys(STATUSES, 0), "priorities": {},
-               "redis": _redis_depths(depths.get(name))} for name in names}
+        name: {"name": name, **pause_state(paused.get(name)), "counts": dict.fromkeys(STATUSES, 0),
+               "priorities": {}, "redis": _redis_depths(depths.get(name))} for name in names}
     for row in counts:
         entry = by_queue[row.queue]
         entry["counts"][row.status] += row.n
         level = entry["priorities"].setdefault(str(row.priority), dict.fromkeys(STATUSES, 0))
         level[row.status] += row.n
     return [by_queue[name] for name in names]
+
+
+def pause_state(row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`paused`, since when and by whom, from a queue_pauses row (None: not paused)."""
+    return {"paused": row is not None, "paused_at": plain(row["paused_at"]) if row else None,
+            "paused_by": row["actor"] if row else None}
 
 
 def _redis_depths(depth: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -147,10 +147,40 @@ def test_workers_and_queues_tables(api_url: str, store: Store) -> None:
     queues = taskline("queues", url=api_url)
     assert queues.returncode == 0, queues.stderr
     rows = [line.split() for line in queues.stdout.splitlines()]
-    assert rows[0][:3] == ["QUEUE", "SCHEDULED", "QUEUED"]
-    assert next(r for r in rows if r[0] == "reports")[:3] == ["reports", "0", "1"]
+    assert rows[0][:4] == ["QUEUE", "PAUSED", "SCHEDULED", "QUEUED"]
+    assert next(r for r in rows if r[0] == "reports")[:4] == ["reports", "False", "0", "1"]
     as_json = json.loads(taskline("queues", "--json", url=api_url).stdout)
     assert "reports" in {q["name"] for q in as_json["queues"]}
+
+
+def test_pause_and_resume_a_queue(api_url: str, store: Store) -> None:
+    paused = taskline("pause", "reports", "--json", url=api_url)
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["paused"] is True
+    assert set(store.paused_queues()) == {"reports"}
+    resumed = taskline("resume", "reports", url=api_url)
+    assert (resumed.returncode, resumed.stdout.strip()) == (0, "reports resumed")
+    assert store.paused_queues() == {}
+    refused = taskline("pause", "no spaces", url=api_url)
+    assert refused.returncode != 0 and "queue must be" in refused.stderr
+
+
+def test_limits_set_list_delete(api_url: str, store: Store) -> None:
+    done = taskline("limits", "set", "type:mail", "--concurrency", "3", "--rate", "100/1",
+                    "--per-key", url=api_url)
+    assert (done.returncode, done.stdout.strip()) == (
+        0, "type:mail  concurrency 3, rate 100/1s, per key")
+    listed = taskline("limits", "list", url=api_url)
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["SCOPE", "LIMITS", "RUNNING", "STARTED", "HELD"]
+    assert row.split()[0] == "type:mail"
+    refused = taskline("limits", "set", "type:mail", "--rate", "many", url=api_url)
+    assert refused.returncode == 2 and "--rate takes N/SECONDS" in refused.stderr
+    invalid = taskline("limits", "set", "tenant:x", "--concurrency", "1", url=api_url)
+    assert invalid.returncode == 1 and "unknown scope kind" in invalid.stderr
+    removed = taskline("limits", "delete", "type:mail", url=api_url)
+    assert removed.returncode == 0 and "0 held jobs released" in removed.stdout
+    assert store.list_flow_limits() == []
 
 
 @pytest.fixture

@@ -156,6 +156,27 @@ def test_workers_and_queues(client: Client, store: Store) -> None:
     assert [(w["id"], w["pid"], w["concurrency"]) for w in workers] == [(WORKER, 4242, 3)]
     queues = {q["name"]: q for q in client.queues()["queues"]}
     assert queues["reports"]["counts"]["queued"] == 1
+    assert queues["reports"]["paused"] is False
+    assert client.pause_queue("reports")["paused"] is True
+    assert {q["name"]: q for q in client.queues()["queues"]}["reports"]["paused"] is True
+    assert client.resume_queue("reports")["paused"] is False
+    with pytest.raises(ClientError) as refused:
+        client.pause_queue("not a queue")
+    assert (refused.value.status, refused.value.code) == (400, "invalid_parameter")
+
+
+def test_flow_limits(client: Client) -> None:
+    created = client.set_limit("type:mail", concurrency=2, rate=10, period_s=1.5, per_key=True)
+    assert (created["concurrency"], created["rate"], created["per_key"]) == (
+        2, {"limit": 10, "period_s": 1.5}, True)
+    job = client.enqueue("mail", limit_key="tenant-1")
+    assert job["limit_key"] == "tenant-1"
+    (listed,) = client.limits()["limits"]
+    assert (listed["scope"], listed["held"]) == ("type:mail", 1)
+    assert client.delete_limit("type:mail")["released"] == 1
+    with pytest.raises(ClientError) as refused:
+        client.set_limit("type:mail")
+    assert (refused.value.status, refused.value.code) == (422, "validation_failed")
 
 
 def test_token_is_required_when_configured(settings: Settings, tmp_path: Path) -> None:
