@@ -361,3 +361,22 @@ def test_reconciliation_never_restores_a_waiting_step_and_removes_one_found_in_r
     assert ready == [str(jobs["a"].id)]  # the queued root restored, no waiting step
     assert dispatcher.list_range(keys.processing("w-1"), 0, -1) == []
     assert {store.get_job(jobs[s].id).status for s in ("b", "c")} == {Status.WAITING}
+
+
+def test_purging_a_dead_step_cancels_its_waiting_dependents(store):
+    import uuid as _uuid
+
+    from taskline.store.store import DeadFilter
+
+    steps = [StepSpec("a", StepJob("wf.step")), StepSpec("b", StepJob("wf.step"), ("a",)),
+             StepSpec("c", StepJob("wf.step"), ("b",)), StepSpec("x", StepJob("wf.step"))]
+    with store.transaction() as conn:
+        jobs = {k: j.id for k, j in insert_workflow(conn, "purged", steps).jobs.items()}
+    _run_step(store, jobs["a"], transitions.dead("boom", reason="test"))
+    purged = store.purge_dead(DeadFilter(ids=(jobs["a"],)), _uuid.UUID(int=0), 10,
+                              actor="ops")
+    assert [p.id for p in purged] == [jobs["a"]]
+    statuses = {k: getattr(store.get_job(j), "status", None) for k, j in jobs.items()}
+    assert statuses == {"a": None, "b": Status.CANCELLED, "c": Status.CANCELLED,
+                        "x": Status.QUEUED}
+    assert [e["actor"] for e in store.get_history(jobs["c"])[0]][-1] == "ops"
