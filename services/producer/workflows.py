@@ -19,6 +19,7 @@ from flask import Blueprint, Response, jsonify, request
 from taskline import tracing, transitions
 from taskline.errors import IdempotencyConflict
 from taskline.jobs import Job
+from taskline.jobspec import KEY_CODE, FieldError
 from taskline.metrics import WORKFLOWS_SUBMITTED
 from taskline.transitions import CREATED, Committed
 from taskline.workflows import Submitted, insert_workflow, workflow_status
@@ -27,7 +28,6 @@ from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.enqueuer import due_ms
 from taskline_producer.errors import InvalidIdempotencyKey, InvalidState, NotFound, ValidationFailed
-from taskline_producer.jobspec import KEY_CODE, FieldError
 from taskline_producer.shapes import plain
 from taskline_producer.workflowspec import WorkflowSpec, parse_workflow
 

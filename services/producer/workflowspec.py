@@ -13,9 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from taskline.settings import Settings
-from taskline.workflows import MAX_STEP_ID_CHARS, MAX_STEPS, StepJob, StepSpec, graph_errors
-from taskline_producer.jobspec import (
+from taskline.jobspec import (
     KEY_CODE,
     MAX_KEY_CHARS,
     FieldError,
@@ -25,6 +23,8 @@ from taskline_producer.jobspec import (
     parse_job,
     request_hash,
 )
+from taskline.settings import Settings
+from taskline.workflows import MAX_STEP_ID_CHARS, MAX_STEPS, StepJob, StepSpec, graph_errors
 
 FIELDS = frozenset({"name", "steps", "idempotency_key"})
 STEP_FIELDS = frozenset({"id", "job", "after"})
@@ -140,4 +140,5 @@ def _job(where: str, body: Any, settings: Settings, *,
                 for e in parsed]
     return StepJob(type=parsed.type, payload=parsed.payload, queue=parsed.queue,
                    priority=parsed.priority, max_retries=parsed.max_retries,
-                   timeout_s=parsed.timeout_s, delay_s=parsed.delay_s, run_at=parsed.run_at)
+                   timeout_s=parsed.timeout_s, delay_s=parsed.delay_s, run_at=parsed.run_at,
+                   limit_key=parsed.limit_key)

@@ -1,21 +1,25 @@
 """taskline: a fault-tolerant distributed job engine; this package is the common library.
 
 PostgreSQL is the source of truth and Redis only dispatches ids. Handlers register with
-`@handler("type")`; producers talk to the API, or use `Client`.
+`@handler("type")`; producers enqueue inside their own transaction with `enqueue(conn, ...)`
+and `enqueue_many`, or talk to the API, or use `Client` / `AsyncClient` (docs/client.md).
 """
 
-from taskline.errors import NonRetryableError, RetryableError
+from taskline.enqueuing import enqueue, enqueue_many
+from taskline.errors import IdempotencyConflict, InvalidJob, NonRetryableError, RetryableError
 from taskline.handlers.registry import handler
 
-__all__ = ["NonRetryableError", "RetryableError", "handler", "submit_workflow"]
+__all__ = ["IdempotencyConflict", "InvalidJob", "NonRetryableError", "RetryableError",
+           "enqueue", "enqueue_many", "handler", "submit_workflow"]
 
 
 def submit_workflow(conn, name, steps, *, idempotency_key=None):  # type: ignore[no-untyped-def]
     """Insert a workflow (`steps` as POST /api/v1/workflows takes them: `{"id", "job",
     "after"}`) through `conn`, a SQLAlchemy Connection to taskline's database, inside the
     caller's transaction; it exists only if that transaction commits. Returns the workflow's
-    id. Its first steps reach Redis by reconciliation (docs/workflows.md)."""
+    id. Its first steps are owed to Redis through the enqueue outbox, as `enqueue` owes a job,
+    so a worker starts them right after the commit (docs/workflows.md)."""
     from taskline.workflows import insert_workflow, step_from_dict
 
     return insert_workflow(conn, name, [step_from_dict(s) for s in steps],
-                           idempotency_key=idempotency_key).id
+                           idempotency_key=idempotency_key, announce=True).id

@@ -49,6 +49,8 @@ class StepJob:
     timeout_s: float = 300.0
     delay_s: float = 0.0
     run_at: datetime | None = None
+    limit_key: str | None = None
+    """The budget it draws from under a `per_key` flow limit."""
 
 
 @dataclass(frozen=True)
@@ -168,17 +170,21 @@ def step_rows(steps: Sequence[StepSpec], db_now: datetime | None, *,
                      "status": _initial_status(step, db_now), "max_retries": job.max_retries,
                      "timeout_s": job.timeout_s, "run_at": job.run_at, "delay_s": job.delay_s,
                      "trace_context": trace_context, "actor": actor, "step": step.id,
+                     "limit_key": job.limit_key,
                      "pending_parents": len(set(step.after))})
     return rows
 
 
 def insert_workflow(conn: Connection, name: str, steps: Sequence[StepSpec], *,
                     idempotency_key: str | None = None, request_hash: str | None = None,
-                    trace_context: str | None = None, actor: str | None = None) -> Submitted:
+                    trace_context: str | None = None, actor: str | None = None,
+                    announce: bool = False) -> Submitted:
     """Insert a workflow, its steps and their edges on `conn`, inside its transaction: all of
     it commits with the caller's transaction or none of it does. ValueError when `steps` is
     not a workflow (graph_errors). A workflow whose idempotency key exists is returned as
-    found (`created` False); the caller compares `request_hash`."""
+    found (`created` False); the caller compares `request_hash`. `announce` owes the steps that
+    start now to Redis through the enqueue outbox (for a caller that cannot push after its
+    commit, as `taskline.submit_workflow`); the API pushes them itself."""
     errors = graph_errors(steps)
     if errors:
         raise ValueError("; ".join(e.message for e in errors))
@@ -197,6 +203,8 @@ def insert_workflow(conn: Connection, name: str, steps: Sequence[StepSpec], *,
     jobs = {job.step or "": job for job in store.insert_steps(conn, workflow_id, rows)}
     store.insert_dependencies(conn, [(jobs[parent].id, jobs[step.id].id)
                                      for step in steps for parent in sorted(set(step.after))])
+    if announce:
+        store.announce_steps(conn, [j.id for j in jobs.values() if j.status is not Status.WAITING])
     return Submitted(workflow_id, name, True, jobs, row["created_at"])
 
 
@@ -205,6 +213,7 @@ def step_from_dict(data: Mapping[str, Any]) -> StepSpec:
     callers (`taskline.submit_workflow`); the API validates its input field by field first."""
     job = dict(data["job"])
     job_fields = {k: job[k] for k in ("payload", "queue", "priority", "max_retries",
-                                      "timeout_s", "delay_s", "run_at") if k in job}
+                                      "timeout_s", "delay_s", "run_at", "limit_key")
+                  if k in job}
     return StepSpec(str(data["id"]), StepJob(type=str(job["type"]), **job_fields),
                     tuple(str(p) for p in data.get("after", ())))

@@ -294,6 +294,9 @@ def test_submit_workflow_inside_the_callers_transaction(store):
     steps = store.workflow_steps([kept])[kept]
     assert sorted((s["step"], s["status"]) for s in steps) == [("a", "queued"),
                                                                ("b", "waiting")]
+    with store.transaction() as conn:  # the first step is owed to Redis, the waiting one not
+        owed = conn.execute(text("SELECT job_id FROM enqueue_outbox")).scalars().all()
+    assert owed == [next(s["id"] for s in steps if s["step"] == "a")]
 
 
 def _run_step(store, job_id, transition) -> None:

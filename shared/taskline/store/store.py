@@ -33,6 +33,7 @@ from taskline.store.queries import load_queries
 from taskline.store.rows import (
     Deleted,
     Expired,
+    Owed,
     Promoted,
     Purged,
     Recovered,
@@ -602,6 +603,15 @@ class Store:
         return [Recovered(decided[r.lease_id][0], decided[r.lease_id][1].transition, r)
                 for r in settled]
 
+    def outbox_page(self, limit: int) -> list[Owed]:
+        """The oldest `limit` jobs enqueued in an application's transaction and owed to Redis."""
+        return [Owed.from_row(r) for r in self._run_on_driver("outbox_page", {"limit": limit})]
+
+    def delete_outbox(self, ids: Sequence[uuid.UUID | str]) -> None:
+        """Forget these outbox rows (after their ids reached Redis)."""
+        if ids:
+            self._run_on_driver("delete_outbox", {"ids": _uuid_array(ids)})
+
     def expire_finished(self, status: Status, retain_s: float, limit: int) -> list[Deleted]:
         """Delete up to `limit` jobs finished in `status` more than `retain_s` seconds ago
         (PostgreSQL time), each whole (events, leases, DLQ row) in one statement."""
@@ -785,6 +795,12 @@ class Store:
         """Cancel the waiting dependents of workflow steps dead longer than `retain_s`."""
         return self._run("cancel_dependents_of_expired_dead", {
             "retain_s": retain_s, "limit": limit, **_waiting_cancel()})
+
+    def announce_steps(self, conn: Connection, job_ids: Sequence[uuid.UUID]) -> None:
+        """Owe new workflow steps to Redis through the enqueue outbox, on the caller's
+        transaction: the relay pushes them once it commits (taskline.enqueuing)."""
+        if job_ids:
+            self._run("announce_steps", {"ids": _uuid_array(job_ids)}, conn)
 
     def waiting_counts(self) -> dict[str, int]:
         """{queue: workflow steps waiting for their parents}."""
