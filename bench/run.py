@@ -16,6 +16,9 @@ Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
            [--soak-s S] [--soak-window-s S] [--soak-sample-s S] [--soak-pairs N]
            [--out bench-results/latest.json]
+`--only workflows` runs the two workflow scenarios (a fan-out of 999 steps into one fan-in, the
+1,000 steps one workflow may hold: submit to the fan-in's start; a chain of 100: median
+handoff against the idle pickup).
 `--only retention` (never part of a run without --only: it lasts about half an hour) runs the
 retention soak at half the 2-worker drain rate with TASKLINE_RETAIN_SUCCEEDED_S=60, then drains
 with retention on and off in interleaved pairs (docs/performance.md, "Retention soak").
@@ -48,6 +51,7 @@ import limits
 import peers
 import producers
 import scenarios as sc
+import workflows as wfb
 from stack import ROOT, Stack, open_stack
 
 PACKAGES = ("taskline", "gunicorn", "flask", "psycopg", "sqlalchemy", "redis", "celery",
@@ -60,6 +64,7 @@ PEER_DRAINS: dict[str, Callable[..., float]] = {
 IO_HANDLERS = ("redis", "sleep10")
 IO_PROCESSES = 2
 IO_SLOTS = 8
+WORKFLOW_SCENARIOS = ("workflow_fan_in_1000_steps_s", "workflow_chain_100_handoff")
 
 
 def summary(runs: list[float]) -> dict[str, Any]:
@@ -105,6 +110,11 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
         "reconcile_100k_pending": lambda s: sc.reconcile(s, 100_000),
         # Normal requests' latency (ms) while 1,000 slow or half-open connections are held.
         "slow_clients_1000": lambda s: sc.slow_clients(s, 1000),
+        # Workflows (`--only workflows` runs both): submit -> start of the fan-in of 999
+        # parallel steps (1,000 steps, the most one workflow holds), seconds; and the
+        # step-to-step handoff along a chain of 100, ms.
+        "workflow_fan_in_1000_steps_s": lambda s: wfb.fan_in(s, 999),
+        "workflow_chain_100_handoff": lambda s: wfb.chain(s, 100),
     }
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)
@@ -287,6 +297,8 @@ def producer_paths(stack: Stack, args: argparse.Namespace, only: set[str],
 
 def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     only = {name for name in args.only.split(",") if name}
+    if "workflows" in only:
+        only |= set(WORKFLOW_SCENARIOS)
     stack.extra_env["TASKLINE_LOG_LEVEL"] = args.log_level
     report: dict[str, Any] = {"machine": machine(stack), "jobs": args.jobs,
                               "repeat": args.repeat, "log_level": args.log_level,

@@ -86,6 +86,9 @@ QUEUES = (
           "a rising line is a queue that is not draining (alert at 5m).",
           (Query("max by (queue) (job_oldest_ready_age_seconds)", "{{queue}}"),), unit="s",
           width=12, thresholds=(60, 300)),
+    Chart("Workflow steps waiting", "Steps waiting in PostgreSQL for their parents to succeed "
+          "(never in Redis); a flat line while nothing runs is a workflow whose parent is dead.",
+          (Query("max by (queue) (taskline_waiting_jobs)", "{{queue}}"),), width=12),
     Chart("Paused queues", "1 while a queue is paused: its jobs wait, none starts (alert when "
           "paused with a backlog for 1h).",
           (Query("max by (queue) (taskline_queue_paused)", "{{queue}}"),), width=12),
@@ -118,6 +121,11 @@ THROUGHPUT = (
     Chart("Wait time by queue", "Time from ready to claimed, p50/p95/p99 per queue: "
           "rising wait with flat processing time means too few workers.",
           _quantiles("job_wait_time_seconds", "queue", "{{queue}}"), unit="s", width=12),
+    Chart("Workflows", "Workflows accepted, and waiting steps released by their last "
+          "parent's success, per second.",
+          (Query("sum(rate(taskline_workflows_submitted_total[5m]))", "submitted"),
+           Query("sum(rate(taskline_workflow_steps_released_total[5m]))", "steps released")),
+          unit="ops", width=12),
 )
 
 # A type that never succeeded (or never failed) has no series for that counter: `or ... * 0`

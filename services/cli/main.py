@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     _server_commands(sub)
     from taskline_cli.clientcmds import add_client_commands
     add_client_commands(sub)
+    from taskline_cli.workflowcmds import add_workflow_commands
+    add_workflow_commands(sub)
     return parser
 
 

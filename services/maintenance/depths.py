@@ -24,6 +24,7 @@ from taskline.metrics import (
     QUEUE_DEPTH,
     RETRY_DEPTH,
     SCHEDULED_DEPTH,
+    WAITING_DEPTH,
     LabelGuard,
 )
 from taskline.service import Periodic
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 
 LIVE_HEARTBEATS = 3
 """A worker counts as live while its last heartbeat is younger than this many periods."""
-_PER_QUEUE = (PROCESSING_DEPTH, RETRY_DEPTH, SCHEDULED_DEPTH, DLQ_DEPTH, OLDEST_READY)
+_PER_QUEUE = (PROCESSING_DEPTH, RETRY_DEPTH, SCHEDULED_DEPTH, DLQ_DEPTH, OLDEST_READY,
+              WAITING_DEPTH)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,10 @@ class DepthGauges(Periodic):
         names = self.dispatcher.known_queues() | set(self.store.pending_queues())
         queues = sorted(q for q in names if valid_queue_name(q))
         oldest = self.store.oldest_ready()
+        waiting = self.store.waiting_counts()
+        for q in sorted(set(waiting) | set(queues)):
+            if valid_queue_name(q):
+                WAITING_DEPTH.labels(queue=self.queue_label(q)).set(waiting.get(q, 0))
         totals = [self._export(q, oldest.get(q, 0.0)) for q in queues]
         live = len(self.store.list_workers(LIVE_HEARTBEATS * self.settings.heartbeat_s))
         metrics.maintenance().live_workers.set(live)

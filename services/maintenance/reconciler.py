@@ -35,6 +35,11 @@ id. Per queue:
      still in that list after a short pause, and is then moved back to ready.
   e. The working sets are deleted (they also expire, so a crashed pass leaves nothing).
 
+Workflow steps waiting for their parents (`waiting`) are in no Redis structure: (b) never
+restores one (it pages pending states only), and (c) and (d) remove one found in a ready or
+processing list. The success that releases a step queues it in PostgreSQL before its push, so
+a push lost to a crash is restored by (b) like any other queued job.
+
 The promoter's crash window (jobs moved to queued in PostgreSQL, not yet pushed) is repaired
 by (b): queued jobs are checked against ready and processing lists only, so an id left in a
 retry or scheduled set does not hide it, and (c) then drops that stale set entry.
@@ -177,13 +182,19 @@ def _finished(row) -> bool:
     return row is None or row.status in TERMINAL
 
 
+def _unready(row) -> bool:
+    """Finished, absent, or a workflow step still waiting for its parents: no Redis structure
+    may hold it (its release pushes it)."""
+    return _finished(row) or row.status == Status.WAITING
+
+
 def _cancelled(row) -> bool:
     return row is not None and row.status == Status.CANCELLED
 
 
 def _processing_verdict(row, owner: str) -> str | None:
     """What an id in `owner`'s processing list is: a kind to remove, 'stranded', or None."""
-    if _finished(row) or row.status in WAITING:
+    if _unready(row) or row.status in WAITING:
         return "processing"
     if row.status == Status.RUNNING and row.lease_worker not in (None, owner):
         return "duplicate"
@@ -358,7 +369,7 @@ class Reconciler(Periodic):
         for ids in self.dispatcher.scan_set(snap.ready):
             found = self.store.statuses(ids)
             cancelled = [i for i in ids if _cancelled(found.get(i))]
-            doomed = [i for i in ids if _finished(found.get(i)) and not _cancelled(found.get(i))]
+            doomed = [i for i in ids if _unready(found.get(i)) and not _cancelled(found.get(i))]
             self.dispatcher.collect(snap.stale_drop, cancelled, SNAPSHOT_TTL_S)
             self.dispatcher.collect(snap.drop, doomed, SNAPSHOT_TTL_S)
             dropped, stale = dropped or bool(doomed), stale or bool(cancelled)

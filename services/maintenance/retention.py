@@ -16,6 +16,11 @@ or only rows another transaction holds, which the next pass takes), reading cand
 first through the `jobs_finished` index, never by scanning the table; it stops between batches
 when this instance stops leading. Passes run every `10 x TASKLINE_REAPER_INTERVAL_S` (50 s by
 default). After each pass the gauges say how old the oldest kept job of each status is.
+
+Workflows: no step of an unfinished workflow is deleted (its dependents read their parents'
+results), so a dead step with waiting dependents would be kept for ever; once it is past the
+dead retention its waiting dependents are cancelled (a purged dead step cancels its dependents),
+which finishes the workflow and lets the step go. A workflow row goes once all its steps have.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.jobs import Status
 from taskline.metrics import RETENTION_DELETED, RETENTION_OLDEST, RETENTION_SECONDS
@@ -31,6 +37,7 @@ from taskline.service import Periodic, always
 from taskline.settings import Settings
 from taskline.store.rows import Deleted
 from taskline.store.store import Store
+from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +93,13 @@ class Retention(Periodic):
     def run_once(self) -> RetentionResult:
         deleted: dict[Status, int] = {}
         batches = 0
+        if self.retention_s(Status.DEAD) > 0:
+            self._cancel_orphans()
         for status in STATUSES:
             if self.retention_s(status) > 0:
                 deleted[status], n = self._expire(status)
                 batches += n
+        self._delete_empty_workflows()
         self._export_ages()
         result = RetentionResult(deleted, batches)
         if not result.changed:
@@ -107,6 +117,28 @@ class Retention(Periodic):
             if len(batch) < self.batch_size:
                 break
         return total, batches
+
+    def _cancel_orphans(self) -> None:
+        """A workflow step dead past its retention is purged: first its waiting dependents are
+        cancelled, which finishes its workflow, so the step (kept while its workflow is
+        unfinished, for parent_results) can go."""
+        while True:
+            cancelled = self.store.cancel_dependents_of_expired_dead(
+                self.retention_s(Status.DEAD), self.batch_size)
+            for row in cancelled:
+                log.info("waiting step cancelled: its dead parent expired",
+                         extra={"action": "cancelled", "job_id": str(row.id),
+                                "queue": row.queue, "cause": "parent_expired"})
+            self.dispatcher.follow([Committed(transitions.CANCEL, str(r.id), r.queue, r.priority)
+                                    for r in cancelled])
+            if len(cancelled) < self.batch_size or not self.active():
+                break
+
+    def _delete_empty_workflows(self) -> None:
+        """Workflow rows whose steps are all gone, after the longest retention."""
+        longest = max(self.retention_s(status) for status in STATUSES)
+        if longest > 0:
+            self.store.delete_empty_workflows(longest, self.batch_size)
 
     def _forget(self, status: Status, batch: list[Deleted]) -> None:
         """Count and log the committed deletions, then remove the ids from Redis."""

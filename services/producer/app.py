@@ -28,6 +28,7 @@ from taskline_producer import (
     pauses,
     request_metrics,
     schedules,
+    workflows,
 )
 from taskline_producer.backends import Backends
 from taskline_producer.encoder import ResponseEncoder
@@ -53,7 +54,8 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     errors.init_app(app)
     events.init_app(app)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
-                      auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp):
+                      auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp,
+                      workflows.bp):
         app.register_blueprint(blueprint)
     return app
 

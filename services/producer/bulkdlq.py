@@ -74,7 +74,7 @@ def _requeue(store: Store, match: DeadFilter, after: uuid.UUID, size: int,
 
 def _purge(store: Store, match: DeadFilter, after: uuid.UUID, size: int,
            conn: Connection) -> Sequence[Purged]:
-    return store.purge_dead(match, after, size, conn)
+    return store.purge_dead(match, after, size, conn, auth.principal().name)
 
 
 def _follow(rows: Sequence[Requeued | Purged]) -> None:

@@ -18,7 +18,7 @@ from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
-from taskline_producer import audit, auth, paging, quotas, shapes
+from taskline_producer import audit, auth, paging, quotas, shapes, workflows
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.errors import (
@@ -116,15 +116,17 @@ def cancel_job(job_id: uuid.UUID) -> Response:
     """Pending: cancelled now (200). Running: asked to stop at its next renewal (202)."""
     b = backends()
     actor = auth.principal().name
-    job = b.store.cancel_pending_job(job_id, actor)
+    job, dependents = b.store.cancel_step(job_id, actor)
     if job is not None:
         b.metrics.cancelled(job.queue)
         log.info("job cancelled", extra=job_log_extra("cancelled", job))
         audit.record_after("job.cancel", str(job.id), {"queue": job.queue, "type": job.type})
         _follow_in_redis(transitions.CANCEL, job)
+        workflows.follow_cancelled(dependents)
         return jsonify(shapes.job(job))
-    job = b.store.cancel_running_job(job_id, actor)
+    job, dependents = b.store.request_cancel_step(job_id, actor)
     if job is not None:
+        workflows.follow_cancelled(dependents)
         log.info("cancel requested: the worker stops the job at its next lease renewal",
                  extra=job_log_extra("cancel_requested", job))
         audit.record_after("job.cancel_requested", str(job.id),

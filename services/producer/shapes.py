@@ -14,7 +14,7 @@ from typing import Any
 
 from taskline.jobs import Job
 
-STATUSES = ("scheduled", "queued", "retrying", "running", "dead")
+STATUSES = ("scheduled", "queued", "retrying", "running", "dead", "waiting")
 
 
 def plain(value: Any) -> Any:

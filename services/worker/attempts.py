@@ -18,6 +18,7 @@ import enum
 import functools
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,11 +68,17 @@ class Attempt:
 
     @classmethod
     def begin(cls, claimed: Claimed, worker_id: str, sent_at: float, lease_s: float,
-              margin_s: float) -> Attempt:
-        """An attempt for a job just claimed; `sent_at` is when the claim was sent (monotonic)."""
+              margin_s: float,
+              parent_results: Callable[[uuid.UUID], dict[str, Any]] | None = None) -> Attempt:
+        """An attempt for a job just claimed; `sent_at` is when the claim was sent (monotonic).
+        `parent_results` reads a workflow step's parents' results (used by steps only)."""
         job = claimed.job
         ctx = JobContext(job_id=job.id, attempt=job.attempts, queue=job.queue, type=job.type,
                          worker_id=worker_id)
+        if job.workflow_id is not None:
+            ctx.workflow_id, ctx.step = job.workflow_id, job.step
+            if parent_results is not None:
+                ctx.load_parent_results = functools.partial(parent_results, job.id)
         attempt = cls(claimed=claimed, ctx=ctx, lease_deadline=sent_at + lease_s - margin_s)
         if job.cancel_requested:
             attempt.request_cancel()

@@ -32,6 +32,7 @@ from taskline.metrics import (
     JOB_FAILED,
     JOB_RETRIED,
     STALE_COMPLETIONS,
+    STEPS_RELEASED,
     CachedLabels,
     TypeLabels,
 )
@@ -110,6 +111,11 @@ def _batchable(report: Report) -> bool:
     return report.kind == SUCCESS and not report.attempt.ctx.completion_hooks
 
 
+def _releases(report: Report) -> bool:
+    """A workflow step's success: its waiting dependents are released by its completion."""
+    return report.kind == SUCCESS and report.attempt.job.workflow_id is not None
+
+
 def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
     """The reports whose success was written, given the job ids the statement changed.
 
@@ -123,6 +129,14 @@ def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
                                > newest[job_id].attempt.job.attempts):
             newest[job_id] = report
     return list(newest.values())
+
+
+def released_steps(rows: Iterable[Settled]) -> list[Committed]:
+    """The waiting workflow steps the settlement released, to push after the commit."""
+    released = [step for row in rows for step in row.released]
+    if released:
+        STEPS_RELEASED.inc(len(released))
+    return [step.committed() for step in released]
 
 
 class Recorder:
@@ -168,11 +182,17 @@ class Recorder:
                 self._record(batch)
 
     def _collect(self) -> tuple[list[Report], bool]:
-        """The next batch: wait for one report, then gather for a few ms; False after stop."""
+        """The next batch: wait for one report, then gather for a few ms; False after stop.
+
+        A workflow step's success is not held back: its dependents wait for it, so the batch
+        takes only what is reported already (a fan-out's burst still shares one statement).
+        """
         first = self._queue.get()
         if first is None:
             return [], False
         batch = [first]
+        if _releases(first):
+            return self._ready(batch)
         deadline = time.monotonic() + BATCH_WINDOW_S
         while len(batch) < BATCH_MAX:
             remaining = deadline - time.monotonic()
@@ -180,6 +200,18 @@ class Recorder:
                 break
             try:
                 report = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if report is None:
+                return batch, False
+            batch.append(report)
+        return batch, True
+
+    def _ready(self, batch: list[Report]) -> tuple[list[Report], bool]:
+        """`batch` and the reports already queued, without waiting for more."""
+        while len(batch) < BATCH_MAX:
+            try:
+                report = self._queue.get_nowait()
             except queue.Empty:
                 break
             if report is None:
@@ -233,12 +265,15 @@ class Recorder:
         return None
 
     def _settlement(self, report: Report, transition: Transition) -> Settlement:
-        return Settlement(report.attempt.lease_id, self._worker_id, transition)
+        return Settlement(report.attempt.lease_id, self._worker_id, transition,
+                          releases=report.attempt.job.workflow_id is not None)
 
     def _complete(self, reports: list[Report]) -> None:
         written = self._persist(reports, lambda live: self._store.settle(
             [self._settlement(r, transitions.succeeded(r.result)) for r in live]))
         live, rows = written if written is not None else ([], [])
+        # Released steps are pushed first, before any bookkeeping: the next step waits for them.
+        self._follow(released_steps(rows), [])
         self._gave_up([r for r in reports if r not in live])
         recorded = set(newest_recorded(live, {str(row.id) for row in rows}))
         stale = [r for r in live if r not in recorded]
@@ -260,6 +295,7 @@ class Recorder:
         if written is None:
             self._gave_up([report])
         elif written[1]:
+            self._follow(released_steps(written[1]), [])
             self._completed(report)
             self._follow([self._committed(report, transitions.SUCCEED)], [])
         else:

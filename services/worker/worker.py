@@ -260,8 +260,8 @@ class Worker:
     def _execute(self, claimed: list[Claimed], sent_at: float) -> None:
         """Start the claimed jobs' handlers, in fetch order."""
         s = self.settings
-        attempts = [Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.fence_margin_s)
-                    for c in claimed]
+        attempts = [Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.fence_margin_s,
+                                  self.store.parent_results) for c in claimed]
         if log.isEnabledFor(logging.INFO):  # spares building the fields per job
             for attempt in attempts:
                 log.info("job claimed", extra=attempt.log_extra("claimed"))

@@ -10,4 +10,16 @@ from taskline.errors import IdempotencyConflict, InvalidJob, NonRetryableError, 
 from taskline.handlers.registry import handler
 
 __all__ = ["IdempotencyConflict", "InvalidJob", "NonRetryableError", "RetryableError",
-           "enqueue", "enqueue_many", "handler"]
+           "enqueue", "enqueue_many", "handler", "submit_workflow"]
+
+
+def submit_workflow(conn, name, steps, *, idempotency_key=None):  # type: ignore[no-untyped-def]
+    """Insert a workflow (`steps` as POST /api/v1/workflows takes them: `{"id", "job",
+    "after"}`) through `conn`, a SQLAlchemy Connection to taskline's database, inside the
+    caller's transaction; it exists only if that transaction commits. Returns the workflow's
+    id. Its first steps are owed to Redis through the enqueue outbox, as `enqueue` owes a job,
+    so a worker starts them right after the commit (docs/workflows.md)."""
+    from taskline.workflows import insert_workflow, step_from_dict
+
+    return insert_workflow(conn, name, [step_from_dict(s) for s in steps],
+                           idempotency_key=idempotency_key, announce=True).id

@@ -257,6 +257,28 @@ class Client:
                 raise TimeoutError(f"job {job_id} is still {job.get('status')} after {timeout}s")
             self._sleep(poll)
 
+    # -- workflows ----------------------------------------------------------------------------
+
+    def submit_workflow(self, name: str, steps: Iterable[Mapping[str, Any]], *,
+                        idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a workflow: `steps` of `{"id", "job": {enqueue's fields}, "after": [ids]}`,
+        inserted whole in one transaction. Returns the workflow with each step's job id."""
+        body = {"name": name, "steps": [dict(step) for step in steps],
+                "idempotency_key": idempotency_key or str(uuid.uuid4())}
+        return self._call("POST", "/workflows", body=body)
+
+    def workflow(self, workflow_id: str | uuid.UUID) -> dict[str, Any]:
+        """A workflow's derived status and every step with its job id and status."""
+        return self._call("GET", f"/workflows/{_segment(workflow_id)}")
+
+    def workflows(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page of workflows, newest first."""
+        return self._call("GET", "/workflows", params={"limit": limit, "cursor": cursor})
+
+    def cancel_workflow(self, workflow_id: str | uuid.UUID) -> dict[str, Any]:
+        """Cancel every step not started yet and ask running ones to stop."""
+        return self._call("DELETE", f"/workflows/{_segment(workflow_id)}")
+
     # -- transport ----------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, *, body: Any = None,

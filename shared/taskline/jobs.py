@@ -29,6 +29,7 @@ class Status(enum.StrEnum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    WAITING = "waiting"  # a workflow step whose parents have not all succeeded yet
 
     @property
     def terminal(self) -> bool:
@@ -41,7 +42,9 @@ class Status(enum.StrEnum):
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.DEAD, Status.CANCELLED})
 PENDING = frozenset({Status.SCHEDULED, Status.QUEUED, Status.RETRYING})
-CANCELLABLE = PENDING | {Status.RUNNING}
+"""The states whose ids Redis holds. Not `waiting`: a waiting step is in no Redis structure
+until its last parent's success releases it (taskline.transitions.UNBLOCK)."""
+CANCELLABLE = PENDING | {Status.RUNNING, Status.WAITING}
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 9
@@ -77,6 +80,8 @@ class Event(enum.StrEnum):
     RELEASED = "released"
     REQUEUED = "requeued"
     RESTORED = "restored"
+    WAITING = "waiting"  # created as a workflow step that waits for its parents
+    UNBLOCKED = "unblocked"  # its last parent succeeded: queued in that same transaction
     EXPIRED = "expired"  # deleted by retention: names the move; no row records it (the
     # history goes with the job)
     PURGED = "purged"  # deleted from the DLQ by an operator: no row records it either
@@ -157,6 +162,10 @@ class Job:
     updated_at: datetime
     cancel_requested: bool = False
     trace_context: str | None = None
+    workflow_id: uuid.UUID | None = None
+    """The workflow this job is a step of (taskline.workflows); None for a plain job."""
+    step: str | None = None
+    """The step's id within its workflow."""
     limit_key: str | None = None
     """The budget this job draws from under a `per_key` flow limit."""
     schedule: str | None = None
@@ -176,6 +185,7 @@ class Job:
             last_error=row.last_error, result=row.result, created_at=row.created_at,
             updated_at=row.updated_at, cancel_requested=row.cancel_requested,
             trace_context=getattr(row, "trace_context", None),
+            workflow_id=getattr(row, "workflow_id", None), step=getattr(row, "step", None),
             limit_key=getattr(row, "limit_key", None),
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
@@ -190,6 +200,8 @@ class Job:
             "last_error": self.last_error, "result": self.result,
             "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
+            **({} if self.workflow_id is None else
+               {"workflow_id": str(self.workflow_id), "step": self.step}),
             "schedule": self.schedule, "scheduled_for": _iso(self.scheduled_for),
         }
 

@@ -49,6 +49,14 @@ RECONCILE_STALE = Counter(
     "leftovers (a cancel leaves them for the claim to refuse), not drift", ["queue"])
 PROMOTED = Counter("job_promoted_total", "Due retries and delayed jobs promoted", ["queue"])
 
+# Workflows (taskline.workflows): steps released by their last parent's success (worker),
+# workflows accepted (API), and steps waiting for parents (maintenance, from PostgreSQL).
+STEPS_RELEASED = Counter("taskline_workflow_steps_released_total",
+                         "Waiting workflow steps queued by their last parent's success")
+WORKFLOWS_SUBMITTED = Counter("taskline_workflows_submitted_total", "Workflows accepted")
+WAITING_DEPTH = Gauge("taskline_waiting_jobs", "Workflow steps waiting for their parents",
+                      ["queue"], multiprocess_mode="livemax")
+
 QUEUE_DEPTH = Gauge("job_queue_depth", "Ready jobs", ["queue", "priority"],
                     multiprocess_mode="livemax")
 PROCESSING_DEPTH = Gauge("job_processing_queue_depth", "Ids in processing lists", ["queue"],

@@ -105,25 +105,32 @@ HAND_BACK = Move("hand_back", _RUNNING, Status.QUEUED, Event.RELEASED, Step.REQU
                  frozenset({Outcome.RELEASED}), refunds_attempt=True, writes_error=False)
 STOP_CANCELLED = Move("stop_cancelled", _RUNNING, Status.CANCELLED, Event.CANCELLED, Step.ACK,
                       frozenset({Outcome.CANCELLED}))
-CANCEL = Move("cancel", PENDING, Status.CANCELLED, Event.CANCELLED, Step.UNSCHEDULE)
+CANCEL = Move("cancel", PENDING | {Status.WAITING}, Status.CANCELLED, Event.CANCELLED,
+              Step.UNSCHEDULE)
 REQUEST_CANCEL = Move("request_cancel", _RUNNING, Status.RUNNING, Event.CANCEL_REQUESTED,
                       Step.NONE)
 REQUEUE = Move("requeue", frozenset({Status.DEAD}), Status.QUEUED, Event.REQUEUED, Step.UNDEAD)
 EXPIRE = Move("expire", TERMINAL, Gone.DELETED, Event.EXPIRED, Step.FORGET)
 """Retention deletes a job finished longer ago than its status's retention, with its events,
 leases and DLQ row (taskline_maintenance.retention); only a finished job, whatever its age."""
+WAIT = Move("wait", frozenset(), Status.WAITING, Event.WAITING, Step.NONE)
+"""A workflow step with parents is created waiting: in PostgreSQL only, never in Redis."""
+UNBLOCK = Move("unblock", frozenset({Status.WAITING}), Status.QUEUED, Event.UNBLOCKED, Step.PUSH)
+"""The last parent of a waiting step succeeded: the step is queued in the transaction that
+records that success (the store's `settle_releasing`), then pushed onto its ready list."""
+
 PURGE = Move("purge", frozenset({Status.DEAD}), Gone.DELETED, Event.PURGED, Step.FORGET)
 """An operator deletes a dead job from the DLQ (POST /api/v1/dlq/purge), with its events,
 leases and DLQ row, as retention would; only a dead one."""
 
 MOVES: Mapping[str, Move] = MappingProxyType({m.name: m for m in (
     ENQUEUE, SCHEDULE, PROMOTE, CLAIM, SUCCEED, RETRY, DEAD, RECOVER, RECOVER_DEAD, HAND_BACK,
-    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE, PURGE)})
+    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE, PURGE, WAIT, UNBLOCK)})
 
 
 CREATED: Mapping[Status, Move] = MappingProxyType(
     {m.target: m for m in MOVES.values() if not m.sources})
-"""The move that creates a job in each state a job can start in (queued, scheduled)."""
+"""The move that creates a job in each state a job can start in (queued, scheduled, waiting)."""
 FIRST_EVENTS: Mapping[str, str] = MappingProxyType(
     {status.value: move.event.value for status, move in CREATED.items()})
 """A new job's status -> its first event, as the insert statements look it up."""

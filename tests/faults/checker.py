@@ -52,6 +52,7 @@ from psycopg.rows import dict_row
 from taskline.dispatch.keys import QUEUES_SET, QueueKeys
 from tests.faults.cluster import Cluster
 from tests.faults.history import History
+from tests.faults.workflowcheck import workflow_violations
 
 TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
 TERMINAL_EVENTS = frozenset({"succeeded", "dead_lettered", "cancelled"})
@@ -68,6 +69,8 @@ FIRED_ACTION = "schedule_fired"
 CLOCK_SLACK_S = 1.0
 """How far the deleting process's log clock may trail PostgreSQL's, judging early deletions."""
 _PENDING = ("queued", "scheduled", "retrying")
+ACKING_OPS = frozenset({"enqueue", "workflow"})
+"""Requests whose 2xx answer acknowledges jobs: enqueues, and workflows (all their steps)."""
 LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     (None, "enqueued"): frozenset({"queued"}),
     (None, "scheduled"): frozenset({"scheduled"}),
@@ -82,6 +85,9 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("running", "cancelled"): frozenset({"cancelled"}),
     ("running", "cancel_requested"): frozenset({"running"}),
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
+    (None, "waiting"): frozenset({"waiting"}),
+    ("waiting", "unblocked"): frozenset({"queued"}),
+    ("waiting", "cancelled"): frozenset({"cancelled"}),
     ("dead", "requeued"): frozenset({"queued"}),
     **{(state, "expired"): frozenset({"deleted"}) for state in TERMINAL},
     ("dead", "purged"): frozenset({"deleted"}),
@@ -177,6 +183,7 @@ class Checker:
         result.violations += dlq_violations(snap)
         result.violations += flow_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
+        result.violations += workflow_violations(self._query, snap)
         result.violations += self.schedule_violations()
         result.violations += self.redis_violations()
         result.stale = stale_rejections(self.cluster.log_events(("worker",)))
@@ -307,7 +314,7 @@ def acknowledged(requests: Iterable[dict]) -> dict[str, float]:
     """{job id: wall time of its first 2xx answer} over every enqueue request."""
     acked: dict[str, float] = {}
     for r in requests:
-        if r["op"] == "enqueue" and r["status"] is not None and 200 <= r["status"] < 300:
+        if r["op"] in ACKING_OPS and r["status"] is not None and 200 <= r["status"] < 300:
             for job_id in r["job_ids"]:
                 acked.setdefault(job_id, r["recv_wall"])
     return acked
@@ -323,11 +330,11 @@ def api_violations(requests: list[dict]) -> list[str]:
         if r["status"] is not None and r["status"] >= 500 and not (
                 r["status"] == 503 and r["retry_after"]):
             problems.append(f"api: {where} ({r.get('error_code')}); only 503 + Retry-After")
-    by_key: dict[str, set[str]] = defaultdict(set)
+    by_key: dict[str, set[frozenset[str]]] = defaultdict(set)
     for r in requests:
         if r["key"] and r["status"] is not None and 200 <= r["status"] < 300:
-            by_key[r["key"]].update(r["job_ids"])
-    problems += [f"api: idempotency key {k} answered with jobs {sorted(v)}"
+            by_key[r["key"]].add(frozenset(r["job_ids"]))  # a workflow's key names its steps
+    problems += [f"api: idempotency key {k} answered with jobs {sorted(map(sorted, v))}"
                  for k, v in by_key.items() if len(v) > 1]
     return problems
 

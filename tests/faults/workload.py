@@ -65,6 +65,8 @@ def job_ids_of(body: Any) -> list[str]:
         return []
     if "jobs" in body and isinstance(body["jobs"], list):
         return [j["job"]["id"] for j in body["jobs"] if isinstance(j, dict) and "job" in j]
+    if "steps" in body and isinstance(body["steps"], list):  # a workflow: its steps' jobs
+        return [s["job_id"] for s in body["steps"] if isinstance(s, dict) and "job_id" in s]
     return [body["id"]] if "id" in body else []
 
 
@@ -101,6 +103,11 @@ class Workload:
         accept. (A batch of COPY_MIN_JOBS or more such jobs takes the COPY path.)"""
         return self.call("enqueue", "POST", "/api/v1/jobs/batch", {"jobs": jobs}, key=None,
                          once=True)
+
+    def submit_workflow(self, name: str, steps: list[dict[str, Any]]) -> Answer:
+        """One workflow (all its steps in one transaction), one key for every try."""
+        return self.call("workflow", "POST", "/api/v1/workflows",
+                         {"name": name, "steps": steps}, key=str(uuid.uuid4()))
 
     def cancel(self, job_id: str) -> Answer:
         return self.call("cancel", "DELETE", f"/api/v1/jobs/{job_id}", None, key=None)

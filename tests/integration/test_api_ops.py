@@ -88,7 +88,7 @@ def test_queues_report_postgresql_counts_and_redis_depths(client: FlaskClient,
     assert set(queues) == {"default", "mail", "redis-only"}
     default = queues["default"]
     assert default["counts"] == {"scheduled": 1, "queued": 3, "retrying": 0, "running": 0,
-                                 "dead": 0}
+                                 "dead": 0, "waiting": 0}
     assert default["priorities"]["9"]["queued"] == 2
     assert default["priorities"]["5"]["scheduled"] == 1
     assert default["redis"]["ready"]["9"] == 2 and default["redis"]["ready_total"] == 3
@@ -130,7 +130,11 @@ STORE_ROUTES = [("post", "/api/v1/jobs", {"type": "echo"}),
                 ("get", "/api/v1/jobs", None), ("get", f"/api/v1/jobs/{UUID}", None),
                 ("delete", f"/api/v1/jobs/{UUID}", None),
                 ("post", f"/api/v1/jobs/{UUID}/retry", None), ("get", "/api/v1/dlq", None),
-                ("get", "/api/v1/workers", None), ("get", "/api/v1/queues", None)]
+                ("get", "/api/v1/workers", None), ("get", "/api/v1/queues", None),
+                ("post", "/api/v1/workflows",
+                 {"name": "w", "steps": [{"id": "a", "job": {"type": "echo"}}]}),
+                ("get", "/api/v1/workflows", None), ("get", f"/api/v1/workflows/{UUID}", None),
+                ("delete", f"/api/v1/workflows/{UUID}", None)]
 
 
 def test_postgresql_unreachable_is_503_with_retry_after(make_app: Any, closed_port: int,
@@ -262,7 +266,8 @@ def _validator(doc: dict, name: str) -> jsonschema_rs.Validator:
 
 def _flask_rule(path: str) -> str:
     """An OpenAPI path as the Flask rule serving it (job ids go through the uuid converter)."""
-    converters = {"job_id": "uuid:job_id", "scope": "path:scope"}
+    converters = {"job_id": "uuid:job_id", "scope": "path:scope",
+                  "workflow_id": "uuid:workflow_id"}
     return re.sub(r"\{(\w+)\}", lambda m: f"<{converters.get(m[1], m[1])}>", path)
 
 

@@ -8,6 +8,7 @@ taskline_producer.scopes fails here, and so does one whose documented x-required
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +28,9 @@ TOKENS = ("writer:w-secret:jobs:write", "reader:r-secret:jobs:read",
           "operator:o-secret:jobs:operate", "all:a-secret:jobs:write+jobs:read+jobs:operate",
           "bare-secret")
 SECRET_OF = {WRITE: "w-secret", READ: "r-secret", OPERATE: "o-secret"}
-BODIES = {"jobs.create_job": {"type": "echo"}, "jobs.create_batch": {"jobs": [{"type": "echo"}]}}
+BODIES = {"jobs.create_job": {"type": "echo"}, "jobs.create_batch": {"jobs": [{"type": "echo"}]},
+          "workflows.create_workflow": {"name": "w", "steps": [{"id": "a",
+                                                                "job": {"type": "echo"}}]}}
 
 
 @pytest.fixture
@@ -49,7 +52,7 @@ def api_rules(app: Flask) -> list[tuple[Rule, str]]:
 
 
 def call(client: FlaskClient, rule: Rule, method: str, secret: str) -> Any:
-    path = rule.rule.replace("<uuid:job_id>", str(uuid.uuid4()))
+    path = re.sub(r"<uuid:\w+>", str(uuid.uuid4()), rule.rule)
     response = client.open(path, method=method, json=BODIES.get(rule.endpoint),
                            headers=auth(secret), buffered=False)
     response.close()  # the event stream never ends by itself

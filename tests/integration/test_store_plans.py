@@ -137,14 +137,18 @@ def test_events_and_leases_of_a_deleted_job_are_found_by_job_id_indexes(store: S
             "SELECT t.relname, a.attname FROM pg_index i "
             "JOIN pg_class t ON t.oid = i.indrelid "
             "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
-            "WHERE t.relname IN ('job_events', 'job_leases', 'dead_letter_jobs')")).all()
+            "WHERE t.relname IN ('job_events', 'job_leases', 'dead_letter_jobs', "
+            "'job_dependencies')")).all()
         cascades = conn.execute(text(
             "SELECT conrelid::regclass::text FROM pg_constraint "
             "WHERE contype = 'f' AND confrelid = 'jobs'::regclass AND confdeltype = 'c'")).all()
     leading = {(r.relname, r.attname) for r in rows}
     assert {("job_events", "job_id"), ("job_leases", "job_id"),
             ("dead_letter_jobs", "job_id")} <= leading
-    assert {r[0] for r in cascades} == {"job_events", "job_leases", "dead_letter_jobs"}
+    # A workflow edge cascades from both of its jobs: an index leads with each column.
+    assert {("job_dependencies", "parent_id"), ("job_dependencies", "child_id")} <= leading
+    assert sorted(r[0] for r in cascades) == ["dead_letter_jobs", "job_dependencies",
+                                              "job_dependencies", "job_events", "job_leases"]
 
 
 def test_bulk_dead_letter_batches_never_scan_the_jobs_table(store: Store):

@@ -115,3 +115,8 @@ def test_each_gap_waits_on_its_own() -> None:
     assert release(seq, [14], horizon, now=2) == []
     horizon.value = (120, 121)
     assert release(seq, [14], horizon, now=3) == [14]
+
+
+def test_the_stream_knows_where_a_workflow_step_goes() -> None:
+    assert status_after("waiting") == "waiting"
+    assert status_after("unblocked") == "queued"

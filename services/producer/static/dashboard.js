@@ -1,7 +1,8 @@
 // taskline dashboard: plain JavaScript, no dependency, no build step.
 //
 // Truth comes from the API: pipeline totals from GET /api/v1/queues, workers from
-// GET /api/v1/workers, dead jobs from GET /api/v1/dlq, a job from GET /api/v1/jobs/<id>.
+// GET /api/v1/workers, dead jobs from GET /api/v1/dlq, a job from GET /api/v1/jobs/<id>,
+// workflows from GET /api/v1/workflows.
 // The live stream (GET /api/v1/events, Server-Sent Events) makes it move: every change
 // re-reads the affected totals (at most once a second), feeds the chart and the event list,
 // and counts succeeded/cancelled since the page opened. Actions are the CLI's API calls.
@@ -17,7 +18,7 @@
   const WINDOW_S = 300;                  // chart span: five minutes
   const FEED_SIZE = 40;
   const SEEN_SIZE = 20000;               // event ids remembered to drop a replayed duplicate
-  const STAGES = ["scheduled", "queued", "running", "retrying", "succeeded", "dead", "cancelled"];
+  const STAGES = ["scheduled", "waiting", "queued", "running", "retrying", "succeeded", "dead", "cancelled"];
   const PRIORITIES = { low: 2, normal: 5, high: 7, critical: 9 };
   const FAILED_EVENTS = new Set(["retry_scheduled", "dead_lettered"]);
   const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
@@ -40,8 +41,9 @@
     buckets: new Map(),                 // bucket start (s) -> {ok, failed}
     feed: [],
     historyId: null,
-    dirty: { queues: true, workers: true, dead: true, limits: true, history: false, view: true },
-    lastFetch: { queues: 0, workers: 0, dead: 0, limits: 0, history: 0 },
+    dirty: { queues: true, workers: true, dead: true, limits: true, history: false, workflows: true,
+             view: true },
+    lastFetch: { queues: 0, workers: 0, dead: 0, limits: 0, history: 0, workflows: 0 },
     inflight: {},
     principal: null,                    // GET /api/v1/whoami; null until it answered
   };
@@ -217,6 +219,7 @@
     state.dirty.limits = true;
     if (change.status === "dead" || change.event === "requeued") state.dirty.dead = true;
     if (change.job_id === state.historyId) state.dirty.history = true;
+    if (change.event === "waiting" || change.event === "unblocked") state.dirty.workflows = true;
     state.dirty.view = true;
   }
 
@@ -306,7 +309,7 @@
       for (const [status, n] of Object.entries(queue.counts)) totals[status] = (totals[status] || 0) + n;
       for (const [level, counts] of Object.entries(queue.priorities)) byPriority[Number(level)] += counts.queued || 0;
     }
-    for (const stage of ["scheduled", "queued", "running", "retrying", "dead"]) setCount(stage, totals[stage]);
+    for (const stage of ["scheduled", "waiting", "queued", "running", "retrying", "dead"]) setCount(stage, totals[stage] || 0);
     renderPriorities(byPriority);
     renderQueues(data.queues);
   }
@@ -450,6 +453,48 @@
     }));
   }
 
+  // --- workflows --------------------------------------------------------------------------
+
+  function applyWorkflows(data) {
+    const body = $("workflows-body");
+    if (!data.workflows.length) { emptyRow(body, 5, "No workflow."); return; }
+    body.replaceChildren(...data.workflows.map((wf) => {
+      const tr = document.createElement("tr");
+      tr.dataset.workflow = wf.id;
+      const steps = document.createElement("span");
+      steps.className = "steps";
+      for (const step of wf.steps) {
+        const link = jobLink(step.job_id);
+        link.replaceChildren(badge(step.status));
+        link.prepend(`${step.id} `);
+        link.setAttribute("aria-label", `step ${step.id}: ${step.status}`);
+        steps.append(link);
+      }
+      const cancel = document.createElement("button");
+      cancel.type = "button";
+      cancel.textContent = "Cancel";
+      cancel.setAttribute("aria-label", `Cancel workflow ${wf.name}`);
+      cancel.addEventListener("click", () => cancelWorkflow(wf.id, cancel));
+      guard(cancel, OPERATE);
+      if (wf.status !== "running") cancel.disabled = true;
+      tr.append(cell(wf.name), cell(badge(wf.status)), cell(steps), cell(ago(wf.created_at)),
+        cell(cancel));
+      return tr;
+    }));
+  }
+
+  async function cancelWorkflow(id, button) {
+    button.disabled = true;
+    try {
+      await api("DELETE", `/workflows/${id}`);
+      notify(`Workflow ${id} cancelled.`);
+      state.dirty.workflows = true;
+    } catch (err) {
+      notify(`Could not cancel workflow ${id}: ${err.message}`, "error");
+      button.disabled = false;
+    }
+  }
+
   // --- dead jobs --------------------------------------------------------------------------
 
   function ago(iso) {
@@ -544,6 +589,7 @@
       ["Priority", String(job.priority)], ["Attempts", `${job.attempts} of ${job.max_retries + 1}`],
       ["Created", new Date(job.created_at).toLocaleString()],
     ];
+    if (job.workflow_id) rows.push(["Workflow", `${job.workflow_id} (step ${job.step})`]);
     if (job.last_error) rows.push(["Last error", job.last_error]);
     if (job.result !== null && job.result !== undefined) rows.push(["Result", JSON.stringify(job.result)]);
     for (const [name, value] of rows) {
@@ -768,6 +814,7 @@
     queues: { path: () => "/queues", apply: applyQueues, every: 5000, min: 1000 },
     workers: { path: () => "/workers", apply: applyWorkers, every: 3000, min: 1000 },
     dead: { path: () => "/dlq?limit=10", apply: applyDead, every: 10000, min: 1000 },
+    workflows: { path: () => "/workflows?limit=10", apply: applyWorkflows, every: 5000, min: 1000 },
     limits: { path: () => "/limits", apply: applyLimits, every: 5000, min: 1000 },
     history: { path: () => `/jobs/${state.historyId}`, apply: applyHistory, every: 0, min: 500 },
     schedules: { path: () => "/schedules?limit=50", apply: applySchedules, every: 10000, min: 1000 },

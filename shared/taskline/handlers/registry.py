@@ -37,6 +37,13 @@ class JobContext:
     type: str
     worker_id: str
     completion_hooks: list[Callable[[Any], None]] = field(default_factory=list)
+    workflow_id: uuid.UUID | None = None
+    """The workflow this job is a step of; None for a plain job."""
+    step: str | None = None
+    """The step's id within its workflow."""
+    load_parent_results: Callable[[], dict[str, Any]] | None = field(default=None, repr=False)
+    """Reads the parents' results from PostgreSQL; set by the worker for workflow steps only."""
+    _parent_results: dict[str, Any] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
     _event: threading.Event | None = field(default=None, repr=False)
 
@@ -70,6 +77,19 @@ class JobContext:
     def idempotency_key(self) -> str:
         """A key for the handler's side effects, stable across every attempt of this job."""
         return f"taskline:{self.job_id}"
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """Each parent step's id -> the result it stored, for a workflow step ({} otherwise).
+
+        Read once, on first use, so a job that never asks (and every plain job) costs nothing.
+        Every parent has succeeded before its step runs, and retention keeps every step of an
+        unfinished workflow, so each parent is present.
+        """
+        if self._parent_results is None:
+            loader = self.load_parent_results
+            self._parent_results = {} if loader is None else loader()
+        return self._parent_results
 
     def on_complete(self, hook: Callable[[Any], None]) -> None:
         """Run `hook(connection)` inside the transaction that records this attempt's success.

@@ -401,6 +401,50 @@ SELECT id, queue, priority, attempts, status, lease_id, worker_id,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
 FROM changed;
 
+-- name: settle_releasing_tail
+-- Not run alone: the store's `settle_releasing` is `settle` with this in place of its final
+-- SELECT (taskline.store.queries composes it, so the fence and the DLQ upsert stay written
+-- once). `settle` for a batch holding workflow steps, in one statement: it also counts each
+-- succeeded step's success on its waiting children (settlements flagged `releases`),
+-- decrementing a child's pending_parents by its parents among them, and queues each child
+-- left with none (:release_target, event :release_event). Children are locked in id order,
+-- so statements releasing overlapping children cannot deadlock; one that waited for another's
+-- lock decrements the count the other committed (READ COMMITTED re-reads the locked row), so
+-- of parents finishing at once exactly one sees the count reach 0. Returns settle's rows,
+-- then one row per child released (lease_id NULL).
+, finished AS (
+    SELECT d.child_id, count(*) AS n
+    FROM changed c JOIN job_dependencies d ON d.parent_id = c.id
+    WHERE c.status = 'succeeded' AND CAST(c.s ->> 'releases' AS boolean)
+    GROUP BY d.child_id
+), locked AS MATERIALIZED (
+    SELECT j.id, f.n
+    FROM jobs j JOIN finished f ON f.child_id = j.id
+    WHERE (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
+    ORDER BY j.id
+    FOR UPDATE OF j
+), released AS (
+    UPDATE jobs j
+    SET pending_parents = j.pending_parents - locked.n,
+        status = CASE WHEN j.pending_parents - locked.n <= 0 THEN :release_target
+                      ELSE j.status END,
+        next_run_at = CASE WHEN j.pending_parents - locked.n <= 0 THEN now()
+                           ELSE j.next_run_at END,
+        updated_at = now()
+    FROM locked
+    WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
+    RETURNING j.id, j.queue, j.priority, j.attempts, j.status
+), release_events AS (
+    INSERT INTO job_events (job_id, attempt, event)
+    SELECT id, attempts, :release_event FROM released WHERE status = :release_target
+)
+SELECT id, queue, priority, attempts, status, lease_id, worker_id,
+       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
+FROM changed
+UNION ALL
+SELECT id, queue, priority, attempts, status, NULL, NULL, NULL
+FROM released WHERE status = :release_target;
+
 -- name: cancel_running_job
 -- Mark a running job's cancellation as requested, with its event; the worker's next renewal
 -- stops it. Returns the job only when this call asked.
@@ -482,7 +526,9 @@ SELECT id, queue, priority, type FROM changed ORDER BY id;
 -- Delete up to :limit dead jobs matching the filter (as requeue_dead_batch), job ids above
 -- :after, in id order, skipping rows others hold; their events, leases and DLQ row go in the
 -- same statement by the foreign keys' ON DELETE CASCADE. Returns the deleted jobs.
-WITH picked AS (
+-- A purged workflow step can never succeed, so its waiting dependents (and theirs) are
+-- cancelled in the same statement, read from the edges before the cascade removes them.
+WITH RECURSIVE picked AS (
     SELECT j.id FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
     WHERE j.status = 'dead' AND d.job_id > CAST(:after AS uuid)
       AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
@@ -491,6 +537,20 @@ WITH picked AS (
     ORDER BY d.job_id
     LIMIT :limit
     FOR UPDATE OF j SKIP LOCKED
+), below(id) AS (
+    SELECT d.child_id FROM job_dependencies d JOIN picked p ON d.parent_id = p.id
+    UNION
+    SELECT d.child_id FROM job_dependencies d JOIN below b ON d.parent_id = b.id
+), orphans AS (
+    UPDATE jobs c SET status = 'cancelled', next_run_at = NULL, finished_at = now(),
+                      updated_at = now()
+    FROM (SELECT id FROM jobs WHERE id IN (SELECT id FROM below) AND status = 'waiting'
+          ORDER BY id FOR UPDATE) w
+    WHERE c.id = w.id AND (c.status = 'waiting') IS TRUE
+    RETURNING c.id, c.attempts
+), orphan_events AS (
+    INSERT INTO job_events (job_id, attempt, event, actor, detail)
+    SELECT id, attempts, 'cancelled', :actor, '{"cause": "parent_purged"}'::jsonb FROM orphans
 )
 DELETE FROM jobs j USING picked
 WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
@@ -554,6 +614,10 @@ WITH candidates AS (
     WHERE id = ANY(ARRAY(SELECT id FROM candidates))
       AND status IN ('succeeded', 'dead', 'cancelled') AND status = :status
       AND COALESCE(finished_at, updated_at) < now() - make_interval(secs => :retain_s)
+      -- No step of an unfinished workflow: its dependents read its result (parent_results).
+      AND (workflow_id IS NULL OR NOT EXISTS (
+          SELECT 1 FROM jobs s WHERE s.workflow_id = jobs.workflow_id
+            AND s.status NOT IN ('succeeded', 'dead', 'cancelled')))
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )
@@ -606,9 +670,9 @@ FROM jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 SELECT DISTINCT queue FROM jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running');
 
 -- name: queue_counts
--- Job counts per queue, priority and status, for /queues and the depth gauges.
+-- Job counts per queue, priority and status (waiting steps too), for /queues and the depth gauges.
 SELECT queue, priority, status, count(*) AS n
-FROM jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running', 'dead')
+FROM jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running', 'dead', 'waiting')
 GROUP BY queue, priority, status;
 
 -- name: oldest_ready
@@ -691,6 +755,192 @@ DELETE FROM audit_log WHERE id IN (
     FOR UPDATE SKIP LOCKED)
 RETURNING id;
 
+-- Workflows (taskline.workflows): steps are jobs naming their workflow; job_dependencies holds
+-- the edges; jobs.pending_parents counts a waiting step's parents that have not succeeded yet.
+
+-- name: insert_workflow
+-- Insert one workflow unless its idempotency key exists; returns the row only when inserted.
+INSERT INTO workflows (id, name, idempotency_key, request_hash)
+VALUES (:id, :name, :idempotency_key, :request_hash)
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: get_workflow_by_key
+-- The workflow holding an idempotency key.
+SELECT * FROM workflows WHERE idempotency_key = :idempotency_key;
+
+-- name: insert_steps
+-- Insert a workflow's steps (a JSON array of jobs, each with its step id and its count of
+-- parents) in input order, each with its first event (:first_events, as insert_jobs_with_events).
+WITH input AS MATERIALIZED (
+    SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
+            id uuid, type text, queue text, payload jsonb, priority smallint, status text,
+            max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
+            trace_context text, actor text, step text, pending_parents int, limit_key text))
+         WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
+                              timeout_s, run_at, delay_s, trace_context, actor, step,
+                              pending_parents, limit_key, ord)
+), inserted AS (
+    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, trace_context, workflow_id, step, pending_parents, limit_key)
+    SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
+           COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)), t.trace_context,
+           :workflow_id, t.step, t.pending_parents, t.limit_key
+    FROM input t
+    ORDER BY t.ord
+    RETURNING *
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, actor)
+    SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status, t.actor
+    FROM inserted i JOIN input t ON t.id = i.id
+)
+SELECT * FROM inserted;
+
+-- name: insert_dependencies
+-- Insert a workflow's edges (a JSON array of {parent_id, child_id}).
+INSERT INTO job_dependencies (parent_id, child_id)
+SELECT parent_id, child_id
+FROM json_to_recordset(CAST(:edges AS json)) AS t(parent_id uuid, child_id uuid);
+
+-- name: cancel_waiting_dependents
+-- Cancel every waiting descendant of the jobs :ids (their children, their children's children
+-- ...), locked in id order, each with its event naming :actor; returns the jobs cancelled.
+WITH RECURSIVE below(id) AS (
+    SELECT child_id FROM job_dependencies WHERE parent_id = ANY(CAST(:ids AS uuid[]))
+    UNION
+    SELECT d.child_id FROM job_dependencies d JOIN below b ON d.parent_id = b.id
+), doomed AS MATERIALIZED (
+    SELECT j.id FROM jobs j
+    WHERE j.id IN (SELECT id FROM below) AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    ORDER BY j.id
+    FOR UPDATE OF j
+), changed AS (
+    UPDATE jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
+                      updated_at = now()
+    FROM doomed
+    WHERE j.id = doomed.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING j.*
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, actor, detail)
+    SELECT id, attempts, :event, :actor, '{"cause": "parent_cancelled"}'::jsonb FROM changed
+)
+SELECT * FROM changed;
+
+-- name: cancel_workflow_steps
+-- Cancel a workflow's steps that have not started (:sources), locked in id order, each with its
+-- event naming :actor; returns the jobs cancelled.
+WITH doomed AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE workflow_id = :workflow_id AND status = ANY(CAST(:sources AS text[]))
+    ORDER BY id
+    FOR UPDATE
+), changed AS (
+    UPDATE jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
+                      updated_at = now()
+    FROM doomed
+    WHERE j.id = doomed.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING j.*
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, actor)
+    SELECT id, attempts, :event, :actor FROM changed
+)
+SELECT * FROM changed;
+
+-- name: stop_workflow_steps
+-- Ask a workflow's running steps to stop (as cancel_running_job), locked in id order; returns
+-- the jobs asked.
+WITH asked AS MATERIALIZED (
+    SELECT id FROM jobs
+    WHERE workflow_id = :workflow_id AND status = ANY(CAST(:sources AS text[]))
+      AND NOT cancel_requested
+    ORDER BY id
+    FOR UPDATE
+), changed AS (
+    UPDATE jobs j SET cancel_requested = true, updated_at = now()
+    FROM asked
+    WHERE j.id = asked.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING j.*
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, actor)
+    SELECT id, attempts, :event, :actor FROM changed
+)
+SELECT * FROM changed;
+
+-- name: get_workflow
+-- One workflow by id.
+SELECT * FROM workflows WHERE id = :id;
+
+-- name: workflow_steps
+-- The steps of the workflows :ids, each with the step ids of its parents, in step order.
+SELECT j.workflow_id, j.id, j.step, j.type, j.queue, j.status, j.attempts, j.pending_parents,
+       j.last_error, j.created_at, j.updated_at, j.finished_at,
+       COALESCE((SELECT array_agg(p.step ORDER BY p.step)
+                 FROM job_dependencies d JOIN jobs p ON p.id = d.parent_id
+                 WHERE d.child_id = j.id), '{}') AS after
+FROM jobs j
+WHERE j.workflow_id = ANY(CAST(:ids AS uuid[]))
+ORDER BY j.workflow_id, j.id;
+
+-- name: list_workflows
+-- Workflows newest first, paged by the (created_at, id) of the previous page's last row.
+SELECT * FROM workflows
+WHERE CAST(:after_created AS timestamptz) IS NULL
+   OR (created_at, id) < (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: parent_results
+-- The step id and stored result of each parent of job :id.
+SELECT p.step, p.result
+FROM job_dependencies d JOIN jobs p ON p.id = d.parent_id
+WHERE d.child_id = :id;
+
+-- name: cancel_dependents_of_expired_dead
+-- Cancel the waiting dependents (transitively) of up to :limit workflow steps dead for more
+-- than :retain_s seconds, so retention may then delete them (a purged dead step cancels its
+-- dependents); returns the jobs cancelled.
+WITH RECURSIVE roots AS (
+    SELECT id FROM jobs
+    WHERE status = 'dead' AND finished_at < now() - make_interval(secs => :retain_s)
+      AND workflow_id IS NOT NULL
+      AND EXISTS (SELECT 1 FROM job_dependencies d JOIN jobs c ON c.id = d.child_id
+                  WHERE d.parent_id = jobs.id AND c.status = ANY(CAST(:sources AS text[])))
+    ORDER BY finished_at
+    LIMIT :limit
+), below(id) AS (
+    SELECT child_id FROM job_dependencies WHERE parent_id IN (SELECT id FROM roots)
+    UNION
+    SELECT d.child_id FROM job_dependencies d JOIN below b ON d.parent_id = b.id
+), doomed AS MATERIALIZED (
+    SELECT j.id FROM jobs j
+    WHERE j.id IN (SELECT id FROM below) AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+), changed AS (
+    UPDATE jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
+                      updated_at = now()
+    FROM doomed
+    WHERE j.id = doomed.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING j.id, j.queue, j.priority, j.attempts
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, detail)
+    SELECT id, attempts, :event, '{"cause": "parent_expired"}'::jsonb FROM changed
+)
+SELECT id, queue, priority FROM changed;
+
+-- name: delete_empty_workflows
+-- Delete up to :limit workflows older than :retain_s seconds none of whose steps is left.
+DELETE FROM workflows WHERE id IN (
+    SELECT w.id FROM workflows w
+    WHERE w.created_at < now() - make_interval(secs => :retain_s)
+      AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.workflow_id = w.id)
+    ORDER BY w.created_at LIMIT :limit
+    FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: waiting_counts
+-- Workflow steps waiting for their parents, per queue (through jobs_status_created).
+SELECT queue, count(*) AS n FROM jobs WHERE status = 'waiting' GROUP BY queue;
 -- name: upsert_schedule
 -- Create or replace a schedule; `created` says which. A change of cron, time zone or a resume
 -- moves `since` to now (slots at or before it never fire); an unchanged definition keeps it, so
@@ -753,3 +1003,15 @@ WITH slot AS (
     FROM slot WHERE s.name = slot.schedule AND (s.last_slot IS NULL OR s.last_slot < slot.slot)
 )
 SELECT * FROM job;
+
+-- name: announce_steps
+-- Owe new workflow steps (:ids, queued or scheduled) to Redis as enqueue_in_transaction owes
+-- its jobs: an outbox row each and the same signals, delivered at the caller's commit.
+WITH owed AS (
+    INSERT INTO enqueue_outbox (job_id, queue)
+    SELECT id, queue FROM jobs WHERE id = ANY(CAST(:ids AS uuid[]))
+)
+SELECT j.id, pg_notify('taskline_enqueued', j.queue) AS signal,
+       pg_notify('taskline_enqueued_jobs', concat_ws(' ', j.id, j.priority, j.status,
+                 round(extract(epoch FROM j.next_run_at) * 1000), j.queue)) AS announced
+FROM jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));

@@ -24,6 +24,9 @@ class Settlement:
     lease_id: int
     worker_id: str
     transition: Transition
+    releases: bool = False
+    """The job is a workflow step: its success may release waiting dependents, so the store
+    settles its batch with `settle_releasing` (settle and the release in one statement)."""
 
     def to_input(self, *, lapsed: bool) -> dict[str, Any]:
         """The settle statement's input row (see queries.sql `settle`)."""
@@ -34,7 +37,7 @@ class Settlement:
                 "writes_result": move.writes_result, "writes_error": move.writes_error,
                 "delay_s": t.delay_s, "detail": dict(t.detail) if t.detail else None,
                 "refund": int(move.refunds_attempt), "dead_letter": move.dead_letter,
-                "finishes": move.finishes, "lapsed": lapsed}
+                "finishes": move.finishes, "lapsed": lapsed, "releases": self.releases}
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class Settled:
     lease_id: int
     worker_id: str
     due_ms: int | None
+    released: tuple[Released, ...] = ()
+    """Waiting steps this settlement's transaction queued (on one row of a batch: a child of
+    several parents in the batch is released once, by all of them together)."""
 
     @classmethod
     def from_row(cls, row: Any) -> Settled:
@@ -59,6 +65,22 @@ class Settled:
     def committed(self, move: Move) -> Committed:
         return Committed(move, str(self.id), self.queue, self.priority, self.worker_id,
                          self.due_ms)
+
+
+@dataclass(frozen=True)
+class Released:
+    """A waiting workflow step queued because its last parents succeeded."""
+
+    id: uuid.UUID
+    queue: str
+    priority: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> Released:
+        return cls(id=row.id, queue=row.queue, priority=row.priority)
+
+    def committed(self) -> Committed:
+        return Committed(transitions.UNBLOCK, str(self.id), self.queue, self.priority)
 
 
 @dataclass(frozen=True)

@@ -54,14 +54,20 @@ jobs = Table(
     # When the job reached its terminal state: set by its terminal transition only, cleared by
     # a requeue; retention counts from it (migration 0003).
     Column("finished_at", DateTime(timezone=True), nullable=True),
+    # A workflow step names its workflow and its step id; `pending_parents` counts its parents
+    # that have not succeeded yet (the success of the last one queues it; migration 0007).
+    Column("workflow_id", UUID(as_uuid=True), nullable=True),
+    Column("step", Text, nullable=True),
+    Column("pending_parents", Integer, nullable=False, server_default=text("0")),
     # The budget the job draws from under a `per_key` flow limit (migration 0010).
     Column("limit_key", Text, nullable=True),
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
     Column("schedule", Text, nullable=True),
     Column("scheduled_for", DateTime(timezone=True), nullable=True),
     CheckConstraint(
-        "status IN ('scheduled','queued','running','retrying','succeeded','dead','cancelled')",
-        name="jobs_status_valid",
+        "status IN ('scheduled','queued','running','retrying','succeeded','dead','cancelled',"
+        "'waiting')",
+        name="jobs_status_allowed",
     ),
     CheckConstraint("priority BETWEEN 0 AND 9", name="jobs_priority_range"),
     CheckConstraint("attempts >= 0", name="jobs_attempts_nonnegative"),
@@ -79,6 +85,8 @@ Index("jobs_finished", jobs.c.status, jobs.c.finished_at,
       postgresql_where=text("finished_at IS NOT NULL"))
 Index("jobs_finished_unstamped", jobs.c.status, jobs.c.updated_at,
       postgresql_where=text(f"finished_at IS NULL AND status IN {TERMINAL_SQL}"))
+Index("jobs_workflow", jobs.c.workflow_id, jobs.c.step,
+      postgresql_where=text("workflow_id IS NOT NULL"))
 
 job_leases = Table(
     "job_leases",
@@ -204,6 +212,31 @@ audit_log = Table(
 Index("audit_log_at", audit_log.c.at, audit_log.c.id)
 Index("audit_log_actor", audit_log.c.actor, audit_log.c.at, audit_log.c.id)
 
+# A workflow: its steps are jobs naming it (jobs.workflow_id); its status is derived from theirs,
+# never stored.
+workflows = Table(
+    "workflows",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=True),
+    Column("request_hash", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+Index("workflows_idempotency_key", workflows.c.idempotency_key, unique=True,
+      postgresql_where=text("idempotency_key IS NOT NULL"))
+Index("workflows_created", workflows.c.created_at, workflows.c.id)
+
+# One row per edge: `child_id` waits for `parent_id` to succeed.
+job_dependencies = Table(
+    "job_dependencies",
+    metadata,
+    Column("parent_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("child_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
+           primary_key=True),
+)
+Index("job_dependencies_child", job_dependencies.c.child_id)
 # Periodic jobs (migration 0005): each schedule, and the record of every slot that fired. A
 # slot's row and its job are inserted by one statement, keyed by (schedule, slot), and nothing
 # deletes slots: a slot never gets a second job, whatever happened to its first.

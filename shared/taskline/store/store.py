@@ -9,6 +9,7 @@ never catch driver exceptions.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -36,6 +37,7 @@ from taskline.store.rows import (
     Promoted,
     Purged,
     Recovered,
+    Released,
     Requeued,
     ScheduleRow,
     Settled,
@@ -349,10 +351,11 @@ class Store:
         return [Requeued.from_row(r) for r in self._run("requeue_dead_batch", params, conn)]
 
     def purge_dead(self, match: DeadFilter, after: uuid.UUID, limit: int,
-                   conn: Connection | None = None) -> list[Purged]:
+                   conn: Connection | None = None, actor: str | None = None) -> list[Purged]:
         """Delete up to `limit` dead jobs matching `match` with ids above `after`, each whole
-        (events, leases, DLQ row), in one statement: the one place a purge deletes jobs."""
-        params = {**match.params(), "after": after, "limit": limit,
+        (events, leases, DLQ row), in one statement: the one place a purge deletes jobs. The
+        waiting dependents of a purged workflow step are cancelled in that statement."""
+        params = {**match.params(), "after": after, "limit": limit, "actor": actor,
                   **_move_params(transitions.PURGE)}
         return [Purged.from_row(r) for r in self._run("purge_dead_batch", params, conn)]
 
@@ -544,19 +547,34 @@ class Store:
         params = {"settlements": _rows_json({str(s.lease_id): s.to_input(lapsed=lapsed)
                                              for s in settlements}),
                   "lease_ids": "{" + ",".join(str(s.lease_id) for s in settlements) + "}"}
+        if any(s.releases and s.transition.move is transitions.SUCCEED for s in settlements):
+            return self._settle_releasing({**params, **_RELEASE}, conn)
         rows = (self._run("settle", params, conn) if conn is not None
                 else self._run_on_driver("settle", params))
         return [Settled.from_row(r) for r in rows]
 
+    def _settle_releasing(self, params: dict[str, Any], conn: Connection | None) -> list[Settled]:
+        """settle_releasing: the settlements, and the waiting steps whose last parents they
+        made succeeded queued, in one statement (one round trip, as `settle`)."""
+        rows = (self._run("settle_releasing", params, conn) if conn is not None
+                else self._run_on_driver("settle_releasing", params))
+        settled = [Settled.from_row(r) for r in rows if r.lease_id is not None]
+        released = tuple(Released.from_row(r) for r in rows if r.lease_id is None)
+        if not released:
+            return settled
+        return [*settled[:-1], dataclasses.replace(settled[-1], released=released)]
+
     def settle_with_hooks(self, settlement: Settlement,
-                          hooks: Sequence[Callable[[Connection], None]]) -> bool:
-        """Settle one attempt and run `hooks` in the same transaction; both or neither commit."""
+                          hooks: Sequence[Callable[[Connection], None]]) -> list[Settled]:
+        """Settle one attempt and run `hooks` in the same transaction; both or neither commit.
+        Returns the settled row (with the steps it released), empty when nothing was settled."""
         with self.transaction() as conn:
-            if not self.settle([settlement], conn):
-                return False
+            settled = self.settle([settlement], conn)
+            if not settled:
+                return []
             for hook in hooks:
                 hook(conn)
-        return True
+        return settled
 
     def upsert_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str],
                       concurrency: int) -> None:
@@ -677,6 +695,128 @@ class Store:
         """Delete up to `limit` records older than `retain_s`; how many were deleted."""
         return len(self._run("delete_expired_audit", {"retain_s": retain_s, "limit": limit}))
 
+    # --- workflows (taskline.workflows) --------------------------------------------------
+
+    def insert_workflow(self, conn: Connection, *, id: uuid.UUID, name: str,
+                        idempotency_key: str | None, request_hash: str | None) -> dict | None:
+        """Insert a workflow row; None when its idempotency key already exists."""
+        rows = self._run("insert_workflow", {"id": id, "name": name,
+                                             "idempotency_key": idempotency_key,
+                                             "request_hash": request_hash}, conn)
+        return dict(rows[0]._mapping) if rows else None
+
+    def get_workflow_by_key(self, key: str, conn: Connection | None = None) -> dict | None:
+        rows = self._run("get_workflow_by_key", {"idempotency_key": key}, conn)
+        return dict(rows[0]._mapping) if rows else None
+
+    def insert_steps(self, conn: Connection, workflow_id: uuid.UUID,
+                     jobs: Sequence[dict[str, Any]]) -> list[Job]:
+        """Insert a workflow's steps (insert_job's fields with `step` and `pending_parents`),
+        each with its first event; returns them as stored."""
+        rows = self._run("insert_steps", {"jobs": _rows_json(list(jobs)),
+                                          "workflow_id": workflow_id,
+                                          "first_events": _FIRST_EVENTS}, conn)
+        return [Job.from_row(r) for r in rows]
+
+    def insert_dependencies(self, conn: Connection,
+                            edges: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> None:
+        """Insert (parent id, child id) edges."""
+        if edges:
+            self._run("insert_dependencies", {"edges": _rows_json(
+                [{"parent_id": p, "child_id": c} for p, c in edges])}, conn)
+
+    def cancel_waiting_dependents(self, job_ids: Sequence[uuid.UUID], actor: str | None = None,
+                                  conn: Connection | None = None) -> list[Job]:
+        """Cancel every waiting descendant of `job_ids`; returns the jobs cancelled."""
+        rows = self._run("cancel_waiting_dependents", {
+            "ids": _uuid_array(job_ids), "actor": actor, **_waiting_cancel()}, conn)
+        return [Job.from_row(r) for r in rows]
+
+    def cancel_step(self, job_id: uuid.UUID, actor: str | None = None) -> tuple[Job | None,
+                                                                                 list[Job]]:
+        """Cancel a pending or waiting job and, when it is a workflow step, its waiting
+        dependents, in one transaction: (the job or None, the dependents cancelled)."""
+        with self.transaction() as conn:
+            rows = self._run("cancel_pending_job", {"id": job_id, "actor": actor,
+                                                    **_move_params(transitions.CANCEL)}, conn)
+            job = Job.from_row(rows[0]) if rows else None
+            if job is None or job.workflow_id is None:
+                return job, []
+            return job, self.cancel_waiting_dependents([job.id], actor, conn)
+
+    def request_cancel_step(self, job_id: uuid.UUID,
+                            actor: str | None = None) -> tuple[Job | None, list[Job]]:
+        """Ask a running job to stop and, when it is a workflow step, cancel its waiting
+        dependents (they can no longer count on it), in one transaction."""
+        with self.transaction() as conn:
+            rows = self._run("cancel_running_job", {
+                "id": job_id, "actor": actor, **_move_params(transitions.REQUEST_CANCEL)}, conn)
+            job = Job.from_row(rows[0]) if rows else None
+            if job is None or job.workflow_id is None:
+                return job, []
+            return job, self.cancel_waiting_dependents([job.id], actor, conn)
+
+    def cancel_workflow(self, workflow_id: uuid.UUID,
+                        actor: str | None = None) -> tuple[list[Job], list[Job]]:
+        """Cancel every unfinished step of a workflow in one transaction: (cancelled, asked to
+        stop). Running steps are locked first, as a settling worker locks a parent before its
+        children, so the two cannot deadlock."""
+        with self.transaction() as conn:
+            stop = _move_params(transitions.REQUEST_CANCEL)
+            asked = self._run("stop_workflow_steps", {"workflow_id": workflow_id,
+                                                      "actor": actor, **stop}, conn)
+            cancelled = self._run("cancel_workflow_steps", {
+                "workflow_id": workflow_id, "actor": actor,
+                **_move_params(transitions.CANCEL)}, conn)
+        return [Job.from_row(r) for r in cancelled], [Job.from_row(r) for r in asked]
+
+    def get_workflow(self, workflow_id: uuid.UUID) -> dict | None:
+        rows = self._run("get_workflow", {"id": workflow_id})
+        return dict(rows[0]._mapping) if rows else None
+
+    def workflow_steps(self, workflow_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[dict]]:
+        """{workflow id: its steps (with `after`, the step ids of their parents)}."""
+        steps: dict[uuid.UUID, list[dict]] = {w: [] for w in workflow_ids}
+        if workflow_ids:
+            for r in self._run("workflow_steps", {"ids": _uuid_array(workflow_ids)}):
+                steps.setdefault(r.workflow_id, []).append(dict(r._mapping))
+        return steps
+
+    def list_workflows(self, *, after: tuple[datetime, uuid.UUID] | None,
+                       limit: int) -> list[dict]:
+        params = {"limit": limit, "after_created": after[0] if after else None,
+                  "after_id": after[1] if after else None}
+        return [dict(r._mapping) for r in self._run("list_workflows", params)]
+
+    def parent_results(self, job_id: uuid.UUID) -> dict[str, Any]:
+        """{parent step id: its stored result} of a workflow step."""
+        return {r.step: r.result for r in self._run("parent_results", {"id": job_id})}
+
+    def cancel_dependents_of_expired_dead(self, retain_s: float, limit: int) -> list:
+        """Cancel the waiting dependents of workflow steps dead longer than `retain_s`."""
+        return self._run("cancel_dependents_of_expired_dead", {
+            "retain_s": retain_s, "limit": limit, **_waiting_cancel()})
+
+    def announce_steps(self, conn: Connection, job_ids: Sequence[uuid.UUID]) -> None:
+        """Owe new workflow steps to Redis through the enqueue outbox, on the caller's
+        transaction: the relay pushes them once it commits (taskline.enqueuing)."""
+        if job_ids:
+            self._run("announce_steps", {"ids": _uuid_array(job_ids)}, conn)
+
+    def waiting_counts(self) -> dict[str, int]:
+        """{queue: workflow steps waiting for their parents}."""
+        return {r.queue: int(r.n) for r in self._run("waiting_counts", {})}
+
+    def delete_empty_workflows(self, retain_s: float, limit: int) -> int:
+        """Delete workflows older than `retain_s` whose steps retention has all deleted."""
+        return len(self._run("delete_empty_workflows", {"retain_s": retain_s, "limit": limit}))
+
+
+def _waiting_cancel() -> dict[str, Any]:
+    """The cancel move's target and event, from waiting only (a dependent never started)."""
+    return {"sources": [Status.WAITING.value], "target": transitions.CANCEL.target.value,
+            "event": transitions.CANCEL.event.value}
+
 
 @dataclass(frozen=True)
 class HeldClaim:
@@ -719,6 +859,9 @@ _FIRST_EVENTS = json.dumps(dict(transitions.FIRST_EVENTS))
 ADMIT_ROUNDS = 4
 """Most candidate windows one budgeted claim reads (see Store._admit)."""
 _CLAIM = {"target": transitions.CLAIM.target.value, "event": transitions.CLAIM.event.value}
+_RELEASE = {"release_sources": transitions.UNBLOCK.source_names,
+            "release_target": transitions.UNBLOCK.target.value,
+            "release_event": transitions.UNBLOCK.event.value}
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
 _DRIVER_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)

@@ -1,0 +1,165 @@
+"""The workflows blueprint: submit a workflow of dependent steps, read one or the list, cancel.
+
+Invariant: a workflow is validated whole before any SQL runs and inserted in one transaction
+(all steps and edges or none, taskline.workflows.insert_workflow); only after the commit are
+its first steps handed to Redis. Its status is derived from its steps on every read, never
+stored. Cancelling it cancels every step that has not started and asks running ones to stop,
+in one transaction, audited.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from taskline import tracing, transitions
+from taskline.errors import IdempotencyConflict
+from taskline.jobs import Job
+from taskline.jobspec import KEY_CODE, FieldError
+from taskline.metrics import WORKFLOWS_SUBMITTED
+from taskline.transitions import CREATED, Committed
+from taskline.workflows import Submitted, insert_workflow, workflow_status
+from taskline_producer import audit, auth, paging, quotas
+from taskline_producer.backends import backends
+from taskline_producer.body import read_json
+from taskline_producer.enqueuer import due_ms
+from taskline_producer.errors import InvalidIdempotencyKey, InvalidState, NotFound, ValidationFailed
+from taskline_producer.shapes import plain
+from taskline_producer.workflowspec import WorkflowSpec, parse_workflow
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("workflows", __name__, url_prefix="/api/v1/workflows")
+
+
+@bp.post("")
+def create_workflow() -> Response:
+    b = backends()
+    body = read_json(request, b.settings.max_payload_bytes)
+    spec = parse_workflow(body, b.settings, request.headers.get("Idempotency-Key"))
+    if not isinstance(spec, WorkflowSpec):
+        raise _invalid(spec)
+    quotas.take(len(spec.steps))
+    with tracing.enqueue(request.headers) as trace_context, b.store.transaction() as conn:
+        submitted = insert_workflow(conn, spec.name, spec.steps,
+                                    idempotency_key=spec.idempotency_key,
+                                    request_hash=spec.request_hash, trace_context=trace_context,
+                                    actor=auth.principal().name)
+        if not submitted.created:
+            _check_replay(conn, spec, submitted)
+    if submitted.created:
+        WORKFLOWS_SUBMITTED.inc()
+        _dispatch(list(submitted.jobs.values()))
+        log.info("workflow accepted", extra={"action": "workflow_submitted",
+                                             "workflow_id": str(submitted.id),
+                                             "steps": len(spec.steps)})
+    response = jsonify(_view(b.store.get_workflow(submitted.id) or {}, submitted.id))
+    response.status_code = 201 if submitted.created else 200
+    response.headers["Location"] = f"/api/v1/workflows/{submitted.id}"
+    return response
+
+
+def _check_replay(conn: Any, spec: WorkflowSpec, submitted: Submitted) -> None:
+    """The key names a workflow already: the same body gets it, another body is a 422."""
+    found = backends().store.get_workflow_by_key(spec.idempotency_key or "", conn)
+    if found is None or found["request_hash"] != spec.request_hash:
+        raise IdempotencyConflict(f"idempotency key {spec.idempotency_key!r} was used for "
+                                  f"workflow {submitted.id} with a different body")
+
+
+def _invalid(errors: list[FieldError]) -> Exception:
+    keys = [e.to_dict() for e in errors if e.code == KEY_CODE]
+    if keys:
+        return InvalidIdempotencyKey(details=keys)
+    return ValidationFailed(details=[e.to_dict() for e in errors])
+
+
+def _dispatch(jobs: Sequence[Job]) -> None:
+    """Push the steps that start now (waiting ones wait in PostgreSQL only)."""
+    committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
+                           due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
+                 for j in jobs]
+    try:
+        backends().dispatcher.follow(committed)
+    except Exception:
+        log.warning("workflow accepted but its first steps not pushed to Redis; "
+                    "reconciliation will push them", exc_info=True,
+                    extra={"action": "workflow_submitted", "jobs": len(jobs)})
+
+
+@bp.get("/<uuid:workflow_id>")
+def get_workflow(workflow_id: uuid.UUID) -> Response:
+    row = backends().store.get_workflow(workflow_id)
+    if row is None:
+        raise NotFound(details={"id": str(workflow_id)})
+    return jsonify(_view(row, workflow_id))
+
+
+@bp.get("")
+def list_workflows() -> Response:
+    size = paging.limit(request.args)
+    after = paging.decode_cursor(request.args.get("cursor"))
+    store = backends().store
+    rows = store.list_workflows(after=after, limit=size + 1)
+    page = rows[:size]
+    steps = store.workflow_steps([r["id"] for r in page])
+    cursor = (paging.encode_cursor(page[-1]["created_at"], page[-1]["id"])
+              if len(rows) > size else None)
+    return jsonify({"workflows": [_shape(r, steps.get(r["id"], [])) for r in page],
+                    "next_cursor": cursor})
+
+
+@bp.delete("/<uuid:workflow_id>")
+def cancel_workflow(workflow_id: uuid.UUID) -> Response:
+    """Cancel every step not started yet and ask running ones to stop (200); 409 when the
+    workflow has finished, 404 when there is none."""
+    b = backends()
+    row = b.store.get_workflow(workflow_id)
+    if row is None:
+        raise NotFound(details={"id": str(workflow_id)})
+    cancelled, asked = b.store.cancel_workflow(workflow_id, auth.principal().name)
+    view = _view(row, workflow_id)
+    if not cancelled and not asked and view["status"] != "running":
+        raise InvalidState(f"a {view['status']} workflow cannot be cancelled",
+                           {"id": str(workflow_id), "status": view["status"]})
+    audit.record_after("workflow.cancel", str(workflow_id),
+                       {"cancelled": len(cancelled), "stop_requested": len(asked)})
+    for job in cancelled:
+        b.metrics.cancelled(job.queue)
+    follow_cancelled(cancelled)
+    return jsonify(view)
+
+
+def follow_cancelled(jobs: Sequence[Job]) -> None:
+    """Redis after PostgreSQL: cancelled steps leave the retry and scheduled sets."""
+    if not jobs:
+        return
+    try:
+        backends().dispatcher.follow([Committed(transitions.CANCEL, str(j.id), j.queue,
+                                                j.priority) for j in jobs])
+    except Exception:
+        log.warning("Redis not updated after cancelling steps; reconciliation will repair it",
+                    exc_info=True, extra={"action": "cancel", "jobs": len(jobs)})
+
+
+def _view(row: dict[str, Any], workflow_id: uuid.UUID) -> dict[str, Any]:
+    steps = backends().store.workflow_steps([workflow_id]).get(workflow_id, [])
+    return _shape(row, steps)
+
+
+def _shape(row: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": str(row["id"]), "name": row["name"],
+            "status": workflow_status(s["status"] for s in steps),
+            "created_at": plain(row["created_at"]),
+            "steps": [_step(s) for s in steps]}
+
+
+def _step(s: dict[str, Any]) -> dict[str, Any]:
+    return {"id": s["step"], "job_id": str(s["id"]), "type": s["type"], "queue": s["queue"],
+            "status": s["status"], "after": list(s["after"]), "attempts": s["attempts"],
+            "pending_parents": s["pending_parents"], "last_error": s["last_error"],
+            "updated_at": plain(s["updated_at"])}

@@ -1,0 +1,219 @@
+"""Workflows: jobs that wait for other jobs, inserted whole, with their status derived.
+
+A workflow is a set of steps, each a job with the ids of the steps it waits for (`after`). A
+step without parents starts queued (or scheduled); a step with parents starts `waiting` with
+`pending_parents` set to their number, and the transaction that records the success of its
+last parent queues it (the store's `settle_releasing`, run by `Store.settle`).
+
+Invariants: a workflow is inserted in one transaction, all steps and edges or none
+(`insert_workflow` takes the caller's connection); an accepted graph names only its own
+steps, once each, with no cycle and at most MAX_STEPS steps (`graph_errors`, pure); a
+workflow's status is derived from its steps' states (`workflow_status`), never stored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection
+
+from taskline.jobs import TERMINAL, Job, Status, new_job_id
+from taskline.store.store import Store
+
+MAX_STEPS = 1000
+MAX_STEP_ID_CHARS = 200
+
+
+class WorkflowStatus:
+    """The derived states of a workflow (strings, as the API returns them)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """The validated job of one step: the fields of POST /api/v1/jobs but the key."""
+
+    type: str
+    payload: Any = field(default_factory=dict)
+    queue: str = "default"
+    priority: int = 5
+    max_retries: int = 3
+    timeout_s: float = 300.0
+    delay_s: float = 0.0
+    run_at: datetime | None = None
+    limit_key: str | None = None
+    """The budget it draws from under a `per_key` flow limit."""
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step: its id within the workflow, its job and the step ids it waits for."""
+
+    id: str
+    job: StepJob
+    after: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepError:
+    """What is wrong with one step (`step` is None for the workflow as a whole)."""
+
+    step: str | None
+    message: str
+    field: str = "steps"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "step": self.step, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A workflow as inserted (or found by its idempotency key) and its steps' jobs."""
+
+    id: uuid.UUID
+    name: str
+    created: bool
+    jobs: Mapping[str, Job]
+    """Step id -> its job; empty for a replay (read the workflow instead)."""
+    created_at: datetime | None = None
+
+
+def graph_errors(steps: Sequence[StepSpec]) -> list[StepError]:
+    """Why `steps` is not a workflow: too many or none, a repeated step id, a parent that is
+    no step, or a cycle (named by a step on it). Empty when it is one."""
+    if not 1 <= len(steps) <= MAX_STEPS:
+        return [StepError(None, f"a workflow has 1..{MAX_STEPS} steps, not {len(steps)}")]
+    errors: list[StepError] = []
+    seen: set[str] = set()
+    for step in steps:
+        if step.id in seen:
+            errors.append(StepError(step.id, f"step id {step.id!r} is repeated"))
+        seen.add(step.id)
+    for step in steps:
+        errors += [StepError(step.id, f"step {step.id!r} waits for unknown step {parent!r}")
+                   for parent in step.after if parent not in seen]
+        if step.id in step.after:
+            errors.append(StepError(step.id, f"step {step.id!r} waits for itself"))
+    if errors:
+        return errors
+    cyclic = _on_cycle(steps)
+    return [StepError(cyclic, f"step {cyclic!r} is on a cycle")] if cyclic else []
+
+
+def _on_cycle(steps: Sequence[StepSpec]) -> str | None:
+    """A step on a cycle, or None: Kahn's algorithm leaves exactly the steps on or behind one."""
+    order = topological(steps)
+    if len(order) == len(steps):
+        return None
+    placed = set(order)
+    return next(s.id for s in steps if s.id not in placed)
+
+
+def topological(steps: Sequence[StepSpec]) -> list[str]:
+    """Step ids parents first (stable: input order among equals); steps on a cycle left out."""
+    children: dict[str, list[str]] = {s.id: [] for s in steps}
+    pending = {s.id: len(set(s.after)) for s in steps}
+    for step in steps:
+        for parent in set(step.after):
+            children.setdefault(parent, []).append(step.id)
+    ready = [s.id for s in steps if pending[s.id] == 0]
+    order: list[str] = []
+    while ready:
+        current = ready.pop(0)
+        order.append(current)
+        for child in children.get(current, []):
+            pending[child] -= 1
+            if pending[child] == 0:
+                ready.append(child)
+    return order
+
+
+def workflow_status(statuses: Iterable[Status | str]) -> str:
+    """Failed while any step is dead; running while any step is unfinished; cancelled when
+    all finished and some cancelled; succeeded when every step succeeded."""
+    states = {Status(s) for s in statuses}
+    if Status.DEAD in states:
+        return WorkflowStatus.FAILED
+    if states - TERMINAL:
+        return WorkflowStatus.RUNNING
+    if Status.CANCELLED in states:
+        return WorkflowStatus.CANCELLED
+    return WorkflowStatus.SUCCEEDED
+
+
+def _initial_status(step: StepSpec, db_now: datetime | None) -> Status:
+    if step.after:
+        return Status.WAITING
+    if step.job.run_at is not None and db_now is not None:
+        return Status.SCHEDULED if step.job.run_at > db_now else Status.QUEUED
+    return Status.SCHEDULED if step.job.delay_s > 0 else Status.QUEUED
+
+
+def step_rows(steps: Sequence[StepSpec], db_now: datetime | None, *,
+              trace_context: str | None = None, actor: str | None = None) -> list[dict]:
+    """The insert rows of `steps`, parents first, each with a fresh job id."""
+    by_id = {s.id: s for s in steps}
+    rows = []
+    for step_id in topological(steps):
+        step = by_id[step_id]
+        job = step.job
+        rows.append({"id": new_job_id(), "type": job.type, "queue": job.queue,
+                     "payload": job.payload, "priority": job.priority,
+                     "status": _initial_status(step, db_now), "max_retries": job.max_retries,
+                     "timeout_s": job.timeout_s, "run_at": job.run_at, "delay_s": job.delay_s,
+                     "trace_context": trace_context, "actor": actor, "step": step.id,
+                     "limit_key": job.limit_key,
+                     "pending_parents": len(set(step.after))})
+    return rows
+
+
+def insert_workflow(conn: Connection, name: str, steps: Sequence[StepSpec], *,
+                    idempotency_key: str | None = None, request_hash: str | None = None,
+                    trace_context: str | None = None, actor: str | None = None,
+                    announce: bool = False) -> Submitted:
+    """Insert a workflow, its steps and their edges on `conn`, inside its transaction: all of
+    it commits with the caller's transaction or none of it does. ValueError when `steps` is
+    not a workflow (graph_errors). A workflow whose idempotency key exists is returned as
+    found (`created` False); the caller compares `request_hash`. `announce` owes the steps that
+    start now to Redis through the enqueue outbox (for a caller that cannot push after its
+    commit, as `taskline.submit_workflow`); the API pushes them itself."""
+    errors = graph_errors(steps)
+    if errors:
+        raise ValueError("; ".join(e.message for e in errors))
+    store = Store(conn.engine)
+    workflow_id = new_job_id()
+    row = store.insert_workflow(conn, id=workflow_id, name=name,
+                                idempotency_key=idempotency_key, request_hash=request_hash)
+    if row is None:
+        found = store.get_workflow_by_key(idempotency_key or "", conn)
+        if found is None:
+            raise RuntimeError(f"workflow key {idempotency_key!r} conflicted but none holds it")
+        return Submitted(found["id"], found["name"], False, {}, found["created_at"])
+    db_now = (conn.exec_driver_sql("SELECT now()").scalar_one()
+              if any(s.job.run_at is not None for s in steps) else None)
+    rows = step_rows(steps, db_now, trace_context=trace_context, actor=actor)
+    jobs = {job.step or "": job for job in store.insert_steps(conn, workflow_id, rows)}
+    store.insert_dependencies(conn, [(jobs[parent].id, jobs[step.id].id)
+                                     for step in steps for parent in sorted(set(step.after))])
+    if announce:
+        store.announce_steps(conn, [j.id for j in jobs.values() if j.status is not Status.WAITING])
+    return Submitted(workflow_id, name, True, jobs, row["created_at"])
+
+
+def step_from_dict(data: Mapping[str, Any]) -> StepSpec:
+    """A StepSpec from the JSON shape of one step (`{"id", "job", "after"}`), for in-process
+    callers (`taskline.submit_workflow`); the API validates its input field by field first."""
+    job = dict(data["job"])
+    job_fields = {k: job[k] for k in ("payload", "queue", "priority", "max_retries",
+                                      "timeout_s", "delay_s", "run_at", "limit_key")
+                  if k in job}
+    return StepSpec(str(data["id"]), StepJob(type=str(job["type"]), **job_fields),
+                    tuple(str(p) for p in data.get("after", ())))

@@ -1,0 +1,34 @@
+"""The dashboard's workflows: a submitted workflow shows its steps as they run, the pipeline
+counts steps waiting for their parents, and Cancel stops a running workflow."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from taskline.client import Client
+from tests.browser.test_dashboard import TOKEN, api_port, page, sign_in  # noqa: F401
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+def step(step_id: str, after: list[str] = (), delay_ms: int = 0) -> dict:
+    return {"id": step_id, "job": {"type": "simulate", "payload": {"sleep_s": delay_ms / 1000}},
+            "after": list(after)}
+
+
+def test_a_workflow_is_shown_step_by_step_and_can_be_cancelled(api_port: int,  # noqa: F811
+                                                               page: Page) -> None:  # noqa: F811
+    sign_in(page, api_port)
+    with Client(f"http://127.0.0.1:{api_port}", token=TOKEN) as client:
+        quick = client.submit_workflow("quick", [step("a"), step("b", ["a"])])
+        slow = client.submit_workflow("slow", [step("a", delay_ms=20_000), step("b", ["a"]),
+                                               step("c", ["b"])])
+    quick_row = page.locator(f"#workflows-body tr[data-workflow='{quick['id']}']")
+    expect(quick_row.locator(".badge").first).to_have_text("succeeded", timeout=20_000)
+    slow_row = page.locator(f"#workflows-body tr[data-workflow='{slow['id']}']")
+    expect(slow_row.get_by_label("step b: waiting")).to_be_visible()
+    expect(page.locator("#count-waiting")).to_have_text("2")
+    slow_row.get_by_role("button", name="Cancel workflow slow").click()
+    expect(slow_row.get_by_label("step b: cancelled")).to_be_visible()
+    expect(page.locator("#count-waiting")).to_have_text("0")

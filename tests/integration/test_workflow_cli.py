@@ -1,0 +1,72 @@
+"""`taskline workflow submit | status | cancel` and the Python client's workflow methods,
+against a real `taskline api` subprocess."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from taskline.client import Client, ClientError
+from taskline.settings import Settings
+from tests.integration.test_cli_client import taskline
+from tests.integration.test_client_api import start_api
+
+REPORT = {"name": "report", "steps": [
+    {"id": "fetch", "job": {"type": "echo"}},
+    *({"id": f"part{i}", "job": {"type": "echo", "payload": {"part": i}}, "after": ["fetch"]}
+      for i in range(3)),
+    {"id": "merge", "job": {"type": "echo"}, "after": ["part0", "part1", "part2"]},
+]}
+
+
+@pytest.fixture
+def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
+    yield from start_api(settings, tmp_path / "logs")
+
+
+def test_submit_status_and_cancel_from_the_command_line(api_url: str, tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(REPORT))
+    done = taskline("workflow", "submit", str(path), "--json", url=api_url)
+    assert done.returncode == 0, done.stderr
+    wf = json.loads(done.stdout)
+    statuses = {s["id"]: s["status"] for s in wf["steps"]}
+    assert statuses == {"fetch": "queued", "part0": "waiting", "part1": "waiting",
+                        "part2": "waiting", "merge": "waiting"}
+    shown = taskline("workflow", "status", wf["id"], url=api_url)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].split() == [wf["id"], "report", "running"]
+    assert lines[1].split()[:3] == ["STEP", "STATUS", "AFTER"]
+    assert any(line.split()[:3] == ["merge", "waiting", "part0,part1,part2"] for line in lines)
+    cancelled = taskline("workflow", "cancel", wf["id"], "--json", url=api_url)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+    again = taskline("workflow", "cancel", wf["id"], url=api_url)
+    assert again.returncode == 1 and "409" in again.stderr
+
+
+def test_bad_files_are_usage_errors_and_bad_graphs_api_errors(api_url: str,
+                                                              tmp_path: Path) -> None:
+    missing = taskline("workflow", "submit", str(tmp_path / "none.json"), url=api_url)
+    assert missing.returncode == 2
+    cyclic = {"name": "c", "steps": [{"id": "a", "job": {"type": "echo"}, "after": ["b"]},
+                                     {"id": "b", "job": {"type": "echo"}, "after": ["a"]}]}
+    refused = taskline("workflow", "submit", "-", url=api_url, stdin=json.dumps(cyclic))
+    assert refused.returncode == 1 and "validation_failed" in refused.stderr
+
+
+def test_client_submits_once_under_one_key_and_reads_the_list(api_url: str) -> None:
+    with Client(api_url) as client:
+        first = client.submit_workflow("report", REPORT["steps"], idempotency_key="r-1")
+        again = client.submit_workflow("report", REPORT["steps"], idempotency_key="r-1")
+        assert first["id"] == again["id"]
+        with pytest.raises(ClientError) as refused:
+            client.submit_workflow("other", REPORT["steps"], idempotency_key="r-1")
+        assert refused.value.status == 422
+        assert client.workflow(first["id"])["status"] == "running"
+        assert [w["id"] for w in client.workflows(limit=5)["workflows"]] == [first["id"]]
+        assert client.cancel_workflow(first["id"])["status"] == "cancelled"

@@ -1,0 +1,104 @@
+"""The workflow graph rules and the derived status (pure): what a workflow may be, the order
+its steps are inserted in, and how its status follows from its steps' states."""
+
+from __future__ import annotations
+
+import pytest
+
+from taskline.jobs import Status
+from taskline.settings import Settings
+from taskline.workflows import (
+    MAX_STEPS,
+    StepJob,
+    StepSpec,
+    graph_errors,
+    step_rows,
+    topological,
+    workflow_status,
+)
+from taskline_producer.workflowspec import WorkflowSpec, parse_workflow
+
+JOB = StepJob("echo")
+
+
+def step(step_id: str, *after: str) -> StepSpec:
+    return StepSpec(step_id, JOB, after)
+
+
+def test_a_diamond_is_a_workflow_inserted_parents_first() -> None:
+    steps = [step("d", "b", "c"), step("b", "a"), step("c", "a"), step("a")]
+    assert graph_errors(steps) == []
+    assert topological(steps) == ["a", "b", "c", "d"]
+    rows = step_rows(steps, None)
+    assert [(r["step"], r["status"], r["pending_parents"]) for r in rows] == [
+        ("a", Status.QUEUED, 0), ("b", Status.WAITING, 1), ("c", Status.WAITING, 1),
+        ("d", Status.WAITING, 2)]
+
+
+@pytest.mark.parametrize(("steps", "named", "text"), [
+    ([step("a", "b"), step("b", "c"), step("c", "a")], {"a", "b", "c"}, "cycle"),
+    ([step("a"), step("b", "zzz")], {"b"}, "unknown step 'zzz'"),
+    ([step("a"), step("a")], {"a"}, "repeated"),
+    ([step("a", "a")], {"a"}, "itself"),
+    ([], {None}, "1..1000"),
+    ([step(f"s{i}") for i in range(MAX_STEPS + 1)], {None}, "not 1001"),
+])
+def test_bad_graphs_name_the_step(steps, named, text) -> None:
+    errors = graph_errors(steps)
+    assert errors and {e.step for e in errors} <= named
+    assert any(text in e.message for e in errors)
+
+
+def test_a_cycle_behind_a_good_start_is_found() -> None:
+    errors = graph_errors([step("start"), step("x", "start", "y"), step("y", "x")])
+    assert [e.step for e in errors] in (["x"], ["y"])
+
+
+@pytest.mark.parametrize(("states", "expected"), [
+    (["succeeded", "succeeded"], "succeeded"),
+    (["succeeded", "running", "waiting"], "running"),
+    (["dead", "waiting"], "failed"),
+    (["dead", "cancelled"], "failed"),
+    (["succeeded", "cancelled"], "cancelled"),
+    (["cancelled", "running"], "running"),
+    (["queued"], "running"),
+])
+def test_status_is_derived_from_the_steps(states, expected) -> None:
+    assert workflow_status(states) == expected
+
+
+def test_the_api_refuses_step_keys_and_delays_after_parents_naming_the_step() -> None:
+    settings = Settings.from_env(env={})
+    body = {"name": "w", "steps": [
+        {"id": "a", "job": {"type": "echo", "idempotency_key": "k"}},
+        {"id": "b", "job": {"type": "echo", "delay_s": 5}, "after": ["a"]},
+        {"id": "c", "after": ["a"]},
+        {"id": "d", "job": {"type": "echo", "priority": 99}}]}
+    errors = parse_workflow(body, settings)
+    assert not isinstance(errors, WorkflowSpec)
+    fields = [e.field for e in errors]
+    assert fields == ["steps[0] (a).job.idempotency_key", "steps[1] (b).job", "steps[2] (c).job",
+                      "steps[3] (d).job.priority"]
+
+
+def test_the_api_names_the_step_of_a_graph_error_and_takes_the_key_once() -> None:
+    settings = Settings.from_env(env={})
+    cyclic = {"name": "w", "steps": [{"id": "a", "job": {"type": "echo"}, "after": ["b"]},
+                                     {"id": "b", "job": {"type": "echo"}, "after": ["a"]}]}
+    errors = parse_workflow(cyclic, settings)
+    assert [e.field for e in errors] == ["steps[0] (a)"]
+    ok = {"name": "w", "idempotency_key": "k1", "steps": [{"id": "a", "job": {"type": "echo"}}]}
+    spec = parse_workflow(ok, settings, header_key="k1")
+    assert isinstance(spec, WorkflowSpec) and spec.idempotency_key == "k1" and spec.request_hash
+    clash = parse_workflow(ok, settings, header_key="k2")
+    assert [e.field for e in clash] == ["idempotency_key"]
+
+
+def test_the_releasing_settle_is_settle_verbatim_then_the_release() -> None:
+    from taskline.store.queries import load_queries
+
+    queries = {name: str(q) for name, q in load_queries().items()}
+    settle, releasing = queries["settle"], queries["settle_releasing"]
+    ctes = settle[:settle.rindex("\nSELECT ")]
+    assert releasing.startswith(ctes + ", finished AS (")
+    assert "FOR UPDATE OF j" in releasing and "ORDER BY j.id" in releasing
