@@ -16,7 +16,7 @@ either release still finds it (a queued job missing from Redis is pushed), so no
 and the first new maintenance instance drains the outbox at its start.
 
 Revision ID: 0008
-Revises: 0005
+Revises: 0007
 Create Date: 2026-12-01 12:30:00
 """
 
@@ -25,7 +25,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = '0008'
-down_revision = '0005'
+down_revision = '0007'
 branch_labels = None
 depends_on = None
 
