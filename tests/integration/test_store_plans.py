@@ -144,3 +144,12 @@ def test_events_and_leases_of_a_deleted_job_are_found_by_job_id_indexes(store: S
     assert {("job_events", "job_id"), ("job_leases", "job_id"),
             ("dead_letter_jobs", "job_id")} <= leading
     assert {r[0] for r in cascades} == {"job_events", "job_leases", "dead_letter_jobs"}
+
+
+def test_the_claim_from_postgresql_reads_the_claim_index_in_order(store: Store):
+    insert_queued(store, QUEUED)
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE jobs"))
+    shown = plan(store, "due_queued_ids", {"queue": "default", "limit": 50})
+    assert "jobs_claimable" in shown
+    assert "Sort" not in shown and "Seq Scan on jobs" not in shown

@@ -143,6 +143,22 @@ WITH claimed AS (
 SELECT claimed.*, leases.lease_id, leases.leased_until
 FROM claimed JOIN leases ON leases.job_id = claimed.id;
 
+-- name: due_queued_ids
+-- The most urgent queued jobs of one queue, FIFO within a priority, locked until the caller's
+-- transaction ends and skipping those another claimer holds: the candidates claim_jobs is given
+-- when PostgreSQL chooses them (dispatch from PostgreSQL while Redis is unreachable). Read
+-- through jobs_claimable, so the cost is the rows returned, however many jobs are queued.
+SELECT id FROM jobs
+WHERE status = 'queued' AND queue = :queue
+ORDER BY priority DESC, created_at, id
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+-- name: notify_ready
+-- Wake the workers that dispatch from PostgreSQL: one notification per queue whose jobs became
+-- queued while Redis could not be told (the payload is the queue's name).
+SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])) AS queue;
+
 -- name: renew_leases
 -- Extend the live leases this worker holds; returns each kept lease and its job's cancel flag.
 UPDATE live_leases l
