@@ -25,6 +25,7 @@ from taskline_maintenance.depths import DepthGauges
 from taskline_maintenance.leader import Leader, leader_ttl
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reaper import Reaper
+from taskline_maintenance.rebuilder import Rebuilder
 from taskline_maintenance.reconciler import Reconciler
 from taskline_maintenance.retention import Retention
 
@@ -44,6 +45,7 @@ class Maintenance:
         self.reaper = Reaper(store, dispatcher, settings, types=types, queues=queues)
         self.promoter = Promoter(store, dispatcher, settings, queues=queues)
         self.reconciler = Reconciler(store, dispatcher, settings, queues=queues)
+        self.rebuilder = Rebuilder(store, dispatcher, self.reconciler)
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
         self.audit_retention = AuditRetention(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
@@ -54,7 +56,8 @@ class Maintenance:
     def start(self) -> None:
         self._spawn("leader", lambda: self.leader.run(self._stop))
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
-                                ("reconciler", self.reconciler), ("depths", self.depths),
+                                ("reconciler", self.reconciler), ("rebuilder", self.rebuilder),
+                                ("depths", self.depths),
                                 ("audit_retention", self.audit_retention),
                                 ("retention", self.retention)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
@@ -111,7 +114,8 @@ def run(settings: Settings, metrics_port: int) -> int:
     metrics.serve(metrics_port)
     store = Store.connect(settings.database_url, pool_size=4,
                           application_name="taskline-maintenance")
-    dispatcher = Dispatcher(settings.redis_url)
+    # The breaker keeps a Redis outage from costing every pass a timeout (promoter, reaper).
+    dispatcher = Dispatcher(settings.redis_url, breaker=True)
     service = Maintenance(store, dispatcher, settings, types=type_labels(settings))
     service.start()
     log.info("maintenance started", extra={"action": "startup", "holder": service.leader.holder,

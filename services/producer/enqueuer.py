@@ -8,8 +8,9 @@ round trip) unless it is a batch with idempotency keys, whose replay check may r
 after part of it was inserted: that runs in one transaction, rolled back whole. (The store
 writes a large batch without keys by COPY instead, also in one transaction:
 taskline.store.bulk.) Redis hears of a job only after the commit, so Redis never holds an id
-PostgreSQL does not. A failed push after the commit loses nothing: the job is durable and
-reconciliation pushes it within its interval. An idempotency key names one request body per
+PostgreSQL does not. A failed push after the commit loses nothing: the job is durable, the
+workers claiming from PostgreSQL while Redis is out are notified (taskline.readiness), and the
+rebuild after Redis returns (or reconciliation) pushes it. An idempotency key names one request body per
 queue: the unique index makes concurrent duplicates insert one row, and a replay with another
 body is refused.
 """
@@ -25,8 +26,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.errors import IdempotencyConflict
+from taskline.errors import DispatchUnavailable, IdempotencyConflict
 from taskline.jobs import Job, Status, new_job_id
 from taskline.log import job_fields as job_log_extra
 from taskline.store.store import STATEMENT_ERRORS, Store
@@ -194,7 +196,17 @@ class Enqueuer:
                                due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
                      for j in jobs]
         try:
-            self._dispatcher.follow(committed)
+            readiness.follow(self._dispatcher, self._store, committed)
+        except DispatchUnavailable as err:
+            # Committed, and the workers claiming from PostgreSQL were notified; the rebuild
+            # after Redis returns pushes the ids. While the breaker is open (Redis known
+            # down) the push was not even tried: one line per request would flood the log.
+            breaker = self._dispatcher.breaker
+            level = logging.DEBUG if breaker is not None and breaker.open else logging.WARNING
+            log.log(level, "jobs accepted but not pushed to Redis; workers claim them from "
+                    "PostgreSQL", extra={"action": "enqueue", "jobs": len(jobs),
+                                         "job_id": str(jobs[0].id) if jobs else None,
+                                         "error": str(err)})
         except Exception:
             # Whatever Redis said, the jobs are committed; reconciliation restores them.
             log.warning("jobs accepted but not pushed to Redis; reconciliation will push them",

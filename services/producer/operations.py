@@ -1,7 +1,8 @@
 """The operations blueprint: the dead-letter queue, the worker registry and queue depths.
 
 Invariant: read-only. Counts come from PostgreSQL (the truth); Redis depths are reported beside
-them for the queues either side knows, so an operator sees drift between the two at a glance.
+them for the queues either side knows, so an operator sees drift between the two at a glance,
+and are null (with the dispatch mode `postgres`) while Redis is unreachable.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 
 from taskline.dispatch.keys import valid_queue_name
+from taskline.errors import DispatchUnavailable
 from taskline_producer import paging, shapes
 from taskline_producer.backends import backends
+from taskline_producer.dispatch_state import dispatch_state, unreachable
 
 bp = Blueprint("operations", __name__, url_prefix="/api/v1")
 
@@ -37,9 +40,17 @@ def list_workers() -> Response:
 
 @bp.get("/queues")
 def list_queues() -> Response:
+    """Counts from PostgreSQL always; Redis depths and the dispatch mode beside them, which
+    say `postgres` rather than fail while Redis is unreachable."""
     b = backends()
     counts = list(b.store.queue_counts())
-    names = b.dispatcher.known_queues() | {row.queue for row in counts}
-    depths = {name: b.dispatcher.depths(name) for name in sorted(names)
-              if valid_queue_name(name)}
-    return jsonify({"queues": shapes.queues(counts, depths)})
+    dispatch = dispatch_state(b.store, b.dispatcher)
+    depths = None
+    if dispatch["redis"] == "ok":
+        try:
+            names = b.dispatcher.known_queues() | {row.queue for row in counts}
+            depths = {name: b.dispatcher.depths(name) for name in sorted(names)
+                      if valid_queue_name(name)}
+        except DispatchUnavailable:
+            dispatch = unreachable()
+    return jsonify({"queues": shapes.queues(counts, depths), "dispatch": dispatch})

@@ -64,12 +64,15 @@ def worker(row: Mapping[str, Any]) -> dict[str, Any]:
                                        "active_jobs", "job_ids")}
 
 
-def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]]) -> list[dict]:
-    """Per queue: PostgreSQL counts by status and by priority, and Redis depths."""
-    names = sorted(set(depths) | {row.queue for row in counts})
+def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]] | None) -> list[dict]:
+    """Per queue: PostgreSQL counts by status and by priority, and Redis depths (None: Redis
+    unreachable, so `redis` is null)."""
+    counts = list(counts)
+    names = sorted(set(depths or ()) | {row.queue for row in counts})
     by_queue: dict[str, dict[str, Any]] = {
         name: {"name": name, "counts": dict.fromkeys(STATUSES, 0), "priorities": {},
-               "redis": _redis_depths(depths.get(name))} for name in names}
+               "redis": None if depths is None else _redis_depths(depths.get(name))}
+        for name in names}
     for row in counts:
         entry = by_queue[row.queue]
         entry["counts"][row.status] += row.n
