@@ -10,9 +10,9 @@ writes a large batch without keys by COPY instead, also in one transaction:
 taskline.store.bulk.) Redis hears of a job only after the commit, so Redis never holds an id
 PostgreSQL does not. A failed push after the commit loses nothing: the job is durable, the
 workers claiming from PostgreSQL while Redis is out are notified (taskline.readiness), and the
-rebuild after Redis returns (or reconciliation) pushes it. An idempotency key names one request body per
-queue: the unique index makes concurrent duplicates insert one row, and a replay with another
-body is refused.
+rebuild after Redis returns (or reconciliation) pushes it. An idempotency key names one
+request body per queue: the unique index makes concurrent duplicates insert one row, and a
+replay with another body is refused.
 """
 
 from __future__ import annotations
