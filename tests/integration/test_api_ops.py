@@ -147,11 +147,29 @@ def test_postgresql_unreachable_is_503_with_retry_after(make_app: Any, closed_po
     assert dispatcher.known_queues() == set()  # nothing accepted, nothing pushed
 
 
-def test_redis_unreachable_on_queues_is_503(make_app: Any, closed_port: int) -> None:
+def test_redis_unreachable_on_queues_reports_the_postgres_mode(make_app: Any, closed_port: int,
+                                                               store: Store) -> None:
     client = make_app(redis_url=f"redis://127.0.0.1:{closed_port}/0")
+    assert client.post("/api/v1/jobs", json={"type": "echo"}).status_code == 201
     r = client.get("/api/v1/queues")
-    assert_error(r, 503, "dispatch_unavailable")
-    assert r.headers["Retry-After"] == "5"
+    assert r.status_code == 200
+    body = r.get_json()
+    assert body["dispatch"] == {"mode": "postgres", "redis": "unreachable",
+                                "rebuilt_age_s": None}
+    (queue,) = body["queues"]
+    assert queue["counts"]["queued"] == 1 and queue["redis"] is None
+
+
+def test_queues_report_the_redis_mode_while_the_rebuild_marker_is_fresh(
+        client: FlaskClient, store: Store, dispatcher) -> None:
+    assert client.get("/api/v1/queues").get_json()["dispatch"]["mode"] == "rebuilding"
+    now_ms = int(store.now().timestamp() * 1000)
+    dispatcher.set_dispatch_marker(f"t:{now_ms}")
+    dispatch = client.get("/api/v1/queues").get_json()["dispatch"]
+    assert dispatch["mode"] == "redis" and dispatch["redis"] == "ok"
+    assert 0 <= dispatch["rebuilt_age_s"] < 5
+    dispatcher.set_dispatch_marker(f"t:{now_ms - 60_000}")  # an old snapshot's marker
+    assert client.get("/api/v1/queues").get_json()["dispatch"]["mode"] == "rebuilding"
 
 
 def test_redis_unreachable_cancel_and_retry_still_change_postgresql(
