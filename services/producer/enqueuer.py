@@ -195,18 +195,19 @@ class Enqueuer:
         committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
                                due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
                      for j in jobs]
+        breaker = self._dispatcher.breaker
+        known_down = breaker is not None and breaker.open
         try:
             readiness.follow(self._dispatcher, self._store, committed)
         except DispatchUnavailable as err:
             # Committed, and the workers claiming from PostgreSQL were notified; the rebuild
             # after Redis returns pushes the ids. While the breaker is open (Redis known
             # down) the push was not even tried: one line per request would flood the log.
-            breaker = self._dispatcher.breaker
-            level = logging.DEBUG if breaker is not None and breaker.open else logging.WARNING
-            log.log(level, "jobs accepted but not pushed to Redis; workers claim them from "
-                    "PostgreSQL", extra={"action": "enqueue", "jobs": len(jobs),
-                                         "job_id": str(jobs[0].id) if jobs else None,
-                                         "error": str(err)})
+            log.log(logging.DEBUG if known_down else logging.WARNING,
+                    "jobs accepted but not pushed to Redis; workers claim them from PostgreSQL "
+                    "and reconciliation pushes them when Redis returns",
+                    extra={"action": "enqueue", "jobs": len(jobs),
+                           "job_id": str(jobs[0].id) if jobs else None, "error": str(err)})
         except Exception:
             # Whatever Redis said, the jobs are committed; reconciliation restores them.
             log.warning("jobs accepted but not pushed to Redis; reconciliation will push them",
