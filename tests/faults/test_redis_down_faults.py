@@ -16,10 +16,22 @@ from collections import Counter
 import pytest
 
 from taskline.dispatch.keys import QueueKeys
-from tests.faults.test_server_faults import acked, assert_ran_once, load, wait_acked
+from tests.faults.test_server_faults import WORK, acked, assert_ran_once, wait_acked
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.faults
+
+PACE_S = 0.05
+"""Pause of each producer thread between enqueues: about 40 jobs a second, a load that lasts
+as long as the scenario does."""
+
+
+def load(run, sleep_s: float = 0.05):
+    """Two producer threads enqueuing fault.work jobs at a steady pace until the block ends."""
+    def make(_i: int):
+        time.sleep(PACE_S)
+        return run.workload.enqueue(WORK, {"sleep_s": sleep_s})
+    return run.workload.background(make, threads=2, limit=5000)
 
 
 def switches(run, mode: str) -> list[dict]:
