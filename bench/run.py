@@ -14,6 +14,9 @@ Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
            [--soak-s S] [--soak-window-s S] [--soak-sample-s S] [--soak-pairs N]
            [--out bench-results/latest.json]
+`drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
+PostgreSQL) in interleaved pairs and prints the share; `pickup_redis_down` is an idle worker's
+pickup while neither it nor the API reaches Redis.
 `--only retention` (never part of a run without --only: it lasts about half an hour) runs the
 retention soak at half the 2-worker drain rate with TASKLINE_RETAIN_SUCCEEDED_S=60, then drains
 with retention on and off in interleaved pairs (docs/performance.md, "Retention soak").
@@ -39,6 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # bench/ is put on the path first: its modules import each other by name.
+import degraded
 import peers
 import scenarios as sc
 from stack import ROOT, Stack, open_stack
@@ -98,6 +102,8 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
         "reconcile_100k_pending": lambda s: sc.reconcile(s, 100_000),
         # Normal requests' latency (ms) while 1,000 slow or half-open connections are held.
         "slow_clients_1000": lambda s: sc.slow_clients(s, 1000),
+        # Dispatch from PostgreSQL: an idle worker's pickup (ms) with Redis unreachable.
+        "pickup_redis_down": degraded.pickup_redis_down,
     }
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)
@@ -277,6 +283,11 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         if stack.group_sizes:  # single enqueues: jobs per statement (group commit), per run
             results[name + "_mean_group_size"] = list(stack.group_sizes)
             show(name + "_mean_group_size", stack.group_sizes)
+    if not only or "drain_redis_down" in only:
+        # Interleaved pairs: 2-worker drains with Redis and with Redis unreachable.
+        results["drain_redis_down"] = degraded.drain_pairs(stack, args.jobs, args.repeat)
+        for name, value in results["drain_redis_down"].items():
+            show(f"drain_redis_down {name}", value)
     peak = results.get("side_by_side", {}).get("taskline", {}).get("median")
     if peak and (not only or "steady_latency" in only):
         results["steady_latency_50pct"] = measure(
