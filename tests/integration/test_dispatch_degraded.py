@@ -6,16 +6,19 @@ and the return to Redis only once Redis is rebuilt."""
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 
+from taskline import readiness, transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys, dispatch_marker_ms
 from taskline.errors import DispatchUnavailable
 from taskline.readiness import CHANNEL
 from taskline.store.store import Store
+from taskline.transitions import Committed
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.rebuilder import Rebuilder
 from taskline_maintenance.reconciler import Reconciler
@@ -184,3 +187,19 @@ def test_the_rebuilder_renews_its_marker_and_rebuilds_a_redis_that_lost_it(store
     dispatcher.set_dispatch_marker(first)  # restored from an older snapshot
     assert rebuilder.run_once().state == "rebuilt"
     assert dispatcher.dispatch_marker() != first
+
+
+def test_a_failed_follow_notifies_the_queues_of_jobs_made_queued(settings, store,
+                                                                  unused_port) -> None:
+    dead = Dispatcher(f"redis://127.0.0.1:{unused_port}/0", breaker=True)
+    changes = [Committed(transitions.HAND_BACK, str(uuid.uuid4()), "mail", 5, worker_id="w1"),
+               Committed(transitions.CANCEL, str(uuid.uuid4()), "bulk", 5)]
+    with psycopg.connect(settings.database_url, autocommit=True) as listen:
+        listen.execute(f"LISTEN {CHANNEL}")
+        try:
+            with pytest.raises(DispatchUnavailable):
+                readiness.follow(dead, store, changes)
+        finally:
+            dead.close()
+        notes = list(listen.notifies(timeout=1, stop_after=2))
+    assert [n.payload for n in notes] == ["mail"]  # a cancel makes nothing ready
