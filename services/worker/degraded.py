@@ -125,6 +125,8 @@ class DispatchMode:
         self._since_ms = 0
         self._listener: Listener | None = None
         DISPATCH_DEGRADED.labels(worker_id).set(0)
+        for mode in Mode:  # rare: exported as 0 from the start, not "no data"
+            DISPATCH_SWITCHES.labels(to=mode.value)
 
     @property
     def degraded(self) -> bool:
