@@ -20,6 +20,7 @@ from taskline.readiness import CHANNEL
 from taskline.store.store import Store
 from taskline.transitions import Committed
 from taskline_maintenance.promoter import Promoter
+from taskline_maintenance.reaper import Reaper
 from taskline_maintenance.rebuilder import Rebuilder
 from taskline_maintenance.reconciler import Reconciler
 from taskline_producer.app import close_app, create_app
@@ -203,3 +204,20 @@ def test_a_failed_follow_notifies_the_queues_of_jobs_made_queued(settings, store
             dead.close()
         notes = list(listen.notifies(timeout=1, stop_after=2))
     assert [n.payload for n in notes] == ["mail"]  # a cancel makes nothing ready
+
+
+def test_the_reaper_recovers_and_notifies_while_redis_is_down(settings, store, dispatcher,
+                                                              unused_port) -> None:
+    job = enqueue(store, dispatcher, push=False)
+    (claimed,) = store.claim_jobs([job.id], "gone-worker", 0.05)
+    dead = Dispatcher(f"redis://127.0.0.1:{unused_port}/0", breaker=True)
+    with psycopg.connect(settings.database_url, autocommit=True) as listen:
+        listen.execute(f"LISTEN {CHANNEL}")
+        try:
+            wait_for(lambda: Reaper(store, dead, settings).run_once().requeued == 1,
+                     message="the expired lease recovered")
+        finally:
+            dead.close()
+        notes = list(listen.notifies(timeout=2, stop_after=1))
+    assert status(store, claimed.job.id) == "queued"
+    assert [n.payload for n in notes] == ["default"]
