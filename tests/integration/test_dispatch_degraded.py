@@ -221,3 +221,21 @@ def test_the_reaper_recovers_and_notifies_while_redis_is_down(settings, store, d
         notes = list(listen.notifies(timeout=2, stop_after=1))
     assert status(store, claimed.job.id) == "queued"
     assert [n.payload for n in notes] == ["default"]
+
+
+def test_a_worker_started_while_redis_is_down_runs_the_most_urgent_first(private_settings,
+                                                                         private_store,
+                                                                         private_redis):
+    dispatcher = Dispatcher(private_redis.url)
+    try:
+        for tag, priority in [("low", 2), ("high-1", 7), ("critical", 9), ("high-2", 7),
+                              ("normal", 5)]:
+            enqueue(private_store, dispatcher, "t.record", {"tag": tag}, priority=priority,
+                    push=False)
+    finally:
+        dispatcher.close()
+    private_redis.kill()
+    with running_worker(private_settings, concurrency=1) as worker:
+        wait_for(lambda: len(th.tags()) == 5, message="5 jobs run")
+        assert worker.mode.degraded
+    assert th.tags() == ["critical", "high-1", "high-2", "normal", "low"]
