@@ -86,6 +86,13 @@ QUEUES = (
           "a rising line is a queue that is not draining (alert at 5m).",
           (Query("max by (queue) (job_oldest_ready_age_seconds)", "{{queue}}"),), unit="s",
           width=12, thresholds=(60, 300)),
+    Chart("Paused queues", "1 while a queue is paused: its jobs wait, none starts (alert when "
+          "paused with a backlog for 1h).",
+          (Query("max by (queue) (taskline_queue_paused)", "{{queue}}"),), width=12),
+    Chart("Ids held back by a pause", "Fetched ids a worker handed back because the claim found "
+          "their queue paused: a burst right after a pause, or after Redis lost a pause marker.",
+          (Query("sum by (queue) (rate(taskline_queue_pause_held_total[5m]))", "{{queue}}"),),
+          unit="ops", width=12),
 )
 
 THROUGHPUT = (

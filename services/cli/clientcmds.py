@@ -129,6 +129,20 @@ def _print_queues(data: dict[str, Any]) -> None:
 
 
 @client_command
+def cmd_pause(args: argparse.Namespace, client: Client) -> int:
+    state = client.pause_queue(args.queue)
+    _emit(args, state, lambda: print(f"{state['name']} paused since {state['paused_at']}"))
+    return EXIT_OK
+
+
+@client_command
+def cmd_resume(args: argparse.Namespace, client: Client) -> int:
+    state = client.resume_queue(args.queue)
+    _emit(args, state, lambda: print(f"{state['name']} resumed"))
+    return EXIT_OK
+
+
+@client_command
 def cmd_audit(args: argparse.Namespace, client: Client) -> int:
     page = client.audit(actor=args.actor, action=args.action, limit=args.limit,
                         cursor=args.cursor)
@@ -181,7 +195,7 @@ DLQ_COLUMNS = (("ID", "job.id"), ("TYPE", "job.type"), ("QUEUE", "job.queue"),
 WORKER_COLUMNS = (("ID", "id"), ("HOST", "hostname"), ("PID", "pid"), ("QUEUES", "queues"),
                   ("CONCURRENCY", "concurrency"), ("ACTIVE", "active_jobs"),
                   ("HEARTBEAT AGE S", "heartbeat_age_s"), ("STARTED", "started_at"))
-QUEUE_COLUMNS = (("QUEUE", "name"), ("SCHEDULED", "counts.scheduled"),
+QUEUE_COLUMNS = (("QUEUE", "name"), ("PAUSED", "paused"), ("SCHEDULED", "counts.scheduled"),
                  ("QUEUED", "counts.queued"), ("RETRYING", "counts.retrying"),
                  ("RUNNING", "counts.running"), ("DEAD", "counts.dead"),
                  ("REDIS READY", "redis.ready_total"), ("REDIS PROCESSING", "redis.processing"))
@@ -318,6 +332,16 @@ def _audit_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
                    help="the name and scopes of the token").set_defaults(fn=cmd_whoami)
 
 
+def _pause_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    pause = sub.add_parser("pause", parents=[common],
+                           help="pause a queue: workers start none of its jobs until resumed")
+    pause.add_argument("queue", help="queue name")
+    pause.set_defaults(fn=cmd_pause)
+    resume = sub.add_parser("resume", parents=[common], help="resume a paused queue")
+    resume.add_argument("queue", help="queue name")
+    resume.set_defaults(fn=cmd_resume)
+
+
 def add_client_commands(sub: argparse._SubParsersAction) -> None:
     """Register the client commands on the `taskline` parser's subcommands."""
     common = _connection_options()
@@ -331,4 +355,5 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     _dlq_parser(sub, common)
     sub.add_parser("workers", parents=[common], help="live workers").set_defaults(fn=cmd_workers)
     sub.add_parser("queues", parents=[common], help="depth per queue").set_defaults(fn=cmd_queues)
+    _pause_parsers(sub, common)
     _audit_parser(sub, common)

@@ -23,6 +23,7 @@ from taskline.store.store import Store
 from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.depths import DepthGauges
 from taskline_maintenance.leader import Leader, leader_ttl
+from taskline_maintenance.pauses import PauseMarkers
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reaper import Reaper
 from taskline_maintenance.rebuilder import Rebuilder
@@ -47,6 +48,7 @@ class Maintenance:
         self.reconciler = Reconciler(store, dispatcher, settings, queues=queues)
         self.rebuilder = Rebuilder(store, dispatcher, self.reconciler)
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
+        self.pauses = PauseMarkers(store, dispatcher, queues=queues)
         self.audit_retention = AuditRetention(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
         self.retention = Retention(store, dispatcher, settings, active=self.leader.holds)
@@ -57,7 +59,7 @@ class Maintenance:
         self._spawn("leader", lambda: self.leader.run(self._stop))
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
                                 ("reconciler", self.reconciler), ("rebuilder", self.rebuilder),
-                                ("depths", self.depths),
+                                ("depths", self.depths), ("pauses", self.pauses),
                                 ("audit_retention", self.audit_retention),
                                 ("retention", self.retention)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
@@ -81,6 +83,7 @@ class Maintenance:
                         extra={"action": "shutdown"})
         self.leader.release()
         self.depths.clear()
+        self.pauses.clear()
 
 
 def type_labels(settings: Settings) -> TypeLabels:

@@ -23,6 +23,7 @@ from taskline_producer import (
     health,
     jobs,
     operations,
+    pauses,
     request_metrics,
 )
 from taskline_producer.backends import Backends
@@ -49,7 +50,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     errors.init_app(app)
     events.init_app(app)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
-                      auth.bp, audit.bp):
+                      auth.bp, audit.bp, pauses.bp):
         app.register_blueprint(blueprint)
     return app
 

@@ -1,8 +1,9 @@
 """The operations blueprint: the dead-letter queue, the worker registry and queue depths.
 
-Invariant: read-only. Counts come from PostgreSQL (the truth); Redis depths are reported beside
-them for the queues either side knows, so an operator sees drift between the two at a glance,
-and are null (with the dispatch mode `postgres`) while Redis is unreachable.
+Invariant: read-only (pausing a queue is taskline_producer.pauses). Counts come from
+PostgreSQL (the truth); Redis depths are reported beside them for the queues either side knows,
+so an operator sees drift between the two at a glance, and are null (with the dispatch mode
+`postgres`) while Redis is unreachable.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ def list_queues() -> Response:
     say `postgres` rather than fail while Redis is unreachable."""
     b = backends()
     counts = list(b.store.queue_counts())
+    paused = b.store.paused_queues()
     dispatch = dispatch_state(b.store, b.dispatcher)
     depths = None
     if dispatch["redis"] == "ok":
         try:
-            names = b.dispatcher.known_queues() | {row.queue for row in counts}
+            names = b.dispatcher.known_queues() | {row.queue for row in counts} | set(paused)
             depths = {name: b.dispatcher.depths(name) for name in sorted(names)
                       if valid_queue_name(name)}
         except DispatchUnavailable:
             dispatch = unreachable()
-    return jsonify({"queues": shapes.queues(counts, depths), "dispatch": dispatch})
+    return jsonify({"queues": shapes.queues(counts, depths, paused), "dispatch": dispatch})

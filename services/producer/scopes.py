@@ -27,6 +27,8 @@ ROUTE_SCOPES: dict[str, str] = {
     "apidoc.openapi": READ,
     "access.whoami": ANY_SCOPE,
     "audit.list_audit": OPERATE,
+    "pauses.pause_queue": OPERATE,
+    "pauses.resume_queue": OPERATE,
 }
 
 

@@ -64,13 +64,16 @@ def worker(row: Mapping[str, Any]) -> dict[str, Any]:
                                        "active_jobs", "job_ids")}
 
 
-def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]] | None) -> list[dict]:
-    """Per queue: PostgreSQL counts by status and by priority, and Redis depths (None: Redis
-    unreachable, so `redis` is null)."""
+def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]] | None,
+           paused: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict]:
+    """Per queue: whether it is paused, PostgreSQL counts by status and by priority, and Redis
+    depths (None: Redis unreachable, so `redis` is null)."""
     counts = list(counts)
-    names = sorted(set(depths or ()) | {row.queue for row in counts})
+    paused = paused or {}
+    names = sorted(set(depths or ()) | {row.queue for row in counts} | set(paused))
     by_queue: dict[str, dict[str, Any]] = {
-        name: {"name": name, "counts": dict.fromkeys(STATUSES, 0), "priorities": {},
+        name: {"name": name, **pause_state(paused.get(name)), "counts": dict.fromkeys(STATUSES, 0),
+               "priorities": {},
                "redis": None if depths is None else _redis_depths(depths.get(name))}
         for name in names}
     for row in counts:
@@ -79,6 +82,12 @@ def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]] | None
         level = entry["priorities"].setdefault(str(row.priority), dict.fromkeys(STATUSES, 0))
         level[row.status] += row.n
     return [by_queue[name] for name in names]
+
+
+def pause_state(row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`paused`, since when and by whom, from a queue_pauses row (None: not paused)."""
+    return {"paused": row is not None, "paused_at": plain(row["paused_at"]) if row else None,
+            "paused_by": row["actor"] if row else None}
 
 
 def _redis_depths(depth: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, StoreUnavailable
-from taskline.metrics import CLAIM_CONFLICTS, WAIT_TIME, CachedLabels, TypeLabels
+from taskline.metrics import CLAIM_CONFLICTS, PAUSE_HELD, WAIT_TIME, CachedLabels, TypeLabels
 from taskline.service import guarded
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
@@ -279,6 +279,10 @@ class FetchLoop:
         return won
 
     def _drop(self, losers: Fetched) -> None:
+        """Ack away the ids lost to another claimer; hand back those a pause holds."""
+        if not losers:
+            return
+        losers = self._hold_paused(losers)
         for queue, _ in losers:
             CLAIM_CONFLICTS.labels(queue).inc()
         if not losers:
@@ -288,6 +292,31 @@ class FetchLoop:
         except DispatchUnavailable as err:
             log.warning("could not ack ids lost at claim; reconciliation removes them",
                         extra={"action": "claim_conflict", "error": str(err)})
+
+    def _hold_paused(self, losers: Fetched) -> Fetched:
+        """Put ids of paused queues back in their ready lists; returns the others.
+
+        Runs only when a claim took fewer ids than fetched, so the normal path pays nothing.
+        The fetch script takes nothing from a queue whose pause marker is set, so this happens
+        only around a pause or after Redis lost the marker; hold_back restores it briefly.
+        """
+        try:
+            held = {str(r.id): (r.queue, r.priority) for r in
+                    self._store.held_by_pause([job_id for _, job_id in losers])}
+        except StoreUnavailable as err:
+            self._fence.trip(f"pause check failed: {err}")  # recovery sweeps the ids back
+            return []
+        if not held:
+            return losers
+        ordered = [(*held[job_id], job_id) for _, job_id in losers if job_id in held]
+        for queue, _, _ in ordered:
+            PAUSE_HELD.labels(queue).inc()
+        try:
+            self._dispatcher.hold_back(ordered, self._worker_id)
+        except DispatchUnavailable as err:
+            log.warning("could not hand back ids of a paused queue; reconciliation does",
+                        extra={"action": "pause_hold", "error": str(err)})
+        return [(queue, job_id) for queue, job_id in losers if job_id not in held]
 
     def _observe_wait(self, winners: list[Claimed]) -> None:
         for claimed in winners:

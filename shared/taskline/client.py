@@ -153,6 +153,14 @@ class Client:
         """The name and scopes of the token this client sends."""
         return self._call("GET", "/whoami")
 
+    def pause_queue(self, queue: str) -> dict[str, Any]:
+        """Pause a queue (needs jobs:operate): within 1 s no worker starts a new job of it."""
+        return self._call("POST", f"/queues/{_segment(queue)}/pause")
+
+    def resume_queue(self, queue: str) -> dict[str, Any]:
+        """Resume a paused queue (needs jobs:operate)."""
+        return self._call("POST", f"/queues/{_segment(queue)}/resume")
+
     def wait(self, job_id: str | uuid.UUID, timeout: float = 60.0,
              poll: float = 0.2) -> dict[str, Any]:
         """Poll until the job is succeeded, dead or cancelled; TimeoutError after `timeout`."""
@@ -247,6 +255,6 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
     return {k: v for k, v in spec.items() if v is not None}
 
 
-def _segment(job_id: str | uuid.UUID) -> str:
-    """A job id as one path segment: `../` in an id cannot reach another endpoint."""
-    return quote(str(job_id), safe="")
+def _segment(value: str | uuid.UUID) -> str:
+    """A job id or a name as one path segment: `../` in it cannot reach another endpoint."""
+    return quote(str(value), safe="")

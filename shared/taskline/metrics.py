@@ -60,6 +60,15 @@ SCHEDULED_DEPTH = Gauge("job_scheduled_queue_depth", "Delayed jobs not yet due",
 DLQ_DEPTH = Gauge("job_dlq_depth", "Dead-lettered jobs", ["queue"], multiprocess_mode="livemax")
 OLDEST_READY = Gauge("job_oldest_ready_age_seconds", "Age of the oldest queued job", ["queue"],
                      multiprocess_mode="livemax")
+# Queue pause (maintenance only, from PostgreSQL's queue_pauses), and ids workers handed back
+# because the claim found their queue paused.
+QUEUE_PAUSED = Gauge("taskline_queue_paused", "1 while the queue is paused", ["queue"],
+                     multiprocess_mode="livemax")
+QUEUE_PAUSED_SINCE = Gauge("taskline_queue_paused_since_timestamp_seconds",
+                           "When the queue was paused (Unix time)", ["queue"],
+                           multiprocess_mode="livemax")
+PAUSE_HELD = Counter("taskline_queue_pause_held_total",
+                     "Fetched ids handed back to Redis because their queue is paused", ["queue"])
 # Retention (maintenance only; `status` is succeeded, cancelled or dead). The retention gauge
 # carries the setting so an alert can compare the oldest age with it.
 RETENTION_DELETED = Counter("taskline_retention_deleted_total",

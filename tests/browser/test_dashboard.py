@@ -177,3 +177,22 @@ def test_flood_watch_requeue_and_history(api_port: int, page: Page) -> None:
         README_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(README_SCREENSHOT))
+
+
+def test_pause_and_resume_a_queue_from_its_row(api_port: int, page: Page) -> None:
+    sign_in(page, api_port)
+    flood(page, 5, failure_pct=0, duration_ms=0)
+    watch_succeeded(page, 5)
+    row = page.locator('#queues-body tr[data-queue="default"]')
+    row.locator("button.pause").click()
+    expect(page.locator("#notice")).to_have_text("Queue default paused.")
+    expect(row).to_contain_text("paused")
+    flood(page, 10, failure_pct=0, duration_ms=0)
+    expect(page.locator("#count-queued")).to_have_text("10")
+    page.wait_for_timeout(1500)
+    assert count(page, "succeeded") == 5, "a job ran while its queue was paused"
+    shot(page, "5-paused")
+    row.locator("button.resume").click()
+    expect(page.locator("#notice")).to_have_text("Queue default resumed.")
+    watch_succeeded(page, 15)
+    expect(row).to_contain_text("running")

@@ -97,3 +97,14 @@ def test_a_locked_candidate_is_skipped_not_waited_for(store: Store, dispatcher):
         other.rollback()
     assert [c.job.id for c in claimed] == [second.id]
     assert store.get_job(first.id).status == "queued"
+
+
+def test_a_paused_queue_yields_nothing_and_the_next_queue_is_claimed(store: Store, dispatcher):
+    held = enqueue(store, dispatcher, push=False, queue="held", priority=9)
+    other = enqueue(store, dispatcher, push=False, queue="other")
+    store.pause_queue("held", "op")
+    claimed = store.claim_due_jobs(["held", "other"], 2, "w1", 15)
+    assert [c.job.id for c in claimed] == [other.id]
+    assert store.get_job(held.id).status == "queued"
+    store.resume_queue("held")
+    assert [c.job.id for c in store.claim_due_jobs(["held"], 2, "w1", 15)] == [held.id]

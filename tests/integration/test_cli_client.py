@@ -147,12 +147,24 @@ def test_workers_and_queues_tables(api_url: str, store: Store) -> None:
     queues = taskline("queues", url=api_url)
     assert queues.returncode == 0, queues.stderr
     rows = [line.split() for line in queues.stdout.splitlines()]
-    assert rows[0][:3] == ["QUEUE", "SCHEDULED", "QUEUED"]
-    assert next(r for r in rows if r[0] == "reports")[:3] == ["reports", "0", "1"]
+    assert rows[0][:4] == ["QUEUE", "PAUSED", "SCHEDULED", "QUEUED"]
+    assert next(r for r in rows if r[0] == "reports")[:4] == ["reports", "False", "0", "1"]
     # No maintenance instance has rebuilt this Redis: the mode says so.
     assert rows[-1][:2] == ["dispatch:", "rebuilding"]
     as_json = json.loads(taskline("queues", "--json", url=api_url).stdout)
     assert "reports" in {q["name"] for q in as_json["queues"]}
+
+
+def test_pause_and_resume_a_queue(api_url: str, store: Store) -> None:
+    paused = taskline("pause", "reports", "--json", url=api_url)
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["paused"] is True
+    assert set(store.paused_queues()) == {"reports"}
+    resumed = taskline("resume", "reports", url=api_url)
+    assert (resumed.returncode, resumed.stdout.strip()) == (0, "reports resumed")
+    assert store.paused_queues() == {}
+    refused = taskline("pause", "no spaces", url=api_url)
+    assert refused.returncode != 0 and "queue must be" in refused.stderr
 
 
 @pytest.fixture

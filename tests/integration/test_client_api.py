@@ -156,6 +156,13 @@ def test_workers_and_queues(client: Client, store: Store) -> None:
     assert [(w["id"], w["pid"], w["concurrency"]) for w in workers] == [(WORKER, 4242, 3)]
     queues = {q["name"]: q for q in client.queues()["queues"]}
     assert queues["reports"]["counts"]["queued"] == 1
+    assert queues["reports"]["paused"] is False
+    assert client.pause_queue("reports")["paused"] is True
+    assert {q["name"]: q for q in client.queues()["queues"]}["reports"]["paused"] is True
+    assert client.resume_queue("reports")["paused"] is False
+    with pytest.raises(ClientError) as refused:
+        client.pause_queue("not a queue")
+    assert (refused.value.status, refused.value.code) == (400, "invalid_parameter")
 
 
 def test_token_is_required_when_configured(settings: Settings, tmp_path: Path) -> None:

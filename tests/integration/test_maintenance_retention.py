@@ -98,9 +98,10 @@ def test_finished_at_is_set_by_terminal_transitions_only(store, dispatcher):
 
 
 def unfinished_jobs(store: Store, dispatcher: Dispatcher) -> list[uuid.UUID]:
-    """One job in every unfinished state: queued in a queue no worker serves, delayed a year,
-    running, retrying a year from now, and a dead job requeued."""
+    """One job in every unfinished state: queued in a paused queue no worker serves, delayed a
+    year, running, retrying a year from now, and a dead job requeued."""
     unserved = enqueue(store, dispatcher, queue="paused").id
+    store.pause_queue("paused", None)
     delayed = enqueue(store, dispatcher, push=False).id
     with store.transaction() as conn:
         conn.execute(text("UPDATE jobs SET status = 'scheduled', "

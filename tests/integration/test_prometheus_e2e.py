@@ -39,6 +39,7 @@ from sqlalchemy import text
 
 from grafana.dashboard import panel_expressions
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.dispatch.keys import QueueKeys
 from taskline.settings import Settings
 from taskline.store.store import Store
 from tests.helpers import service, service_env, stop_process, wait_for
@@ -52,7 +53,7 @@ QUEUE = "default"
 # Computed by maintenance alone, so Prometheus never adds up copies from other services.
 MAINTENANCE_ONLY = ("job_queue_depth", "job_dlq_depth", "job_oldest_ready_age_seconds",
                     "taskline_live_workers", "taskline_maintenance_leader",
-                    "reconciliation_duration_seconds_count")
+                    "reconciliation_duration_seconds_count", "taskline_queue_paused")
 
 pytestmark = pytest.mark.slow
 
@@ -226,6 +227,15 @@ class Workload:
         self.dispatcher.unschedule(QUEUE, missing)
         self.dispatcher.schedule_many(QUEUE, [(str(uuid.uuid4()), 2**41)])
 
+    def hold_by_pause(self) -> bool:
+        """Pause the queue in PostgreSQL alone (as if Redis lost the marker) and enqueue: the
+        worker fetches the job, the claim refuses it, and the worker hands it back. The queue
+        stays paused (the paused-queue panel has data); returns whether a hold was counted."""
+        self.store.pause_queue(QUEUE, "e2e")
+        self.dispatcher.client.delete(QueueKeys(QUEUE).paused)
+        self.post({"type": "echo"})
+        return False
+
     def lose_a_lease(self) -> str:
         """Expire the lease of a running job until the reaper recovers it; its worker then
         finds the lease gone and its outcome is rejected as stale."""
@@ -276,6 +286,9 @@ def test_every_panel_shows_data_and_every_alert_parses(settings: Settings, store
                  message="the first wave scraped")
         work.claim_conflict(first[0])
         work.wave()
+        wait_for(lambda: work.hold_by_pause() or prometheus.total(
+            "sum(taskline_queue_pause_held_total)") >= 1, timeout=20, interval=1.0,
+            message="an id held back by a pause, counted and scraped")
         rare = ("job_claim_conflicts_total", "job_recovered_total", "job_stale_completions_total",
                 "reconciliation_missing_jobs_total", "reconciliation_corrupted_metadata_total")
         for name in rare:

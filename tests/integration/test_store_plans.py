@@ -153,3 +153,4 @@ def test_the_claim_from_postgresql_reads_the_claim_index_in_order(store: Store):
     shown = plan(store, "due_queued_ids", {"queue": "default", "limit": 50})
     assert "jobs_claimable" in shown
     assert "Sort" not in shown and "Seq Scan on jobs" not in shown
+    assert "One-Time Filter" in shown  # the queue's pause is checked once, not per job

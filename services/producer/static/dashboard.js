@@ -307,6 +307,7 @@
     }
     for (const stage of ["scheduled", "queued", "running", "retrying", "dead"]) setCount(stage, totals[stage]);
     renderPriorities(byPriority);
+    renderQueues(data.queues);
     renderDispatch(data.dispatch);
   }
 
@@ -323,6 +324,41 @@
     banner.hidden = !DISPATCH_TEXT[mode];
     const text = DISPATCH_TEXT[mode] || "";
     if (banner.textContent !== text) banner.textContent = text;
+  }
+
+  function renderQueues(queues) {
+    const body = $("queues-body");
+    if (!queues.length) { emptyRow(body, 6, "No queue."); return; }
+    body.replaceChildren(...queues.map((queue) => {
+      const tr = document.createElement("tr");
+      tr.dataset.queue = queue.name;
+      const stateText = queue.paused ? `paused ${ago(queue.paused_at)}` : "running";
+      const stateCell = cell(stateText, queue.paused ? "paused" : "");
+      if (queue.paused && queue.paused_by) stateCell.title = `paused by ${queue.paused_by}`;
+      const toggle = document.createElement("button");
+      toggle.type = "button";
+      toggle.className = queue.paused ? "resume" : "pause";
+      toggle.textContent = queue.paused ? "Resume" : "Pause";
+      toggle.setAttribute("aria-label", `${toggle.textContent} queue ${queue.name}`);
+      toggle.addEventListener("click", () => setPaused(queue.name, !queue.paused, toggle));
+      guard(toggle, OPERATE);
+      tr.append(cell(queue.name), stateCell, cell(String(queue.counts.queued || 0)),
+        cell(String(queue.counts.running || 0)), cell(String(queue.counts.dead || 0)), cell(toggle));
+      return tr;
+    }));
+  }
+
+  async function setPaused(name, paused, button) {
+    if (button) button.disabled = true;
+    const verb = paused ? "pause" : "resume";
+    try {
+      await api("POST", `/queues/${encodeURIComponent(name)}/${verb}`);
+      notify(`Queue ${name} ${paused ? "paused" : "resumed"}.`);
+      state.dirty.queues = true;
+    } catch (err) {
+      notify(`Could not ${verb} ${name}: ${err.message}`, "error");
+      if (button) button.disabled = false;
+    }
   }
 
   function setCount(stage, value) {

@@ -24,6 +24,7 @@ from taskline.errors import DispatchUnavailable
 from taskline.transitions import Committed
 
 SIGNAL_MAX = 64
+HELD_MARKER_MS = 1000
 _SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot",
             "discard", "drop_dead", "renew_marker")
 PROBE_TIMEOUT_S = 1.0
@@ -235,6 +236,39 @@ class Dispatcher:
                               [job_id, "always" if always else "if_present", SIGNAL_MAX])
         return bool(pushed)
 
+    def hold_back(self, held: Sequence[tuple[str, int, str]], worker_id: str) -> None:
+        """Put ids a claim refused because their queue is paused back where they were fetched
+        from, in the order given (most urgent first), and mark their queues paused, so no
+        worker fetches them again until the queue resumes."""
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            for queue in {queue for queue, _, _ in held}:
+                # Expiring and never replacing an operator's marker: a resume racing this
+                # claim is at most HELD_MARKER_MS late, and maintenance restores the lasting one.
+                pipe.set(QueueKeys(queue).paused, "1", px=HELD_MARKER_MS, nx=True)
+            pipe.execute()
+        for queue, priority, job_id in reversed(held):
+            self.requeue(queue, priority, job_id, worker_id, always=False)
+
+    def mark_paused(self, queue: str, paused: bool) -> None:
+        """Set or clear a queue's pause marker; clearing also wakes the queue's idle workers."""
+        keys = QueueKeys(queue)
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            if paused:
+                pipe.set(keys.paused, "1")
+            else:
+                pipe.delete(keys.paused)
+                pipe.lpush(keys.signal, "1")
+                pipe.ltrim(keys.signal, 0, SIGNAL_MAX - 1)
+            pipe.execute()
+
+    def paused_markers(self, queues: Iterable[str]) -> set[str]:
+        """The queues among `queues` whose pause marker is set."""
+        queues = list(queues)
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.exists(QueueKeys(queue).paused)
+            return {q for q, present in zip(queues, pipe.execute(), strict=True) if present}
+
     def heartbeat(self, worker_id: str, ttl_s: float) -> None:
         with translate_errors():
             self.client.set(worker_key(worker_id), "1", px=max(int(ttl_s * 1000), 1))
@@ -390,7 +424,8 @@ class Dispatcher:
 def _fetch_call(queue: str, worker_id: str, count: int) -> tuple[list[str], list[object]]:
     """KEYS and ARGV of the fetch script for `count` ids of `queue` (see lua/fetch.lua)."""
     keys = QueueKeys(queue)
-    return [keys.processing(worker_id), keys.signal, *keys.ready_by_urgency], [count, SIGNAL_MAX]
+    return ([keys.processing(worker_id), keys.signal, keys.paused, *keys.ready_by_urgency],
+            [count, SIGNAL_MAX])
 
 
 def _lua(name: str) -> str:

@@ -86,5 +86,11 @@ class QueueKeys:
     def signal(self) -> str:
         return f"{self.base}:signal"
 
+    @property
+    def paused(self) -> str:
+        """Present while the queue is paused: the fetch script takes nothing from it. A copy of
+        the queue_pauses row, restored by workers and reconciliation when Redis lost it."""
+        return f"{self.base}:paused"
+
     def snapshot(self, name: str) -> str:
         return f"{self.base}:reconcile:{name}"

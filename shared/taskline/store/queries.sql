@@ -126,9 +126,13 @@ LIMIT :limit;
 
 -- name: claim_jobs
 -- Claim queued jobs for one worker: one winner per id, attempt counted, lease row and event written.
+-- Candidates come through claimable_jobs (migration 0009), the one claim rule (queued, queue not
+-- paused); `status = 'queued'` is tested again on the row itself so that, of two claimers, the
+-- one that waited for the other's row lock re-reads the row and finds it taken.
 WITH claimed AS (
     UPDATE jobs SET status = :target, attempts = attempts + 1, updated_at = now()
-    WHERE id = ANY(CAST(:ids AS uuid[])) AND status = 'queued'
+    WHERE id IN (SELECT c.id FROM claimable_jobs c WHERE c.id = ANY(CAST(:ids AS uuid[])))
+      AND status = 'queued'
     RETURNING *
 ), leases AS (
     INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until)
@@ -146,11 +150,15 @@ FROM claimed JOIN leases ON leases.job_id = claimed.id;
 -- name: due_queued_ids
 -- The most urgent queued jobs of one queue, FIFO within a priority, locked until the caller's
 -- transaction ends and skipping those another claimer holds: the candidates claim_jobs is given
--- when PostgreSQL chooses them (dispatch from PostgreSQL while Redis is unreachable). Read
--- through jobs_claimable, so the cost is the rows returned, however many jobs are queued.
-SELECT id FROM jobs
-WHERE status = 'queued' AND queue = :queue
-ORDER BY priority DESC, created_at, id
+-- when PostgreSQL chooses them (dispatch from PostgreSQL while Redis is unreachable); the claim
+-- then applies the one rule, claimable_jobs, to them. A paused queue yields none: its pause is
+-- checked once for the queue, uncorrelated, so the plan stays an in-order read of
+-- jobs_claimable that stops after :limit rows (the view, flattened into an anti-join with
+-- queue_pauses, is planned as a scan and sort of every queued job of the queue).
+SELECT j.id FROM jobs j
+WHERE j.status = 'queued' AND j.queue = :queue
+  AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = :queue)
+ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
@@ -158,6 +166,27 @@ FOR UPDATE SKIP LOCKED;
 -- Wake the workers that dispatch from PostgreSQL: one notification per queue whose jobs became
 -- queued while Redis could not be told (the payload is the queue's name).
 SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])) AS queue;
+
+-- name: held_by_pause
+-- Of ids a claim did not take, those still queued in a paused queue (not lost to another
+-- worker): they go back to their ready lists, in the order the worker fetched them.
+SELECT j.id, j.queue, j.priority FROM jobs j
+WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE
+  AND EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = j.queue);
+
+-- name: pause_queue
+-- Pause a queue; returns the row only when this call paused it (it was not paused already).
+INSERT INTO queue_pauses (queue, actor) VALUES (:queue, :actor)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue, paused_at, actor;
+
+-- name: resume_queue
+-- Resume a queue; returns the row only when this call resumed it (it was paused).
+DELETE FROM queue_pauses WHERE queue = :queue RETURNING queue, paused_at, actor;
+
+-- name: paused_queues
+-- Every paused queue, with when and by whom.
+SELECT queue, paused_at, actor FROM queue_pauses ORDER BY queue;
 
 -- name: renew_leases
 -- Extend the live leases this worker holds; returns each kept lease and its job's cancel flag.

@@ -146,6 +146,16 @@ leader_leases = Table(
     Column("leased_until", DateTime(timezone=True), nullable=False),
 )
 
+# Paused queues, one row each (migration 0009): no claim takes a job of a queue listed here
+# (the view claimable_jobs holds the rule); a resume deletes the row.
+queue_pauses = Table(
+    "queue_pauses",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("paused_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("actor", Text, nullable=True),
+)
+
 # Operator actions that are no job event, or that delete job events (pause, limits, schedules,
 # purges), and the API's cancels and requeues: appended, never updated (a trigger refuses
 # UPDATE), deleted only by retention (TASKLINE_RETAIN_AUDIT_S).

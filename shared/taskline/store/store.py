@@ -356,6 +356,31 @@ class Store:
         if queues:
             self._run_on_driver("notify_ready", {"queues": sorted(set(queues))})
 
+    def held_by_pause(self, ids: Sequence[uuid.UUID | str]) -> list:
+        """Of `ids` a claim did not take, the (id, queue, priority) still queued in a paused
+        queue: held, not lost, so they go back to Redis rather than being acked away."""
+        valid = _uuids(ids)
+        if not valid:
+            return []
+        return self._run("held_by_pause", {"ids": valid})
+
+    # --- queue pause ---------------------------------------------------------------------
+
+    def pause_queue(self, queue: str, actor: str | None,
+                    conn: Connection | None = None) -> dict | None:
+        """Pause `queue`; the pause row when this call paused it, None when it already was."""
+        rows = self._run("pause_queue", {"queue": queue, "actor": actor}, conn)
+        return dict(rows[0]._mapping) if rows else None
+
+    def resume_queue(self, queue: str, conn: Connection | None = None) -> dict | None:
+        """Resume `queue`; the removed pause row, or None when it was not paused."""
+        rows = self._run("resume_queue", {"queue": queue}, conn)
+        return dict(rows[0]._mapping) if rows else None
+
+    def paused_queues(self) -> dict[str, dict]:
+        """{queue: {queue, paused_at, actor}} for every paused queue."""
+        return {r.queue: dict(r._mapping) for r in self._run("paused_queues", {})}
+
     def renew_leases(self, lease_ids: Sequence[int], worker_id: str,
                      lease_s: float) -> dict[int, bool]:
         """Renew leases; returns {lease_id: cancel_requested} for the leases still held."""

@@ -1,14 +1,18 @@
 -- fetch: atomically move up to ARGV[1] ids from the most urgent non-empty ready lists into a
 -- worker's processing list (oldest first), and wake another idle worker if work remains.
+-- Takes nothing from a paused queue (PostgreSQL's claim refuses its jobs anyway; this keeps
+-- their ids in the ready lists, in order, instead of moving them back and forth).
 -- KEYS[1]     processing list of the fetching worker
 -- KEYS[2]     signal list of the queue (idle workers block on it)
--- KEYS[3..12] ready lists, most urgent first (priority 9 .. 0)
+-- KEYS[3]     the queue's pause marker
+-- KEYS[4..13] ready lists, most urgent first (priority 9 .. 0)
 -- ARGV[1]     maximum number of ids to move
 -- ARGV[2]     maximum length of the signal list
 -- returns     the moved ids, in the order they were taken
 local want = tonumber(ARGV[1])
 local moved = {}
-for i = 3, #KEYS do
+if redis.call('EXISTS', KEYS[3]) == 1 then return moved end
+for i = 4, #KEYS do
   while #moved < want do
     local id = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
     if not id then break end
