@@ -20,6 +20,9 @@ pickup while neither it nor the API reaches Redis.
 `--only retention` (never part of a run without --only: it lasts about half an hour) runs the
 retention soak at half the 2-worker drain rate with TASKLINE_RETAIN_SUCCEEDED_S=60, then drains
 with retention on and off in interleaved pairs (docs/performance.md, "Retention soak").
+`--only limits` (also only when named, about ten minutes) runs the flow-limit scenarios of
+bench/limits.py: --soak-pairs interleaved pairs of an unlimited type's drain beside a limited
+one and alone, a 60 s rate limit, an idle worker waiting on a full budget, and fairness.
 Environment: BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; that logical DB is flushed),
 BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64).
 """
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # bench/ is put on the path first: its modules import each other by name.
 import degraded
+import limits
 import peers
 import scenarios as sc
 from stack import ROOT, Stack, open_stack
@@ -283,11 +287,7 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         if stack.group_sizes:  # single enqueues: jobs per statement (group commit), per run
             results[name + "_mean_group_size"] = list(stack.group_sizes)
             show(name + "_mean_group_size", stack.group_sizes)
-    if not only or "drain_redis_down" in only:
-        # Interleaved pairs: 2-worker drains with Redis and with Redis unreachable.
-        results["drain_redis_down"] = degraded.drain_pairs(stack, args.jobs, args.repeat)
-        for name, value in results["drain_redis_down"].items():
-            show(f"drain_redis_down {name}", value)
+    redis_down(stack, args, only, results)
     peak = results.get("side_by_side", {}).get("taskline", {}).get("median")
     if peak and (not only or "steady_latency" in only):
         results["steady_latency_50pct"] = measure(
@@ -295,10 +295,21 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         show("steady_latency_50pct", results["steady_latency_50pct"])
     if "retention" in only:
         results["retention"] = retention(stack, args)
+    if "limits" in only:  # only when asked: about ten minutes
+        results["limits"] = limits.run_all(stack, args.jobs, args.soak_pairs)
     if args.memory_jobs:
         results["memory"] = sc.memory(stack, args.memory_jobs)
         show("memory", results["memory"]["rss_mib_after_10pct"])
     return report
+
+
+def redis_down(stack: Stack, args: argparse.Namespace, only: set[str],
+               results: dict[str, Any]) -> None:
+    """Interleaved pairs: 2-worker drains with Redis and with Redis unreachable."""
+    if not only or "drain_redis_down" in only:
+        results["drain_redis_down"] = degraded.drain_pairs(stack, args.jobs, args.repeat)
+        for name, value in results["drain_redis_down"].items():
+            show(f"drain_redis_down {name}", value)
 
 
 def retention(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:

@@ -89,6 +89,15 @@ QUEUES = (
     Chart("Paused queues", "1 while a queue is paused: its jobs wait, none starts (alert when "
           "paused with a backlog for 1h).",
           (Query("max by (queue) (taskline_queue_paused)", "{{queue}}"),), width=12),
+    Chart("Flow limits: budget in use", "Open leases against each concurrency limit and "
+          "starts in each rate window against its limit.",
+          (Query("max by (scope) (taskline_limit_running)", "running {{scope}}"),
+           Query("max by (scope) (taskline_limit_concurrency)", "concurrency {{scope}}"),
+           Query("max by (scope) (taskline_limit_window_starts)", "started {{scope}}"),
+           Query("max by (scope) (taskline_limit_rate)", "rate {{scope}}")), width=12),
+    Chart("Flow limits: held jobs", "Queued jobs each limit holds back while its budget is "
+          "used (alert when held at a full budget for 15m).",
+          (Query("max by (scope) (taskline_limit_held_jobs)", "{{scope}}"),), width=12),
     Chart("Ids held back by a pause", "Fetched ids a worker handed back because the claim found "
           "their queue paused: a burst right after a pause, or after Redis lost a pause marker.",
           (Query("sum by (queue) (rate(taskline_queue_pause_held_total[5m]))", "{{queue}}"),),
@@ -179,6 +188,23 @@ SELF_HEALING = (
     Chart("Retention: jobs deleted by status", "Finished jobs deleted per second with their "
           "events, leases and DLQ rows; in steady state it follows the finish rate.",
           (Query("sum by (status) (rate(taskline_retention_deleted_total[5m]))", "{{status}}"),),
+          unit="ops"),
+    # Schedules are fired by the leading maintenance instance only.
+    Chart("Schedules: slots fired and skipped", "Schedule slots that enqueued their job, and "
+          "slots passed over (missed while no maintenance instance led, or folded into a later "
+          "slot by catch_up), per second.",
+          (Query("sum(rate(taskline_schedule_slots_fired_total[5m]))", "fired"),
+           Query("sum by (catch_up) (rate(taskline_schedule_slots_skipped_total[5m]))",
+                 "skipped ({{catch_up}})")), unit="ops"),
+    Chart("Schedules: lag from slot to job", "Time from a slot's instant to the commit of its "
+          "job, p50 and p99; a slot fires within about a second while maintenance runs.",
+          (Query("histogram_quantile(0.5, sum by (le) "
+                 "(rate(taskline_schedule_lag_seconds_bucket[5m])))", "p50"),
+           Query("histogram_quantile(0.99, sum by (le) "
+                 "(rate(taskline_schedule_lag_seconds_bucket[5m])))", "p99")), unit="s"),
+    Chart("Bulk DLQ operations", "Dead jobs requeued or purged per second by POST "
+          "/api/v1/dlq/retry and /purge.",
+          (Query("sum by (action) (rate(taskline_dlq_bulk_jobs_total[5m]))", "{{action}}"),),
           unit="ops"),
     Chart("Loop errors", "Failed iterations of service loops (reaper, promoter, reconciler, "
           "heartbeat ...), per scrape job.",

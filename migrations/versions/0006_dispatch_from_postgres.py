@@ -17,14 +17,14 @@ changes (no column, no constraint); it never runs `due_queued_ids`, and a new wo
 claims from PostgreSQL before the index exists is correct, only slower.
 
 Revision ID: 0006
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-01 12:40:00
 """
 
 from alembic import op
 
 revision = '0006'
-down_revision = '0009'
+down_revision = '0010'
 branch_labels = None
 depends_on = None
 

@@ -1,4 +1,5 @@
-"""Client commands of the `taskline` CLI: enqueue, status, cancel, dlq, workers, queues.
+"""Client commands of the `taskline` CLI: enqueue, status, cancel, dlq, workers, queues,
+schedules.
 
 Invariant: every command talks to the API only through `taskline.client.Client`, prints a
 readable table (or, with --json, the API's JSON unchanged) on stdout, and exits 0 on success,
@@ -66,7 +67,7 @@ def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
     job = client.enqueue(
         args.type, _payload(args.payload), queue=args.queue, priority=_priority(args.priority),
         max_retries=args.max_retries, timeout_s=args.timeout, delay_s=args.delay,
-        run_at=args.run_at, idempotency_key=args.idempotency_key)
+        run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key)
     if not args.wait:
         _emit(args, job, lambda: print(f"{job.get('id')}  {job.get('status')}"))
         return EXIT_OK
@@ -98,8 +99,64 @@ def cmd_dlq_list(args: argparse.Namespace, client: Client) -> int:
 
 @client_command
 def cmd_dlq_retry(args: argparse.Namespace, client: Client) -> int:
+    if args.id is None or args.queue or args.type or args.ids or args.limit:
+        return _dlq_bulk(args, client.retry_dead, "requeued")
     job = client.retry(args.id)
     _emit(args, job, lambda: print(f"{job.get('id', args.id)}  {job.get('status', 'queued')}"))
+    return EXIT_OK
+
+
+@client_command
+def cmd_dlq_purge(args: argparse.Namespace, client: Client) -> int:
+    return _dlq_bulk(args, client.purge_dead, "purged")
+
+
+def _bulk_filter(args: argparse.Namespace) -> dict[str, Any]:
+    """--queue, --type, --id (repeatable; a positional id counts as one) and --limit."""
+    ids = [*(args.ids or []), *([args.id] if getattr(args, "id", None) else [])]
+    found = {"queue": args.queue, "type": args.type, "ids": ids or None}
+    found = {k: v for k, v in found.items() if v is not None}
+    if not found:
+        raise UsageError("give at least one of --queue, --type, --id")
+    return found
+
+
+def _dlq_bulk(args: argparse.Namespace, action: Callable[..., dict[str, Any]],
+              done: str) -> int:
+    result = action(**_bulk_filter(args), limit=args.limit)
+    _emit(args, result, lambda: print(f"{done} {result.get(done)}  "
+                                      f"remaining {result.get('remaining')}"))
+    return EXIT_OK
+
+
+@client_command
+def cmd_schedules_list(args: argparse.Namespace, client: Client) -> int:
+    page = client.schedules(limit=args.limit, cursor=args.cursor)
+    _emit(args, page, lambda: _print_page({**page, "schedules": [
+        _with_next_run(s) for s in page.get("schedules", [])]}, SCHEDULE_COLUMNS))
+    return EXIT_OK
+
+
+def _with_next_run(schedule: dict[str, Any]) -> dict[str, Any]:
+    return {**schedule, "next_run": (schedule.get("next_runs") or [None])[0]}
+
+
+@client_command
+def cmd_schedules_set(args: argparse.Namespace, client: Client) -> int:
+    job = {"type": args.type, "payload": _payload(args.payload), "queue": args.queue,
+           "priority": _priority(args.priority), "max_retries": args.max_retries,
+           "timeout_s": args.timeout}
+    schedule = client.set_schedule(
+        args.name, args.cron, {k: v for k, v in job.items() if v is not None},
+        timezone=args.timezone, paused=args.paused, catch_up=args.catch_up)
+    _emit(args, schedule, lambda: print(table([_with_next_run(schedule)], SCHEDULE_COLUMNS)))
+    return EXIT_OK
+
+
+@client_command
+def cmd_schedules_delete(args: argparse.Namespace, client: Client) -> int:
+    result = client.delete_schedule(args.name)
+    _emit(args, result, lambda: print(f"{args.name}  deleted"))
     return EXIT_OK
 
 
@@ -126,6 +183,31 @@ def _print_queues(data: dict[str, Any]) -> None:
                 "rebuilding": " (Redis not rebuilt yet: workers that lost it claim from "
                               "PostgreSQL)"}.get(dispatch.get("mode"), "")
         print(f"dispatch: {dispatch.get('mode')}{note}")
+
+
+@client_command
+def cmd_limits_list(args: argparse.Namespace, client: Client) -> int:
+    data = client.limits()
+    _emit(args, data, lambda: _print_page(
+        {"limits": [_limit_row(x) for x in data["limits"]]}, LIMIT_COLUMNS))
+    return EXIT_OK
+
+
+@client_command
+def cmd_limits_set(args: argparse.Namespace, client: Client) -> int:
+    rate, period = _rate_option(args.rate)
+    limit = client.set_limit(args.scope, concurrency=args.concurrency, rate=rate,
+                             period_s=period, per_key=args.per_key)
+    _emit(args, limit, lambda: print(f"{limit['scope']}  {_describe_limit(limit)}"))
+    return EXIT_OK
+
+
+@client_command
+def cmd_limits_delete(args: argparse.Namespace, client: Client) -> int:
+    removed = client.delete_limit(args.scope)
+    _emit(args, removed, lambda: print(f"{removed['scope']} removed; "
+                                       f"{removed['released']} held jobs released"))
+    return EXIT_OK
 
 
 @client_command
@@ -199,8 +281,14 @@ QUEUE_COLUMNS = (("QUEUE", "name"), ("PAUSED", "paused"), ("SCHEDULED", "counts.
                  ("QUEUED", "counts.queued"), ("RETRYING", "counts.retrying"),
                  ("RUNNING", "counts.running"), ("DEAD", "counts.dead"),
                  ("REDIS READY", "redis.ready_total"), ("REDIS PROCESSING", "redis.processing"))
+LIMIT_COLUMNS = (("SCOPE", "scope"), ("LIMITS", "limits"), ("RUNNING", "running"),
+                 ("STARTED", "started"), ("HELD", "held"))
 AUDIT_COLUMNS = (("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGET", "target"),
                  ("DETAIL", "detail"))
+SCHEDULE_COLUMNS = (("NAME", "name"), ("CRON", "cron"), ("TIMEZONE", "timezone"),
+                    ("TYPE", "job.type"), ("QUEUE", "job.queue"), ("PAUSED", "paused"),
+                    ("NEXT RUN", "next_run"), ("LAST SLOT", "last_slot"),
+                    ("LAST JOB", "last_job_id"))
 
 
 def _emit(args: argparse.Namespace, data: Any, readable: Callable[[], None]) -> None:
@@ -300,6 +388,8 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     when.add_argument("--run-at", metavar="TIME", help="first run at an ISO 8601 time")
     p.add_argument("--idempotency-key", metavar="K",
                    help="dedupe key (default: a fresh one per command)")
+    p.add_argument("--limit-key", metavar="K",
+                   help="the budget it draws from under a per_key flow limit (e.g. a tenant)")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to finish; exit 1 unless it succeeded")
     p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
@@ -315,9 +405,51 @@ def _dlq_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     listing.add_argument("--limit", type=int, help="at most N jobs")
     listing.add_argument("--cursor", help="continue after a previous page")
     listing.set_defaults(fn=cmd_dlq_list)
-    retry = dlq_sub.add_parser("retry", parents=[common], help="requeue a dead-lettered job")
-    retry.add_argument("id", help="job id")
+    retry = dlq_sub.add_parser("retry", parents=[common],
+                               help="requeue a dead-lettered job, or every one matching filters")
+    retry.add_argument("id", nargs="?", help="job id (without filters: just this job)")
+    _bulk_options(retry)
     retry.set_defaults(fn=cmd_dlq_retry)
+    purge = dlq_sub.add_parser("purge", parents=[common],
+                               help="delete dead-lettered jobs matching filters, with history")
+    _bulk_options(purge)
+    purge.set_defaults(fn=cmd_dlq_purge)
+
+
+def _bulk_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--queue", help="only jobs of this queue")
+    p.add_argument("--type", help="only jobs of this type")
+    p.add_argument("--id", dest="ids", action="append", metavar="ID",
+                   help="only this job (repeatable)")
+    p.add_argument("--limit", type=int, help="at most N jobs per call (1..10000, default 10000)")
+
+
+def _schedules_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    schedules = sub.add_parser("schedules", help="periodic jobs")
+    schedules_sub = schedules.add_subparsers(dest="schedules_command", required=True)
+    listing = schedules_sub.add_parser("list", parents=[common],
+                                       help="schedules with their next run and last job")
+    listing.add_argument("--limit", type=int, help="at most N schedules")
+    listing.add_argument("--cursor", help="continue after a previous page")
+    listing.set_defaults(fn=cmd_schedules_list)
+    put = schedules_sub.add_parser("set", parents=[common], help="create or replace a schedule")
+    put.add_argument("name", help="1..200 of A-Z a-z 0-9 _ . : -")
+    put.add_argument("cron", help='cron expression, e.g. "*/5 * * * *" (quote it)')
+    put.add_argument("type", help="job type of each slot's job")
+    put.add_argument("--payload", help="JSON payload, @FILE, or - for stdin (default {})")
+    put.add_argument("--queue", help="queue (default: default)")
+    put.add_argument("--priority", help="0..9 or low/normal/high/critical (default normal)")
+    put.add_argument("--max-retries", type=int, help="retries after the first attempt")
+    put.add_argument("--timeout", type=float, metavar="S", help="handler timeout, seconds")
+    put.add_argument("--timezone", help="IANA time zone the cron is read in (default UTC)")
+    put.add_argument("--paused", action=argparse.BooleanOptionalAction, default=None,
+                     help="paused: no slot fires (default: not paused)")
+    put.add_argument("--catch-up", choices=("latest", "none"),
+                     help="after downtime run the latest missed slot once (default) or none")
+    put.set_defaults(fn=cmd_schedules_set)
+    delete = schedules_sub.add_parser("delete", parents=[common], help="remove a schedule")
+    delete.add_argument("name")
+    delete.set_defaults(fn=cmd_schedules_delete)
 
 
 def _audit_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -330,6 +462,50 @@ def _audit_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
     audit.set_defaults(fn=cmd_audit)
     sub.add_parser("whoami", parents=[common],
                    help="the name and scopes of the token").set_defaults(fn=cmd_whoami)
+
+
+def _limit_row(limit: dict[str, Any]) -> dict[str, Any]:
+    return {**limit, "limits": _describe_limit(limit)}
+
+
+def _describe_limit(limit: dict[str, Any]) -> str:
+    parts = []
+    if limit.get("concurrency") is not None:
+        parts.append(f"concurrency {limit['concurrency']}")
+    if limit.get("rate"):
+        parts.append(f"rate {limit['rate']['limit']}/{limit['rate']['period_s']:g}s")
+    if limit.get("per_key"):
+        parts.append("per key")
+    return ", ".join(parts)
+
+
+def _rate_option(text: str | None) -> tuple[int | None, float | None]:
+    """`N/S` (N starts per S seconds) from --rate; a usage error otherwise."""
+    if text is None:
+        return None, None
+    count, _, period = text.partition("/")
+    try:
+        return int(count), float(period or "1")
+    except ValueError:
+        raise UsageError(f"--rate takes N/SECONDS (e.g. 100/1), not {text!r}") from None
+
+
+def _limits_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    limits = sub.add_parser("limits", help="cluster-wide rate and concurrency limits")
+    limits_sub = limits.add_subparsers(dest="limits_command", required=True)
+    limits_sub.add_parser("list", parents=[common],
+                          help="every limit with its use").set_defaults(fn=cmd_limits_list)
+    put = limits_sub.add_parser("set", parents=[common],
+                                help="create or replace a scope's limits")
+    put.add_argument("scope", help="type:<type> or queue:<queue>")
+    put.add_argument("--concurrency", type=int, metavar="N", help="at most N running at once")
+    put.add_argument("--rate", metavar="N/S", help="at most N starts in any S seconds")
+    put.add_argument("--per-key", action="store_true",
+                     help="one budget per job limit_key (fairness between tenants)")
+    put.set_defaults(fn=cmd_limits_set)
+    delete = limits_sub.add_parser("delete", parents=[common], help="remove a scope's limits")
+    delete.add_argument("scope", help="type:<type> or queue:<queue>")
+    delete.set_defaults(fn=cmd_limits_delete)
 
 
 def _pause_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -356,4 +532,6 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("workers", parents=[common], help="live workers").set_defaults(fn=cmd_workers)
     sub.add_parser("queues", parents=[common], help="depth per queue").set_defaults(fn=cmd_queues)
     _pause_parsers(sub, common)
+    _limits_parser(sub, common)
     _audit_parser(sub, common)
+    _schedules_parser(sub, common)

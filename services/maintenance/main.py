@@ -23,12 +23,14 @@ from taskline.store.store import Store
 from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.depths import DepthGauges
 from taskline_maintenance.leader import Leader, leader_ttl
+from taskline_maintenance.limits import LimitGauges
 from taskline_maintenance.pauses import PauseMarkers
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reaper import Reaper
 from taskline_maintenance.rebuilder import Rebuilder
 from taskline_maintenance.reconciler import Reconciler
 from taskline_maintenance.retention import Retention
+from taskline_maintenance.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +51,13 @@ class Maintenance:
         self.rebuilder = Rebuilder(store, dispatcher, self.reconciler)
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
         self.pauses = PauseMarkers(store, dispatcher, queues=queues)
+        self.limits = LimitGauges(store, settings)
         self.audit_retention = AuditRetention(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
         self.retention = Retention(store, dispatcher, settings, active=self.leader.holds)
+        # The @periodic declarations of the handler modules loaded so far (type_labels).
+        self.scheduler = Scheduler(store, dispatcher, settings,
+                                   declarations=registry.periodic_declarations())
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -60,8 +66,10 @@ class Maintenance:
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
                                 ("reconciler", self.reconciler), ("rebuilder", self.rebuilder),
                                 ("depths", self.depths), ("pauses", self.pauses),
+                                ("limits", self.limits),
                                 ("audit_retention", self.audit_retention),
-                                ("retention", self.retention)):
+                                ("retention", self.retention),
+                                ("scheduler", self.scheduler)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
@@ -84,6 +92,7 @@ class Maintenance:
         self.leader.release()
         self.depths.clear()
         self.pauses.clear()
+        self.limits.clear()
 
 
 def type_labels(settings: Settings) -> TypeLabels:

@@ -17,14 +17,17 @@ from taskline_producer import (
     apidoc,
     audit,
     auth,
+    bulkdlq,
     dashboard,
     errors,
     events,
     health,
     jobs,
+    limits,
     operations,
     pauses,
     request_metrics,
+    schedules,
 )
 from taskline_producer.backends import Backends
 from taskline_producer.encoder import ResponseEncoder
@@ -50,7 +53,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     errors.init_app(app)
     events.init_app(app)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
-                      auth.bp, audit.bp, pauses.bp):
+                      auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp):
         app.register_blueprint(blueprint)
     return app
 

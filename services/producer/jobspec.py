@@ -24,13 +24,14 @@ from taskline.jobs import PRIORITY_NAMES, parse_priority
 from taskline.settings import Settings
 
 MAX_TYPE_CHARS = 200
+MAX_LIMIT_KEY_CHARS = 200
 MAX_KEY_CHARS = 255
 MAX_TIMEOUT_S = 86_400.0
 MAX_DELAY_S = 365 * 86_400.0
 MAX_RETRIES = 100
 MAX_BATCH = 1000
 FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries", "timeout_s",
-                    "delay_s", "run_at", "idempotency_key"})
+                    "delay_s", "run_at", "idempotency_key", "limit_key"})
 # Kept a day inside Python's calendar, so a datetime read back in any session time zone fits.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
@@ -75,6 +76,7 @@ class JobSpec:
     run_at: datetime | None
     idempotency_key: str | None
     request_hash: str | None  # None for a job without an idempotency key
+    limit_key: str | None = None
 
 
 def parse_job(body: object, settings: Settings,
@@ -158,6 +160,7 @@ def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
         timeout_s=values.get("timeout_s", settings.default_timeout_s),
         delay_s=values.get("delay_s", 0.0), run_at=values.get("run_at"),
         idempotency_key=values.get("idempotency_key", header_key), request_hash=digest,
+        limit_key=values.get("limit_key"),
     )
 
 
@@ -190,6 +193,10 @@ def _key(value: object) -> str:
     if not isinstance(value, str) or not _KEY.fullmatch(value):
         raise InvalidKey(f"must be 1..{MAX_KEY_CHARS} visible ASCII characters (! to ~)")
     return value
+
+
+def _limit_key(value: object) -> str:
+    return _text(value, MAX_LIMIT_KEY_CHARS)
 
 
 def _payload(value: object) -> object:
@@ -301,5 +308,5 @@ def _from_rfc3339(match: re.Match[str]) -> datetime:
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "type": _type, "payload": _payload, "queue": _queue, "priority": _priority,
     "max_retries": _max_retries, "timeout_s": _timeout, "delay_s": _delay, "run_at": _run_at,
-    "idempotency_key": _key,
+    "idempotency_key": _key, "limit_key": _limit_key,
 }

@@ -29,6 +29,15 @@ ROUTE_SCOPES: dict[str, str] = {
     "audit.list_audit": OPERATE,
     "pauses.pause_queue": OPERATE,
     "pauses.resume_queue": OPERATE,
+    "limits.put_limit": OPERATE,
+    "limits.list_limits": READ,
+    "limits.delete_limit": OPERATE,
+    "schedules.put_schedule": OPERATE,
+    "schedules.get_schedule": READ,
+    "schedules.list_schedules": READ,
+    "schedules.delete_schedule": OPERATE,
+    "bulkdlq.retry_dead": OPERATE,
+    "bulkdlq.purge_dead": OPERATE,
 }
 
 

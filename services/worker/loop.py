@@ -30,6 +30,7 @@ from taskline_worker.attempts import Attempts
 from taskline_worker.degraded import DispatchMode
 from taskline_worker.fencing import Fence
 from taskline_worker.handback import Handback
+from taskline_worker.held import HeldWork
 from taskline_worker.pace import Pace
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class FetchLoop:
                  queues: Sequence[str], settings: Settings, batch: int, slots: Attempts,
                  fence: Fence, handback: Handback, types: TypeLabels, execute: Execute,
                  hand_off: HandOff, pace: Pace | None = None,
-                 mode: DispatchMode | None = None) -> None:
+                 held: HeldWork | None = None, mode: DispatchMode | None = None) -> None:
         self._store = store
         self._dispatcher = dispatcher
         self._worker_id = worker_id
@@ -96,6 +97,7 @@ class FetchLoop:
         self._execute = execute
         self._hand_off = hand_off
         self._pace = pace
+        self._held = held
         self._fetching = threading.Lock()
         self._turns = Turns()
         self._recovering = threading.Lock()
@@ -139,8 +141,9 @@ class FetchLoop:
                     return False
                 ticket = self._turns.take()
             try:
-                if fetched:
-                    self._claim_and_start(fetched, ticket)
+                started = self._claim_and_start(fetched, ticket) if fetched else 0
+                if self._held is not None and reserved > started and self._held.due():
+                    self._start_held(reserved - started, ticket)
             finally:
                 self._turns.done(ticket)
             if fetched and drained:
@@ -153,10 +156,11 @@ class FetchLoop:
     def _fetch_turn(self, reserved: int, drained: bool) -> tuple[Fetched, bool]:
         """Up to `reserved` ids, blocking in Redis first after a drained turn; and whether the
         queues are drained now."""
-        if drained:
+        wait_s = None if self._held is None else self._held.wait_s(SLOT_WAIT_S)
+        if drained and wait_s != 0.0:
             first = self._queues[0]
             fetched = [(first, job_id) for job_id in self._dispatcher.wait_and_fetch(
-                self._queues, self._worker_id, reserved)]
+                self._queues, self._worker_id, reserved, wait_s)]
             # That fetch saw the first queue only; the others are looked at next turn.
             return fetched, len(fetched) < reserved and len(self._queues) == 1
         fetched = self.fetch(reserved)
@@ -179,13 +183,25 @@ class FetchLoop:
             claimed = self.claim_due(reserved)
             self._turns.wait(ticket)
             self._execute(claimed, sent_at)
+            # Limited jobs go through their budgeted claim, as on the Redis path.
+            if self._held is not None and reserved > len(claimed) and self._held.due():
+                self._start_held(reserved - len(claimed), ticket)
         finally:
             self._turns.done(ticket)
         if claimed and len(claimed) < reserved:
             self._hand_off()
         return len(claimed) < reserved
 
-    def _claim_and_start(self, fetched: Fetched, ticket: int) -> None:
+    def _start_held(self, slots: int, ticket: int) -> None:
+        """Claim held (limited) jobs within their budgets, and start them in this turn."""
+        sent_at = time.monotonic()
+        claimed = self._held.claim(slots) if self._held is not None else []
+        if claimed:
+            self._observe_wait(claimed)
+            self._turns.wait(ticket)
+            self._execute(claimed, sent_at)
+
+    def _claim_and_start(self, fetched: Fetched, ticket: int) -> int:
         """Claim; then, once every earlier fetch has started its winners, start these.
 
         The claims of two fetch loops overlap, and either may commit first; starting in fetch
@@ -198,6 +214,7 @@ class FetchLoop:
             self._pace.claimed(time.monotonic() - sent_at)
         self._turns.wait(ticket)
         self._execute(claimed, sent_at)
+        return len(claimed)
 
     def _recover(self, stop: threading.Event) -> None:
         """One loop waits for PostgreSQL and sweeps; the others wait for it to finish."""
@@ -279,12 +296,14 @@ class FetchLoop:
         return won
 
     def _drop(self, losers: Fetched) -> None:
-        """Ack away the ids lost to another claimer; hand back those a pause holds."""
+        """Ack away the ids lost to another claimer or left to the budgeted claim; hand back
+        those a pause holds."""
         if not losers:
             return
-        losers = self._hold_paused(losers)
+        losers, limited = self._held_back(losers)
         for queue, _ in losers:
             CLAIM_CONFLICTS.labels(queue).inc()
+        losers += limited
         if not losers:
             return
         try:
@@ -293,22 +312,32 @@ class FetchLoop:
             log.warning("could not ack ids lost at claim; reconciliation removes them",
                         extra={"action": "claim_conflict", "error": str(err)})
 
-    def _hold_paused(self, losers: Fetched) -> Fetched:
-        """Put ids of paused queues back in their ready lists; returns the others.
+    def _held_back(self, losers: Fetched) -> tuple[Fetched, Fetched]:
+        """Split the ids a claim refused: those of paused queues go back to their ready lists;
+        returns (lost to another claimer, limited: left to the budgeted claim).
 
         Runs only when a claim took fewer ids than fetched, so the normal path pays nothing.
-        The fetch script takes nothing from a queue whose pause marker is set, so this happens
-        only around a pause or after Redis lost the marker; hold_back restores it briefly.
+        The fetch script takes nothing from a queue whose pause marker is set, so paused ids
+        come only around a pause or after Redis lost the marker; hold_back restores it briefly.
         """
         try:
-            held = {str(r.id): (r.queue, r.priority) for r in
-                    self._store.held_by_pause([job_id for _, job_id in losers])}
+            refused = {str(r.id): r for r in
+                       self._store.claim_refusals([job_id for _, job_id in losers])}
         except StoreUnavailable as err:
-            self._fence.trip(f"pause check failed: {err}")  # recovery sweeps the ids back
-            return []
-        if not held:
-            return losers
-        ordered = [(*held[job_id], job_id) for _, job_id in losers if job_id in held]
+            self._fence.trip(f"claim check failed: {err}")  # recovery sweeps the ids back
+            return [], []
+        paused = [(refused[j].queue, refused[j].priority, j) for _, j in losers
+                  if j in refused and refused[j].paused]
+        limited = [(q, j) for q, j in losers if j in refused and not refused[j].paused
+                   and refused[j].limited]
+        if paused:
+            self._hand_back_paused(paused)
+        if limited and self._held is not None:
+            self._held.refused()
+        held = {j for _, _, j in paused} | {j for _, j in limited}
+        return [(q, j) for q, j in losers if j not in held], limited
+
+    def _hand_back_paused(self, ordered: list[tuple[str, int, str]]) -> None:
         for queue, _, _ in ordered:
             PAUSE_HELD.labels(queue).inc()
         try:
@@ -316,7 +345,6 @@ class FetchLoop:
         except DispatchUnavailable as err:
             log.warning("could not hand back ids of a paused queue; reconciliation does",
                         extra={"action": "pause_hold", "error": str(err)})
-        return [(queue, job_id) for queue, job_id in losers if job_id not in held]
 
     def _observe_wait(self, winners: list[Claimed]) -> None:
         for claimed in winners:

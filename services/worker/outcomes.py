@@ -130,8 +130,10 @@ class Recorder:
 
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
                  settings: Settings, attempts: Attempts, types: TypeLabels,
-                 forget: Callable[[Iterable[Attempt]], None]) -> None:
+                 forget: Callable[[Iterable[Attempt]], None],
+                 on_settled: Callable[[list[Committed]], None] | None = None) -> None:
         self._store = store
+        self._on_settled = on_settled
         self._dispatcher = dispatcher
         self._worker_id = worker_id
         self._attempts = attempts
@@ -348,6 +350,8 @@ class Recorder:
 
     def _follow(self, committed: list[Committed], stale: list[Report]) -> None:
         """Redis after PostgreSQL: each recorded move's step, and stale ids acked away."""
+        if committed and self._on_settled is not None:
+            self._on_settled(committed)  # leases released: flow budget freed
         if committed:
             self._redis(lambda: self._dispatcher.follow(committed), committed[0].job_id)
         if stale:

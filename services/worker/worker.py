@@ -41,6 +41,7 @@ from taskline_worker.degraded import DispatchMode
 from taskline_worker.fencing import Fence
 from taskline_worker.handback import Handback
 from taskline_worker.heartbeat import Heartbeat
+from taskline_worker.held import HeldWork
 from taskline_worker.leases import LeaseKeeper
 from taskline_worker.loop import FetchLoop
 from taskline_worker.outcomes import Recorder
@@ -113,9 +114,11 @@ class Worker:
         self.deadlines = Deadlines()
         self.fence = Fence(self.store, self.deadlines, self.attempts)
         self.handback = Handback(self.store, self.dispatcher, self.worker_id, self.queues)
+        self.held = HeldWork(self.store, self.dispatcher, self.worker_id, self.queues, s.lease_s)
         self.recorder = Recorder(store=self.store, dispatcher=self.dispatcher,
                                  worker_id=self.worker_id, settings=s, attempts=self.attempts,
-                                 types=self.types, forget=self.fence.forget_many)
+                                 types=self.types, forget=self.fence.forget_many,
+                                 on_settled=self.held.ended)
         self.runner = Runner(self.concurrency, self.deadlines, on_finished=self._finished,
                              on_timeout=self._timed_out, on_recycle=self._recycle)
         self.keeper = LeaseKeeper(store=self.store, worker_id=self.worker_id, settings=s,
@@ -132,7 +135,7 @@ class Worker:
                               batch=s.claim_batch or self.concurrency, slots=self.attempts,
                               fence=self.fence, handback=self.handback, types=self.types,
                               execute=self._execute, hand_off=self.runner.hand_off,
-                              pace=self.pace, mode=self.mode)
+                              pace=self.pace, held=self.held, mode=self.mode)
 
     # --- lifecycle -----------------------------------------------------------------------
 

@@ -96,11 +96,12 @@ class Client:
                 priority: int | str | None = None, max_retries: int | None = None,
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None,
-                idempotency_key: str | None = None) -> dict[str, Any]:
+                idempotency_key: str | None = None,
+                limit_key: str | None = None) -> dict[str, Any]:
         """Enqueue one job and return it (status 201 new, 200 when the key was seen before)."""
         spec = job_spec(type, payload, queue=queue, priority=priority, max_retries=max_retries,
                         timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
-                        idempotency_key=idempotency_key)
+                        idempotency_key=idempotency_key, limit_key=limit_key)
         return self._call("POST", "/jobs", body=spec)
 
     def enqueue_batch(self, specs: Iterable[Mapping[str, Any]]) -> Any:
@@ -161,6 +162,26 @@ class Client:
         """Resume a paused queue (needs jobs:operate)."""
         return self._call("POST", f"/queues/{_segment(queue)}/resume")
 
+    def set_limit(self, scope: str, *, concurrency: int | None = None,
+                  rate: int | None = None, period_s: float | None = None,
+                  per_key: bool = False) -> dict[str, Any]:
+        """Create or replace the flow limits of `scope` (`type:<type>` or `queue:<queue>`):
+        `concurrency` running at once and/or `rate` starts per `period_s`, cluster-wide."""
+        body: dict[str, Any] = {"per_key": per_key}
+        if concurrency is not None:
+            body["concurrency"] = concurrency
+        if rate is not None or period_s is not None:
+            body["rate"] = {"limit": rate, "period_s": period_s}
+        return self._call("PUT", f"/limits/{_segment(scope)}", body=body)
+
+    def limits(self) -> dict[str, Any]:
+        """Every flow limit with its use now (running, started in the window, held jobs)."""
+        return self._call("GET", "/limits")
+
+    def delete_limit(self, scope: str) -> dict[str, Any]:
+        """Remove the flow limits of `scope`; the jobs it held go back to Redis."""
+        return self._call("DELETE", f"/limits/{_segment(scope)}", replay_safe=False)
+
     def wait(self, job_id: str | uuid.UUID, timeout: float = 60.0,
              poll: float = 0.2) -> dict[str, Any]:
         """Poll until the job is succeeded, dead or cancelled; TimeoutError after `timeout`."""
@@ -217,6 +238,45 @@ class Client:
             return min(err.retry_after_s, self.max_wait_s)
         return min(0.2 * 2 ** (state.attempt_number - 1), self.max_wait_s)
 
+    # -- schedules and bulk dead-letter operations ---------------------------------------------
+
+    def set_schedule(self, name: str, cron: str, job: Mapping[str, Any], *,
+                     timezone: str | None = None, paused: bool | None = None,
+                     catch_up: str | None = None) -> dict[str, Any]:
+        """Create or replace schedule `name` (`job` as `enqueue` takes it, without delay_s,
+        run_at or idempotency_key); the schedule with its next five runs."""
+        body = {"cron": cron, "job": dict(job), "timezone": timezone, "paused": paused,
+                "catch_up": catch_up}
+        return self._call("PUT", f"/schedules/{_segment(name)}",
+                          body={k: v for k, v in body.items() if v is not None})
+
+    def schedule(self, name: str) -> dict[str, Any]:
+        """One schedule with its next runs, last slot and last job."""
+        return self._call("GET", f"/schedules/{_segment(name)}")
+
+    def schedules(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page of schedules, by name."""
+        return self._call("GET", "/schedules", params={"limit": limit, "cursor": cursor})
+
+    def delete_schedule(self, name: str) -> dict[str, Any]:
+        """Remove a schedule; the jobs it enqueued stay."""
+        # A lost answer replayed would meet no schedule (404): not retried blindly.
+        return self._call("DELETE", f"/schedules/{_segment(name)}", replay_safe=False)
+
+    def retry_dead(self, *, queue: str | None = None, type: str | None = None,
+                   ids: Iterable[str | uuid.UUID] | None = None,
+                   limit: int | None = None) -> dict[str, Any]:
+        """Requeue dead jobs matching every given filter: {"requeued": n, "remaining": m}."""
+        return self._call("POST", "/dlq/retry", body=_dead_filter(queue, type, ids, limit),
+                          replay_safe=False)
+
+    def purge_dead(self, *, queue: str | None = None, type: str | None = None,
+                   ids: Iterable[str | uuid.UUID] | None = None,
+                   limit: int | None = None) -> dict[str, Any]:
+        """Delete dead jobs matching every given filter: {"purged": n, "remaining": m}."""
+        return self._call("POST", "/dlq/purge", body=_dead_filter(queue, type, ids, limit),
+                          replay_safe=False)
+
 
 def _worth_retrying(err: BaseException, replay_safe: bool) -> bool:
     """503 means the API kept nothing, and an unreachable API never saw the request: both are
@@ -244,15 +304,23 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
              priority: int | str | None = None, max_retries: int | None = None,
              timeout_s: float | None = None, delay_s: float | None = None,
              run_at: datetime | str | None = None,
-             idempotency_key: str | None = None) -> dict[str, Any]:
+             idempotency_key: str | None = None,
+             limit_key: str | None = None) -> dict[str, Any]:
     """The JSON body of one enqueue; fields left None take the API's defaults."""
     spec: dict[str, Any] = {
         "type": type, "payload": payload, "queue": queue, "priority": priority,
         "max_retries": max_retries, "timeout_s": timeout_s, "delay_s": delay_s,
         "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at,
-        "idempotency_key": idempotency_key or str(uuid.uuid4()),
+        "idempotency_key": idempotency_key or str(uuid.uuid4()), "limit_key": limit_key,
     }
     return {k: v for k, v in spec.items() if v is not None}
+
+
+def _dead_filter(queue: str | None, type: str | None,
+                 ids: Iterable[str | uuid.UUID] | None, limit: int | None) -> dict[str, Any]:
+    body = {"queue": queue, "type": type, "limit": limit,
+            "ids": None if ids is None else [str(i) for i in ids]}
+    return {k: v for k, v in body.items() if v is not None}
 
 
 def _segment(value: str | uuid.UUID) -> str:

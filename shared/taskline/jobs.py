@@ -79,6 +79,7 @@ class Event(enum.StrEnum):
     RESTORED = "restored"
     EXPIRED = "expired"  # deleted by retention: names the move; no row records it (the
     # history goes with the job)
+    PURGED = "purged"  # deleted from the DLQ by an operator: no row records it either
 
 
 def parse_priority(value: object) -> int:
@@ -156,6 +157,12 @@ class Job:
     updated_at: datetime
     cancel_requested: bool = False
     trace_context: str | None = None
+    limit_key: str | None = None
+    """The budget this job draws from under a `per_key` flow limit."""
+    schedule: str | None = None
+    """The schedule whose slot enqueued the job (None for a job enqueued otherwise)."""
+    scheduled_for: datetime | None = None
+    """That slot's instant."""
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -169,6 +176,9 @@ class Job:
             last_error=row.last_error, result=row.result, created_at=row.created_at,
             updated_at=row.updated_at, cancel_requested=row.cancel_requested,
             trace_context=getattr(row, "trace_context", None),
+            limit_key=getattr(row, "limit_key", None),
+            schedule=getattr(row, "schedule", None),
+            scheduled_for=getattr(row, "scheduled_for", None),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,8 +188,9 @@ class Job:
             "max_retries": self.max_retries, "timeout_s": self.timeout_s,
             "next_run_at": _iso(self.next_run_at), "idempotency_key": self.idempotency_key,
             "last_error": self.last_error, "result": self.result,
-            "cancel_requested": self.cancel_requested,
+            "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
+            "schedule": self.schedule, "scheduled_for": _iso(self.scheduled_for),
         }
 
 

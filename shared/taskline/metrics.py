@@ -69,6 +69,20 @@ QUEUE_PAUSED_SINCE = Gauge("taskline_queue_paused_since_timestamp_seconds",
                            multiprocess_mode="livemax")
 PAUSE_HELD = Counter("taskline_queue_pause_held_total",
                      "Fetched ids handed back to Redis because their queue is paused", ["queue"])
+# Flow limits: jobs the budgeted claim started (workers), and per scope (maintenance only,
+# from PostgreSQL) the limits, what they hold back and what uses their budget now.
+HELD_CLAIMS = Counter("taskline_limit_claimed_total",
+                      "Limited jobs started by the budgeted claim, within their budgets")
+LIMIT_HELD = Gauge("taskline_limit_held_jobs", "Queued jobs a flow limit applies to (held back "
+                   "while its budget is used)", ["scope"], multiprocess_mode="livemax")
+LIMIT_RUNNING = Gauge("taskline_limit_running", "Open leases of jobs a flow limit applies to",
+                      ["scope"], multiprocess_mode="livemax")
+LIMIT_STARTED = Gauge("taskline_limit_window_starts", "Starts inside a rate limit's window",
+                      ["scope"], multiprocess_mode="livemax")
+LIMIT_CONCURRENCY = Gauge("taskline_limit_concurrency", "A scope's concurrency limit",
+                          ["scope"], multiprocess_mode="livemax")
+LIMIT_RATE = Gauge("taskline_limit_rate", "A scope's rate limit (starts per period)",
+                   ["scope"], multiprocess_mode="livemax")
 # Retention (maintenance only; `status` is succeeded, cancelled or dead). The retention gauge
 # carries the setting so an alert can compare the oldest age with it.
 RETENTION_DELETED = Counter("taskline_retention_deleted_total",
@@ -80,6 +94,18 @@ RETENTION_OLDEST = Gauge("taskline_retention_oldest_finished_age_seconds",
 RETENTION_SECONDS = Gauge("taskline_retention_seconds",
                           "How long finished jobs are kept, seconds (0: forever)", ["status"],
                           multiprocess_mode="livemax")
+
+# Schedules (maintenance's scheduler) and bulk dead-letter operations (the API).
+SCHEDULE_FIRED = Counter("taskline_schedule_slots_fired_total",
+                         "Schedule slots that enqueued their job", ["queue"])
+SCHEDULE_SKIPPED = Counter("taskline_schedule_slots_skipped_total",
+                           "Schedule slots passed over (missed while no maintenance led, or "
+                           "folded into a later slot by catch_up)", ["catch_up"])
+SCHEDULE_LAG = Histogram("taskline_schedule_lag_seconds",
+                         "From a slot's instant to the commit of its job",
+                         buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 15.0, 60.0, 300.0))
+DLQ_BULK = Counter("taskline_dlq_bulk_jobs_total",
+                   "Dead jobs requeued or purged by the bulk DLQ operations", ["action"])
 
 PROCESSING_TIME = Histogram("job_processing_time_seconds", "Handler run time",
                             ["type", "queue"], buckets=_LATENCY_BUCKETS)

@@ -112,10 +112,13 @@ REQUEUE = Move("requeue", frozenset({Status.DEAD}), Status.QUEUED, Event.REQUEUE
 EXPIRE = Move("expire", TERMINAL, Gone.DELETED, Event.EXPIRED, Step.FORGET)
 """Retention deletes a job finished longer ago than its status's retention, with its events,
 leases and DLQ row (taskline_maintenance.retention); only a finished job, whatever its age."""
+PURGE = Move("purge", frozenset({Status.DEAD}), Gone.DELETED, Event.PURGED, Step.FORGET)
+"""An operator deletes a dead job from the DLQ (POST /api/v1/dlq/purge), with its events,
+leases and DLQ row, as retention would; only a dead one."""
 
 MOVES: Mapping[str, Move] = MappingProxyType({m.name: m for m in (
     ENQUEUE, SCHEDULE, PROMOTE, CLAIM, SUCCEED, RETRY, DEAD, RECOVER, RECOVER_DEAD, HAND_BACK,
-    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE)})
+    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE, PURGE)})
 
 
 CREATED: Mapping[Status, Move] = MappingProxyType(
@@ -138,7 +141,7 @@ TABLE = _table()
 """(state before, event) -> the states the job can be in after it. One state for every pair
 but (running, recovered): the reaper's recovery ends queued, or dead after a last attempt, and
 its event row records which (`detail.status`). `expired` leads to the pseudo-state
-`deleted` (`Gone.DELETED`): the row and its history are gone."""
+`deleted` (`Gone.DELETED`): the row and its history are gone; so does `purged`."""
 
 
 def _status_after_event() -> Mapping[Event, Status | Gone | None]:

@@ -196,3 +196,18 @@ def test_pause_and_resume_a_queue_from_its_row(api_port: int, page: Page) -> Non
     expect(page.locator("#notice")).to_have_text("Queue default resumed.")
     watch_succeeded(page, 15)
     expect(row).to_contain_text("running")
+
+
+def test_flow_limits_show_their_use_and_what_they_hold(api_port: int, page: Page) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", api_port, timeout=5)
+    conn.request("PUT", "/api/v1/limits/type:simulate", body='{"concurrency": 1}',
+                 headers={"Content-Type": "application/json",
+                          "Authorization": f"Bearer {TOKEN}"})
+    assert conn.getresponse().status == 201
+    conn.close()
+    sign_in(page, api_port)
+    flood(page, 6, failure_pct=0, duration_ms=1000)
+    row = page.locator('#limits-body tr[data-scope="type:simulate"]')
+    expect(row).to_contain_text("1/1 running")
+    expect(row.locator("td.held")).not_to_have_text("0")
+    shot(page, "6-limits")

@@ -16,7 +16,11 @@ overlap (each starts after the previous one was released); two executions overla
 the earlier one's lease had ended (expired, or released with an outcome such as a timeout);
 each lost lease was recovered once; the DLQ (status dead, dead_letter_jobs, the DLQ list)
 holds exactly the jobs that exhausted their attempts or failed permanently; Redis converges to
-PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After.
+PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After. For every flow
+limit in `flow_limits` (scope `type:<t>` or `queue:<q>`, per `limit_key` when `per_key`), judged
+from `job_leases` alone: at no instant were more leases of the scope open (from `leased_at`
+until `released_at`) than its `concurrency`, and no sliding window of `period_s` holds more
+`leased_at` than its `rate_limit`.
 
 Retention deletes finished jobs, so an acknowledged job may be absent. It counts as `expired`
 (an ok outcome) only when maintenance's log records its deletion (`action: expired`, with the
@@ -24,6 +28,12 @@ state the deleted row held) in a state `LEGAL` lets expire and the scenario allo
 than that state's retention after it finished. Whatever the logs say, no job may be half gone:
 an id with events, leases or a DLQ row but no job row is a violation, and Redis must hold no id
 of an absent job.
+
+Schedules: each schedule slot enqueues at most one job (`slot_violations`, its own model: a
+slot is a (schedule, instant) pair, and it maps to at most one job). Judged from the jobs'
+`schedule` / `scheduled_for`, the `schedule_slots` record and maintenance's `schedule_fired`
+log records: no two jobs for one slot, every slot's job carries that slot, every job of a
+slot is the one its record names, and no two log records claim to have fired one slot.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import pairwise
 from typing import Any
 
@@ -54,6 +64,7 @@ STALE_ACTIONS = frozenset({"stale_outcome", "self_fence", "outcome_given_up"})
 CLASSES = ("ok", "recovered", "expired", "lost", "duplicated", "unexpected")
 OK_CLASSES = frozenset({"ok", "recovered", "expired"})
 EXPIRED_ACTION = "expired"
+FIRED_ACTION = "schedule_fired"
 CLOCK_SLACK_S = 1.0
 """How far the deleting process's log clock may trail PostgreSQL's, judging early deletions."""
 _PENDING = ("queued", "scheduled", "retrying")
@@ -73,11 +84,13 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
     ("dead", "requeued"): frozenset({"queued"}),
     **{(state, "expired"): frozenset({"deleted"}) for state in TERMINAL},
+    ("dead", "purged"): frozenset({"deleted"}),
 }
 """The checker's own model of the job lifecycle, written from the contract and not read from
 taskline.transitions, so a wrong product table is caught rather than shared: (state before,
 event) -> the states allowed after it; `recovered` ends in the state its row records;
-`expired` (retention) leaves no row: `deleted` is where a finished job goes last."""
+`expired` (retention) leaves no row: `deleted` is where a finished job goes last; `purged`
+(an operator's bulk purge of the DLQ) takes only a dead job there."""
 CONVERGE_S = 20.0
 """Reconciliation ignores jobs changed in the last 5 s and runs every 2 s here: 20 s is ample."""
 
@@ -118,6 +131,8 @@ class Snapshot:
     execs: dict[str, list[dict]]
     effects: dict[str, list[dict]]
     dead_letters: dict[str, dict]
+    limits: list[dict] = field(default_factory=list)
+    """The flow limits in force (the scenario sets them before its load)."""
     expired: dict[str, dict] = field(default_factory=dict)
     """Job id -> maintenance's log record of its deletion by retention."""
 
@@ -163,7 +178,9 @@ class Checker:
         for job_id in snap.jobs:
             result.violations += [f"job {job_id}: {v}" for v in job_violations(job_id, snap)]
         result.violations += dlq_violations(snap)
+        result.violations += flow_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
+        result.violations += self.schedule_violations()
         if not self.redis_gone:
             result.violations += self.redis_violations()
         result.stale = stale_rejections(self.cluster.log_events(("worker",)))
@@ -189,7 +206,8 @@ class Checker:
 
     def snapshot(self) -> Snapshot:
         jobs = {str(r["id"]): r for r in self._query(
-            "SELECT id, type, queue, status, attempts, max_retries, updated_at FROM jobs")}
+            "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key "
+            "FROM jobs")}
         return Snapshot(
             jobs=jobs,
             events=_grouped(self._query(
@@ -205,6 +223,8 @@ class Checker:
                 "SELECT job_id, attempt, worker_id FROM fault_effects ORDER BY id")),
             dead_letters={str(r["job_id"]): r for r in self._query(
                 "SELECT job_id, attempts FROM dead_letter_jobs")},
+            limits=self._query("SELECT scope, concurrency, rate_limit, period_s, per_key "
+                               "FROM flow_limits"),
         )
 
     # --- classification ------------------------------------------------------------------
@@ -244,6 +264,17 @@ class Checker:
         if record.get("status") not in self.allowed({"id": job_id, "type": record.get("type")}):
             return "unexpected"
         return "expired"
+
+    # --- schedules -----------------------------------------------------------------------
+
+    def schedule_violations(self) -> list[str]:
+        """At most one job per schedule slot (see `slot_violations`)."""
+        jobs = self._query("SELECT id, schedule, scheduled_for FROM jobs "
+                           "WHERE schedule IS NOT NULL")
+        slots = self._query("SELECT schedule, slot, job_id FROM schedule_slots")
+        fired = [r for r in self.cluster.log_events(("maintenance",))
+                 if r.get("action") == FIRED_ACTION]
+        return slot_violations(jobs, slots, fired)
 
     # --- Redis ---------------------------------------------------------------------------
 
@@ -461,6 +492,62 @@ def _failed_permanently(events: list[dict]) -> bool:
 
 # --- retention ----------------------------------------------------------------------------
 
+def flow_violations(snap: Snapshot) -> list[str]:
+    """Every flow limit held at every instant and in every sliding window (see the module)."""
+    problems = []
+    for limit in snap.limits:
+        for key, leases in _leases_by_budget(limit, snap).items():
+            name = f"{limit['scope']}" + (f" key {key!r}" if limit["per_key"] else "")
+            if limit["concurrency"] is not None:
+                peak = peak_open(leases)
+                if peak > limit["concurrency"]:
+                    problems.append(f"limit {name}: {peak} leases open at once "
+                                    f"(concurrency {limit['concurrency']})")
+            if limit["rate_limit"] is not None:
+                worst = busiest_window([lease["leased_at"] for lease in leases],
+                                       float(limit["period_s"]))
+                if worst > limit["rate_limit"]:
+                    problems.append(f"limit {name}: {worst} starts within {limit['period_s']} s "
+                                    f"(rate {limit['rate_limit']})")
+    return problems
+
+
+def _leases_by_budget(limit: Mapping[str, Any], snap: Snapshot) -> dict[str, list[dict]]:
+    kind, name = limit["scope"].split(":", 1)
+    out: dict[str, list[dict]] = defaultdict(list)
+    for job_id, job in snap.jobs.items():
+        if job.get(kind) == name:
+            key = (job.get("limit_key") or "") if limit["per_key"] else ""
+            out[key] += snap.leases.get(job_id, [])
+    return out
+
+
+def peak_open(leases: Iterable[Mapping[str, Any]]) -> int:
+    """The most leases open at one instant; a lease is open from leased_at until released_at
+    (still open if never released), and one ending at the instant another starts is not."""
+    edges = []
+    for lease in leases:
+        edges.append((lease["leased_at"], 1))
+        if lease["released_at"] is not None:
+            edges.append((lease["released_at"], -1))
+    peak = open_now = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+def busiest_window(starts: Iterable[datetime], period_s: float) -> int:
+    """The most starts inside any half-open window (t - period_s, t]."""
+    times = sorted(starts)
+    worst, first = 0, 0
+    for last, at in enumerate(times):
+        while (at - times[first]).total_seconds() >= period_s:
+            first += 1
+        worst = max(worst, last - first + 1)
+    return worst
+
+
 def expiry_records(records: Iterable[Mapping[str, Any]]) -> dict[str, dict]:
     """Job id -> the log record of its deletion by retention (maintenance's `expired`)."""
     return {str(r["job_id"]): dict(r) for r in records
@@ -500,6 +587,37 @@ def _deleted_early(record: Mapping[str, Any], retain_s: float) -> str:
     if kept_s + CLOCK_SLACK_S < retain_s:
         return f"{kept_s:.1f} s after it finished, before its retention of {retain_s:g} s"
     return ""
+
+
+# --- schedule slots -----------------------------------------------------------------------
+
+def _instant(value: Any) -> str:
+    """A slot instant as one comparable text (UTC, seconds), from a datetime or ISO text."""
+    when = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def slot_violations(jobs: Iterable[Mapping[str, Any]], slots: Iterable[Mapping[str, Any]],
+                    fired: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The checker's model of schedules: a slot (schedule, instant) has at most one job. From
+    the jobs carrying a slot, the slot records, and the `schedule_fired` log records."""
+    problems = []
+    by_slot: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for job in jobs:
+        by_slot[(job["schedule"], _instant(job["scheduled_for"]))].append(str(job["id"]))
+    problems += [f"schedule {s} slot {t}: {len(ids)} jobs {sorted(ids)}"
+                 for (s, t), ids in sorted(by_slot.items()) if len(ids) > 1]
+    recorded = {(r["schedule"], _instant(r["slot"])): str(r["job_id"]) for r in slots}
+    for (name, at), ids in sorted(by_slot.items()):
+        owner = recorded.get((name, at))
+        problems += [f"schedule {name} slot {at}: job {j} is not the slot's recorded job "
+                     f"({owner})" for j in ids if j != owner]
+    claims = Counter((r.get("schedule"), _instant(r.get("scheduled_for"))) for r in fired)
+    problems += [f"schedule {s} slot {t}: {n} instances logged firing it"
+                 for (s, t), n in sorted(claims.items()) if n > 1]
+    problems += [f"schedule {s} slot {t}: logged fired but never recorded"
+                 for (s, t) in sorted(claims) if (s, t) not in recorded]
+    return problems
 
 
 # --- Redis against PostgreSQL -------------------------------------------------------------

@@ -282,8 +282,8 @@ def _validator(doc: dict, name: str) -> jsonschema_rs.Validator:
 
 def _flask_rule(path: str) -> str:
     """An OpenAPI path as the Flask rule serving it (job ids go through the uuid converter)."""
-    return re.sub(r"\{(\w+)\}",
-                  lambda m: "<uuid:job_id>" if m[1] == "job_id" else f"<{m[1]}>", path)
+    converters = {"job_id": "uuid:job_id", "scope": "path:scope"}
+    return re.sub(r"\{(\w+)\}", lambda m: f"<{converters.get(m[1], m[1])}>", path)
 
 
 def test_openapi_document_is_valid_openapi_31(client: FlaskClient) -> None:

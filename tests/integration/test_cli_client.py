@@ -167,6 +167,24 @@ def test_pause_and_resume_a_queue(api_url: str, store: Store) -> None:
     assert refused.returncode != 0 and "queue must be" in refused.stderr
 
 
+def test_limits_set_list_delete(api_url: str, store: Store) -> None:
+    done = taskline("limits", "set", "type:mail", "--concurrency", "3", "--rate", "100/1",
+                    "--per-key", url=api_url)
+    assert (done.returncode, done.stdout.strip()) == (
+        0, "type:mail  concurrency 3, rate 100/1s, per key")
+    listed = taskline("limits", "list", url=api_url)
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["SCOPE", "LIMITS", "RUNNING", "STARTED", "HELD"]
+    assert row.split()[0] == "type:mail"
+    refused = taskline("limits", "set", "type:mail", "--rate", "many", url=api_url)
+    assert refused.returncode == 2 and "--rate takes N/SECONDS" in refused.stderr
+    invalid = taskline("limits", "set", "tenant:x", "--concurrency", "1", url=api_url)
+    assert invalid.returncode == 1 and "unknown scope kind" in invalid.stderr
+    removed = taskline("limits", "delete", "type:mail", url=api_url)
+    assert removed.returncode == 0 and "0 held jobs released" in removed.stdout
+    assert store.list_flow_limits() == []
+
+
 @pytest.fixture
 def worker(settings: Settings, tmp_path: Path) -> Iterator[None]:
     with service(["worker", "--queues", "default", "--concurrency", "2"],

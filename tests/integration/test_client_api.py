@@ -165,6 +165,20 @@ def test_workers_and_queues(client: Client, store: Store) -> None:
     assert (refused.value.status, refused.value.code) == (400, "invalid_parameter")
 
 
+def test_flow_limits(client: Client) -> None:
+    created = client.set_limit("type:mail", concurrency=2, rate=10, period_s=1.5, per_key=True)
+    assert (created["concurrency"], created["rate"], created["per_key"]) == (
+        2, {"limit": 10, "period_s": 1.5}, True)
+    job = client.enqueue("mail", limit_key="tenant-1")
+    assert job["limit_key"] == "tenant-1"
+    (listed,) = client.limits()["limits"]
+    assert (listed["scope"], listed["held"]) == ("type:mail", 1)
+    assert client.delete_limit("type:mail")["released"] == 1
+    with pytest.raises(ClientError) as refused:
+        client.set_limit("type:mail")
+    assert (refused.value.status, refused.value.code) == (422, "validation_failed")
+
+
 def test_token_is_required_when_configured(settings: Settings, tmp_path: Path) -> None:
     for url in start_api(settings, tmp_path / "logs", TASKLINE_API_TOKENS="s3cret"):
         with Client(url) as anonymous, pytest.raises(ClientError) as info:

@@ -53,7 +53,8 @@ QUEUE = "default"
 # Computed by maintenance alone, so Prometheus never adds up copies from other services.
 MAINTENANCE_ONLY = ("job_queue_depth", "job_dlq_depth", "job_oldest_ready_age_seconds",
                     "taskline_live_workers", "taskline_maintenance_leader",
-                    "reconciliation_duration_seconds_count", "taskline_queue_paused")
+                    "reconciliation_duration_seconds_count", "taskline_queue_paused",
+                    "taskline_limit_held_jobs")
 
 pytestmark = pytest.mark.slow
 
@@ -216,6 +217,17 @@ class Workload:
                  timeout=20, message="every job of the wave ended")
         return ids
 
+    def schedule_every_second(self) -> None:
+        """A schedule whose slots fire every second (a seconds field last), for the schedule
+        panels; a bulk requeue of the wave's dead job for the bulk DLQ panel."""
+        response = requests.put(self.api + "/schedules/e2e", timeout=10, json={
+            "cron": "* * * * * *", "job": {"type": "echo", "queue": QUEUE}})
+        assert response.status_code == 201, response.text
+
+    def bulk_retry(self) -> None:
+        response = requests.post(self.api + "/dlq/retry", json={"type": "simulate"}, timeout=10)
+        assert response.status_code == 200 and response.json()["requeued"] >= 1, response.text
+
     def claim_conflict(self, done_id: str) -> None:
         """Push the id of a finished job again: the worker fetches it and loses the claim."""
         self.dispatcher.push([(QUEUE, 5, done_id)])
@@ -226,6 +238,12 @@ class Workload:
         missing = self.post({"type": "echo", "delay_s": 300})
         self.dispatcher.unschedule(QUEUE, missing)
         self.dispatcher.schedule_many(QUEUE, [(str(uuid.uuid4()), 2**41)])
+
+    def limit(self) -> None:
+        """A flow limit with both budgets, on a type nothing enqueues: its gauges exist."""
+        response = requests.put(f"{self.api}/limits/type:e2e.limited", timeout=10,
+                                json={"concurrency": 1, "rate": {"limit": 10, "period_s": 1}})
+        assert response.status_code == 201, response.text
 
     def hold_by_pause(self) -> bool:
         """Pause the queue in PostgreSQL alone (as if Redis lost the marker) and enqueue: the
@@ -279,12 +297,15 @@ def test_every_panel_shows_data_and_every_alert_parses(settings: Settings, store
         prometheus = Prometheus(ports.prometheus)
         work = Workload(ports.api, store, dispatcher)
         work.drift()
+        work.limit()
+        work.schedule_every_second()
         first = work.wave()
         work.lose_a_lease()
         # The second wave must land in later scrapes than the first, so rates see increases.
         wait_for(lambda: prometheus.total("sum(job_completed_total)") >= 8, timeout=15,
                  message="the first wave scraped")
         work.claim_conflict(first[0])
+        work.bulk_retry()
         work.wave()
         wait_for(lambda: work.hold_by_pause() or prometheus.total(
             "sum(taskline_queue_pause_held_total)") >= 1, timeout=20, interval=1.0,

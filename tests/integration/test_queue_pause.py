@@ -28,7 +28,8 @@ def test_claim_refuses_jobs_of_a_paused_queue_and_takes_them_after_resume(store,
     assert store.pause_queue("reports", "ops") is not None
     won = store.claim_jobs([paused.id, other.id], WORKER, 30)
     assert [c.job.id for c in won] == [other.id]
-    assert [r.id for r in store.held_by_pause([paused.id, other.id])] == [paused.id]
+    refused = store.claim_refusals([paused.id, other.id])
+    assert [(r.id, r.paused, r.limited) for r in refused] == [(paused.id, True, False)]
     assert store.get_job(paused.id).status.value == "queued"
     assert store.get_job(paused.id).attempts == 0
     assert store.resume_queue("reports") is not None

@@ -9,6 +9,7 @@ explains the form that prevents it).
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from sqlalchemy import text
@@ -154,3 +155,27 @@ def test_the_claim_from_postgresql_reads_the_claim_index_in_order(store: Store):
     assert "jobs_claimable" in shown
     assert "Sort" not in shown and "Seq Scan on jobs" not in shown
     assert "One-Time Filter" in shown  # the queue's pause is checked once, not per job
+
+
+def test_bulk_dead_letter_batches_never_scan_the_jobs_table(store: Store):
+    """A bulk requeue or purge reads dead jobs through indexes (the status index or the DLQ
+    rows' keys) and changes each by primary key, however many finished jobs the table holds."""
+    with store.transaction() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, "
+            "timeout_s) SELECT gen_random_uuid(), 'echo', 'default', '{}', 5, CASE WHEN n % 50 "
+            "= 0 THEN 'dead' ELSE 'succeeded' END, 0, 30 FROM generate_series(1, 50000) n"))
+        conn.execute(text("INSERT INTO dead_letter_jobs (job_id, attempts) "
+                          "SELECT id, 1 FROM jobs WHERE status = 'dead'"))
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("ANALYZE jobs, dead_letter_jobs"))
+    for queue, job_type in (("default", None), (None, "echo")):
+        params = {"queue": queue, "type": job_type, "ids": None, "after": str(uuid.UUID(int=0)),
+                  "limit": 500, "actor": None, "sources": ["dead"], "target": "queued",
+                  "event": "requeued"}
+        for name in ("requeue_dead_batch", "purge_dead_batch", "count_dead_matching"):
+            shown = plan(store, name, params)
+            assert "Seq Scan on jobs" not in shown, (name, shown)
+        for name in ("requeue_dead_batch", "purge_dead_batch"):
+            assert "jobs_pkey" in plan(store, name, params), name

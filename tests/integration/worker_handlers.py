@@ -26,6 +26,8 @@ MODULE = __name__
 GATE_LIMIT_S = 30.0  # no test handler blocks longer than this, whatever happens
 
 CALLS: list[tuple[str, int]] = []
+RUNNING: dict[str, int] = {}  # t.held / t.other handlers running now, by type
+PEAK: dict[str, int] = {}  # the most that ran at once, by type
 _lock = threading.Lock()
 _gates: dict[str, threading.Event] = {}
 
@@ -52,6 +54,8 @@ def reset() -> None:
     with _lock:
         _gates.clear()
         CALLS.clear()
+        RUNNING.clear()
+        PEAK.clear()
 
 
 def tags() -> list[str]:
@@ -158,3 +162,19 @@ def running_worker(settings: Settings, **options: Any) -> Iterator[Worker]:
         open_all_gates()
         if runner.thread.is_alive():
             runner.stop()
+
+
+@handler("t.other")
+@handler("t.held")
+def held(payload: Any, ctx: JobContext) -> dict:
+    """Record the call, count how many of its type run at once, and sleep `sleep_s` (50 ms)."""
+    _record(payload, ctx)
+    with _lock:
+        RUNNING[ctx.type] = RUNNING.get(ctx.type, 0) + 1
+        PEAK[ctx.type] = max(PEAK.get(ctx.type, 0), RUNNING[ctx.type])
+    try:
+        gate(payload.get("gate", "never-closed")).wait(float(payload.get("sleep_s", 0.05)))
+    finally:
+        with _lock:
+            RUNNING[ctx.type] -= 1
+    return {"tag": payload.get("tag")}

@@ -92,4 +92,9 @@ def test_a_half_deleted_job_is_caught_whatever_the_logs_say():
 
 def test_expiry_is_legal_from_every_finished_state_only():
     assert {key for key, targets in LEGAL.items() if "deleted" in targets} == {
-        ("succeeded", "expired"), ("cancelled", "expired"), ("dead", "expired")}
+        ("succeeded", "expired"), ("cancelled", "expired"), ("dead", "expired"),
+        ("dead", "purged")}
+
+
+def test_only_a_dead_job_can_be_purged():
+    assert {key[0] for key in LEGAL if key[1] == "purged"} == {"dead"}

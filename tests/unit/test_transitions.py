@@ -28,17 +28,25 @@ def test_every_pair_of_the_table_has_one_target_but_recovery() -> None:
 def test_terminal_states_leave_only_by_a_requeue_of_the_dead_or_by_expiry() -> None:
     terminal = (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD)
     leaving = {(source, event) for (source, event) in t.TABLE if source in terminal}
-    assert leaving == {(Status.DEAD, Event.REQUEUED)} | {(s, Event.EXPIRED) for s in terminal}
+    assert leaving == {(Status.DEAD, Event.REQUEUED), (Status.DEAD, Event.PURGED)} | {
+        (s, Event.EXPIRED) for s in terminal}
 
 
 def test_only_finished_jobs_expire_and_only_into_the_deleted_pseudo_state() -> None:
     assert t.EXPIRE.sources == {Status.SUCCEEDED, Status.CANCELLED, Status.DEAD}
     assert {key: targets for key, targets in t.TABLE.items() if t.Gone.DELETED in targets} == {
-        (s, Event.EXPIRED): {t.Gone.DELETED} for s in t.EXPIRE.sources}
+        **{(s, Event.EXPIRED): {t.Gone.DELETED} for s in t.EXPIRE.sources},
+        (Status.DEAD, Event.PURGED): {t.Gone.DELETED}}
     assert [s for s in Status if t.expirable(s)] == [Status.SUCCEEDED, Status.DEAD,
                                                      Status.CANCELLED]
     assert "deleted" not in {s.value for s in Status}  # no row, and no API filter, holds it
     assert not t.EXPIRE.ends_attempt and not t.EXPIRE.finishes
+
+
+def test_only_a_dead_job_is_purged_and_redis_forgets_it_from_the_dlq() -> None:
+    assert t.PURGE.sources == {Status.DEAD} and t.PURGE.target is t.Gone.DELETED
+    assert t.PURGE.step is t.Step.FORGET and not t.PURGE.ends_attempt
+    assert t.status_after("purged") == "deleted"
 
 
 def test_finished_at_is_stamped_by_exactly_the_moves_into_a_terminal_state() -> None:

@@ -40,8 +40,8 @@
     buckets: new Map(),                 // bucket start (s) -> {ok, failed}
     feed: [],
     historyId: null,
-    dirty: { queues: true, workers: true, dead: true, history: false, view: true },
-    lastFetch: { queues: 0, workers: 0, dead: 0, history: 0 },
+    dirty: { queues: true, workers: true, dead: true, limits: true, history: false, view: true },
+    lastFetch: { queues: 0, workers: 0, dead: 0, limits: 0, history: 0 },
     inflight: {},
     principal: null,                    // GET /api/v1/whoami; null until it answered
   };
@@ -214,6 +214,7 @@
     if (state.feed.length > FEED_SIZE) state.feed.length = FEED_SIZE;
     state.dirty.queues = true;
     state.dirty.workers = true;
+    state.dirty.limits = true;
     if (change.status === "dead" || change.event === "requeued") state.dirty.dead = true;
     if (change.job_id === state.historyId) state.dirty.history = true;
     state.dirty.view = true;
@@ -344,6 +345,28 @@
       guard(toggle, OPERATE);
       tr.append(cell(queue.name), stateCell, cell(String(queue.counts.queued || 0)),
         cell(String(queue.counts.running || 0)), cell(String(queue.counts.dead || 0)), cell(toggle));
+      return tr;
+    }));
+  }
+
+  // --- flow limits ------------------------------------------------------------------------
+
+  function describeLimit(limit) {
+    const parts = [];
+    if (limit.concurrency !== null) parts.push(`${limit.running}/${limit.concurrency} running`);
+    if (limit.rate) parts.push(`${limit.started}/${limit.rate.limit} per ${limit.rate.period_s} s`);
+    if (limit.per_key) parts.push("per key");
+    return parts.join(", ");
+  }
+
+  function applyLimits(data) {
+    const body = $("limits-body");
+    if (!data.limits.length) { emptyRow(body, 3, "No limit."); return; }
+    body.replaceChildren(...data.limits.map((limit) => {
+      const tr = document.createElement("tr");
+      tr.dataset.scope = limit.scope;
+      tr.append(cell(limit.scope), cell(describeLimit(limit)),
+        cell(String(limit.held), limit.held > 0 ? "held" : ""));
       return tr;
     }));
   }
@@ -675,13 +698,95 @@
     }
   }
 
+  // --- bulk dead-letter operations --------------------------------------------------------
+
+  const BULK = {
+    retry: { verb: "Requeue", done: "requeued", what: "requeued with a fresh retry budget" },
+    purge: { verb: "Purge", done: "purged", what: "deleted with their history, for good" },
+  };
+
+  function bulkFilter() {
+    const filter = {};
+    const queue = $("bulk-queue").value.trim();
+    const type = $("bulk-type").value.trim();
+    if (queue) filter.queue = queue;
+    if (type) filter.type = type;
+    return filter;
+  }
+
+  function describeFilter(filter) {
+    const parts = [];
+    if (filter.queue) parts.push(`queue ${filter.queue}`);
+    if (filter.type) parts.push(`type ${filter.type}`);
+    return parts.join(" and ");
+  }
+
+  function askBulk(action) {
+    const filter = bulkFilter();
+    if (!filter.queue && !filter.type) {
+      $("bulk-status").textContent = "Give a queue or a type first.";
+      return;
+    }
+    const bulk = BULK[action];
+    $("bulk-dialog-title").textContent = `${bulk.verb} matching dead jobs?`;
+    $("bulk-question").textContent =
+      `Every dead job of ${describeFilter(filter)} (at most 10,000) will be ${bulk.what}.`;
+    $("bulk-confirm").textContent = bulk.verb;
+    const dialog = $("bulk-dialog");
+    dialog.returnValue = "";
+    dialog.onclose = () => { if (dialog.returnValue === "confirm") runBulk(action, filter); };
+    dialog.showModal();
+  }
+
+  async function runBulk(action, filter) {
+    const status = $("bulk-status");
+    const buttons = [$("bulk-requeue"), $("bulk-purge")];
+    buttons.forEach((b) => { b.disabled = true; });
+    status.textContent = `${BULK[action].verb}…`;
+    try {
+      const data = await api("POST", `/dlq/${action}`, filter);
+      status.textContent = `${data[BULK[action].done]} ${BULK[action].done}, ${data.remaining} still matching.`;
+      state.dirty.dead = true;
+      state.dirty.queues = true;
+    } catch (err) {
+      status.textContent = `${BULK[action].verb} failed: ${err.message}`;
+    } finally {
+      buttons.forEach((b) => guard(b, OPERATE));
+    }
+  }
+
+  function startBulk() {
+    for (const button of [$("bulk-requeue"), $("bulk-purge")]) {
+      button.addEventListener("click", () => askBulk(button.dataset.action));
+      guard(button, OPERATE);
+    }
+  }
+
+  // --- schedules --------------------------------------------------------------------------
+
+  function applySchedules(data) {
+    const body = $("schedules-body");
+    if (!data.schedules.length) { emptyRow(body, 5, "No schedule."); return; }
+    body.replaceChildren(...data.schedules.map((s) => {
+      const tr = document.createElement("tr");
+      tr.dataset.schedule = s.name;
+      const next = s.next_runs.length ? new Date(s.next_runs[0]).toLocaleString() : "–";
+      const last = s.last_job_id ? jobLink(s.last_job_id) : "–";
+      tr.append(cell(s.name), cell(`${s.cron} (${s.timezone})`), cell(next, "next-run"),
+        cell(last), cell(s.paused ? "paused" : "active", s.paused ? "paused" : ""));
+      return tr;
+    }));
+  }
+
   // --- refresh loop -----------------------------------------------------------------------
 
   const SOURCES = {
     queues: { path: () => "/queues", apply: applyQueues, every: 5000, min: 1000 },
     workers: { path: () => "/workers", apply: applyWorkers, every: 3000, min: 1000 },
     dead: { path: () => "/dlq?limit=10", apply: applyDead, every: 10000, min: 1000 },
+    limits: { path: () => "/limits", apply: applyLimits, every: 5000, min: 1000 },
     history: { path: () => `/jobs/${state.historyId}`, apply: applyHistory, every: 0, min: 500 },
+    schedules: { path: () => "/schedules?limit=50", apply: applySchedules, every: 10000, min: 1000 },
   };
 
   async function refresh(name) {
@@ -731,6 +836,9 @@
     $("search-form").addEventListener("submit", onSearch);
     $("flood-form").addEventListener("submit", onFlood);
     guard($("flood-button"), WRITE);
+    state.dirty.schedules = true;
+    state.lastFetch.schedules = 0;
+    startBulk();
     renderPriorities(Array(10).fill(0));
     renderChart();
     begin();

@@ -181,7 +181,8 @@ class Dispatcher:
         """Move up to `count` ids, most urgent first, into this worker's processing list."""
         return list(self._script("fetch", *_fetch_call(queue, worker_id, count)))
 
-    def wait_and_fetch(self, queues: Sequence[str], worker_id: str, count: int) -> list[str]:
+    def wait_and_fetch(self, queues: Sequence[str], worker_id: str, count: int,
+                       timeout_s: float | None = None) -> list[str]:
         """Block inside Redis until a queue is signalled or the wait times out (no polling), then
         `fetch` from the first queue, in the same round trip.
 
@@ -192,7 +193,8 @@ class Dispatcher:
         """
         keys, args = _fetch_call(queues[0], worker_id, count)
         with translate_errors(), self.blocking_client.pipeline(transaction=False) as pipe:
-            pipe.blpop([QueueKeys(q).signal for q in queues], timeout=self.block_timeout_s)
+            wait = self.block_timeout_s if timeout_s is None else max(timeout_s, 0.01)
+            pipe.blpop([QueueKeys(q).signal for q in queues], timeout=wait)
             pipe.evalsha(self._scripts["fetch"].sha, len(keys), *keys, *args)
             woken, moved = pipe.execute(raise_on_error=False)
             if isinstance(moved, NoScriptError):
@@ -257,6 +259,15 @@ class Dispatcher:
                 pipe.set(keys.paused, "1")
             else:
                 pipe.delete(keys.paused)
+                pipe.lpush(keys.signal, "1")
+                pipe.ltrim(keys.signal, 0, SIGNAL_MAX - 1)
+            pipe.execute()
+
+    def wake(self, queues: Iterable[str]) -> None:
+        """Signal each queue once, waking a worker blocked on it (budget freed for held work)."""
+        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                keys = QueueKeys(queue)
                 pipe.lpush(keys.signal, "1")
                 pipe.ltrim(keys.signal, 0, SIGNAL_MAX - 1)
             pipe.execute()

@@ -4,6 +4,9 @@ A handler is registered with `@handler("send_email")` in a module named by TASKL
 It receives the payload and a `JobContext`; what it returns (JSON-serialisable) becomes the
 job's result. It should check `ctx.stopping` in long loops: the flag is set when the job is
 cancelled, its lease is lost, its timeout passed or the worker is shutting down.
+
+A periodic job is declared beside it with `@periodic("nightly", cron="0 3 * * *",
+job={"type": "report"})`; the maintenance service upserts every declaration at start.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 HandlerFn = Callable[[Any, "JobContext"], Any]
 
 _registry: dict[str, HandlerFn] = {}
+_periodic: dict[str, dict[str, Any]] = {}
 _EVENTS_LOCK = threading.Lock()
 """Guards the lazy creation of JobContext.stop_event against a concurrent stop request."""
 BUILTIN_MODULES = ("taskline.handlers.builtin", "taskline.handlers.webhook")
@@ -86,6 +90,24 @@ def handler(job_type: str) -> Callable[[HandlerFn], HandlerFn]:
         return fn
 
     return register
+
+
+def periodic(name: str, *, cron: str, job: dict[str, Any], timezone: str = "UTC",
+             catch_up: str = "latest", paused: bool = False) -> Callable[[HandlerFn], HandlerFn]:
+    """Declare schedule `name` (as PUT /api/v1/schedules/{name} takes it); the decorated
+    function is returned unchanged. Checked when maintenance upserts it."""
+
+    def declare(fn: HandlerFn) -> HandlerFn:
+        _periodic[name] = {"cron": cron, "job": dict(job), "timezone": timezone,
+                           "catch_up": catch_up, "paused": paused}
+        return fn
+
+    return declare
+
+
+def periodic_declarations() -> list[tuple[str, dict[str, Any]]]:
+    """The schedules declared with `@periodic` in the modules loaded so far, by name."""
+    return sorted((name, dict(spec)) for name, spec in _periodic.items())
 
 
 def get(job_type: str) -> HandlerFn | None:

@@ -18,10 +18,10 @@
 -- name: insert_job
 -- Insert one job unless its (queue, idempotency key) exists; returns the row only when inserted.
 INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                  next_run_at, idempotency_key, request_hash, trace_context)
+                  next_run_at, idempotency_key, request_hash, trace_context, limit_key)
 VALUES (:id, :type, :queue, CAST(:payload AS jsonb), :priority, :status, :max_retries,
         :timeout_s, COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)),
-        :idempotency_key, :request_hash, :trace_context)
+        :idempotency_key, :request_hash, :trace_context, CAST(:limit_key AS text))
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
@@ -42,16 +42,17 @@ WITH input AS MATERIALIZED (
     SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
-            idempotency_key text, request_hash text, trace_context text, actor text))
+            idempotency_key text, request_hash text, trace_context text, actor text,
+            limit_key text))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, idempotency_key, request_hash,
-                              trace_context, actor, ord)
+                              trace_context, actor, limit_key, ord)
 ), inserted AS (
     INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, idempotency_key, request_hash, trace_context)
+                      next_run_at, idempotency_key, request_hash, trace_context, limit_key)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
-           t.idempotency_key, t.request_hash, t.trace_context
+           t.idempotency_key, t.request_hash, t.trace_context, t.limit_key
     FROM input t
     ORDER BY t.ord
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -126,12 +127,15 @@ LIMIT :limit;
 
 -- name: claim_jobs
 -- Claim queued jobs for one worker: one winner per id, attempt counted, lease row and event written.
--- Candidates come through claimable_jobs (migration 0009), the one claim rule (queued, queue not
--- paused); `status = 'queued'` is tested again on the row itself so that, of two claimers, the
--- one that waited for the other's row lock re-reads the row and finds it taken.
+-- Candidates come through claimable_jobs (migrations 0009, 0010), the one claim rule (queued,
+-- queue not paused); `status = 'queued'` is tested again on the row itself so that, of two
+-- claimers, the one that waited for the other's row lock re-reads the row and finds it taken.
+-- :limited false claims only jobs no flow limit applies to; true, only limited jobs, and only
+-- inside the budgeted claim's transaction, which holds the limits' row locks (Store.claim_held).
 WITH claimed AS (
     UPDATE jobs SET status = :target, attempts = attempts + 1, updated_at = now()
-    WHERE id IN (SELECT c.id FROM claimable_jobs c WHERE c.id = ANY(CAST(:ids AS uuid[])))
+    WHERE id IN (SELECT c.id FROM claimable_jobs c WHERE c.id = ANY(CAST(:ids AS uuid[]))
+                 AND c.limited = CAST(:limited AS boolean))
       AND status = 'queued'
     RETURNING *
 ), leases AS (
@@ -139,12 +143,12 @@ WITH claimed AS (
     SELECT id, attempts, :worker_id, clock_timestamp(),
            clock_timestamp() + make_interval(secs => :lease_s)
     FROM claimed
-    RETURNING id AS lease_id, job_id, leased_until
+    RETURNING id AS lease_id, job_id, leased_at, leased_until
 ), events AS (
     INSERT INTO job_events (job_id, attempt, event, worker_id)
     SELECT id, attempts, :event, :worker_id FROM claimed
 )
-SELECT claimed.*, leases.lease_id, leases.leased_until
+SELECT claimed.*, leases.lease_id, leases.leased_at, leases.leased_until
 FROM claimed JOIN leases ON leases.job_id = claimed.id;
 
 -- name: due_queued_ids
@@ -154,10 +158,13 @@ FROM claimed JOIN leases ON leases.job_id = claimed.id;
 -- then applies the one rule, claimable_jobs, to them. A paused queue yields none: its pause is
 -- checked once for the queue, uncorrelated, so the plan stays an in-order read of
 -- jobs_claimable that stops after :limit rows (the view, flattened into an anti-join with
--- queue_pauses, is planned as a scan and sort of every queued job of the queue).
+-- queue_pauses, is planned as a scan and sort of every queued job of the queue). Limited jobs
+-- are left to the budgeted claim (held_candidates), as on the Redis path.
 SELECT j.id FROM jobs j
 WHERE j.status = 'queued' AND j.queue = :queue
   AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = :queue)
+  AND NOT EXISTS (SELECT 1 FROM flow_limits f
+                  WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))
 ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
@@ -167,12 +174,121 @@ FOR UPDATE SKIP LOCKED;
 -- queued while Redis could not be told (the payload is the queue's name).
 SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])) AS queue;
 
--- name: held_by_pause
--- Of ids a claim did not take, those still queued in a paused queue (not lost to another
--- worker): they go back to their ready lists, in the order the worker fetched them.
-SELECT j.id, j.queue, j.priority FROM jobs j
-WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE
-  AND EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = j.queue);
+-- name: claim_refusals
+-- Of ids a claim did not take, those still queued, and why: held by a pause (they go back to
+-- their ready lists), or limited (they are claimed from PostgreSQL, under their budget).
+SELECT j.id, j.queue, j.priority,
+       EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = j.queue) AS paused,
+       EXISTS (SELECT 1 FROM claimable_jobs c WHERE c.id = j.id AND c.limited) AS limited
+FROM jobs j
+WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
+
+-- name: lock_flow_limits
+-- Every flow limit, its row locked for the rest of the transaction (in scope order, so two
+-- budgeted claims never deadlock): the statements after it see every start committed before.
+-- `now` is the instant the budgets are judged at.
+SELECT scope, concurrency, rate_limit, period_s, per_key, clock_timestamp() AS now
+FROM flow_limits
+ORDER BY scope FOR UPDATE;
+
+-- name: flow_limit_scopes
+-- The scopes that have a limit.
+SELECT scope FROM flow_limits;
+
+-- name: flow_usage
+-- What each budget holds now: open leases of jobs of a concurrency-limited scope, and starts of
+-- a rate-limited scope inside its sliding window (with the oldest), by key under per_key.
+WITH running AS (
+    SELECT f.scope, CASE WHEN f.per_key THEN COALESCE(j.limit_key, '') ELSE '' END AS key,
+           count(*) AS n, NULL::timestamptz AS oldest
+    FROM job_leases l
+    JOIN jobs j ON j.id = l.job_id
+    JOIN flow_limits f ON f.concurrency IS NOT NULL
+                      AND f.scope IN ('type:' || j.type, 'queue:' || j.queue)
+    WHERE l.released_at IS NULL
+    GROUP BY 1, 2
+), started AS (
+    SELECT s.scope, CASE WHEN f.per_key THEN s.limit_key ELSE '' END AS key,
+           count(*) AS n, min(s.started_at) AS oldest
+    FROM flow_starts s
+    JOIN flow_limits f ON f.scope = s.scope AND f.rate_limit IS NOT NULL
+    WHERE s.started_at > clock_timestamp() - make_interval(secs => f.period_s)
+    GROUP BY 1, 2
+)
+SELECT 'running' AS kind, * FROM running
+UNION ALL
+SELECT 'started' AS kind, * FROM started;
+
+-- name: held_candidates
+-- Limited queued jobs of these queues, most urgent first and FIFO, skipping those whose scope or
+-- key has no budget left (:full_scopes 'type:x', :full_keys 'type:x' || chr(31) || key) and
+-- those already picked (:skip).
+SELECT c.id, c.type, c.queue, c.limit_key FROM claimable_jobs c
+WHERE c.limited AND c.queue = ANY(CAST(:queues AS text[]))
+  AND c.id <> ALL(CAST(:skip AS uuid[]))
+  AND ('type:' || c.type) <> ALL(CAST(:full_scopes AS text[]))
+  AND ('queue:' || c.queue) <> ALL(CAST(:full_scopes AS text[]))
+  AND ('type:' || c.type || chr(31) || COALESCE(c.limit_key, '')) <> ALL(CAST(:full_keys AS text[]))
+  AND ('queue:' || c.queue || chr(31) || COALESCE(c.limit_key, ''))
+      <> ALL(CAST(:full_keys AS text[]))
+ORDER BY c.priority DESC, c.created_at, c.id
+LIMIT :limit;
+
+-- name: record_flow_starts
+-- Log the starts of rate-limited scopes (:starts: JSON [{scope, key, at}], `at` each lease's
+-- leased_at), and drop entries no window can count any more.
+WITH added AS (
+    INSERT INTO flow_starts (scope, limit_key, started_at)
+    SELECT scope, key, at FROM json_to_recordset(CAST(:starts AS json))
+        AS t(scope text, key text, at timestamptz)
+)
+DELETE FROM flow_starts s
+WHERE NOT EXISTS (SELECT 1 FROM flow_limits f
+                  WHERE f.scope = s.scope AND f.rate_limit IS NOT NULL
+                    AND s.started_at > clock_timestamp() - make_interval(secs => f.period_s));
+
+-- name: upsert_flow_limit
+-- Create or replace one scope's limits; returns the row and whether it was created.
+INSERT INTO flow_limits (scope, concurrency, rate_limit, period_s, per_key, updated_at)
+VALUES (:scope, :concurrency, :rate_limit, :period_s, :per_key, now())
+ON CONFLICT (scope) DO UPDATE
+    SET concurrency = EXCLUDED.concurrency, rate_limit = EXCLUDED.rate_limit,
+        period_s = EXCLUDED.period_s, per_key = EXCLUDED.per_key, updated_at = now()
+RETURNING scope, concurrency, rate_limit, period_s, per_key, updated_at, (xmax = 0) AS created;
+
+-- name: delete_flow_limit
+-- Remove one scope's limits; returns the row when it existed.
+DELETE FROM flow_limits WHERE scope = :scope
+RETURNING scope, concurrency, rate_limit, period_s, per_key, updated_at;
+
+-- name: list_flow_limits
+-- Every limit with what it holds now: open leases and starts in the window (all keys), and the
+-- queued jobs it applies to (held back while its budget is used).
+SELECT f.scope, f.concurrency, f.rate_limit, f.period_s, f.per_key, f.updated_at,
+       (SELECT count(*) FROM job_leases l JOIN jobs j ON j.id = l.job_id
+        WHERE l.released_at IS NULL
+          AND f.scope IN ('type:' || j.type, 'queue:' || j.queue)) AS running,
+       (SELECT count(*) FROM flow_starts s
+        WHERE s.scope = f.scope AND f.rate_limit IS NOT NULL
+          AND s.started_at > clock_timestamp() - make_interval(secs => f.period_s)) AS started,
+       (SELECT count(*) FROM claimable_jobs c
+        WHERE f.scope IN ('type:' || c.type, 'queue:' || c.queue)) AS held
+FROM flow_limits f
+ORDER BY f.scope;
+
+-- name: held_of_scope
+-- One keyset page of the queued jobs a scope names that no limit holds any more, most urgent
+-- first and FIFO, for pushing them back to Redis once the scope's limit is removed.
+SELECT c.id, c.queue, c.priority, c.created_at FROM claimable_jobs c
+WHERE CAST(:scope AS text) IN ('type:' || c.type, 'queue:' || c.queue)
+  AND NOT c.limited
+  AND (CAST(:after_id AS uuid) IS NULL
+       OR c.priority < :after_priority
+       OR (c.priority = :after_priority
+           AND (c.created_at, c.id) > (CAST(:after_created AS timestamptz),
+                                       CAST(:after_id AS uuid))))
+ORDER BY c.priority DESC, c.created_at, c.id
+LIMIT :limit;
 
 -- name: pause_queue
 -- Pause a queue; returns the row only when this call paused it (it was not paused already).
@@ -299,6 +415,59 @@ WHERE (CAST(:queue AS text) IS NULL OR j.queue = :queue)
 ORDER BY d.failed_at DESC, d.job_id DESC
 LIMIT :limit;
 
+-- name: requeue_dead_batch
+-- Requeue up to :limit dead jobs matching the filter (:queue, :type, :ids; NULL matches all),
+-- job ids above :after, in id order, skipping rows others hold: each with a fresh retry budget,
+-- out of dead_letter_jobs, with its event. Re-checked under the row lock, so two concurrent
+-- calls requeue each job once. Returns the requeued jobs.
+WITH picked AS (
+    SELECT j.id FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+    WHERE j.status = 'dead' AND d.job_id > CAST(:after AS uuid)
+      AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
+      AND (CAST(:type AS text) IS NULL OR j.type = :type)
+      AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])))
+    ORDER BY d.job_id
+    LIMIT :limit
+    FOR UPDATE OF j SKIP LOCKED
+), changed AS (
+    UPDATE jobs j SET status = :target, attempts = 0, last_error = NULL, result = NULL,
+                      cancel_requested = false, next_run_at = now(), updated_at = now(),
+                      finished_at = NULL
+    FROM picked WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
+    RETURNING j.id, j.queue, j.priority, j.type
+), undead AS (
+    DELETE FROM dead_letter_jobs d USING changed WHERE d.job_id = changed.id
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
+)
+SELECT id, queue, priority, type FROM changed ORDER BY id;
+
+-- name: purge_dead_batch
+-- Delete up to :limit dead jobs matching the filter (as requeue_dead_batch), job ids above
+-- :after, in id order, skipping rows others hold; their events, leases and DLQ row go in the
+-- same statement by the foreign keys' ON DELETE CASCADE. Returns the deleted jobs.
+WITH picked AS (
+    SELECT j.id FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+    WHERE j.status = 'dead' AND d.job_id > CAST(:after AS uuid)
+      AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
+      AND (CAST(:type AS text) IS NULL OR j.type = :type)
+      AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])))
+    ORDER BY d.job_id
+    LIMIT :limit
+    FOR UPDATE OF j SKIP LOCKED
+)
+DELETE FROM jobs j USING picked
+WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
+RETURNING j.id, j.queue, j.priority, j.type, j.status;
+
+-- name: count_dead_matching
+-- How many dead jobs match the filter of requeue_dead_batch / purge_dead_batch.
+SELECT count(*) AS n FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+WHERE j.status = 'dead'
+  AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
+  AND (CAST(:type AS text) IS NULL OR j.type = :type)
+  AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])));
+
 -- name: promote_due
 -- Move due scheduled and retrying jobs to queued, oldest due first; skips rows others hold.
 WITH due AS (
@@ -369,10 +538,15 @@ FROM unnest(CAST(:statuses AS text[])) AS s(status);
 
 -- name: pending_page
 -- One keyset page of pending jobs (which Redis should hold), last touched before :before.
+-- Queued jobs a flow limit applies to are claimed from PostgreSQL under their budget, never
+-- from Redis, so they are left out (a worker that fetched one would only ack it away again).
 SELECT id, queue, priority, status,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
-FROM jobs
+FROM jobs j
 WHERE status IN ('queued', 'scheduled', 'retrying') AND id > :after AND updated_at < :before
+  AND NOT (status = 'queued'
+           AND EXISTS (SELECT 1 FROM flow_limits f
+                       WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue)))
 ORDER BY id
 LIMIT :limit;
 
@@ -480,3 +654,65 @@ DELETE FROM audit_log WHERE id IN (
     ORDER BY at, id LIMIT :limit
     FOR UPDATE SKIP LOCKED)
 RETURNING id;
+
+-- name: upsert_schedule
+-- Create or replace a schedule; `created` says which. A change of cron, time zone or a resume
+-- moves `since` to now (slots at or before it never fire); an unchanged definition keeps it, so
+-- the declarations upserted at every maintenance start lose no missed slot.
+INSERT INTO schedules (name, cron, timezone, job, paused, catch_up, since)
+VALUES (:name, :cron, :timezone, CAST(:job AS jsonb), :paused, :catch_up, now())
+ON CONFLICT (name) DO UPDATE SET
+    cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, job = EXCLUDED.job,
+    paused = EXCLUDED.paused, catch_up = EXCLUDED.catch_up,
+    since = CASE WHEN schedules.cron <> EXCLUDED.cron OR schedules.timezone <> EXCLUDED.timezone
+                      OR (schedules.paused AND NOT EXCLUDED.paused)
+                 THEN now() ELSE schedules.since END,
+    revision = schedules.revision + 1, updated_at = now()
+RETURNING *, (xmax = 0) AS created, now() AS db_now;
+
+-- name: get_schedule
+-- One schedule by name, with PostgreSQL's clock.
+SELECT *, now() AS db_now FROM schedules WHERE name = :name;
+
+-- name: list_schedules
+-- Schedules by name, paged by the previous page's last name.
+SELECT *, now() AS db_now FROM schedules
+WHERE CAST(:after AS text) IS NULL OR name > :after
+ORDER BY name
+LIMIT :limit;
+
+-- name: delete_schedule
+-- Remove a schedule; its fired slots keep their record and its jobs stay. Returns it if removed.
+DELETE FROM schedules WHERE name = :name RETURNING name;
+
+-- name: active_schedules
+-- Every schedule that is not paused, with PostgreSQL's clock: what the scheduler judges.
+SELECT name, cron, timezone, job, catch_up, since, revision, last_slot, now() AS db_now
+FROM schedules WHERE NOT paused ORDER BY name;
+
+-- name: fire_slot
+-- Fire one slot of a schedule still at :revision and not paused: the slot's row, its job (a
+-- new queued job carrying the schedule and the slot instant) with its first event, and the
+-- schedule's last slot, in one statement. A slot already recorded inserts nothing: no row.
+WITH slot AS (
+    INSERT INTO schedule_slots (schedule, slot, job_id)
+    SELECT name, CAST(:slot AS timestamptz), CAST(:id AS uuid) FROM schedules
+    WHERE name = :name AND revision = :revision AND NOT paused
+    ON CONFLICT (schedule, slot) DO NOTHING
+    RETURNING schedule, slot, job_id
+), job AS (
+    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, schedule, scheduled_for)
+    SELECT slot.job_id, :type, :queue, CAST(:payload AS jsonb), :priority, :status,
+           :max_retries, :timeout_s, now(), slot.schedule, slot.slot
+    FROM slot
+    RETURNING *
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event, detail)
+    SELECT id, 0, :event, jsonb_build_object('schedule', schedule, 'scheduled_for', scheduled_for)
+    FROM job
+), marked AS (
+    UPDATE schedules s SET last_slot = slot.slot, last_job_id = slot.job_id
+    FROM slot WHERE s.name = slot.schedule AND (s.last_slot IS NULL OR s.last_slot < slot.slot)
+)
+SELECT * FROM job;

@@ -137,3 +137,66 @@ class Deleted:
 
     def committed(self) -> Committed:
         return Committed(transitions.EXPIRE, str(self.id), self.queue, left=self.status)
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """A dead job a bulk requeue put back in its queue."""
+
+    id: uuid.UUID
+    queue: str
+    priority: int
+    type: str
+
+    @classmethod
+    def from_row(cls, row: Any) -> Requeued:
+        return cls(id=row.id, queue=row.queue, priority=row.priority, type=row.type)
+
+    def committed(self) -> Committed:
+        return Committed(transitions.REQUEUE, str(self.id), self.queue, self.priority)
+
+
+@dataclass(frozen=True)
+class Purged:
+    """A dead job a purge deleted, with its events, leases and DLQ row."""
+
+    id: uuid.UUID
+    queue: str
+    priority: int
+    type: str
+
+    @classmethod
+    def from_row(cls, row: Any) -> Purged:
+        return cls(id=row.id, queue=row.queue, priority=row.priority, type=row.type)
+
+    def committed(self) -> Committed:
+        return Committed(transitions.PURGE, str(self.id), self.queue, self.priority,
+                         left=Status.DEAD)
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """A row of `schedules`, with PostgreSQL's clock when it was read."""
+
+    name: str
+    cron: str
+    timezone: str
+    job: dict[str, Any]
+    paused: bool
+    catch_up: str
+    since: datetime
+    revision: int
+    last_slot: datetime | None
+    last_job_id: uuid.UUID | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    db_now: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> ScheduleRow:
+        return cls(name=row.name, cron=row.cron, timezone=row.timezone, job=row.job,
+                   paused=getattr(row, "paused", False), catch_up=row.catch_up,
+                   since=row.since, revision=int(row.revision), last_slot=row.last_slot,
+                   last_job_id=getattr(row, "last_job_id", None),
+                   created_at=getattr(row, "created_at", None),
+                   updated_at=getattr(row, "updated_at", None), db_now=row.db_now)

@@ -54,6 +54,11 @@ jobs = Table(
     # When the job reached its terminal state: set by its terminal transition only, cleared by
     # a requeue; retention counts from it (migration 0003).
     Column("finished_at", DateTime(timezone=True), nullable=True),
+    # The budget the job draws from under a `per_key` flow limit (migration 0010).
+    Column("limit_key", Text, nullable=True),
+    # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
+    Column("schedule", Text, nullable=True),
+    Column("scheduled_for", DateTime(timezone=True), nullable=True),
     CheckConstraint(
         "status IN ('scheduled','queued','running','retrying','succeeded','dead','cancelled')",
         name="jobs_status_valid",
@@ -156,6 +161,36 @@ queue_pauses = Table(
     Column("actor", Text, nullable=True),
 )
 
+# Flow limits (migration 0010): one row per scope, locked by the claims that take its budget.
+flow_limits = Table(
+    "flow_limits",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("concurrency", Integer, nullable=True),
+    Column("rate_limit", Integer, nullable=True),
+    Column("period_s", Float, nullable=True),
+    Column("per_key", Boolean, nullable=False, server_default=text("false")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint("concurrency >= 1", name="flow_limits_concurrency_check"),
+    CheckConstraint("rate_limit >= 1", name="flow_limits_rate_limit_check"),
+    CheckConstraint("period_s > 0", name="flow_limits_period_s_check"),
+    CheckConstraint("scope LIKE 'type:%' OR scope LIKE 'queue:%'", name="flow_limits_scope_kind"),
+    CheckConstraint("concurrency IS NOT NULL OR rate_limit IS NOT NULL",
+                    name="flow_limits_something"),
+    CheckConstraint("(rate_limit IS NULL) = (period_s IS NULL)", name="flow_limits_rate_period"),
+)
+
+# Starts of rate-limited scopes, the sliding window's log: written by the budgeted claim,
+# pruned by later ones once older than the scope's period.
+flow_starts = Table(
+    "flow_starts",
+    metadata,
+    Column("scope", Text, nullable=False),
+    Column("limit_key", Text, nullable=False, server_default=text("''")),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+)
+Index("flow_starts_scope_started", flow_starts.c.scope, flow_starts.c.started_at)
+
 # Operator actions that are no job event, or that delete job events (pause, limits, schedules,
 # purges), and the API's cancels and requeues: appended, never updated (a trigger refuses
 # UPDATE), deleted only by retention (TASKLINE_RETAIN_AUDIT_S).
@@ -172,3 +207,35 @@ audit_log = Table(
 )
 Index("audit_log_at", audit_log.c.at, audit_log.c.id)
 Index("audit_log_actor", audit_log.c.actor, audit_log.c.at, audit_log.c.id)
+
+# Periodic jobs (migration 0005): each schedule, and the record of every slot that fired. A
+# slot's row and its job are inserted by one statement, keyed by (schedule, slot), and nothing
+# deletes slots: a slot never gets a second job, whatever happened to its first.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("cron", Text, nullable=False),
+    Column("timezone", Text, nullable=False),
+    Column("job", JSONB, nullable=False),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    Column("catch_up", Text, nullable=False, server_default=text("'latest'")),
+    # Slots at or before it never fire: the creation, or the last change of cron, time zone or
+    # pause; `revision` counts every change.
+    Column("since", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("revision", BigInteger, nullable=False, server_default=text("1")),
+    Column("last_slot", DateTime(timezone=True), nullable=True),
+    Column("last_job_id", UUID(as_uuid=True), nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint("catch_up IN ('latest', 'none')", name="schedules_catch_up_valid"),
+)
+
+schedule_slots = Table(
+    "schedule_slots",
+    metadata,
+    Column("schedule", Text, primary_key=True),
+    Column("slot", DateTime(timezone=True), primary_key=True),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    Column("fired_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)

@@ -24,12 +24,22 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, create_engine, exc
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 
-from taskline import transitions
+from taskline import flow, transitions
 from taskline.errors import StoreUnavailable
-from taskline.jobs import Job, Status, parse_job_id
+from taskline.jobs import Job, Status, new_job_id, parse_job_id
 from taskline.store import bulk
 from taskline.store.queries import load_queries
-from taskline.store.rows import Deleted, Expired, Promoted, Recovered, Settled, Settlement
+from taskline.store.rows import (
+    Deleted,
+    Expired,
+    Promoted,
+    Purged,
+    Recovered,
+    Requeued,
+    ScheduleRow,
+    Settled,
+    Settlement,
+)
 from taskline.transitions import Move
 
 _QUERIES = load_queries()
@@ -84,6 +94,19 @@ def _json_loads(data: str | bytes) -> Any:
         except orjson.JSONDecodeError:
             pass
     return json.loads(text)
+
+
+@dataclass(frozen=True)
+class DeadFilter:
+    """Which dead jobs a bulk operation matches: every given field, combined with AND."""
+
+    queue: str | None = None
+    type: str | None = None
+    ids: tuple[uuid.UUID, ...] | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"queue": self.queue, "type": self.type,
+                "ids": None if self.ids is None else _uuid_array(self.ids)}
 
 
 @dataclass(frozen=True)
@@ -178,7 +201,8 @@ class Store:
 
     def insert_job(self, conn: Connection, **fields: Any) -> Job | None:
         """Insert a job; None when its idempotency key already exists in its queue."""
-        params = {"run_at": None, "delay_s": 0.0, "trace_context": None, **fields}
+        params = {"run_at": None, "delay_s": 0.0, "trace_context": None, "limit_key": None,
+                  **fields}
         params["payload"] = _json(params["payload"])
         rows = self._run("insert_job", params, conn)
         return Job.from_row(rows[0]) if rows else None
@@ -314,13 +338,72 @@ class Store:
                  "attempts": r.dead_attempts, "failed_at": r.failed_at}
                 for r in self._run("list_dead", params)]
 
+    def requeue_dead_batch(self, match: DeadFilter, after: uuid.UUID, limit: int,
+                           actor: str | None = None,
+                           conn: Connection | None = None) -> list[Requeued]:
+        """Requeue up to `limit` dead jobs matching `match` with ids above `after` (one
+        statement); rows another transaction holds are skipped, not waited for."""
+        params = {**match.params(), "after": after, "limit": limit, "actor": actor,
+                  **_move_params(transitions.REQUEUE)}
+        return [Requeued.from_row(r) for r in self._run("requeue_dead_batch", params, conn)]
+
+    def purge_dead(self, match: DeadFilter, after: uuid.UUID, limit: int,
+                   conn: Connection | None = None) -> list[Purged]:
+        """Delete up to `limit` dead jobs matching `match` with ids above `after`, each whole
+        (events, leases, DLQ row), in one statement: the one place a purge deletes jobs."""
+        params = {**match.params(), "after": after, "limit": limit,
+                  **_move_params(transitions.PURGE)}
+        return [Purged.from_row(r) for r in self._run("purge_dead_batch", params, conn)]
+
+    def count_dead_matching(self, match: DeadFilter) -> int:
+        return int(self._run("count_dead_matching", match.params())[0].n)
+
+    # --- schedules -----------------------------------------------------------------------
+
+    def upsert_schedule(self, *, name: str, cron: str, timezone: str, job: dict[str, Any],
+                        paused: bool, catch_up: str,
+                        conn: Connection | None = None) -> tuple[ScheduleRow, bool]:
+        """Create or replace a schedule: (the row, whether it was created)."""
+        rows = self._run("upsert_schedule", {"name": name, "cron": cron, "timezone": timezone,
+                                             "job": _json(job), "paused": paused,
+                                             "catch_up": catch_up}, conn)
+        return ScheduleRow.from_row(rows[0]), bool(rows[0].created)
+
+    def get_schedule(self, name: str) -> ScheduleRow | None:
+        rows = self._run("get_schedule", {"name": name})
+        return ScheduleRow.from_row(rows[0]) if rows else None
+
+    def list_schedules(self, after: str | None, limit: int) -> list[ScheduleRow]:
+        return [ScheduleRow.from_row(r)
+                for r in self._run("list_schedules", {"after": after, "limit": limit})]
+
+    def delete_schedule(self, name: str, conn: Connection | None = None) -> bool:
+        return bool(self._run("delete_schedule", {"name": name}, conn))
+
+    def active_schedules(self) -> list[ScheduleRow]:
+        return [ScheduleRow.from_row(r) for r in self._run("active_schedules", {})]
+
+    def fire_slot(self, schedule: ScheduleRow, slot: datetime) -> Job | None:
+        """Enqueue the job of `schedule`'s `slot` with the slot's record, in one statement;
+        None when the slot already fired (or the schedule changed, paused or went)."""
+        job = schedule.job
+        params = {"name": schedule.name, "revision": schedule.revision, "slot": slot,
+                  "id": new_job_id(), "type": job["type"], "queue": job["queue"],
+                  "payload": _json(job["payload"]), "priority": job["priority"],
+                  "max_retries": job["max_retries"], "timeout_s": job["timeout_s"],
+                  "status": transitions.ENQUEUE.target.value,
+                  "event": transitions.ENQUEUE.event.value}
+        rows = self._run("fire_slot", params)
+        return Job.from_row(rows[0]) if rows else None
+
     # --- worker side ---------------------------------------------------------------------
 
     def claim_jobs(self, ids: Sequence[uuid.UUID | str], worker_id: str,
                    lease_s: float) -> list[Claimed]:
         """Claim what can be claimed of `ids`; the ids not returned were lost to someone else."""
         rows = self._run_on_driver("claim_jobs", {"ids": _uuid_array(ids), "worker_id": worker_id,
-                                                  "lease_s": lease_s, **_CLAIM})
+                                                  "lease_s": lease_s, "limited": False,
+                                                  **_CLAIM})
         return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
 
     def claim_due_jobs(self, queues: Sequence[str], limit: int, worker_id: str,
@@ -346,7 +429,7 @@ class Store:
                 return []
             rows = cursor.execute(_driver_sql("claim_jobs"), {
                 "ids": _uuid_array(ids), "worker_id": worker_id, "lease_s": lease_s,
-                **_CLAIM}).fetchall()
+                "limited": False, **_CLAIM}).fetchall()
         order = {job_id: n for n, job_id in enumerate(ids)}
         rows.sort(key=lambda r: order[str(r.id)])
         return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
@@ -356,13 +439,106 @@ class Store:
         if queues:
             self._run_on_driver("notify_ready", {"queues": sorted(set(queues))})
 
-    def held_by_pause(self, ids: Sequence[uuid.UUID | str]) -> list:
-        """Of `ids` a claim did not take, the (id, queue, priority) still queued in a paused
-        queue: held, not lost, so they go back to Redis rather than being acked away."""
+    def claim_refusals(self, ids: Sequence[uuid.UUID | str]) -> list:
+        """Of `ids` a claim did not take, those still queued, each with `paused` and `limited`:
+        held, not lost, so they are handed back to Redis (paused) or left to the budgeted claim
+        (limited) rather than counted as conflicts."""
         valid = _uuids(ids)
         if not valid:
             return []
-        return self._run("held_by_pause", {"ids": valid})
+        return self._run("claim_refusals", {"ids": valid})
+
+    def claim_held(self, queues: Sequence[str], slots: int, worker_id: str,
+                   lease_s: float) -> HeldClaim:
+        """Claim up to `slots` limited jobs of `queues` within every limit's budget.
+
+        One transaction: the limits' rows are locked first (in scope order), so the use read
+        next includes every start committed before, and no other budgeted claim can take the
+        same budget until this one commits. The rate window's log is written in it too.
+        """
+        with self.transaction() as conn:
+            rows = self._run("lock_flow_limits", {}, conn)
+            if not rows:
+                return HeldClaim([], held=False, frees_at=None, now=None)
+            limits = {r.scope: flow.Limit.from_row(r) for r in rows}
+            now = rows[0].now
+            usage = _usage(self._run("flow_usage", {}, conn))
+            picked, held, frees_at = self._admit(conn, queues, slots, limits, usage, now)
+            claimed = self._claim_picked(conn, picked, worker_id, lease_s, limits)
+        return HeldClaim(claimed, held=held, frees_at=frees_at, now=now)
+
+    def _admit(self, conn: Connection, queues: Sequence[str], slots: int,
+               limits: dict[str, flow.Limit], usage: flow.Usage,
+               now: datetime) -> tuple[list[str], bool, datetime | None]:
+        """Held jobs to start within budget: (ids, whether others remain, when a rate frees).
+
+        Candidates are read a window at a time, skipping budgets already spent; a round that
+        spends a budget reads again without its jobs, so one tenant's long backlog ahead in
+        the queue cannot hide another tenant's jobs from the claim (at most ADMIT_ROUNDS).
+        """
+        picked: list[str] = []
+        window = max(4 * slots, 32)
+        admission = None
+        for _ in range(ADMIT_ROUNDS):
+            full = flow.full_budgets(limits.values(), usage.running, usage.started)
+            found = [flow.Candidate(str(r.id), r.type, r.queue, r.limit_key) for r in self._run(
+                "held_candidates", {"queues": list(queues), "limit": window, "skip": picked,
+                                    **_full_params(limits, full)}, conn)]
+            admission = flow.admit(found, limits, usage, slots - len(picked), now)
+            picked += admission.picked
+            usage = admission.usage
+            if len(found) < window or not admission.picked or len(picked) >= slots:
+                # Jobs of a spent budget were left out of `found`: they may still wait.
+                held = len(found) > len(admission.picked) or bool(admission.full)
+                return picked, held, admission.frees_at
+        return picked, True, admission.frees_at if admission else None
+
+    def _claim_picked(self, conn: Connection, ids: list[str], worker_id: str, lease_s: float,
+                      limits: dict[str, flow.Limit]) -> list[Claimed]:
+        if not ids:
+            return []
+        rows = self._run("claim_jobs", {"ids": ids, "worker_id": worker_id, "lease_s": lease_s,
+                                        "limited": True, **_CLAIM}, conn)
+        starts = [{"scope": lim.scope, "key": lim.key_of(r.limit_key),
+                   "at": r.leased_at.isoformat()}
+                  for r in rows for scope in flow.scopes_of(r.type, r.queue)
+                  if (lim := limits.get(scope)) is not None and lim.rate_limit is not None]
+        if starts:
+            self._run("record_flow_starts", {"starts": _json(starts)}, conn)
+        order = {job_id: i for i, job_id in enumerate(ids)}
+        return sorted((Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows),
+                      key=lambda c: order[str(c.job.id)])
+
+    # --- flow limits ---------------------------------------------------------------------
+
+    def put_flow_limit(self, limit: flow.Limit, conn: Connection | None = None) -> dict:
+        """Create or replace a scope's limits; the row, with `created`."""
+        rows = self._run("upsert_flow_limit", {
+            "scope": limit.scope, "concurrency": limit.concurrency,
+            "rate_limit": limit.rate_limit, "period_s": limit.period_s,
+            "per_key": limit.per_key}, conn)
+        return dict(rows[0]._mapping)
+
+    def delete_flow_limit(self, scope: str, conn: Connection | None = None) -> dict | None:
+        rows = self._run("delete_flow_limit", {"scope": scope}, conn)
+        return dict(rows[0]._mapping) if rows else None
+
+    def list_flow_limits(self) -> list[dict]:
+        """Every limit with its use now (running, started in the window) and the jobs it holds."""
+        return [dict(r._mapping) for r in self._run("list_flow_limits", {})]
+
+    def flow_limit_scopes(self) -> set[str]:
+        """The scopes that have a limit (workers read this once a second)."""
+        return {r.scope for r in self._run("flow_limit_scopes", {})}
+
+    def released_of_scope(self, scope: str, limit: int,
+                          after: tuple[int, datetime, uuid.UUID] | None) -> list:
+        """One page of the queued jobs `scope` names that no limit holds any more."""
+        return self._run("held_of_scope", {
+            "scope": scope, "limit": limit,
+            "after_priority": after[0] if after else None,
+            "after_created": after[1] if after else None,
+            "after_id": after[2] if after else None})
 
     # --- queue pause ---------------------------------------------------------------------
 
@@ -524,6 +700,37 @@ class Store:
         return len(self._run("delete_expired_audit", {"retain_s": retain_s, "limit": limit}))
 
 
+@dataclass(frozen=True)
+class HeldClaim:
+    """What a budgeted claim started, whether held jobs remain, and when a rate budget frees."""
+
+    claimed: list[Claimed]
+    held: bool
+    frees_at: datetime | None
+    now: datetime | None
+    """PostgreSQL's clock when the budgets were judged (None: no limit exists)."""
+
+    def frees_in_s(self) -> float | None:
+        """Seconds until a full rate budget has room again, if one is the bound."""
+        if self.frees_at is None or self.now is None:
+            return None
+        return max((self.frees_at - self.now).total_seconds(), 0.0)
+
+
+def _usage(rows: Sequence[Any]) -> flow.Usage:
+    running = {(r.scope, r.key): int(r.n) for r in rows if r.kind == "running"}
+    started = {(r.scope, r.key): int(r.n) for r in rows if r.kind == "started"}
+    oldest = {(r.scope, r.key): r.oldest for r in rows if r.kind == "started"}
+    return flow.Usage(running, started, oldest)
+
+
+def _full_params(limits: dict[str, flow.Limit], full: Sequence[flow.Budget]) -> dict[str, list]:
+    """The held_candidates filters: scopes with no budget at all, and per-key budgets spent."""
+    scopes = [scope for scope, key in full if not limits[scope].per_key]
+    keys = [f"{scope}\x1f{key}" for scope, key in full if limits[scope].per_key]
+    return {"full_scopes": scopes, "full_keys": keys}
+
+
 def _move_params(move: Move) -> dict[str, Any]:
     """The states and event a statement takes from the lifecycle's table."""
     return {"sources": move.source_names, "target": move.target.value,
@@ -531,6 +738,8 @@ def _move_params(move: Move) -> dict[str, Any]:
 
 
 _FIRST_EVENTS = json.dumps(dict(transitions.FIRST_EVENTS))
+ADMIT_ROUNDS = 4
+"""Most candidate windows one budgeted claim reads (see Store._admit)."""
 _CLAIM = {"target": transitions.CLAIM.target.value, "event": transitions.CLAIM.event.value}
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)

@@ -1,0 +1,197 @@
+"""The scheduler: enqueues one job per due slot of every schedule that is not paused.
+
+Invariant: a slot gets at most one job, whoever fires it and however often. The slot's record
+(`schedule_slots`, keyed by schedule and slot instant, never deleted) and its job are inserted
+by one statement (`Store.fire_slot`), so a second attempt for the same slot, by this instance
+after a restart or by another after a leader change (or a second replica that still believes
+it leads), inserts nothing. Only after that commit is the job pushed to Redis (the ENQUEUE
+move's step, `Dispatcher.follow`); if this process dies in between, the reconciler pushes it.
+
+What is due is judged in PostgreSQL's clock (the schedules are read with `now()`), slot by
+slot as taskline.schedules computes them: the newest slot after the schedule's `since` and its
+last fired slot, within `MISSED_AFTER_S` under `catch_up = none`. A pass runs every
+`TICK_S` at most, sooner when a slot is due earlier, so a slot fires within about a second of
+its instant while this instance leads. Between slots a schedule costs nothing but the read of
+its row: the instant of its next slot is kept per (schedule, revision, last slot).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.metrics import LOOP_ERRORS, SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
+from taskline.schedules import (
+    CATCH_UP,
+    NO_SLOT,
+    Cron,
+    InvalidSchedule,
+    declared,
+    due_slot,
+    missed,
+    next_due,
+)
+from taskline.service import Periodic
+from taskline.settings import Settings
+from taskline.store.rows import ScheduleRow
+from taskline.store.store import STATEMENT_ERRORS, Store
+from taskline.transitions import ENQUEUE, Committed
+
+log = logging.getLogger(__name__)
+SCHEDULE_ERRORS = LOOP_ERRORS.labels(loop="scheduler")
+
+TICK_S = 0.5
+"""Longest pause between passes, seconds: a due slot waits at most this long to be seen."""
+MIN_WAIT_S = 0.02
+
+
+@dataclass(frozen=True)
+class SchedulerResult:
+    """Counts of one pass."""
+
+    fired: int = 0
+    skipped: int = 0
+    conflicts: int = 0
+    """Slots another instance (or an earlier life of this one) had fired already."""
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What a schedule's row looked like when its next slot was computed."""
+
+    revision: int
+    last_slot: datetime | None
+    next_due: datetime
+
+
+class Scheduler(Periodic):
+    """Fires due schedule slots through the normal enqueue path: commit, then push."""
+
+    name = "scheduler"
+
+    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+                 declarations: Iterable[tuple[str, dict[str, Any]]] = ()) -> None:
+        super().__init__()
+        self.store = store
+        self.dispatcher = dispatcher
+        self.settings = settings
+        self._declarations = list(declarations)
+        self._declared = not self._declarations
+        self._known: dict[str, _Known] = {}
+        self._crons: dict[tuple[str, str], Cron] = {}
+        self._wait_s = TICK_S
+        for mode in CATCH_UP:  # 0, not "no data", on a dashboard before the first skip
+            SCHEDULE_SKIPPED.labels(catch_up=mode)
+
+    @property
+    def interval_s(self) -> float:
+        return TICK_S
+
+    def next_wait(self) -> float:
+        return self._wait_s
+
+    def run_once(self) -> SchedulerResult:
+        if not self._declared:
+            self._declare()
+        rows = self.store.active_schedules()
+        self._known = {r.name: self._known[r.name] for r in rows if r.name in self._known}
+        fired = skipped = conflicts = 0
+        wait = TICK_S
+        for row in rows:
+            outcome = self._judge_one(row)
+            if outcome is None:
+                continue
+            f, s, c, due = outcome
+            fired, skipped, conflicts = fired + f, skipped + s, conflicts + c
+            wait = min(wait, max((due - row.db_now).total_seconds(), MIN_WAIT_S))
+        self._wait_s = wait
+        if not fired:
+            log.debug("scheduler pass: nothing due", extra={"action": "scheduler"})
+        return SchedulerResult(fired, skipped, conflicts)
+
+    def _cron(self, row: ScheduleRow) -> Cron:
+        key = (row.cron, row.timezone)
+        if key not in self._crons:
+            self._crons[key] = Cron.parse(row.cron, row.timezone)
+        return self._crons[key]
+
+    def _judge_one(self, row: ScheduleRow) -> tuple[int, int, int, datetime] | None:
+        """`_judge`, where a schedule PostgreSQL refuses to enqueue (or whose expression finds
+        no next slot) costs that schedule's slot only; an outage still fails the pass."""
+        try:
+            return self._judge(row)
+        except (*STATEMENT_ERRORS, *NO_SLOT) as err:
+            SCHEDULE_ERRORS.inc()
+            log.error("schedule %s could not be judged or fired: %s", row.name, err,
+                      extra={"action": "scheduler", "schedule": row.name})
+            return None
+
+    def _judge(self, row: ScheduleRow) -> tuple[int, int, int, datetime] | None:
+        """(fired, skipped, conflicts, next due) for one schedule; None when it is unusable."""
+        known = self._known.get(row.name)
+        if (known is not None and known.revision == row.revision
+                and known.last_slot == row.last_slot and row.db_now < known.next_due):
+            return 0, 0, 0, known.next_due
+        try:
+            cron = self._cron(row)
+        except InvalidSchedule as err:  # written by hand past the API's validation
+            log.error("schedule %s cannot be read: %s", row.name, err,
+                      extra={"action": "scheduler", "schedule": row.name})
+            return None
+        since = max(row.since, row.last_slot or row.since)
+        slot = due_slot(cron, since, row.db_now, row.catch_up)
+        fired = skipped = conflicts = 0
+        last = row.last_slot
+        if slot is not None:
+            if self._fire(row, slot):
+                fired, last = 1, slot
+                skipped = missed(cron, since, slot)
+                if skipped:
+                    SCHEDULE_SKIPPED.labels(catch_up=row.catch_up).inc(skipped)
+            else:
+                conflicts = 1
+        due = next_due(cron, since, row.db_now)
+        self._known[row.name] = _Known(row.revision, last, due)
+        return fired, skipped, conflicts, due
+
+    def _fire(self, row: ScheduleRow, slot: datetime) -> bool:
+        """Enqueue the slot's job (with the slot's record) and push it after the commit."""
+        job = self.store.fire_slot(row, slot)
+        if job is None:
+            log.info("schedule slot already fired", extra={
+                "action": "schedule_slot_taken", "schedule": row.name,
+                "scheduled_for": slot.isoformat()})
+            return False
+        SCHEDULE_FIRED.labels(queue=job.queue).inc()
+        SCHEDULE_LAG.observe(max((job.created_at - slot).total_seconds(), 0.0))
+        log.info("schedule slot fired", extra={
+            "action": "schedule_fired", "schedule": row.name, "scheduled_for": slot.isoformat(),
+            "job_id": str(job.id), "queue": job.queue, "type": job.type})
+        try:
+            self.dispatcher.follow([Committed(ENQUEUE, str(job.id), job.queue, job.priority)])
+        except Exception:
+            log.warning("schedule slot's job committed but not pushed; reconciliation will "
+                        "push it", exc_info=True,
+                        extra={"action": "schedule_fired", "job_id": str(job.id)})
+        return True
+
+    def _declare(self) -> None:
+        """Upsert the schedules declared in code (`@periodic`), once, on the first pass this
+        instance leads (so a PostgreSQL outage at start delays them instead of losing them).
+        A declaration that cannot be used is logged and left out; the others are written."""
+        for name, spec in self._declarations:
+            try:
+                fields = declared(name, spec, self.settings.default_max_retries,
+                                  self.settings.default_timeout_s)
+            except InvalidSchedule as err:
+                log.error("@periodic declaration refused: %s", err,
+                          extra={"action": "schedule_declared", "schedule": name})
+                continue
+            self.store.upsert_schedule(name=name, **fields)
+            log.info("schedule declared in code upserted",
+                     extra={"action": "schedule_declared", "schedule": name})
+        self._declared = True

@@ -1,0 +1,152 @@
+"""Flow limits: PUT, GET and DELETE /api/v1/limits[/{scope}].
+
+Invariant: a limit is a row of `flow_limits` (scope `type:<type>` or `queue:<queue>`); every
+worker reads the set within a second and starts a job a limit applies to only through the
+budgeted claim (taskline_worker.held), so a limit binds the whole cluster, not one process.
+Bad input is a 4xx that changes nothing. Removing a limit hands the jobs it held back to Redis
+(in order, most urgent first), as they would have been dispatched without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from taskline import flow
+from taskline.errors import DispatchUnavailable
+from taskline_producer import audit
+from taskline_producer.backends import backends
+from taskline_producer.body import read_json
+from taskline_producer.errors import InvalidParameter, NotFound, ValidationFailed
+from taskline_producer.shapes import plain
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("limits", __name__, url_prefix="/api/v1")
+
+FIELDS = frozenset({"concurrency", "rate", "per_key"})
+RELEASE_PAGE = 1000
+
+
+@bp.put("/limits/<path:scope>")
+def put_limit(scope: str) -> Response:
+    _check_scope(scope)
+    limit = parse_limit(scope, read_json(request, backends().settings.max_payload_bytes))
+    b = backends()
+    with b.store.transaction() as conn:
+        row = b.store.put_flow_limit(limit, conn)
+        audit.record_in(conn, "limit.set", scope, shape(row))
+    log.info("flow limit set", extra={"action": "limit_set", "scope": scope})
+    response = jsonify(shape(row))
+    response.status_code = 201 if row["created"] else 200
+    return response
+
+
+@bp.get("/limits")
+def list_limits() -> Response:
+    rows = backends().store.list_flow_limits()
+    return jsonify({"limits": [{**shape(r), "running": r["running"], "started": r["started"],
+                                "held": r["held"]} for r in rows]})
+
+
+@bp.delete("/limits/<path:scope>")
+def delete_limit(scope: str) -> Response:
+    _check_scope(scope)
+    b = backends()
+    with b.store.transaction() as conn:
+        row = b.store.delete_flow_limit(scope, conn)
+        if row is not None:
+            audit.record_in(conn, "limit.delete", scope, shape(row))
+    if row is None:
+        raise NotFound("no limit has this scope", {"scope": scope})
+    released = _release(scope)
+    log.info("flow limit removed", extra={"action": "limit_deleted", "scope": scope,
+                                          "released": released})
+    return jsonify({**shape(row), "released": released})
+
+
+def parse_limit(scope: str, body: object) -> flow.Limit:
+    """The limit a PUT body describes, or ValidationFailed naming every bad field."""
+    if not isinstance(body, dict):
+        raise ValidationFailed(details=[{"field": "$", "message": "must be a JSON object"}])
+    errors = [{"field": name, "message": "unknown field"} for name in body if name not in FIELDS]
+    concurrency = _number(body, "concurrency", errors)
+    rate_limit, period_s = _rate(body.get("rate"), errors)
+    per_key = body.get("per_key", False)
+    if not isinstance(per_key, bool):
+        errors.append({"field": "per_key", "message": "must be true or false"})
+    if concurrency is None and rate_limit is None and not errors:
+        errors.append({"field": "$", "message": "give concurrency, rate, or both"})
+    if errors:
+        raise ValidationFailed(details=errors)
+    return flow.Limit(scope, concurrency, rate_limit, period_s, per_key)
+
+
+def shape(row: dict[str, Any]) -> dict[str, Any]:
+    rate = None
+    if row["rate_limit"] is not None:
+        rate = {"limit": row["rate_limit"], "period_s": float(row["period_s"])}
+    return {"scope": row["scope"], "concurrency": row["concurrency"], "rate": rate,
+            "per_key": row["per_key"], "updated_at": plain(row["updated_at"])}
+
+
+def _check_scope(scope: str) -> None:
+    try:
+        flow.parse_scope(scope)
+    except ValueError as err:
+        raise InvalidParameter(str(err), {"parameter": "scope"}) from None
+
+
+def _number(body: dict, name: str, errors: list[dict]) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= flow.MAX_NUMBER:
+        errors.append({"field": name, "message": f"must be an integer 1..{flow.MAX_NUMBER}"})
+        return None
+    return value
+
+
+def _rate(rate: object, errors: list[dict]) -> tuple[int | None, float | None]:
+    if rate is None:
+        return None, None
+    if not isinstance(rate, dict):
+        errors.append({"field": "rate", "message": 'must be {"limit": n, "period_s": s}'})
+        return None, None
+    errors += [{"field": f"rate.{k}", "message": "unknown field"} for k in rate
+               if k not in ("limit", "period_s")]
+    limit = _number(rate, "limit", errors)
+    if rate.get("limit") is None:
+        errors.append({"field": "rate.limit", "message": "required: an integer "
+                                                         f"1..{flow.MAX_NUMBER}"})
+    period = rate.get("period_s")
+    if (isinstance(period, bool) or not isinstance(period, int | float)
+            or not math.isfinite(period) or not 0 < period <= flow.MAX_PERIOD_S):
+        errors.append({"field": "rate.period_s",
+                       "message": f"required: seconds, > 0 and <= {flow.MAX_PERIOD_S:g}"})
+        return None, None
+    if limit is None:
+        return None, None
+    return limit, float(period)
+
+
+def _release(scope: str) -> int:
+    """Push the jobs the removed limit held back to Redis; what is left (Redis down, or a
+    long backlog) reconciliation pushes within its interval."""
+    b = backends()
+    released, after = 0, None
+    try:
+        while page := b.store.released_of_scope(scope, RELEASE_PAGE, after):
+            b.dispatcher.push([(r.queue, r.priority, str(r.id)) for r in page])
+            released += len(page)
+            last = page[-1]
+            after = (last.priority, last.created_at, last.id)
+            if len(page) < RELEASE_PAGE:
+                break
+    except DispatchUnavailable as err:
+        log.warning("jobs held by a removed limit not pushed; reconciliation pushes them",
+                    extra={"action": "limit_release", "scope": scope, "error": str(err)})
+    return released

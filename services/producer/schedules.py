@@ -1,0 +1,121 @@
+"""The schedules blueprint: create or replace, read, list and remove periodic jobs.
+
+Invariant: a body is validated whole (taskline_producer.schedulespec) before any SQL runs, and
+a change and its audit record commit in one transaction. A name outside the name rule names
+no schedule: GET and DELETE answer 404 before any SQL. `next_runs` are computed from the
+stored definition in PostgreSQL's clock; a paused schedule has none. Removing a schedule
+leaves its jobs and the record of its fired slots where they are.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from taskline.schedules import NO_SLOT, Cron, InvalidSchedule, next_due, valid_name
+from taskline.store.rows import ScheduleRow
+from taskline_producer import audit, paging
+from taskline_producer.backends import backends
+from taskline_producer.body import read_json
+from taskline_producer.errors import InvalidParameter, NotFound, ValidationFailed
+from taskline_producer.schedulespec import ScheduleSpec, parse_schedule
+from taskline_producer.shapes import plain
+
+bp = Blueprint("schedules", __name__, url_prefix="/api/v1/schedules")
+
+
+def view(row: ScheduleRow) -> dict[str, Any]:
+    """A schedule as the API shows it, with its next five slots."""
+    return {"name": row.name, "cron": row.cron, "timezone": row.timezone, "job": row.job,
+            "paused": row.paused, "catch_up": row.catch_up, "next_runs": _next_runs(row),
+            "last_slot": plain(row.last_slot), "last_job_id": plain(row.last_job_id),
+            "created_at": plain(row.created_at), "updated_at": plain(row.updated_at)}
+
+
+def _next_runs(row: ScheduleRow) -> list[str]:
+    if row.paused:
+        return []
+    try:
+        cron = Cron.parse(row.cron, row.timezone)
+        since = max(row.since, row.last_slot or row.since)
+        first = next_due(cron, since, row.db_now)
+        rest = cron.next_runs(first, 4)
+    except (InvalidSchedule, *NO_SLOT):  # no slot for years to come
+        return []
+    return [plain(slot) for slot in (first, *rest)]
+
+
+@bp.put("/<name>")
+def put_schedule(name: str) -> Response:
+    b = backends()
+    body = read_json(request, b.settings.max_payload_bytes)
+    spec = parse_schedule(name, body, b.settings)
+    if not isinstance(spec, ScheduleSpec):
+        raise ValidationFailed(details=[e.to_dict() for e in spec])
+    with b.store.transaction() as conn:
+        row, created = b.store.upsert_schedule(
+            name=spec.name, cron=spec.cron, timezone=spec.timezone, job=spec.job,
+            paused=spec.paused, catch_up=spec.catch_up, conn=conn)
+        audit.record_in(conn, "schedule.create" if created else "schedule.replace", spec.name,
+                        {"cron": spec.cron, "timezone": spec.timezone,
+                         "paused": spec.paused, "catch_up": spec.catch_up,
+                         "queue": spec.job["queue"], "type": spec.job["type"]})
+    response = jsonify(view(row))
+    response.status_code = 201 if created else 200
+    response.headers["Location"] = f"/api/v1/schedules/{spec.name}"
+    return response
+
+
+@bp.get("/<name>")
+def get_schedule(name: str) -> Response:
+    row = backends().store.get_schedule(name) if valid_name(name) else None
+    if row is None:
+        raise NotFound("no schedule has this name", {"name": name})
+    return jsonify(view(row))
+
+
+@bp.get("")
+def list_schedules() -> Response:
+    args = request.args
+    size = paging.limit(args)
+    after = decode_cursor(args.get("cursor"))
+    rows = backends().store.list_schedules(after, size + 1)
+    page = rows[:size]
+    cursor = encode_cursor(page[-1].name) if len(rows) > size else None
+    return jsonify({"schedules": [view(r) for r in page], "next_cursor": cursor})
+
+
+@bp.delete("/<name>")
+def delete_schedule(name: str) -> Response:
+    b = backends()
+    if not valid_name(name):
+        raise NotFound("no schedule has this name", {"name": name})
+    with b.store.transaction() as conn:
+        if not b.store.delete_schedule(name, conn):
+            raise NotFound("no schedule has this name", {"name": name})
+        audit.record_in(conn, "schedule.delete", name)
+    return jsonify({"name": name, "deleted": True})
+
+
+def encode_cursor(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
+
+
+def decode_cursor(text: str | None) -> str | None:
+    """The name a cursor names; InvalidParameter when it is not one this API returned."""
+    if text is None:
+        return None
+    try:
+        if len(text) > paging.MAX_CURSOR_CHARS * 2:
+            raise ValueError("too long")
+        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
+        name = base64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")
+        if not valid_name(name):
+            raise ValueError("not a name")
+        return name
+    except (ValueError, binascii.Error, UnicodeError):
+        raise InvalidParameter("cursor is not a cursor this API returned",
+                               {"parameter": "cursor"}) from None
