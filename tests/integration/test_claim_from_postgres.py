@@ -9,6 +9,7 @@ import threading
 
 from sqlalchemy import text
 
+from taskline import flow
 from taskline.store.store import Store
 from tests.helpers import enqueue
 
@@ -108,3 +109,16 @@ def test_a_paused_queue_yields_nothing_and_the_next_queue_is_claimed(store: Stor
     assert store.get_job(held.id).status == "queued"
     store.resume_queue("held")
     assert [c.job.id for c in store.claim_due_jobs(["held"], 2, "w1", 15)] == [held.id]
+
+
+def test_limited_jobs_are_left_to_the_budgeted_claim(store: Store, dispatcher):
+    limited = enqueue(store, dispatcher, "slow.api", push=False, priority=9)
+    free = enqueue(store, dispatcher, push=False)
+    store.put_flow_limit(flow.Limit("type:slow.api", concurrency=1))
+    claimed = store.claim_due_jobs(["default"], 5, "w1", 15)
+    assert [c.job.id for c in claimed] == [free.id]
+    assert store.get_job(limited.id).status == "queued"
+    store.put_flow_limit(flow.Limit("queue:mail", concurrency=1))
+    mail = enqueue(store, dispatcher, push=False, queue="mail")
+    assert store.claim_due_jobs(["mail"], 5, "w1", 15) == []
+    assert store.get_job(mail.id).status == "queued"

@@ -159,12 +159,14 @@ FROM claimed JOIN leases ON leases.job_id = claimed.id;
 -- checked once for the queue, uncorrelated, so the plan stays an in-order read of
 -- jobs_claimable that stops after :limit rows (the view, flattened into an anti-join with
 -- queue_pauses, is planned as a scan and sort of every queued job of the queue). Limited jobs
--- are left to the budgeted claim (held_candidates), as on the Redis path.
+-- are left to the budgeted claim (held_candidates), as on the Redis path: a limit on the queue
+-- is checked once too, and the limited types are read once into an array each row is tested
+-- against (an anti-join with flow_limits would be planned like the view).
 SELECT j.id FROM jobs j
 WHERE j.status = 'queued' AND j.queue = :queue
   AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = :queue)
-  AND NOT EXISTS (SELECT 1 FROM flow_limits f
-                  WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))
+  AND NOT EXISTS (SELECT 1 FROM flow_limits f WHERE f.scope = 'queue:' || :queue)
+  AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM flow_limits f))
 ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
