@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from taskline import readiness, transitions
+from taskline import flow, readiness, transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys, dispatch_marker_ms
 from taskline.errors import DispatchUnavailable
@@ -239,3 +239,20 @@ def test_a_worker_started_while_redis_is_down_runs_the_most_urgent_first(private
         wait_for(lambda: len(th.tags()) == 5, message="5 jobs run")
         assert worker.mode.degraded
     assert th.tags() == ["critical", "high-1", "high-2", "normal", "low"]
+
+
+def test_limited_jobs_run_under_their_budget_while_redis_is_down(private_settings,
+                                                                 private_store, private_redis):
+    private_store.put_flow_limit(flow.Limit("type:t.record", concurrency=1))
+    dispatcher = Dispatcher(private_redis.url)
+    try:
+        jobs = [enqueue(private_store, dispatcher, "t.record", {"tag": str(n)}, push=False)
+                for n in range(3)]
+    finally:
+        dispatcher.close()
+    private_redis.kill()
+    with running_worker(private_settings, concurrency=2) as worker:
+        for job in jobs:
+            wait_for(lambda j=job: status(private_store, j.id) == "succeeded", timeout=20,
+                     message="limited job run from PostgreSQL")
+        assert worker.mode.degraded
