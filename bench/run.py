@@ -8,7 +8,9 @@ taskline, Celery, Dramatiq and pgqueuer in turn inside each repetition (so a noi
 hits all of them alike) and print each ratio taskline / peer: `side_by_side` with no-op jobs,
 `drain_io_side_by_side` with jobs that make one Redis round trip or sleep 10 ms, at 2 processes
 x 8 slots and x the worker's default concurrency. `pgqueuer_enqueue` measures pgqueuer's single
-and bulk enqueue and its pickup. See docs/performance.md.
+and bulk enqueue and its pickup; `producers_side_by_side` measures taskline's producer paths
+(the library's in-transaction enqueue, `Client`, `Client.enqueue_batch`) beside it, with the
+client's CPU per enqueue (bench/producers.py). See docs/performance.md.
 
 Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--no-peers]
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
@@ -48,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import degraded
 import limits
 import peers
+import producers
 import scenarios as sc
 from stack import ROOT, Stack, open_stack
 
@@ -149,6 +152,19 @@ def _with_ratios(runs: dict[str, list[float]]) -> dict[str, Any]:
             out[f"ratio_taskline_over_{peer}"] = summary(
                 [t / p for t, p in zip(runs["taskline"], runs[peer], strict=True)])
     return out
+
+
+def producers_side_by_side(stack: Stack, n: int, repeat: int,
+                           with_peers: bool) -> dict[str, Any]:
+    """The producer's ways in (bench/producers.py) and pgqueuer's, in every repetition:
+    single enqueue through the library and the client, bulk through the client, enqueue call
+    to handler start through each; each figure's summary, the ratios per repetition."""
+    peer = peers if "pgqueuer" in _peers_installed(with_peers) else None
+    runs: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        for name, value in producers.side_by_side_once(stack, n, peer).items():
+            runs.setdefault(name, []).append(value)
+    return {name: summary(values) for name, values in runs.items()}
 
 
 def io_setups() -> dict[str, int]:
@@ -254,6 +270,7 @@ def side_by_sides(stack: Stack, args: argparse.Namespace, only: set[str],
         for case, values in results["drain_io_side_by_side"].items():
             for name, value in values.items():
                 show(f"drain_io {case} {name}", value)
+    producer_paths(stack, args, only, results)
     if "concurrency_sweep" in only:  # only when asked: twelve drains per repetition
         results["concurrency_sweep"] = concurrency_sweep(stack, args.jobs, args.repeat)
         for case, value in results["concurrency_sweep"].items():
@@ -263,6 +280,15 @@ def side_by_sides(stack: Stack, args: argparse.Namespace, only: set[str],
         results["pgqueuer_enqueue"] = measure(
             stack, lambda s: sc.pgqueuer_enqueue(s, args.jobs), args.repeat)
         show("pgqueuer_enqueue", results["pgqueuer_enqueue"])
+
+
+def producer_paths(stack: Stack, args: argparse.Namespace, only: set[str],
+                   results: dict[str, Any]) -> None:
+    if not only or "producers_side_by_side" in only:
+        results["producers_side_by_side"] = producers_side_by_side(
+            stack, args.jobs, args.repeat, not args.no_peers)
+        for name, value in results["producers_side_by_side"].items():
+            show(f"producers {name}", value)
 
 
 def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:

@@ -116,7 +116,7 @@ def default_concurrency() -> int:
 
 # --- latency ---------------------------------------------------------------------------------
 
-def _idle_workers(stack: Stack, count: int) -> None:
+def idle_workers(stack: Stack, count: int) -> None:
     wait_until(lambda: stack.sql("SELECT count(*) FROM workers WHERE stopped_at IS NULL")[0][0]
                >= count, timeout=60, interval=0.05)
     time.sleep(1.0)  # past their first fetch: blocked in Redis, waiting for work
@@ -127,7 +127,7 @@ def pickup(stack: Stack, jobs: int = 300, spacing_s: float = 0.02) -> dict[str, 
     stack.reset()
     sent, answered = {}, {}
     with stack.api() as base, stack.workers(1, 4):
-        _idle_workers(stack, 1)
+        idle_workers(stack, 1)
         conn = Connection(base)
         body = b'{"type": "bench.stamp", "payload": {}}'
         for _ in range(jobs):
@@ -176,7 +176,7 @@ def steady_latency(stack: Stack, peak: float, seconds: float = 10.0) -> dict[str
     stack.reset()
     out: dict[str, Any] = {"target_jobs_per_s": peak / 2}
     with stack.api() as base, stack.workers(2, DRAIN_CONCURRENCY):
-        _idle_workers(stack, 2)
+        idle_workers(stack, 2)
         producer = threading.Thread(target=_paced_producer, args=(base, peak / 2, seconds, out))
         producer.start()
         producer.join()
@@ -211,7 +211,7 @@ def killed_worker(stack: Stack) -> float:
     settings (lease 15 s, reaper every 5 s), one other worker and maintenance running."""
     stack.reset()
     with stack.api() as base, stack.process("maintenance"), stack.workers(2, 4) as procs:
-        _idle_workers(stack, 2)
+        idle_workers(stack, 2)
         conn = Connection(base)
         job = conn.post("/api/v1/jobs", b'{"type": "simulate", "payload": {"sleep_s": 60}}')
         conn.close()
@@ -426,7 +426,7 @@ def retention_soak(stack: Stack, rate: float, seconds: float, window_s: float,
     try:
         with (stack.api() as base, stack.process("maintenance"),
               stack.workers(2, DRAIN_CONCURRENCY)):
-            _idle_workers(stack, 2)
+            idle_workers(stack, 2)
             producer = threading.Thread(target=_paced_producer,
                                         args=(base, rate, seconds, out, True))
             started = time.monotonic()

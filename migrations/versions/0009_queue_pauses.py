@@ -15,14 +15,14 @@ still runs keeps being served by that worker until it is replaced (docs/maintena
 release's workers honour the pause at once.
 
 Revision ID: 0009
-Revises: 0005
+Revises: 0008
 Create Date: 2026-12-01 12:40:00
 """
 
 from alembic import op
 
 revision = '0009'
-down_revision = '0005'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 

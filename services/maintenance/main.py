@@ -24,6 +24,7 @@ from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.depths import DepthGauges
 from taskline_maintenance.leader import Leader, leader_ttl
 from taskline_maintenance.limits import LimitGauges
+from taskline_maintenance.outbox import OutboxRelay
 from taskline_maintenance.pauses import PauseMarkers
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reaper import Reaper
@@ -58,6 +59,7 @@ class Maintenance:
         # The @periodic declarations of the handler modules loaded so far (type_labels).
         self.scheduler = Scheduler(store, dispatcher, settings,
                                    declarations=registry.periodic_declarations())
+        self.outbox = OutboxRelay(store, dispatcher, settings.database_url, queues=queues)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -69,7 +71,7 @@ class Maintenance:
                                 ("limits", self.limits),
                                 ("audit_retention", self.audit_retention),
                                 ("retention", self.retention),
-                                ("scheduler", self.scheduler)):
+                                ("scheduler", self.scheduler), ("outbox", self.outbox)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:

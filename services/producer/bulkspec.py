@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass
 
 from taskline.dispatch.keys import valid_queue_name
+from taskline.jobspec import MAX_TYPE_CHARS, FieldError
 from taskline.store.store import DeadFilter
-from taskline_producer.jobspec import MAX_TYPE_CHARS, FieldError
 
 MAX_LIMIT = 10_000
 FIELDS = frozenset({"queue", "type", "ids", "limit"})

@@ -30,12 +30,12 @@ from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, IdempotencyConflict
 from taskline.jobs import Job, Status, new_job_id
+from taskline.jobspec import JobSpec
 from taskline.log import job_fields as job_log_extra
 from taskline.store.store import STATEMENT_ERRORS, Store
 from taskline.transitions import CREATED, Committed
 from taskline_producer.grouping import GroupWriter
 from taskline_producer.job_metrics import JobMetrics
-from taskline_producer.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline import readiness, tracing, transitions
 from taskline.jobs import Job
+from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
 from taskline_producer import audit, auth, paging, quotas, shapes
@@ -26,7 +27,6 @@ from taskline_producer.errors import (
     NotFound,
     ValidationFailed,
 )
-from taskline_producer.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Invariant: a ScheduleSpec holds a cron expression and time zone taskline.schedules can read,
 `catch_up` latest or none, and a job body validated by the very rules of POST /api/v1/jobs
-(taskline_producer.jobspec.parse_job) minus `delay_s`, `run_at` and `idempotency_key`, which
+(taskline.jobspec.parse_job) minus `delay_s`, `run_at` and `idempotency_key`, which
 a slot decides for itself. Its job is stored with the defaults filled in, so every slot's job
 is the same whatever the API's settings are when it fires. No I/O happens here.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from taskline.jobspec import FieldError, JobSpec, parse_job
 from taskline.schedules import CATCH_UP, NAME_RULE, Cron, InvalidSchedule, valid_name
 from taskline.settings import Settings
-from taskline_producer.jobspec import FieldError, JobSpec, parse_job
 
 FIELDS = frozenset({"cron", "timezone", "job", "paused", "catch_up"})
 NOT_IN_A_SCHEDULE = ("delay_s", "run_at", "idempotency_key")

@@ -1,32 +1,48 @@
-"""Python client of the taskline HTTP API (v1).
+"""Python clients of the taskline HTTP API (v1): `Client` for threads, `AsyncClient` for asyncio.
 
 Invariant: a retried request can never create a second job. Every enqueue carries an
-idempotency key (a fresh uuid4 when the caller names none), so when an answer is lost or the API
-says 503 and the client sends the same request again, the API returns the job the first try
-created. 503 answers are retried after their Retry-After, a bounded number of times; a request
-that never reached the API (connection refused, connect timeout) is retried too, and one whose
-connection broke mid-way only when replaying it is harmless. Any other failure is raised as
-`ClientError` carrying the API's error shape `{"error": {"code", "message", "details"}}`.
+idempotency key (one the caller names, or one the client makes: a per-client random prefix and
+a counter, UUID-shaped, costing a string format rather than a random draw per job), and a
+retried request sends the same bytes, key included, as its first try; so when an answer is lost
+or the API says 503 and the client sends the request again, the API returns the job the first
+try created. 503 answers are retried after their Retry-After, a bounded number of times; a
+request that never reached the API (connection refused, connect timeout) is retried too, and
+one whose connection broke mid-way only when replaying it is harmless. An unkeyed batch
+(`enqueue_batch(..., keyed=False)`, the API's COPY path) is never retried: nothing would tell
+its replay from a second batch. Any other failure is raised as `ClientError` carrying the
+API's error shape `{"error": {"code", "message", "details"}}`.
+
+Each client holds one pool of kept-alive connections (taskline.transport), shared by the
+threads (or tasks) that use it.
 
     client = Client("http://127.0.0.1:8000", token="...")
     job = client.enqueue("webhook", {"url": "https://example.com/hook"}, priority="high")
     done = client.wait(job["id"], timeout=30)
+
+    async with AsyncClient("http://127.0.0.1:8000") as client:
+        job = await client.enqueue("webhook", {"url": "https://example.com/hook"})
 """
+
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
+import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
-import requests
-import tenacity
-from urllib3.exceptions import ConnectTimeoutError
+import orjson
 
+from taskline import transport
 from taskline.jobs import TERMINAL
+from taskline.transport import Answer
 
 API_PREFIX = "/api/v1"
 TERMINAL_STATUSES = frozenset(status.value for status in TERMINAL)
@@ -45,16 +61,33 @@ class ClientError(Exception):
         self.retry_after_s = retry_after_s
 
     @classmethod
-    def from_response(cls, response: requests.Response) -> ClientError:
-        """Read the API's error shape; anything else (a proxy's HTML page) is summarised."""
+    def from_response(cls, response: Any) -> ClientError:
+        """Read the API's error shape from a response (its `status_code`, `headers` and
+        `content`); anything else (a proxy's HTML page) is summarised."""
         try:
-            error = response.json()["error"]
+            error = _loads(response.content)["error"]
             code, message = str(error["code"]), str(error["message"])
             details = error.get("details")
         except (ValueError, KeyError, TypeError):
-            code, message, details = f"http_{response.status_code}", response.text[:200], None
+            text = response.content[:200].decode("utf-8", "replace")
+            code, message, details = f"http_{response.status_code}", text, None
         return cls(response.status_code, code, message, details,
-                   _retry_after(response.headers.get("Retry-After")))
+                   _retry_after(response.headers.get("retry-after")))
+
+
+_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+"""Every live client of this process, for _after_fork."""
+
+
+def _after_fork() -> None:
+    """In a forked child: new keys for every client (the parent's counter goes on in the
+    parent), and none of the parent's connections (a socket two processes write is garbage)."""
+    for client in list(_CLIENTS):
+        client._fresh_keys()
+        client._pool.forget()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -64,22 +97,40 @@ def _retry_after(value: str | None) -> float | None:
 
 
 class Client:
-    """A small, thread-compatible client: one `requests.Session` per Client."""
+    """A small, thread-safe client: one pool of kept-alive connections per Client."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 10.0, *,
                  attempts: int = 4, max_wait_s: float = 30.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, pool_size: int = 10) -> None:
         """`attempts` bounds the tries of one request (503 / unreachable); `max_wait_s` caps
-        the wait between tries, whatever Retry-After asks."""
+        the wait between tries, whatever Retry-After asks; `pool_size` bounds the idle
+        connections kept for reuse (threads beyond it open and close their own)."""
         self.base_url = url.rstrip("/")
         self.timeout = timeout
         self.attempts = max(1, attempts)
         self.max_wait_s = max_wait_s
         self._sleep = sleep
-        self._session = requests.Session()
-        self._session.headers["Accept"] = "application/json"
+        origin = transport.Origin.parse(self.base_url)
+        self._prefix = urlsplit(self.base_url).path.rstrip("/") + API_PREFIX
+        self._headers = {"Accept": "application/json"}
         if token:
-            self._session.headers["Authorization"] = f"Bearer {token}"
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._pool = self._make_pool(origin, timeout, pool_size)
+        self._fresh_keys()
+        _CLIENTS.add(self)
+
+    def _fresh_keys(self) -> None:
+        # UUID-shaped keys: 70 random bits per client, then a counter (2**48 keys per client).
+        # A forked child draws its own (see _after_fork): two processes never share a key.
+        self._key_base = str(uuid.uuid4())[:24]
+        self._key_counter = itertools.count()
+
+    def _make_pool(self, origin: transport.Origin, timeout: float, size: int) -> Any:
+        return transport.SyncPool(origin, timeout, size)
+
+    def new_key(self) -> str:
+        """A fresh idempotency key, unique to this client's process and this call."""
+        return f"{self._key_base}{next(self._key_counter):012x}"
 
     def __enter__(self) -> Client:
         return self
@@ -88,7 +139,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._session.close()
+        self._pool.close()
 
     # -- jobs -------------------------------------------------------------------------------
 
@@ -101,12 +152,24 @@ class Client:
         """Enqueue one job and return it (status 201 new, 200 when the key was seen before)."""
         spec = job_spec(type, payload, queue=queue, priority=priority, max_retries=max_retries,
                         timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
-                        idempotency_key=idempotency_key, limit_key=limit_key)
+                        idempotency_key=idempotency_key or self.new_key(),
+                        limit_key=limit_key)
         return self._call("POST", "/jobs", body=spec)
 
-    def enqueue_batch(self, specs: Iterable[Mapping[str, Any]]) -> Any:
-        """Enqueue up to 1,000 jobs in one transaction; each spec takes `enqueue`'s fields."""
-        jobs = [job_spec(**dict(spec)) for spec in specs]
+    def enqueue_batch(self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any:
+        """Enqueue up to 1,000 jobs in one transaction; each spec takes `enqueue`'s fields.
+
+        `keyed=False` sends the jobs without keys (except those a spec names): the API writes
+        such a batch by COPY, the fastest path, and the client never retries it by itself, as
+        a replay would enqueue the batch twice.
+        """
+        if not keyed:
+            jobs = [job_spec(**dict(spec), keyed=False) for spec in specs]
+            return self._call("POST", "/jobs/batch", body={"jobs": jobs}, replay_safe=False,
+                              retried=False)
+        jobs = [job_spec(**dict(spec), keyed=False) for spec in specs]
+        for job in jobs:
+            job.setdefault("idempotency_key", self.new_key())
         return self._call("POST", "/jobs/batch", body={"jobs": jobs})
 
     def get(self, job_id: str | uuid.UUID) -> dict[str, Any]:
@@ -197,46 +260,42 @@ class Client:
     # -- transport ----------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, *, body: Any = None,
-              params: Mapping[str, Any] | None = None, replay_safe: bool = True) -> Any:
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.attempts),
-            wait=self._wait,
-            retry=tenacity.retry_if_exception(lambda err: _worth_retrying(err, replay_safe)),
-            sleep=self._sleep,
-            reraise=True,
-        )
+              params: Mapping[str, Any] | None = None, replay_safe: bool = True,
+              retried: bool = True) -> Any:
+        """Send one request, retried by the rules in the module docstring (never when
+        `retried` is false); the answer's JSON, or ClientError."""
+        target, headers, data = self._request(path, body, params)
+        attempt = 1
+        while True:
+            try:
+                return _result(method, path, self._send(method, target, headers, data))
+            except ClientError as err:
+                if not retried or attempt >= self.attempts or not _worth_retrying(
+                        err, replay_safe):
+                    raise
+                self._sleep(self._wait(err, attempt))
+                attempt += 1
+
+    def _request(self, path: str, body: Any, params: Mapping[str, Any] | None,
+                 ) -> tuple[str, dict[str, str], bytes | None]:
+        """The target, headers and body of a request, built once for all of its tries."""
         query = {k: v for k, v in (params or {}).items() if v is not None}
-        return retrying(self._send, method, path, body, query)
+        target = self._prefix + path + ("?" + urlencode(query) if query else "")
+        if body is None:
+            return target, self._headers, None
+        return target, {**self._headers, "Content-Type": "application/json"}, _dumps(body)
 
-    def _send(self, method: str, path: str, body: Any, query: dict[str, Any]) -> Any:
+    def _send(self, method: str, target: str, headers: dict[str, str],
+              data: bytes | None) -> Answer:
         try:
-            response = self._session.request(
-                method, self.base_url + API_PREFIX + path, params=query or None,
-                json=body, timeout=self.timeout)
-        except requests.ConnectionError as err:
-            if _never_sent(err):
-                raise ClientError(0, "unreachable",
-                                  f"cannot reach {self.base_url}: {_cause(err)}") from None
-            raise ClientError(0, "connection_lost", f"{method} {path}: {_cause(err)}") from None
-        except requests.Timeout as err:
-            raise ClientError(0, "timeout", f"{method} {path}: {_cause(err)}") from None
-        except requests.RequestException as err:
-            raise ClientError(0, "request_failed", str(err)) from None
-        if not response.ok:
-            raise ClientError.from_response(response)
-        if response.status_code == 204 or not response.content:
-            return {}
-        try:
-            return response.json()
-        except ValueError:
-            raise ClientError(response.status_code, "invalid_response",
-                              "the API answered with something other than JSON") from None
+            return self._pool.request(method, target, headers, data)
+        except transport.TransportError as err:
+            raise _transport_error(err, self.base_url, method, target) from None
 
-    def _wait(self, state: tenacity.RetryCallState) -> float:
-        err = state.outcome.exception() if state.outcome else None
-        if isinstance(err, ClientError) and err.retry_after_s is not None:
+    def _wait(self, err: ClientError, attempt: int) -> float:
+        if err.retry_after_s is not None:
             return min(err.retry_after_s, self.max_wait_s)
-        return min(0.2 * 2 ** (state.attempt_number - 1), self.max_wait_s)
+        return min(0.2 * 2 ** (attempt - 1), self.max_wait_s)
 
     # -- schedules and bulk dead-letter operations ---------------------------------------------
 
@@ -288,30 +347,57 @@ def _worth_retrying(err: BaseException, replay_safe: bool) -> bool:
         err.code in ("connection_lost", "timeout") and replay_safe)
 
 
-def _never_sent(err: requests.ConnectionError) -> bool:
-    """True when the connection was never established (refused, unresolvable, connect timeout)."""
-    reason = getattr(err.args[0] if err.args else None, "reason", None)
-    return isinstance(err, requests.ConnectTimeout) or isinstance(reason, ConnectTimeoutError)
+def _transport_error(err: transport.TransportError, base_url: str, method: str,
+                     target: str) -> ClientError:
+    if isinstance(err, transport.Unreachable):
+        return ClientError(0, "unreachable", f"cannot reach {base_url}: {err}")
+    code = "timeout" if isinstance(err, transport.TimedOut) else "connection_lost"
+    return ClientError(0, code, f"{method} {target}: {err}")
 
 
-def _cause(err: requests.RequestException) -> str:
-    """The useful end of urllib3's nested message ("[Errno 111] Connection refused")."""
-    reason = getattr(err.args[0] if err.args else None, "reason", None) or err
-    return str(reason).rsplit("): ", 1)[-1]
+def _result(method: str, path: str, answer: Answer) -> Any:
+    """The JSON of a successful answer ({} when empty), else its ClientError."""
+    if not 200 <= answer.status_code < 400:
+        raise ClientError.from_response(answer)
+    if answer.status_code == 204 or not answer.content:
+        return {}
+    try:
+        return _loads(answer.content)
+    except ValueError:
+        raise ClientError(answer.status_code, "invalid_response",
+                          "the API answered with something other than JSON") from None
+
+
+def _dumps(body: Any) -> bytes:
+    """JSON by orjson, or the standard library for what orjson refuses (an integer past 64
+    bits, a subclass it does not know)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)  # an integer past 64 bits, or a true error (ValueError)
 
 
 def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
              priority: int | str | None = None, max_retries: int | None = None,
              timeout_s: float | None = None, delay_s: float | None = None,
              run_at: datetime | str | None = None,
-             idempotency_key: str | None = None,
-             limit_key: str | None = None) -> dict[str, Any]:
-    """The JSON body of one enqueue; fields left None take the API's defaults."""
+             idempotency_key: str | None = None, limit_key: str | None = None,
+             keyed: bool = True) -> dict[str, Any]:
+    """The JSON body of one enqueue; fields left None take the API's defaults. Without an
+    `idempotency_key`, a fresh one is made unless `keyed` is false."""
     spec: dict[str, Any] = {
         "type": type, "payload": payload, "queue": queue, "priority": priority,
         "max_retries": max_retries, "timeout_s": timeout_s, "delay_s": delay_s,
         "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at,
-        "idempotency_key": idempotency_key or str(uuid.uuid4()), "limit_key": limit_key,
+        "idempotency_key": idempotency_key or (str(uuid.uuid4()) if keyed else None),
+        "limit_key": limit_key,
     }
     return {k: v for k, v in spec.items() if v is not None}
 
@@ -326,3 +412,75 @@ def _dead_filter(queue: str | None, type: str | None,
 def _segment(value: str | uuid.UUID) -> str:
     """A job id or a name as one path segment: `../` in it cannot reach another endpoint."""
     return quote(str(value), safe="")
+
+
+class AsyncClient(Client):
+    """The same methods as `Client` for asyncio producers, each awaited: `await
+    client.enqueue(...)`. One pool of kept-alive connections per client, used from one event
+    loop; retries wait with `asyncio.sleep` (or the `sleep` coroutine function given).
+
+    Every method of Client that returns `self._call(...)` works here unchanged: `_call` is a
+    coroutine function in this class, so such a method returns the awaitable of its answer.
+    """
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0, *,
+                 attempts: int = 4, max_wait_s: float = 30.0,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 pool_size: int = 10) -> None:
+        super().__init__(url, token, timeout, attempts=attempts, max_wait_s=max_wait_s,
+                         pool_size=pool_size)
+        self._async_sleep = sleep
+
+    def _make_pool(self, origin: transport.Origin, timeout: float, size: int) -> Any:
+        return transport.AsyncPool(origin, timeout, size)
+
+    def __enter__(self) -> AsyncClient:
+        raise TypeError("an AsyncClient is entered with `async with`")
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._pool.close()
+
+    def close(self) -> Any:
+        """The awaitable closing of the pool (`await client.close()`), as `aclose`."""
+        return self.aclose()
+
+    async def _call(self, method: str, path: str, *, body: Any = None,
+                    params: Mapping[str, Any] | None = None, replay_safe: bool = True,
+                    retried: bool = True) -> Any:
+        target, headers, data = self._request(path, body, params)
+        attempt = 1
+        while True:
+            try:
+                return _result(method, path, await self._send_async(method, target, headers,
+                                                                    data))
+            except ClientError as err:
+                if not retried or attempt >= self.attempts or not _worth_retrying(
+                        err, replay_safe):
+                    raise
+                await self._async_sleep(self._wait(err, attempt))
+                attempt += 1
+
+    async def _send_async(self, method: str, target: str, headers: dict[str, str],
+                          data: bytes | None) -> Answer:
+        try:
+            return await self._pool.request(method, target, headers, data)
+        except transport.TransportError as err:
+            raise _transport_error(err, self.base_url, method, target) from None
+
+    async def wait(self, job_id: str | uuid.UUID, timeout: float = 60.0,  # type: ignore[override]
+                   poll: float = 0.2) -> dict[str, Any]:
+        """Poll until the job is succeeded, dead or cancelled; TimeoutError after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = await self.get(job_id)
+            if job.get("status") in TERMINAL_STATUSES:
+                return job
+            if time.monotonic() + poll > deadline:
+                raise TimeoutError(f"job {job_id} is still {job.get('status')} after {timeout}s")
+            await self._async_sleep(poll)

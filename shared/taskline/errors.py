@@ -44,3 +44,13 @@ class RetryableError(TasklineError):
 
 class JobCancelled(TasklineError):
     """The job was cancelled while running."""
+
+
+class InvalidJob(TasklineError, ValueError):
+    """The job request has invalid fields (the API answers the same request 422)."""
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        shown = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+        super().__init__(f"invalid job: {shown}" + (" ..." if len(errors) > 5 else ""))
+        self.errors = errors
+        """Each invalid field as {"field", "message"}, as the API's 422 details list them."""

@@ -94,6 +94,11 @@ RETENTION_OLDEST = Gauge("taskline_retention_oldest_finished_age_seconds",
 RETENTION_SECONDS = Gauge("taskline_retention_seconds",
                           "How long finished jobs are kept, seconds (0: forever)", ["status"],
                           multiprocess_mode="livemax")
+# The outbox relay (maintenance only): jobs enqueued inside application transactions whose ids
+# it pushed to Redis after their commit.
+OUTBOX_RELAYED = Counter("taskline_outbox_relayed_total",
+                         "Jobs enqueued in application transactions, pushed to Redis by the relay",
+                         ["queue"])
 
 # Schedules (maintenance's scheduler) and bulk dead-letter operations (the API).
 SCHEDULE_FIRED = Counter("taskline_schedule_slots_fired_total",

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterable
 
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.enqueuing import CHANNEL
 from taskline.errors import DispatchUnavailable, StoreUnavailable
 from taskline.jobs import Status
 from taskline.store.store import Store
@@ -21,8 +22,9 @@ from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
 
-CHANNEL = "taskline_enqueued"
-"""The notification channel (queries.sql `notify_ready` names it too)."""
+# The one channel that says "jobs of this queue became queued" (queries.sql `notify_ready`
+# and the in-transaction enqueue's insert name it too).
+__all__ = ["CHANNEL", "follow", "notify"]
 
 
 def follow(dispatcher: Dispatcher, store: Store, changes: Iterable[Committed]) -> None:

@@ -19,6 +19,8 @@ import pytest
 
 from taskline.client import Client, ClientError
 
+THEN_CLOSE = "X-Then-Close"
+
 
 class ScriptedApi(BaseHTTPRequestHandler):
     """Answers each request with the next scripted (status, headers, body); `drop` hangs up."""
@@ -29,7 +31,8 @@ class ScriptedApi(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         self.server.seen.append({"method": self.command, "path": self.path, "body": body,
-                                 "headers": dict(self.headers)})
+                                 "headers": dict(self.headers),
+                                 "port": self.client_address[1]})
         script = self.server.script
         status, headers, payload = script.pop(0) if len(script) > 1 else script[0]
         if status == "drop":
@@ -43,6 +46,8 @@ class ScriptedApi(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
         self.wfile.write(raw)
+        if headers.get(THEN_CLOSE):  # hang up on the idle connection, unannounced
+            self.close_connection = True
 
     do_GET = do_POST = do_DELETE = _handle
 

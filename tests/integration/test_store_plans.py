@@ -179,3 +179,18 @@ def test_bulk_dead_letter_batches_never_scan_the_jobs_table(store: Store):
             assert "Seq Scan on jobs" not in shown, (name, shown)
         for name in ("requeue_dead_batch", "purge_dead_batch"):
             assert "jobs_pkey" in plan(store, name, params), name
+
+
+def test_the_outbox_page_looks_its_jobs_up_by_primary_key(store: Store):
+    """A page of 1,000 outbox rows must not hash-join all of jobs (100 million rows in
+    production): each row's job is one primary-key lookup."""
+    ids = insert_queued(store, QUEUED)
+    with store.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.execute(text("INSERT INTO enqueue_outbox (job_id, queue) "
+                          "SELECT CAST(id AS uuid), 'default' FROM unnest(CAST(:ids AS text[])) "
+                          "AS t(id)"), {"ids": ids[:2000]})
+        conn.execute(text("ANALYZE jobs, enqueue_outbox"))
+    page = plan(store, "outbox_page", {"limit": 1000})
+    assert "jobs_pkey" in page and "Seq Scan on jobs" not in page, page
+    assert len(store.outbox_page(1000)) == 1000

@@ -13,6 +13,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from flask.json.provider import DefaultJSONProvider
 
+from taskline.jobspec import (
+    KEY_CODE,
+    FieldError,
+    JobSpec,
+    parse_batch,
+    parse_datetime,
+    parse_job,
+    request_hash,
+)
 from taskline.settings import Settings
 from taskline_producer import auth, body, paging
 from taskline_producer.app import create_app
@@ -25,15 +34,6 @@ from taskline_producer.errors import (
     InvalidString,
     NestingTooDeep,
     NonFiniteNumber,
-)
-from taskline_producer.jobspec import (
-    KEY_CODE,
-    FieldError,
-    JobSpec,
-    parse_batch,
-    parse_datetime,
-    parse_job,
-    request_hash,
 )
 
 SETTINGS = Settings.from_env(env={}, default_max_retries=7, default_timeout_s=12.5)

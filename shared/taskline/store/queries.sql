@@ -64,6 +64,65 @@ WITH input AS MATERIALIZED (
 )
 SELECT id, payload, next_run_at, created_at, updated_at FROM inserted;
 
+-- name: enqueue_in_transaction
+-- Insert jobs with their first events and outbox rows on the caller's connection, in its transaction; NOTIFY each queue and job.
+-- The caller's transaction decides: the jobs, events and outbox rows commit together or not at
+-- all, and PostgreSQL delivers its signals only at that commit: `taskline_enqueued` once per
+-- queue (payload: the queue), `taskline_enqueued_jobs` once per job (payload: id, priority,
+-- status, due time in epoch ms and queue, space-separated: taskline.store.rows.Owed), so the
+-- relay can push without reading the outbox first.
+-- A job's status is decided here, by PostgreSQL's clock: :scheduled when its first run lies
+-- ahead, else :queued. A job whose (queue, idempotency key) exists, or comes earlier in the
+-- array, is skipped (no event, no outbox row, no signal), as in insert_jobs_with_events.
+WITH input AS MATERIALIZED (
+    SELECT t.*, COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)) AS due
+    FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
+            id uuid, type text, queue text, payload jsonb, priority smallint,
+            max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
+            idempotency_key text, request_hash text, limit_key text))
+         WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
+                              run_at, delay_s, idempotency_key, request_hash, limit_key, ord)
+), inserted AS (
+    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, idempotency_key, request_hash, limit_key)
+    SELECT t.id, t.type, t.queue, t.payload, t.priority,
+           CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
+           t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key
+    FROM input t
+    ORDER BY t.ord
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, status, priority, next_run_at
+), events AS (
+    INSERT INTO job_events (job_id, attempt, event)
+    SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status FROM inserted i
+), outbox AS (
+    INSERT INTO enqueue_outbox (job_id, queue) SELECT i.id, i.queue FROM inserted i
+)
+-- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
+SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
+       pg_notify('taskline_enqueued_jobs', concat_ws(' ', i.id, i.priority, i.status,
+                 round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced
+FROM inserted i;
+
+-- name: outbox_page
+-- The oldest :limit outbox rows with their job's queue, priority, status and due time (status null: the job is gone).
+SELECT o.job_id, o.queue, j.priority, j.status, j.next_run_at
+FROM (SELECT job_id, queue FROM enqueue_outbox ORDER BY job_id LIMIT :limit) o
+-- One primary-key lookup per row: OFFSET 0 keeps the planner from hash-joining all of jobs.
+LEFT JOIN LATERAL (SELECT priority, status, next_run_at FROM jobs WHERE jobs.id = o.job_id
+                   OFFSET 0) j ON true
+ORDER BY o.job_id;
+
+-- name: delete_outbox
+-- Forget outbox rows whose ids Redis has been given (or whose jobs no longer wait).
+-- Committed without waiting for the WAL flush (synchronous_commit off for this statement's
+-- own transaction only): a delete lost in a crash leaves rows whose ids are pushed again,
+-- which the claim tolerates, and the producer's commits no longer queue behind this one's.
+WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS setting)
+DELETE FROM enqueue_outbox
+WHERE job_id = ANY(CAST(:ids AS uuid[])) AND (SELECT setting FROM relaxed) = 'off'
+RETURNING job_id;
+
 -- name: get_job_by_key
 -- The job holding an idempotency key in a queue.
 SELECT * FROM jobs WHERE queue = :queue AND idempotency_key = :idempotency_key;

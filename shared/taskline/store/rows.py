@@ -200,3 +200,45 @@ class ScheduleRow:
                    last_job_id=getattr(row, "last_job_id", None),
                    created_at=getattr(row, "created_at", None),
                    updated_at=getattr(row, "updated_at", None), db_now=row.db_now)
+
+
+@dataclass(frozen=True)
+class Owed:
+    """An outbox row: a job committed inside an application's transaction that Redis may not
+    hold yet, with its job's state now (`status` None: the job is gone)."""
+
+    job_id: uuid.UUID
+    queue: str
+    priority: int | None
+    status: Status | None
+    due_ms: int | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Owed:
+        due = row.next_run_at
+        return cls(job_id=row.job_id, queue=row.queue, priority=row.priority,
+                   status=None if row.status is None else Status(row.status),
+                   due_ms=None if due is None else round(due.timestamp() * 1000))
+
+    @classmethod
+    def from_announcement(cls, payload: str) -> Owed | None:
+        """The job a `taskline_enqueued_jobs` signal announces ("<id> <priority> <status>
+        <due ms> <queue>", as enqueue_in_transaction writes it); None when it is not one."""
+        parts = payload.split(" ", 4)
+        if len(parts) != 5:
+            return None
+        job_id, priority, status, due_ms, queue = parts
+        try:
+            return cls(job_id=uuid.UUID(job_id), queue=queue, priority=int(priority),
+                       status=Status(status), due_ms=int(due_ms))
+        except ValueError:
+            return None
+
+    def committed(self) -> Committed | None:
+        """The creating move Redis still owes this job, or None when it no longer waits to
+        start (claimed already, cancelled, deleted): its row is then simply forgotten. A job
+        promoted since is queued and pushed like a new one; a second copy is dropped at claim."""
+        if self.status not in (Status.QUEUED, Status.SCHEDULED) or self.priority is None:
+            return None
+        return Committed(transitions.CREATED[self.status], str(self.job_id), self.queue,
+                         self.priority, due_ms=self.due_ms)

@@ -239,3 +239,15 @@ schedule_slots = Table(
     Column("job_id", UUID(as_uuid=True), nullable=False),
     Column("fired_at", DateTime(timezone=True), nullable=False, server_default=NOW),
 )
+
+# Jobs enqueued inside an application's own transaction (taskline.enqueuing) that Redis has
+# not heard of yet: written in the same statement as the job, so a row exists exactly when its
+# job committed; the maintenance relay pushes the ids to Redis, then deletes the rows
+# (migration 0008). No foreign key: a row lives milliseconds, and retention must not wait on it.
+enqueue_outbox = Table(
+    "enqueue_outbox",
+    metadata,
+    Column("job_id", UUID(as_uuid=True), primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)

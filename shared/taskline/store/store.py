@@ -32,6 +32,7 @@ from taskline.store.queries import load_queries
 from taskline.store.rows import (
     Deleted,
     Expired,
+    Owed,
     Promoted,
     Purged,
     Recovered,
@@ -616,6 +617,15 @@ class Store:
             settled = self.settle([s for _e, s in decided.values()], conn, lapsed=True)
         return [Recovered(decided[r.lease_id][0], decided[r.lease_id][1].transition, r)
                 for r in settled]
+
+    def outbox_page(self, limit: int) -> list[Owed]:
+        """The oldest `limit` jobs enqueued in an application's transaction and owed to Redis."""
+        return [Owed.from_row(r) for r in self._run_on_driver("outbox_page", {"limit": limit})]
+
+    def delete_outbox(self, ids: Sequence[uuid.UUID | str]) -> None:
+        """Forget these outbox rows (after their ids reached Redis)."""
+        if ids:
+            self._run_on_driver("delete_outbox", {"ids": _uuid_array(ids)})
 
     def expire_finished(self, status: Status, retain_s: float, limit: int) -> list[Deleted]:
         """Delete up to `limit` jobs finished in `status` more than `retain_s` seconds ago

@@ -1,5 +1,9 @@
 """Job specs: pure functions turning a parsed JSON body into a validated spec or field errors.
 
+The one validation of a job request: the API (POST /api/v1/jobs and /jobs/batch) and the
+library's in-transaction `taskline.enqueue` both parse through `parse_job`, so a job the one
+refuses the other refuses too, with the same field errors.
+
 Invariant: a JobSpec holds only values PostgreSQL accepts as they are (types 1..200 characters,
 valid queue names, priorities 0..9, finite bounded numbers, UTC datetimes), so the insert that
 follows cannot fail on input; every rule here is mirrored in openapi.json. An idempotency key

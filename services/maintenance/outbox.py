@@ -1,0 +1,205 @@
+"""The outbox relay: hands Redis the jobs applications enqueued inside their own transactions.
+
+`taskline.enqueue(conn, ...)` writes a job with an `enqueue_outbox` row, signals
+`NOTIFY taskline_enqueued, '<queue>'` and announces the job on `taskline_enqueued_jobs` (its
+id, priority, status, due time and queue), all effective only when the application commits.
+This component LISTENs on both channels on a connection of its own. An announced job is pushed
+to Redis at once (`Dispatcher.follow`, the step of the job's creating move), with no read of
+the outbox on the way, and only then is its row deleted. A drain reads the outbox instead
+(oldest first), pushes what it holds and deletes those rows: at the start, after every
+(re)LISTEN, at least every `backstop_s`, and for a queue signal no announcement explains.
+
+Invariant: no committed outbox row is lost and none waits for reconciliation. Push comes before
+delete, so a crash between the two pushes an id twice, which the claim tolerates (one claimer
+wins, the other drops it), and never drops one. Signals sent while nobody listened are gone but
+their rows are not, and the drain after every LISTEN finds them, so a job waits at most about
+`backstop_s` when the listener was down, restarting or taken over by another instance; a
+transaction that stayed open for minutes is signalled at its commit like any other (rows, not a
+created_at watermark, say what is owed). Only the active maintenance instance relays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psycopg
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.enqueuing import CHANNEL, JOBS_CHANNEL
+from taskline.errors import StoreUnavailable
+from taskline.metrics import OUTBOX_RELAYED, LabelGuard
+from taskline.service import IDLE_POLL_S, Periodic, always, guarded
+from taskline.store import caller
+from taskline.store.rows import Owed
+from taskline.store.store import Store
+from taskline.transitions import Committed
+
+log = logging.getLogger(__name__)
+
+BACKSTOP_S = 0.5
+"""Longest time between two drains, seconds, signals or not."""
+WAKE_S = 0.1
+"""Longest wait for a signal before checking for stop, leadership and the backstop, seconds."""
+RECONNECT_S = 1.0
+"""Pause after a failed turn (PostgreSQL or Redis unreachable) before listening again."""
+PAGE_SIZE = 1000
+"""Outbox rows relayed per round; a drain pages until the outbox is empty."""
+
+
+@dataclass(frozen=True)
+class RelayResult:
+    """Counts of one drain: ids pushed to Redis, rows forgotten (their jobs no longer wait)."""
+
+    pushed: int = 0
+    forgotten: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.pushed > 0 or self.forgotten > 0
+
+
+class OutboxRelay(Periodic):
+    """LISTENs for committed in-transaction enqueues and pushes their ids to Redis."""
+
+    name = "outbox"
+
+    def __init__(self, store: Store, dispatcher: Dispatcher, database_url: str, *,
+                 backstop_s: float = BACKSTOP_S, page_size: int = PAGE_SIZE,
+                 queues: Callable[[str], str] | None = None) -> None:
+        super().__init__()
+        self.queue_label = queues or LabelGuard()
+        self.store = store
+        self.dispatcher = dispatcher
+        self.database_url = database_url
+        self.backstop_s = backstop_s
+        self.page_size = page_size
+        self.listens = 0
+        """How many times this relay has (re)started listening: tests wait on it."""
+        self._listener: psycopg.Connection | None = None
+        self._last_drain = 0.0
+
+    @property
+    def interval_s(self) -> float:
+        return self.backstop_s
+
+    def run_once(self) -> RelayResult:
+        """Drain the outbox: push every owed id, then forget its row."""
+        pushed = forgotten = 0
+        while True:
+            page = self._page()
+            changes = [c for c in (owed.committed() for owed in page) if c is not None]
+            self.dispatcher.follow(changes)
+            self._forget([owed.job_id for owed in page])
+            self._count(changes)
+            pushed, forgotten = pushed + len(changes), forgotten + len(page) - len(changes)
+            if len(page) < self.page_size:
+                break
+        self._last_drain = time.monotonic()
+        if pushed:
+            log.info("relayed %d jobs enqueued in application transactions", pushed,
+                     extra={"action": "outbox", "jobs": pushed})
+        return RelayResult(pushed, forgotten)
+
+    def _page(self) -> list[Owed]:
+        """The next outbox rows: read on the listening connection when there is one (already
+        open, its statements prepared: no pool round trip on the path to Redis)."""
+        if self._listener is None:
+            return self.store.outbox_page(self.page_size)
+        with self._translated():
+            return [Owed.from_row(r) for r in caller.run(self._listener, "outbox_page",
+                                                         {"limit": self.page_size})]
+
+    def _forget(self, ids: list[uuid.UUID]) -> None:
+        if self._listener is None:
+            self.store.delete_outbox(ids)
+        elif ids:
+            with self._translated():
+                caller.run(self._listener, "delete_outbox", {"ids": ids})
+
+    def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
+        """Listen while active, drain on each signal and backstop; stop listening when not."""
+        try:
+            while not stop.is_set():
+                if not active():
+                    self._close()
+                    stop.wait(IDLE_POLL_S)
+                    continue
+                ok, result = guarded(self.name, self._turn)
+                if not ok:
+                    self._close()
+                    self.passes.done(False, None)
+                    stop.wait(RECONNECT_S)
+                elif result is not None:
+                    self.passes.done(True, result)
+        finally:
+            self._close()
+
+    def _turn(self) -> RelayResult | None:
+        """One turn: listen if not yet (then drain), else wait briefly for signals and answer
+        them, or drain when the backstop is due. None when there was nothing to do."""
+        if self._listener is None:
+            self._listener = self._listen()
+            return self.run_once()
+        with self._translated():
+            signals = list(self._listener.notifies(timeout=WAKE_S, stop_after=1))
+            if signals:  # signals already here as well are answered in this same turn
+                signals += self._listener.notifies(timeout=0)
+        if signals:
+            return self._answer(signals)
+        if time.monotonic() - self._last_drain >= self.backstop_s:
+            return self.run_once()
+        return None
+
+    def _answer(self, signals: list[psycopg.Notify]) -> RelayResult:
+        """Push the jobs the signals announce, then forget their rows: no outbox read on the
+        way to Redis. A queue signal with no announced job of its queue among them (a writer
+        that does not announce) drains the outbox instead."""
+        announced = [owed for owed in (Owed.from_announcement(n.payload) for n in signals
+                                       if n.channel == JOBS_CHANNEL) if owed is not None]
+        queues = {owed.queue for owed in announced}
+        if any(n.channel == CHANNEL and n.payload not in queues for n in signals):
+            return self.run_once()
+        changes = [c for c in (owed.committed() for owed in announced) if c is not None]
+        self.dispatcher.follow(changes)
+        self._forget([owed.job_id for owed in announced])
+        self._count(changes)
+        return RelayResult(len(changes), len(announced) - len(changes))
+
+    def _count(self, changes: list[Committed]) -> None:
+        for queue, count in Counter(c.queue for c in changes).items():
+            OUTBOX_RELAYED.labels(queue=self.queue_label(queue)).inc(count)
+
+    def _listen(self) -> psycopg.Connection:
+        with self._translated():
+            conn = psycopg.connect(self.database_url, autocommit=True, connect_timeout=5,
+                                   keepalives=1, keepalives_idle=5, keepalives_interval=2,
+                                   keepalives_count=3, application_name="taskline-outbox")
+            try:
+                conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute(f"LISTEN {JOBS_CHANNEL}")
+            except BaseException:
+                conn.close()
+                raise
+        self.listens += 1
+        log.info("listening for in-transaction enqueues", extra={"action": "outbox"})
+        return conn
+
+    def _close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                listener.close()
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.OperationalError as err:
+            raise StoreUnavailable(f"PostgreSQL unavailable: {type(err).__name__}") from err

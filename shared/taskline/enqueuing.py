@@ -1,0 +1,202 @@
+"""Enqueue from the application, inside its own transaction: `taskline.enqueue(conn, ...)`.
+
+    with engine.begin() as conn:                        # the application's transaction
+        conn.execute(orders.insert().values(id=order_id, ...))
+        job_id = taskline.enqueue(conn, "send_receipt", {"order": order_id}, priority="high")
+
+Invariant: the job exists exactly when the caller's transaction commits. The job, its first
+event and its outbox row are written by one statement on the caller's connection, which also
+signals `NOTIFY taskline_enqueued, '<queue>'` (and announces each job on
+`taskline_enqueued_jobs`); PostgreSQL delivers the signals only at the commit, and a
+rolled-back job leaves nothing behind, not even an id in Redis. After the commit the active
+maintenance instance hears the signal and pushes the id to Redis
+(taskline_maintenance.outbox), so an idle worker starts the job within milliseconds with
+nothing more done by the caller; the outbox row keeps the job owed to Redis until then,
+whatever was listening at the commit.
+
+Validation is the API's own (taskline.jobspec): `fields` are those of POST /api/v1/jobs, and
+what the API answers 422 raises InvalidJob here, with the same field errors. An idempotency
+key names one request per queue as in the API: the same request again returns the first job's
+id, another request with the key raises IdempotencyConflict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from taskline import transitions
+from taskline.errors import IdempotencyConflict, InvalidJob
+from taskline.jobs import Status, new_job_id
+from taskline.jobspec import FieldError, JobSpec, parse_batch, parse_job
+from taskline.settings import Settings
+from taskline.store import caller
+from taskline.store.caller import AppConnection
+from taskline.store.store import _rows_json as rows_json
+
+CHANNEL = "taskline_enqueued"
+"""The channel the insert signals after commit, once per queue; its payload is the queue."""
+JOBS_CHANNEL = "taskline_enqueued_jobs"
+"""The channel the insert signals after commit, once per job; its payload names the job
+(taskline.store.rows.Owed.from_announcement)."""
+MAX_DEPTH = 64
+"""Deepest nesting of a payload, as the API accepts in a request body."""
+
+_DEFAULTS = Settings()
+_STATEMENT_PARAMS = {"first_events": json.dumps(dict(transitions.FIRST_EVENTS)),
+                     "queued": Status.QUEUED.value, "scheduled": Status.SCHEDULED.value}
+
+
+def enqueue(conn: AppConnection, type: str, payload: Any = None, *,
+            settings: Settings | None = None, **fields: Any) -> uuid.UUID:
+    """Enqueue one job inside `conn`'s transaction; its id. `fields`: queue, priority,
+    max_retries, timeout_s, delay_s or run_at, idempotency_key (as POST /api/v1/jobs).
+    Defaults for max_retries and timeout_s come from `settings` (the documented ones if None).
+    """
+    body = _body(type, payload, fields)
+    spec = parse_job(body, settings or _DEFAULTS)
+    if isinstance(spec, list):
+        raise InvalidJob([e.to_dict() for e in spec])
+    _check_payload(body, "payload")
+    return _write(conn, [spec])[0]
+
+
+def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
+                 settings: Settings | None = None) -> list[uuid.UUID]:
+    """Enqueue up to 1,000 jobs inside `conn`'s transaction, all or none; their ids in order.
+
+    Each job is a mapping of `type`, `payload` and `enqueue`'s fields. A call that raises wrote
+    none of its jobs (a savepoint undoes it), whatever else the caller's transaction holds.
+    """
+    bodies = [_body(job.get("type"), job.get("payload"),
+                    {k: v for k, v in job.items() if k not in ("type", "payload")})
+              for job in jobs]
+    if not bodies:
+        return []
+    specs = parse_batch({"jobs": bodies}, settings or _DEFAULTS)
+    errors = [e for e in specs if isinstance(e, FieldError)]
+    if errors:
+        raise InvalidJob([e.to_dict() for e in errors])
+    for index, body in enumerate(bodies):
+        _check_payload(body, f"jobs[{index}].payload")
+    if len(specs) == 1 or all(s.idempotency_key is None for s in specs):
+        return _write(conn, specs)  # one statement: atomic by itself
+    with caller.savepoint(conn):
+        return _write(conn, specs)
+
+
+def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The request as the API would read it from JSON (a datetime run_at as RFC 3339)."""
+    body: dict[str, Any] = {"type": type, **fields}
+    if payload is not None:
+        body["payload"] = payload
+    run_at = body.get("run_at")
+    if isinstance(run_at, datetime):
+        # A naive datetime names no instant: left without an offset, parse_job refuses it.
+        body["run_at"] = run_at.isoformat().replace("+00:00", "Z")
+    return body
+
+
+def _write(conn: AppConnection, specs: Sequence[JobSpec]) -> list[uuid.UUID]:
+    """Insert `specs` in one statement; replays resolved by key. Ids in the order of `specs`.
+
+    Keys are locked in one global order (queue, key), so two callers sharing keys in opposite
+    orders wait for each other instead of deadlocking.
+    """
+    order = sorted(range(len(specs)), key=lambda i: (specs[i].idempotency_key is not None,
+                                                     specs[i].queue,
+                                                     specs[i].idempotency_key or ""))
+    rows = [_row(specs[i]) for i in order]
+    inserted = {r.id for r in caller.run(conn, "enqueue_in_transaction",
+                                         {"jobs": rows_json(rows), **_STATEMENT_PARAMS})}
+    ids: dict[int, uuid.UUID] = {}
+    for index, row in zip(order, rows, strict=True):
+        ids[index] = row["id"] if row["id"] in inserted else _replayed(conn, specs[index])
+    return [ids[i] for i in range(len(specs))]
+
+
+def _row(spec: JobSpec) -> dict[str, Any]:
+    return {"id": new_job_id(), "type": spec.type, "queue": spec.queue, "payload": spec.payload,
+            "priority": spec.priority, "max_retries": spec.max_retries,
+            "timeout_s": spec.timeout_s, "run_at": spec.run_at, "delay_s": spec.delay_s,
+            "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
+            "limit_key": spec.limit_key}
+
+
+def _replayed(conn: AppConnection, spec: JobSpec) -> uuid.UUID:
+    """The job a key names in its queue: the same request gets its id, another one fails."""
+    key = spec.idempotency_key or ""
+    found = caller.run(conn, "get_job_by_key", {"queue": spec.queue, "idempotency_key": key})
+    if not found:
+        # ON CONFLICT waited for the other writer's commit, so its row is visible here.
+        raise RuntimeError(f"idempotency key {key!r} conflicted but no job holds it")
+    if found[0].request_hash != spec.request_hash:
+        raise IdempotencyConflict(
+            f"idempotency key {key!r} was used for job {found[0].id} with a different body")
+    return found[0].id
+
+
+def _check_payload(body: Mapping[str, Any], field: str) -> None:
+    """A payload must be what a JSON body can carry and jsonb can store; InvalidJob if not."""
+    if "payload" in body:
+        problem = payload_problem(body["payload"])
+        if problem is not None:
+            raise InvalidJob([{"field": field, "message": problem}])
+
+
+def payload_problem(value: Any) -> str | None:
+    """Why `value` cannot be a job's payload (None when it can): JSON types only (str keys),
+    finite numbers, no NUL or lone surrogate in any string, nested at most MAX_DEPTH levels.
+    Iterative, so a deep value cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            problem = _container_problem(item, depth)
+            if problem is not None:
+                return problem
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+        else:
+            problem = _scalar_problem(item)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _container_problem(item: dict | list | tuple, depth: int) -> str | None:
+    if depth > MAX_DEPTH:
+        return f"must be nested at most {MAX_DEPTH} levels deep"
+    if isinstance(item, dict):
+        if not all(isinstance(k, str) for k in item):
+            return "object keys must be strings"
+        if any(_bad_text(k) for k in item):
+            return _BAD_TEXT
+    return None
+
+
+def _scalar_problem(item: Any) -> str | None:
+    if isinstance(item, str):
+        return _BAD_TEXT if _bad_text(item) else None
+    if isinstance(item, float):
+        return None if math.isfinite(item) else "must hold finite numbers only (no NaN or Infinity)"
+    if item is None or isinstance(item, bool | int):
+        return None
+    return f"must be JSON (a {type(item).__name__} is not)"
+
+
+_BAD_TEXT = "must not hold a NUL character or a lone surrogate"
+
+
+def _bad_text(text: str) -> bool:
+    if "\x00" in text:
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
