@@ -19,6 +19,9 @@ Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--
 `--only workflows` runs the two workflow scenarios (a fan-out of 999 steps into one fan-in, the
 1,000 steps one workflow may hold: submit to the fan-in's start; a chain of 100: median
 handoff against the idle pickup).
+`drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
+PostgreSQL) in interleaved pairs and prints the share; `pickup_redis_down` is an idle worker's
+pickup while neither it nor the API reaches Redis.
 `--only retention` (never part of a run without --only: it lasts about half an hour) runs the
 retention soak at half the 2-worker drain rate with TASKLINE_RETAIN_SUCCEEDED_S=60, then drains
 with retention on and off in interleaved pairs (docs/performance.md, "Retention soak").
@@ -47,6 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # bench/ is put on the path first: its modules import each other by name.
+import degraded
 import limits
 import peers
 import producers
@@ -115,6 +119,8 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
         # step-to-step handoff along a chain of 100, ms.
         "workflow_fan_in_1000_steps_s": lambda s: wfb.fan_in(s, 999),
         "workflow_chain_100_handoff": lambda s: wfb.chain(s, 100),
+        # Dispatch from PostgreSQL: an idle worker's pickup (ms) with Redis unreachable.
+        "pickup_redis_down": degraded.pickup_redis_down,
     }
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)
@@ -319,6 +325,7 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         if stack.group_sizes:  # single enqueues: jobs per statement (group commit), per run
             results[name + "_mean_group_size"] = list(stack.group_sizes)
             show(name + "_mean_group_size", stack.group_sizes)
+    redis_down(stack, args, only, results)
     peak = results.get("side_by_side", {}).get("taskline", {}).get("median")
     if peak and (not only or "steady_latency" in only):
         results["steady_latency_50pct"] = measure(
@@ -332,6 +339,15 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         results["memory"] = sc.memory(stack, args.memory_jobs)
         show("memory", results["memory"]["rss_mib_after_10pct"])
     return report
+
+
+def redis_down(stack: Stack, args: argparse.Namespace, only: set[str],
+               results: dict[str, Any]) -> None:
+    """Interleaved pairs: 2-worker drains with Redis and with Redis unreachable."""
+    if not only or "drain_redis_down" in only:
+        results["drain_redis_down"] = degraded.drain_pairs(stack, args.jobs, args.repeat)
+        for name, value in results["drain_redis_down"].items():
+            show(f"drain_redis_down {name}", value)
 
 
 def retention(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:

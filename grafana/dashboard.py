@@ -260,12 +260,27 @@ INFRASTRUCTURE = (
                  "rollback {{datname}}")), unit="ops", width=12),
 )
 
+DISPATCH = (
+    Chart("Workers dispatching from PostgreSQL", "Workers claiming straight from PostgreSQL "
+          "because Redis is unreachable from them (or not rebuilt since it returned); 0 is "
+          "the normal Redis dispatch.",
+          (Query("sum(taskline_dispatch_degraded) or vector(0)"),), stat=True, width=4,
+          thresholds=(1, 1)),
+    Chart("Dispatch mode", "1 while a worker dispatches from PostgreSQL, per worker.",
+          (Query("max by (worker) (taskline_dispatch_degraded)", "{{worker}}"),), width=10),
+    Chart("Dispatch mode switches", "Switches to each mode over 5 minutes: to postgres when "
+          "Redis is lost, to redis once it was rebuilt.",
+          (Query("sum by (to) (increase(taskline_dispatch_switches_total[5m]))", "to {{to}}"),),
+          width=10),
+)
+
 ROWS: tuple[tuple[str, tuple[Chart, ...]], ...] = (
     ("Queue depths", QUEUES),
     ("Throughput and latency", THROUGHPUT),
     ("Reliability", RELIABILITY),
     ("Self-healing", SELF_HEALING),
     ("Infrastructure", INFRASTRUCTURE),
+    ("Dispatch mode", DISPATCH),
 )
 
 

@@ -36,13 +36,13 @@ is a plain success to it, which would leave that step's dependents waiting: run 
 release before the first workflow is submitted, as for any new job type.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 """
 
 from alembic import op
 
 revision = '0007'
-down_revision = '0005'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 

@@ -170,8 +170,19 @@ def cmd_workers(args: argparse.Namespace, client: Client) -> int:
 @client_command
 def cmd_queues(args: argparse.Namespace, client: Client) -> int:
     data = client.queues()
-    _emit(args, data, lambda: _print_page(data, QUEUE_COLUMNS))
+    _emit(args, data, lambda: _print_queues(data))
     return EXIT_OK
+
+
+def _print_queues(data: dict[str, Any]) -> None:
+    """The queue table, then the dispatch mode (where workers take jobs from)."""
+    _print_page(data, QUEUE_COLUMNS)
+    dispatch = data.get("dispatch")
+    if isinstance(dispatch, dict):
+        note = {"postgres": " (Redis unreachable: workers claim from PostgreSQL, slower)",
+                "rebuilding": " (Redis not rebuilt yet: workers that lost it claim from "
+                              "PostgreSQL)"}.get(dispatch.get("mode"), "")
+        print(f"dispatch: {dispatch.get('mode')}{note}")
 
 
 @client_command

@@ -28,6 +28,7 @@ from taskline_maintenance.outbox import OutboxRelay
 from taskline_maintenance.pauses import PauseMarkers
 from taskline_maintenance.promoter import Promoter
 from taskline_maintenance.reaper import Reaper
+from taskline_maintenance.rebuilder import Rebuilder
 from taskline_maintenance.reconciler import Reconciler
 from taskline_maintenance.retention import Retention
 from taskline_maintenance.scheduler import Scheduler
@@ -48,6 +49,7 @@ class Maintenance:
         self.reaper = Reaper(store, dispatcher, settings, types=types, queues=queues)
         self.promoter = Promoter(store, dispatcher, settings, queues=queues)
         self.reconciler = Reconciler(store, dispatcher, settings, queues=queues)
+        self.rebuilder = Rebuilder(store, dispatcher, self.reconciler)
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
         self.pauses = PauseMarkers(store, dispatcher, queues=queues)
         self.limits = LimitGauges(store, settings)
@@ -64,8 +66,9 @@ class Maintenance:
     def start(self) -> None:
         self._spawn("leader", lambda: self.leader.run(self._stop))
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
-                                ("reconciler", self.reconciler), ("depths", self.depths),
-                                ("pauses", self.pauses), ("limits", self.limits),
+                                ("reconciler", self.reconciler), ("rebuilder", self.rebuilder),
+                                ("depths", self.depths), ("pauses", self.pauses),
+                                ("limits", self.limits),
                                 ("audit_retention", self.audit_retention),
                                 ("retention", self.retention),
                                 ("scheduler", self.scheduler), ("outbox", self.outbox)):
@@ -125,7 +128,8 @@ def run(settings: Settings, metrics_port: int) -> int:
     metrics.serve(metrics_port)
     store = Store.connect(settings.database_url, pool_size=4,
                           application_name="taskline-maintenance")
-    dispatcher = Dispatcher(settings.redis_url)
+    # The breaker keeps a Redis outage from costing every pass a timeout (promoter, reaper).
+    dispatcher = Dispatcher(settings.redis_url, breaker=True)
     service = Maintenance(store, dispatcher, settings, types=type_labels(settings))
     service.start()
     log.info("maintenance started", extra={"action": "startup", "holder": service.leader.holder,

@@ -7,6 +7,10 @@ retrying jobs with `next_run_at <= now()`, FOR UPDATE SKIP LOCKED, moved to queu
 scheduled sets in Redis are a mirror for depth reporting, never the source of what is due, so
 a lost or stale set entry can delay nothing.
 
+While Redis is unreachable the pass goes on: the promoted jobs are queued in PostgreSQL, the
+workers claiming from there are notified (taskline.readiness), and the rebuild after Redis
+returns pushes them.
+
 If this process dies between the commit and the push, those jobs are queued in PostgreSQL but
 absent from every ready list (their ids may still sit in a retry or scheduled set). The
 reconciler restores them: it checks queued jobs against the ready and processing lists only,
@@ -23,7 +27,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.errors import DispatchUnavailable
 from taskline.metrics import PROMOTED, LabelGuard
 from taskline.service import Periodic
 from taskline.settings import Settings
@@ -83,7 +89,13 @@ class Promoter(Periodic):
         return PromoteResult(promoted)
 
     def _push(self, rows: list[Promoted]) -> int:
-        self.dispatcher.follow([row.committed() for row in rows])
+        try:
+            readiness.follow(self.dispatcher, self.store, [row.committed() for row in rows])
+        except DispatchUnavailable as err:
+            # Committed: workers claiming from PostgreSQL were notified, and the rebuild after
+            # Redis returns pushes the ids. Later pages are promoted all the same.
+            log.warning("promoted jobs not pushed: Redis is unreachable",
+                        extra={"action": "promote", "jobs": len(rows), "error": str(err)})
         for queue, count in Counter(row.queue for row in rows).items():
             PROMOTED.labels(queue=self.queue_label(queue)).inc(count)
         for row in rows:

@@ -10,7 +10,9 @@ attempt follows too; attempts are counted at claim, so a job that kills its work
 still reaches the DLQ), closes the lease as `lost` and writes a `recovered` event, all in one
 transaction; only then is the id moved in Redis, by the move's step (`Dispatcher.follow`).
 If this process dies between the two, the job is queued (or dead) in PostgreSQL but not where
-Redis should hold it, and the reconciler restores it on a later pass.
+Redis should hold it, and the reconciler restores it on a later pass. While Redis is
+unreachable the pass goes on: workers claiming from PostgreSQL are notified of the requeued
+jobs (taskline.readiness), and the rebuild after Redis returns puts the ids back.
 
 Between passes the reaper sleeps its interval, or less: until just after the earliest open
 lease's expiry as PostgreSQL computes it (`Store.seconds_to_next_lease_expiry`), so a killed
@@ -28,7 +30,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.errors import DispatchUnavailable
 from taskline.metrics import JOB_DLQ, JOB_RECOVERED, LabelGuard, TypeLabels
 from taskline.service import Periodic
 from taskline.settings import Settings
@@ -121,4 +125,10 @@ class Reaper(Periodic):
                 log.error("lease expired on the last attempt: job dead-lettered", extra=extra)
             else:
                 log.warning("lease expired: job requeued", extra=extra)
-        self.dispatcher.follow([r.committed() for r in recovered])
+        try:
+            readiness.follow(self.dispatcher, self.store, [r.committed() for r in recovered])
+        except DispatchUnavailable as err:
+            # Committed: requeued jobs reach the workers claiming from PostgreSQL by a
+            # notification, and Redis is rebuilt when it returns. The pass goes on.
+            log.warning("recovered jobs not moved in Redis: Redis is unreachable",
+                        extra={"action": "reap", "jobs": len(recovered), "error": str(err)})

@@ -222,6 +222,7 @@ class Reconciler(Periodic):
                                if strand_pause_s is None else strand_pause_s)
         self.queue_label = queues or LabelGuard()
         self._stop = threading.Event()
+        self._passing = threading.Lock()  # the periodic pass and a rebuild never overlap
 
     @property
     def interval_s(self) -> float:
@@ -233,9 +234,20 @@ class Reconciler(Periodic):
         super().run(stop, active)
 
     def run_once(self) -> ReconcileResult:
+        with self._passing:
+            return self._pass(self.grace_s)
+
+    def rebuild(self) -> ReconcileResult:
+        """A pass without grace, right after Redis came back or lost its content: every job
+        queued before it began is pushed, also one whose producer could not push it a moment
+        ago. A producer pushing the same id too only makes a duplicate, refused at claim."""
+        with self._passing:
+            return self._pass(0.0)
+
+    def _pass(self, grace_s: float) -> ReconcileResult:
         started = time.perf_counter()
         tally = _Tally()
-        before = self.store.now() - timedelta(seconds=self.grace_s)
+        before = self.store.now() - timedelta(seconds=grace_s)
         token = uuid.uuid4().hex[:12]
         snaps: dict[str, _Snapshot] = {}
         try:

@@ -61,7 +61,10 @@ class Backends:
                 store = self._given_store or Store.connect(
                     self.settings.database_url, pool_size=POOL_SIZE, max_overflow=0,
                     application_name="taskline-api")
-                dispatcher = self._given_dispatcher or Dispatcher(self.settings.redis_url)
+                # The breaker skips pushes while Redis is known down: an enqueue then costs
+                # no connect or socket timeout (the job is durable; workers are notified).
+                dispatcher = self._given_dispatcher or Dispatcher(self.settings.redis_url,
+                                                                  breaker=True)
                 quotas = parse_quotas(self.settings.enqueue_quotas)
                 self._live = _Live(os.getpid(), store, dispatcher,
                                    Enqueuer(store, dispatcher, self.metrics),

@@ -8,10 +8,11 @@ round trip) unless it is a batch with idempotency keys, whose replay check may r
 after part of it was inserted: that runs in one transaction, rolled back whole. (The store
 writes a large batch without keys by COPY instead, also in one transaction:
 taskline.store.bulk.) Redis hears of a job only after the commit, so Redis never holds an id
-PostgreSQL does not. A failed push after the commit loses nothing: the job is durable and
-reconciliation pushes it within its interval. An idempotency key names one request body per
-queue: the unique index makes concurrent duplicates insert one row, and a replay with another
-body is refused.
+PostgreSQL does not. A failed push after the commit loses nothing: the job is durable, the
+workers claiming from PostgreSQL while Redis is out are notified (taskline.readiness), and the
+rebuild after Redis returns (or reconciliation) pushes it. An idempotency key names one
+request body per queue: the unique index makes concurrent duplicates insert one row, and a
+replay with another body is refused.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.errors import IdempotencyConflict
+from taskline.errors import DispatchUnavailable, IdempotencyConflict
 from taskline.jobs import Job, Status, new_job_id
 from taskline.jobspec import JobSpec
 from taskline.log import job_fields as job_log_extra
@@ -193,8 +195,19 @@ class Enqueuer:
         committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
                                due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
                      for j in jobs]
+        breaker = self._dispatcher.breaker
+        known_down = breaker is not None and breaker.open
         try:
-            self._dispatcher.follow(committed)
+            readiness.follow(self._dispatcher, self._store, committed)
+        except DispatchUnavailable as err:
+            # Committed, and the workers claiming from PostgreSQL were notified; the rebuild
+            # after Redis returns pushes the ids. While the breaker is open (Redis known
+            # down) the push was not even tried: one line per request would flood the log.
+            log.log(logging.DEBUG if known_down else logging.WARNING,
+                    "jobs accepted but not pushed to Redis; workers claim them from PostgreSQL "
+                    "and reconciliation pushes them when Redis returns",
+                    extra={"action": "enqueue", "jobs": len(jobs),
+                           "job_id": str(jobs[0].id) if jobs else None, "error": str(err)})
         except Exception:
             # Whatever Redis said, the jobs are committed; reconciliation restores them.
             log.warning("jobs accepted but not pushed to Redis; reconciliation will push them",

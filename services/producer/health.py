@@ -1,8 +1,10 @@
 """Liveness, readiness and the Prometheus scrape; open even when API tokens are configured.
 
 Invariant: /healthz does no I/O (a live process answers it even when its dependencies are
-down, so an orchestrator does not restart it for their outage); /readyz answers 200 only when
-PostgreSQL and Redis both answer, and says which one did not.
+down, so an orchestrator does not restart it for their outage); /readyz answers 200 whenever
+PostgreSQL answers, since that is all accepting a job needs (a Redis outage slows dispatch and
+stops nothing: the status is then "degraded"), and 503 when PostgreSQL does not; it says
+which dependency did not answer.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ def healthz() -> Response:
 def readyz() -> Response:
     b = backends()
     checks = {"postgresql": _check(b.store.ping), "redis": _check(b.dispatcher.ping)}
-    ready = all(value == "ok" for value in checks.values())
-    response = jsonify({"status": "ready" if ready else "unavailable", "checks": checks})
+    ready = checks["postgresql"] == "ok"
+    status = "unavailable" if not ready else "ready" if checks["redis"] == "ok" else "degraded"
+    response = jsonify({"status": status, "checks": checks})
     response.status_code = 200 if ready else 503
     return response
 

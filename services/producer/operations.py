@@ -2,7 +2,8 @@
 
 Invariant: read-only (pausing a queue is taskline_producer.pauses). Counts come from
 PostgreSQL (the truth); Redis depths are reported beside them for the queues either side knows,
-so an operator sees drift between the two at a glance.
+so an operator sees drift between the two at a glance, and are null (with the dispatch mode
+`postgres`) while Redis is unreachable.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 
 from taskline.dispatch.keys import valid_queue_name
+from taskline.errors import DispatchUnavailable
 from taskline_producer import paging, shapes
 from taskline_producer.backends import backends
+from taskline_producer.dispatch_state import dispatch_state, unreachable
 
 bp = Blueprint("operations", __name__, url_prefix="/api/v1")
 
@@ -38,10 +41,18 @@ def list_workers() -> Response:
 
 @bp.get("/queues")
 def list_queues() -> Response:
+    """Counts from PostgreSQL always; Redis depths and the dispatch mode beside them, which
+    say `postgres` rather than fail while Redis is unreachable."""
     b = backends()
     counts = list(b.store.queue_counts())
     paused = b.store.paused_queues()
-    names = b.dispatcher.known_queues() | {row.queue for row in counts} | set(paused)
-    depths = {name: b.dispatcher.depths(name) for name in sorted(names)
-              if valid_queue_name(name)}
-    return jsonify({"queues": shapes.queues(counts, depths, paused)})
+    dispatch = dispatch_state(b.store, b.dispatcher)
+    depths = None
+    if dispatch["redis"] == "ok":
+        try:
+            names = b.dispatcher.known_queues() | {row.queue for row in counts} | set(paused)
+            depths = {name: b.dispatcher.depths(name) for name in sorted(names)
+                      if valid_queue_name(name)}
+        except DispatchUnavailable:
+            dispatch = unreachable()
+    return jsonify({"queues": shapes.queues(counts, depths, paused), "dispatch": dispatch})

@@ -64,15 +64,18 @@ def worker(row: Mapping[str, Any]) -> dict[str, Any]:
                                        "active_jobs", "job_ids")}
 
 
-def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]],
+def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]] | None,
            paused: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict]:
     """Per queue: whether it is paused, PostgreSQL counts by status and by priority, and Redis
-    depths."""
+    depths (None: Redis unreachable, so `redis` is null)."""
+    counts = list(counts)
     paused = paused or {}
-    names = sorted(set(depths) | {row.queue for row in counts} | set(paused))
+    names = sorted(set(depths or ()) | {row.queue for row in counts} | set(paused))
     by_queue: dict[str, dict[str, Any]] = {
         name: {"name": name, **pause_state(paused.get(name)), "counts": dict.fromkeys(STATUSES, 0),
-               "priorities": {}, "redis": _redis_depths(depths.get(name))} for name in names}
+               "priorities": {},
+               "redis": None if depths is None else _redis_depths(depths.get(name))}
+        for name in names}
     for row in counts:
         entry = by_queue[row.queue]
         entry["counts"][row.status] += row.n

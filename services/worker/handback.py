@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from taskline import transitions
+from taskline import readiness, transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.jobs import Status, parse_job_id
@@ -38,7 +38,9 @@ class Handback:
         """Release these leases and requeue their jobs; returns how many were released."""
         rows = self._store.settle([Settlement(a.lease_id, self._worker_id,
                                               transitions.handed_back()) for a in attempts])
-        self._dispatcher.follow([row.committed(transitions.HAND_BACK) for row in rows])
+        # Workers claiming from PostgreSQL are notified when Redis cannot take the ids.
+        readiness.follow(self._dispatcher, self._store,
+                         [row.committed(transitions.HAND_BACK) for row in rows])
         by_id = {a.job_id: a for a in attempts}
         for row in rows:
             log.info("job handed back", extra=by_id[str(row.id)].log_extra("released"))

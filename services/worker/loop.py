@@ -7,7 +7,9 @@ queues' signal lists, so an idle worker starts a new job milliseconds after its 
 PostgreSQL is unreachable the loop takes nothing; once it answers again, ids fetched but never
 claimed are put back (their priority comes from PostgreSQL). That sweep may push back an id
 another loop thread fetched a moment before and is claiming: PostgreSQL still grants it to one
-worker, and the copy left in Redis is acked away as a claim conflict.
+worker, and the copy left in Redis is acked away as a claim conflict. While Redis is
+unreachable the loop claims straight from PostgreSQL instead (taskline_worker.degraded), with
+the same claim, the same slots and the same start order.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from taskline.service import guarded
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
 from taskline_worker.attempts import Attempts
+from taskline_worker.degraded import DispatchMode
 from taskline_worker.fencing import Fence
 from taskline_worker.handback import Handback
 from taskline_worker.held import HeldWork
@@ -80,7 +83,7 @@ class FetchLoop:
                  queues: Sequence[str], settings: Settings, batch: int, slots: Attempts,
                  fence: Fence, handback: Handback, types: TypeLabels, execute: Execute,
                  hand_off: HandOff, pace: Pace | None = None,
-                 held: HeldWork | None = None) -> None:
+                 held: HeldWork | None = None, mode: DispatchMode | None = None) -> None:
         self._store = store
         self._dispatcher = dispatcher
         self._worker_id = worker_id
@@ -98,6 +101,8 @@ class FetchLoop:
         self._fetching = threading.Lock()
         self._turns = Turns()
         self._recovering = threading.Lock()
+        self._mode = mode
+        self._seen = threading.local()  # the waker generation of this thread's last claim
 
     def run(self, stop: threading.Event) -> None:
         failures = 0
@@ -124,8 +129,16 @@ class FetchLoop:
         if reserved <= 0:
             return drained
         try:
+            if self._mode is not None and self._mode.degraded:
+                return self._postgres_turn(reserved, drained)
             with self._fetching:  # fetches, and so tickets, in Redis's order
-                fetched, drained = self._fetch_turn(reserved, drained)
+                try:
+                    fetched, drained = self._fetch_turn(reserved, drained)
+                except DispatchUnavailable as err:
+                    if self._mode is None:
+                        raise
+                    self._mode.lost(err)
+                    return False
                 ticket = self._turns.take()
             try:
                 started = self._claim_and_start(fetched, ticket) if fetched else 0
@@ -152,6 +165,32 @@ class FetchLoop:
             return fetched, len(fetched) < reserved and len(self._queues) == 1
         fetched = self.fetch(reserved)
         return fetched, len(fetched) < reserved
+
+    def _postgres_turn(self, reserved: int, drained: bool) -> bool:
+        """A turn in postgres mode: after a drained turn, sleep until a notification (or the
+        backstop), then claim up to `reserved` jobs PostgreSQL chooses and start them in
+        order. The waker generation is read before the claim, so a notification sent while
+        it runs ends the next sleep at once."""
+        mode = self._mode
+        assert mode is not None
+        with self._fetching:
+            if drained:
+                mode.wait(getattr(self._seen, "generation", -1))
+            self._seen.generation = mode.waker.generation
+            ticket = self._turns.take()
+        try:
+            sent_at = time.monotonic()
+            claimed = self.claim_due(reserved)
+            self._turns.wait(ticket)
+            self._execute(claimed, sent_at)
+            # Limited jobs go through their budgeted claim, as on the Redis path.
+            if self._held is not None and reserved > len(claimed) and self._held.due():
+                self._start_held(reserved - len(claimed), ticket)
+        finally:
+            self._turns.done(ticket)
+        if claimed and len(claimed) < reserved:
+            self._hand_off()
+        return len(claimed) < reserved
 
     def _start_held(self, slots: int, ticket: int) -> None:
         """Claim held (limited) jobs within their budgets, and start them in this turn."""
@@ -184,9 +223,17 @@ class FetchLoop:
             return
         try:
             if self._fence.tripped and self._fence.recover(stop):
-                self._handback.sweep()
+                self._sweep()
         finally:
             self._recovering.release()
+
+    def _sweep(self) -> None:
+        try:
+            self._handback.sweep()
+        except DispatchUnavailable:
+            if self._mode is None:
+                raise
+            self._mode.lost("sweep after PostgreSQL returned")  # the return sweeps instead
 
     def fetch(self, count: int) -> Fetched:
         """Up to `count` ids, queues in order, most urgent first inside each queue."""
@@ -229,6 +276,24 @@ class FetchLoop:
         for claimed in winners:
             tracing.record("claim", claimed.job, self._worker_id, started_ns, ended_ns)
         return winners
+
+    def claim_due(self, count: int) -> list[Claimed]:
+        """Claim up to `count` jobs of our queues chosen by PostgreSQL, in claim order."""
+        started_ns = time.time_ns()
+        try:
+            won = self._store.claim_due_jobs(self._queues, count, self._worker_id,
+                                             self._lease_s)
+        except StoreUnavailable as err:
+            self._fence.trip(f"claim failed: {err}")
+            return []
+        except Exception:
+            self._fence.trip("claim failed")
+            raise
+        self._observe_wait(won)
+        ended_ns = time.time_ns()
+        for claimed in won:
+            tracing.record("claim", claimed.job, self._worker_id, started_ns, ended_ns)
+        return won
 
     def _drop(self, losers: Fetched) -> None:
         """Ack away the ids lost to another claimer or left to the budgeted claim; hand back

@@ -399,6 +399,13 @@ class Recorder:
         try:
             write()
         except DispatchUnavailable as err:
+            breaker = self._dispatcher.breaker
+            if breaker is not None and breaker.open:
+                # Known down (the worker claims from PostgreSQL): one line per outcome would
+                # flood the log; reconciliation rebuilds Redis when it returns.
+                log.debug("Redis write skipped: Redis is unreachable",
+                          extra={"action": "redis_after_record", "job_id": job_id})
+                return
             log.warning("Redis write failed after PostgreSQL recorded the outcome; "
                         "reconciliation will repair it",
                         extra={"action": "redis_after_record", "job_id": job_id,

@@ -37,6 +37,7 @@ from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
 from taskline_worker.attempts import Attempt, Attempts, Settler
 from taskline_worker.deadlines import Deadlines
+from taskline_worker.degraded import DispatchMode
 from taskline_worker.fencing import Fence
 from taskline_worker.handback import Handback
 from taskline_worker.heartbeat import Heartbeat
@@ -55,6 +56,9 @@ EXTRA_CONNECTIONS = FETCH_LOOPS + 3  # fetch loops, lease keeper, recorder, hear
 LOOPS = ("fetch", "recorder", "lease_keeper", "heartbeat", "deadlines")
 """The `loop` label values of taskline_loop_errors_total this process can report."""
 THREAD_JOIN_S = 5.0
+REDIS_TIMEOUT_S = 2.0
+"""Longest wait for a Redis reply beyond a blocked wait's own timeout, seconds: a worker
+notices a silent (blackholed) Redis within a block plus this, and claims from PostgreSQL."""
 _PROCESSING_TIME = CachedLabels(PROCESSING_TIME)
 
 
@@ -94,7 +98,8 @@ class Worker:
         webhook.configure(settings)  # the built-in webhook handler's address allow-list
         self.store = Store.connect(settings.database_url, pool_size=concurrency + EXTRA_CONNECTIONS,
                                    application_name="taskline-worker")
-        self.dispatcher = Dispatcher(settings.redis_url, block_timeout_s=block_timeout_s)
+        self.dispatcher = Dispatcher(settings.redis_url, block_timeout_s=block_timeout_s,
+                                     timeout_s=REDIS_TIMEOUT_S, breaker=True)
         self.stopping = threading.Event()
         self.forced = threading.Event()
         self.started = threading.Event()
@@ -121,12 +126,16 @@ class Worker:
         self.heartbeat = Heartbeat(store=self.store, dispatcher=self.dispatcher,
                                    worker_id=self.worker_id, period_s=s.heartbeat_s,
                                    attempts=self.attempts)
+        self.mode = DispatchMode(store=self.store, dispatcher=self.dispatcher,
+                                 database_url=s.database_url, worker_id=self.worker_id,
+                                 queues=self.queues, on_return=self.handback.sweep,
+                                 stop=self._background_stop)
         self.loop = FetchLoop(store=self.store, dispatcher=self.dispatcher,
                               worker_id=self.worker_id, queues=self.queues, settings=s,
                               batch=s.claim_batch or self.concurrency, slots=self.attempts,
                               fence=self.fence, handback=self.handback, types=self.types,
                               execute=self._execute, hand_off=self.runner.hand_off,
-                              pace=self.pace, held=self.held)
+                              pace=self.pace, held=self.held, mode=self.mode)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -172,6 +181,7 @@ class Worker:
         if force:
             self.forced.set()
         self.attempts.wake()
+        self.mode.waker.poke()
 
     def _start_threads(self) -> list[threading.Thread]:
         self.runner.start()
@@ -199,6 +209,7 @@ class Worker:
         # bounded because the recorder gives up once a lease lapses.
         self.attempts.wait_until_empty(self.settings.lease_s + 1)
         self._background_stop.set()
+        self.mode.close()
         self.recorder.stop()
         self.deadlines.wake()
         self.runner.stop()

@@ -132,6 +132,11 @@ STALE_COMPLETIONS = Counter("job_stale_completions_total",
 BUSY_SLOTS = Gauge("taskline_worker_busy_slots", "Handler slots in use", ["worker"],
                    multiprocess_mode="livesum")
 SLOTS = Gauge("taskline_worker_slots", "Handler slots", ["worker"], multiprocess_mode="livesum")
+DISPATCH_DEGRADED = Gauge("taskline_dispatch_degraded",
+                          "1 while the worker claims from PostgreSQL because Redis is unreachable",
+                          ["worker"], multiprocess_mode="livesum")
+DISPATCH_SWITCHES = Counter("taskline_dispatch_switches_total",
+                            "Dispatch mode switches of workers, by the mode switched to", ["to"])
 LOOP_ERRORS = Counter("taskline_loop_errors_total", "Failed iterations of a service loop",
                       ["loop"])
 

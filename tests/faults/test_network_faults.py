@@ -148,8 +148,8 @@ def test_worker_redis_blackhole_then_reset(fault_run):
         wait_acked(answers, 20)
         run.nemesis.blackhole("worker", "redis")
         cut_from = acked(answers)
-        # Longer than the workers' Redis socket timeout (5 s): every client gives up.
-        wait_for(lambda: all(log_actions(run, w, "fetch") for w in run.cluster.workers),
+        # Longer than the workers' Redis socket timeout: every worker claims from PostgreSQL.
+        wait_for(lambda: all(log_actions(run, w, "dispatch_mode") for w in run.cluster.workers),
                  timeout=20, message="every worker to notice Redis is gone")
         wait_acked(answers, cut_from + 20)  # the API still accepts: its own link is fine
         assert run.nemesis.reset("worker", "redis") >= 1

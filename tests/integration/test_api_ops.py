@@ -106,12 +106,14 @@ def test_health_and_readiness(client: FlaskClient) -> None:
     assert ready.get_json() == {"status": "ready", "checks": {"postgresql": "ok", "redis": "ok"}}
 
 
-def test_readyz_is_503_when_redis_is_unreachable(make_app: Any, closed_port: int) -> None:
+def test_readyz_is_200_degraded_when_redis_is_unreachable(make_app: Any,
+                                                         closed_port: int) -> None:
+    # Accepting a job needs PostgreSQL only: a Redis outage must not take the API out.
     client = make_app(redis_url=f"redis://127.0.0.1:{closed_port}/0")
     r = client.get("/readyz")
-    assert r.status_code == 503
+    assert r.status_code == 200
     body = r.get_json()
-    assert body["status"] == "unavailable" and body["checks"]["postgresql"] == "ok"
+    assert body["status"] == "degraded" and body["checks"]["postgresql"] == "ok"
     assert "Redis unavailable" in body["checks"]["redis"]
     assert client.get("/healthz").status_code == 200
 
@@ -150,11 +152,29 @@ def test_postgresql_unreachable_is_503_with_retry_after(make_app: Any, closed_po
     assert dispatcher.known_queues() == set()  # nothing accepted, nothing pushed
 
 
-def test_redis_unreachable_on_queues_is_503(make_app: Any, closed_port: int) -> None:
+def test_redis_unreachable_on_queues_reports_the_postgres_mode(make_app: Any, closed_port: int,
+                                                               store: Store) -> None:
     client = make_app(redis_url=f"redis://127.0.0.1:{closed_port}/0")
+    assert client.post("/api/v1/jobs", json={"type": "echo"}).status_code == 201
     r = client.get("/api/v1/queues")
-    assert_error(r, 503, "dispatch_unavailable")
-    assert r.headers["Retry-After"] == "5"
+    assert r.status_code == 200
+    body = r.get_json()
+    assert body["dispatch"] == {"mode": "postgres", "redis": "unreachable",
+                                "rebuilt_age_s": None}
+    (queue,) = body["queues"]
+    assert queue["counts"]["queued"] == 1 and queue["redis"] is None
+
+
+def test_queues_report_the_redis_mode_while_the_rebuild_marker_is_fresh(
+        client: FlaskClient, store: Store, dispatcher) -> None:
+    assert client.get("/api/v1/queues").get_json()["dispatch"]["mode"] == "rebuilding"
+    now_ms = int(store.now().timestamp() * 1000)
+    dispatcher.set_dispatch_marker(f"t:{now_ms}")
+    dispatch = client.get("/api/v1/queues").get_json()["dispatch"]
+    assert dispatch["mode"] == "redis" and dispatch["redis"] == "ok"
+    assert 0 <= dispatch["rebuilt_age_s"] < 5
+    dispatcher.set_dispatch_marker(f"t:{now_ms - 60_000}")  # an old snapshot's marker
+    assert client.get("/api/v1/queues").get_json()["dispatch"]["mode"] == "rebuilding"
 
 
 def test_redis_unreachable_cancel_and_retry_still_change_postgresql(

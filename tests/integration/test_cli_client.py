@@ -149,6 +149,8 @@ def test_workers_and_queues_tables(api_url: str, store: Store) -> None:
     rows = [line.split() for line in queues.stdout.splitlines()]
     assert rows[0][:4] == ["QUEUE", "PAUSED", "SCHEDULED", "QUEUED"]
     assert next(r for r in rows if r[0] == "reports")[:4] == ["reports", "False", "0", "1"]
+    # No maintenance instance has rebuilt this Redis: the mode says so.
+    assert rows[-1][:2] == ["dispatch:", "rebuilding"]
     as_json = json.loads(taskline("queues", "--json", url=api_url).stdout)
     assert "reports" in {q["name"] for q in as_json["queues"]}
 

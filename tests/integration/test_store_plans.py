@@ -151,6 +151,16 @@ def test_events_and_leases_of_a_deleted_job_are_found_by_job_id_indexes(store: S
                                               "job_dependencies", "job_events", "job_leases"]
 
 
+def test_the_claim_from_postgresql_reads_the_claim_index_in_order(store: Store):
+    insert_queued(store, QUEUED)
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE jobs"))
+    shown = plan(store, "due_queued_ids", {"queue": "default", "limit": 50})
+    assert "jobs_claimable" in shown
+    assert "Sort" not in shown and "Seq Scan on jobs" not in shown
+    assert "One-Time Filter" in shown  # the queue's pause is checked once, not per job
+
+
 def test_bulk_dead_letter_batches_never_scan_the_jobs_table(store: Store):
     """A bulk requeue or purge reads dead jobs through indexes (the status index or the DLQ
     rows' keys) and changes each by primary key, however many finished jobs the table holds."""

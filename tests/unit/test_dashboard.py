@@ -25,7 +25,8 @@ from taskline import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
-ROWS = ["Queue depths", "Throughput and latency", "Reliability", "Self-healing", "Infrastructure"]
+ROWS = ["Queue depths", "Throughput and latency", "Reliability", "Self-healing", "Infrastructure",
+        "Dispatch mode"]
 
 # Metrics that Prometheus itself, redis_exporter and postgres_exporter export; their labels are
 # not checked (they are the exporters' to define).

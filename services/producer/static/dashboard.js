@@ -312,6 +312,22 @@
     for (const stage of ["scheduled", "waiting", "queued", "running", "retrying", "dead"]) setCount(stage, totals[stage] || 0);
     renderPriorities(byPriority);
     renderQueues(data.queues);
+    renderDispatch(data.dispatch);
+  }
+
+  // While Redis is out, workers claim straight from PostgreSQL: slower, nothing stops.
+  const DISPATCH_TEXT = {
+    postgres: "Redis is unreachable: workers dispatch from PostgreSQL (slower; every job still runs).",
+    rebuilding: "Redis answers but is not rebuilt yet: workers that lost it dispatch from PostgreSQL until the rebuild ends.",
+  };
+
+  function renderDispatch(dispatch) {
+    const banner = $("dispatch");
+    const mode = dispatch ? dispatch.mode : "redis";
+    banner.dataset.mode = mode;
+    banner.hidden = !DISPATCH_TEXT[mode];
+    const text = DISPATCH_TEXT[mode] || "";
+    if (banner.textContent !== text) banner.textContent = text;
   }
 
   function renderQueues(queues) {

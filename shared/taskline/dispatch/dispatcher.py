@@ -18,24 +18,31 @@ from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 from taskline.dispatch import follow
-from taskline.dispatch.keys import QUEUES_SET, QueueKeys, worker_key
+from taskline.dispatch.breaker import Breaker, GuardedConnection
+from taskline.dispatch.keys import DISPATCH_MARKER, QUEUES_SET, QueueKeys, worker_key
 from taskline.errors import DispatchUnavailable
 from taskline.transitions import Committed
 
 SIGNAL_MAX = 64
 HELD_MARKER_MS = 1000
 _SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot",
-            "discard", "drop_dead")
+            "discard", "drop_dead", "renew_marker")
+PROBE_TIMEOUT_S = 1.0
+"""Connect and reply timeout of the breaker's probe, seconds."""
 # Stands in for an entry being discarded; job ids are UUIDs, so no id can equal it.
 DISCARD_MARKER = "taskline:discarded"
 
 
-def make_client(url: str, socket_timeout: float | None = 5.0) -> redis.Redis:
-    """A Redis client that fails fast and never retries a command behind our back."""
+def make_client(url: str, socket_timeout: float | None = 5.0, *,
+                breaker: Breaker | None = None, connect_timeout: float = 5.0) -> redis.Redis:
+    """A Redis client that fails fast and never retries a command behind our back; with a
+    `breaker`, its connections ask it before every call and report every failure to it."""
+    guarded = {} if breaker is None else {"connection_class": GuardedConnection,
+                                          "breaker": breaker}
     return redis.Redis.from_url(
         url, decode_responses=True, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-        socket_timeout=socket_timeout, socket_connect_timeout=5, socket_keepalive=True,
-        health_check_interval=0,
+        socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
+        socket_keepalive=True, health_check_interval=0, **guarded,
     )
 
 
@@ -54,14 +61,34 @@ def translate_errors() -> Iterator[None]:
 class Dispatcher:
     """Redis side of taskline: pushes, fetches, acks and moves job ids between structures."""
 
-    def __init__(self, url: str, block_timeout_s: float = 1.0) -> None:
-        self.client = make_client(url)
+    def __init__(self, url: str, block_timeout_s: float = 1.0, *, timeout_s: float = 5.0,
+                 breaker: bool = False) -> None:
+        """`timeout_s` bounds every reply (a blocked wait: its block plus this), so a silent
+        link is noticed within it. With `breaker`, a failure makes every call of this
+        dispatcher fail at once until Redis answers a probe again (taskline.dispatch.breaker).
+        """
+        self.breaker: Breaker | None = None
+        if breaker:
+            probe = make_client(url, socket_timeout=PROBE_TIMEOUT_S,
+                                connect_timeout=PROBE_TIMEOUT_S)
+            self._probe_client: redis.Redis | None = probe
+            self.breaker = Breaker(probe.ping)
+        else:
+            self._probe_client = None
+        self.client = make_client(url, socket_timeout=timeout_s, breaker=self.breaker,
+                                  connect_timeout=min(timeout_s, 5.0))
         # Blocking waits need a socket timeout longer than the block itself.
-        self.blocking_client = make_client(url, socket_timeout=block_timeout_s + 5)
+        self.blocking_client = make_client(url, socket_timeout=block_timeout_s + timeout_s,
+                                           breaker=self.breaker,
+                                           connect_timeout=min(timeout_s, 5.0))
         self.block_timeout_s = block_timeout_s
         self._scripts = {name: self.client.register_script(_lua(name)) for name in _SCRIPTS}
 
     def close(self) -> None:
+        if self.breaker is not None:
+            self.breaker.close()
+        if self._probe_client is not None:
+            self._probe_client.close()
         self.client.close()
         self.blocking_client.close()
 
@@ -388,6 +415,21 @@ class Dispatcher:
     def ping(self) -> None:
         with translate_errors():
             self.client.ping()
+
+    # --- the rebuild marker (dispatch from PostgreSQL ends when it is fresh) ---------------
+
+    def dispatch_marker(self) -> str | None:
+        """The rebuild marker, `<writer token>:<epoch ms>`, or None when Redis lacks it."""
+        with translate_errors():
+            return self.client.get(DISPATCH_MARKER)
+
+    def set_dispatch_marker(self, value: str) -> None:
+        with translate_errors():
+            self.client.set(DISPATCH_MARKER, value)
+
+    def renew_dispatch_marker(self, expected: str, value: str) -> bool:
+        """Replace the marker by `value` only while it holds `expected`; whether it did."""
+        return bool(self._script("renew_marker", [DISPATCH_MARKER], [expected, value]))
 
 
 def _fetch_call(queue: str, worker_id: str, count: int) -> tuple[list[str], list[object]]:

@@ -14,6 +14,19 @@ from taskline.jobs import MAX_PRIORITY, MIN_PRIORITY
 PREFIX = "taskline"
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 QUEUES_SET = f"{PREFIX}:queues"
+DISPATCH_MARKER = f"{PREFIX}:dispatch:rebuilt"
+"""`<writer token>:<epoch ms>`: the ready lists hold every job queued in PostgreSQL as of that
+instant (PostgreSQL's clock). Written last by the rebuild after Redis returns, then renewed by
+the active maintenance instance while Redis stays up; a Redis restarted empty lacks it, and
+one restored from an old snapshot holds an old one."""
+
+
+def dispatch_marker_ms(marker: str | None) -> int:
+    """The instant a rebuild marker vouches for, in epoch ms; -1 for none or a garbled one."""
+    if not marker:
+        return -1
+    _, _, ms = marker.rpartition(":")
+    return int(ms) if ms.isdigit() else -1
 
 
 def valid_queue_name(name: object) -> bool:

@@ -210,6 +210,31 @@ WITH claimed AS (
 SELECT claimed.*, leases.lease_id, leases.leased_at, leases.leased_until
 FROM claimed JOIN leases ON leases.job_id = claimed.id;
 
+-- name: due_queued_ids
+-- The most urgent queued jobs of one queue, FIFO within a priority, locked until the caller's
+-- transaction ends and skipping those another claimer holds: the candidates claim_jobs is given
+-- when PostgreSQL chooses them (dispatch from PostgreSQL while Redis is unreachable); the claim
+-- then applies the one rule, claimable_jobs, to them. A paused queue yields none: its pause is
+-- checked once for the queue, uncorrelated, so the plan stays an in-order read of
+-- jobs_claimable that stops after :limit rows (the view, flattened into an anti-join with
+-- queue_pauses, is planned as a scan and sort of every queued job of the queue). Limited jobs
+-- are left to the budgeted claim (held_candidates), as on the Redis path: a limit on the queue
+-- is checked once too, and the limited types are read once into an array each row is tested
+-- against (an anti-join with flow_limits would be planned like the view).
+SELECT j.id FROM jobs j
+WHERE j.status = 'queued' AND j.queue = :queue
+  AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = :queue)
+  AND NOT EXISTS (SELECT 1 FROM flow_limits f WHERE f.scope = 'queue:' || :queue)
+  AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM flow_limits f))
+ORDER BY j.priority DESC, j.created_at, j.id
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+-- name: notify_ready
+-- Wake the workers that dispatch from PostgreSQL: one notification per queue whose jobs became
+-- queued while Redis could not be told (the payload is the queue's name).
+SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])) AS queue;
+
 -- name: claim_refusals
 -- Of ids a claim did not take, those still queued, and why: held by a pause (they go back to
 -- their ready lists), or limited (they are claimed from PostgreSQL, under their budget).

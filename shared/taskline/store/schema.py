@@ -79,6 +79,10 @@ Index("jobs_due", jobs.c.next_run_at,
       postgresql_where=text("status IN ('scheduled', 'retrying')"))
 Index("jobs_status_created", jobs.c.status, jobs.c.created_at, jobs.c.id)
 Index("jobs_created", jobs.c.created_at, jobs.c.id)
+# Dispatch from PostgreSQL (Redis unreachable) claims through this: a queue's queued jobs in
+# claim order, so a claim reads only the rows it takes, however many are queued.
+Index("jobs_claimable", jobs.c.queue, jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id,
+      postgresql_where=text("status = 'queued'"))
 # Retention reads expired jobs oldest first through these, never by scanning the table; the
 # second holds the jobs a release before 0003 finished without stamping finished_at.
 Index("jobs_finished", jobs.c.status, jobs.c.finished_at,

@@ -411,6 +411,39 @@ class Store:
                                                   **_CLAIM})
         return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
 
+    def claim_due_jobs(self, queues: Sequence[str], limit: int, worker_id: str,
+                       lease_s: float) -> list[Claimed]:
+        """Claim up to `limit` queued jobs PostgreSQL chooses: queues in the order given, most
+        urgent first and FIFO within a priority inside each (Redis's order when it is up).
+
+        One transaction: `due_queued_ids` locks the candidates (skipping rows another claimer
+        holds), then `claim_jobs` claims them exactly as it claims ids fetched from Redis (same
+        rule, lease, event and attempt count), so both paths share one claim. The winners come
+        back in candidate order.
+        """
+        with self._driver() as driver, driver.transaction(), \
+                driver.cursor(row_factory=namedtuple_row) as cursor:
+            ids: list[str] = []
+            for queue in queues:
+                if len(ids) >= limit:
+                    break
+                found = cursor.execute(_driver_sql("due_queued_ids"),
+                                       {"queue": queue, "limit": limit - len(ids)}).fetchall()
+                ids += [str(r.id) for r in found]
+            if not ids:
+                return []
+            rows = cursor.execute(_driver_sql("claim_jobs"), {
+                "ids": _uuid_array(ids), "worker_id": worker_id, "lease_s": lease_s,
+                "limited": False, **_CLAIM}).fetchall()
+        order = {job_id: n for n, job_id in enumerate(ids)}
+        rows.sort(key=lambda r: order[str(r.id)])
+        return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
+
+    def notify_ready(self, queues: Sequence[str]) -> None:
+        """Tell workers dispatching from PostgreSQL that jobs of `queues` became queued."""
+        if queues:
+            self._run_on_driver("notify_ready", {"queues": sorted(set(queues))})
+
     def claim_refusals(self, ids: Sequence[uuid.UUID | str]) -> list:
         """Of `ids` a claim did not take, those still queued, each with `paused` and `limited`:
         held, not lost, so they are handed back to Redis (paused) or left to the budgeted claim

@@ -1,0 +1,50 @@
+"""Telling workers that jobs became queued, through Redis or, when Redis is out, PostgreSQL.
+
+Invariant: a committed transition that makes a job queued reaches the workers either by its
+Redis step (the id pushed to a ready list) or, when that step fails because Redis is
+unreachable, by a notification on the PostgreSQL channel `taskline_enqueued` (payload: the
+queue's name), which wakes the workers dispatching from PostgreSQL. Nothing is notified while
+Redis answers, so the Redis path pays nothing for it; a lost notification costs at most the
+workers' backstop poll, never a job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.enqueuing import CHANNEL
+from taskline.errors import DispatchUnavailable, StoreUnavailable
+from taskline.jobs import Status
+from taskline.store.store import Store
+from taskline.transitions import Committed
+
+log = logging.getLogger(__name__)
+
+# The one channel that says "jobs of this queue became queued" (queries.sql `notify_ready`
+# and the in-transaction enqueue's insert name it too).
+__all__ = ["CHANNEL", "follow", "notify"]
+
+
+def follow(dispatcher: Dispatcher, store: Store, changes: Iterable[Committed]) -> None:
+    """`Dispatcher.follow`; when Redis is unreachable, notify the queues whose jobs became
+    queued, then re-raise DispatchUnavailable (the caller decides how loudly to say so)."""
+    changes = list(changes)
+    try:
+        dispatcher.follow(changes)
+    except DispatchUnavailable:
+        notify(store, changes)
+        raise
+
+
+def notify(store: Store, changes: Iterable[Committed]) -> None:
+    """Notify the queues of the changes that made a job queued (best effort)."""
+    queues = sorted({c.queue for c in changes if c.move.target is Status.QUEUED})
+    if not queues:
+        return
+    try:
+        store.notify_ready(queues)
+    except StoreUnavailable as err:
+        log.warning("could not notify workers of queued jobs; they find them by polling",
+                    extra={"action": "notify_ready", "queues": queues, "error": str(err)})
