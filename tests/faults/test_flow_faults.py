@@ -47,7 +47,6 @@ def leases_of(run, job_type: str) -> list[dict]:
     return [{"leased_at": a, "released_at": b} for a, b in rows]
 
 
-@pytest.mark.fast
 @pytest.mark.timeout(150)
 def test_concurrency_limit_through_sigkill_flush_and_a_frozen_worker(fault_run):
     run = fault_run("concurrency limit: worker SIGKILL, Redis flush, frozen worker",

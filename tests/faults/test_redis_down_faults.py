@@ -62,7 +62,6 @@ def succeeded_ids(run) -> list[str]:
         "SELECT id FROM jobs WHERE status = 'succeeded' ORDER BY id")]
 
 
-@pytest.mark.fast
 @pytest.mark.timeout(150)
 def test_redis_killed_for_good_under_load(fault_run):
     run = fault_run("Redis killed for good under load (dispatch from PostgreSQL)", workers=2,
