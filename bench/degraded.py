@@ -58,7 +58,7 @@ def pickup_redis_down(stack: Stack, jobs: int = 200, spacing_s: float = 0.02) ->
     stack.reset()
     sent, answered = {}, {}
     with redis_unreachable(stack), stack.api() as base, stack.workers(1, 4):
-        sc._idle_workers(stack, 1)
+        sc.idle_workers(stack, 1)
         conn = Connection(base)
         body = b'{"type": "bench.stamp", "payload": {}}'
         for _ in range(jobs):

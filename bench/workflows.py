@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from clients import Connection
-from scenarios import DRAIN_CONCURRENCY, _idle_workers, pickup, quantiles
+from scenarios import DRAIN_CONCURRENCY, idle_workers, pickup, quantiles
 from stack import Stack, wait_until
 
 STAMP = {"type": "bench.stamp", "payload": {}}
@@ -46,7 +46,7 @@ def fan_in(stack: Stack, parts: int = 999, workers: int = 2) -> float:
     steps = [{"id": n, "job": STAMP} for n in names]
     steps.append({"id": "fan_in", "job": STAMP, "after": names})
     with stack.api() as base, stack.workers(workers, DRAIN_CONCURRENCY):
-        _idle_workers(stack, workers)
+        idle_workers(stack, workers)
         t0, jobs = _submit(base, "fan-in", steps)
         wait_until(lambda: stack.count("succeeded") >= parts + 1, timeout=600, interval=0.05)
     return _started(stack, [jobs["fan_in"]])[jobs["fan_in"]] - t0
@@ -59,7 +59,7 @@ def chain(stack: Stack, length: int = 100) -> dict[str, Any]:
     steps = [{"id": "s0", "job": STAMP}] + [{"id": f"s{i}", "job": STAMP, "after": [f"s{i - 1}"]}
                                             for i in range(1, length)]
     with stack.api() as base, stack.workers(1, 4):
-        _idle_workers(stack, 1)
+        idle_workers(stack, 1)
         _t0, jobs = _submit(base, "chain", steps)
         wait_until(lambda: stack.count("succeeded") >= length, timeout=600, interval=0.05)
     started = _started(stack, list(jobs.values()))
