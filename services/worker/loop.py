@@ -40,6 +40,8 @@ Execute = Callable[[list[Claimed], float], None]
 HandOff = Callable[[], None]
 
 SLOT_WAIT_S = 1.0
+SHORT_WAIT_S = 0.2
+"""A held-work wait shorter than this is slept locally rather than blocked in Redis."""
 ERROR_BACKOFF_S = (0.1, 5.0)
 _WAIT_TIME = CachedLabels(WAIT_TIME)
 
@@ -157,6 +159,11 @@ class FetchLoop:
         """Up to `reserved` ids, blocking in Redis first after a drained turn; and whether the
         queues are drained now."""
         wait_s = None if self._held is None else self._held.wait_s(SLOT_WAIT_S)
+        if drained and wait_s is not None and 0.0 < wait_s < SHORT_WAIT_S:
+            # Redis ends a blocked wait on its own clock tick (every 100 ms at the default hz),
+            # so a wait shorter than that is slept here: a rate budget frees on time.
+            time.sleep(wait_s)
+            wait_s = 0.0
         if drained and wait_s != 0.0:
             first = self._queues[0]
             fetched = [(first, job_id) for job_id in self._dispatcher.wait_and_fetch(
