@@ -28,6 +28,8 @@ from clients import post_concurrently
 from scenarios import WARMUP_SHARE
 from stack import Stack, wait_until
 
+from tests.faults.checker import busiest_window  # the fault checker's own judge of a window
+
 SLOTS = 8
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -88,16 +90,7 @@ def rate_60s(stack: Stack, seconds: float = 60.0) -> dict[str, Any]:
     starts = [r[0] for r in stack.sql("SELECT leased_at FROM job_leases ORDER BY leased_at")]
     first = starts[0]
     inside = [t for t in starts if (t - first).total_seconds() < seconds]
-    return {"starts_in_60s": len(inside), "busiest_1s_window": _busiest(inside, 1.0)}
-
-
-def _busiest(times: list, period_s: float) -> int:
-    worst, first = 0, 0
-    for last, at in enumerate(times):
-        while (at - times[first]).total_seconds() >= period_s:
-            first += 1
-        worst = max(worst, last - first + 1)
-    return worst
+    return {"starts_in_60s": len(inside), "busiest_1s_window": busiest_window(inside, 1.0)}
 
 
 def idle(stack: Stack, seconds: float = 60.0) -> dict[str, Any]:
