@@ -21,7 +21,7 @@ from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import Connection
 
 from taskline.metrics import DLQ_BULK
-from taskline.store.rows import Purged, Requeued
+from taskline.store.rows import DeadChanged
 from taskline.store.store import DeadFilter, Store
 from taskline_producer import audit, auth
 from taskline_producer.backends import backends
@@ -42,11 +42,11 @@ ACTIONS = ("dlq.retry", "dlq.purge")
 for _action in ACTIONS:  # 0, not "no data", on a dashboard before the first bulk operation
     DLQ_BULK.labels(action=_action)
 
-Batch = Callable[[Store, DeadFilter, uuid.UUID, int, Connection], Sequence[Requeued | Purged]]
+Batch = Callable[[Store, DeadFilter, uuid.UUID, int, Connection], Sequence[DeadChanged]]
 
 
 def run_batches(store: Store, bulk: BulkRequest, batch: Batch, action: str,
-                follow: Callable[[Sequence[Requeued | Purged]], None]) -> int:
+                follow: Callable[[Sequence[DeadChanged]], None]) -> int:
     """Run `batch` until `bulk.limit` jobs are done, a batch comes back short, or the time
     budget is spent; each batch commits with its audit record, then `follow` mirrors it."""
     done, after = 0, _FIRST
@@ -68,16 +68,16 @@ def run_batches(store: Store, bulk: BulkRequest, batch: Batch, action: str,
 
 
 def _requeue(store: Store, match: DeadFilter, after: uuid.UUID, size: int,
-             conn: Connection) -> Sequence[Requeued]:
+             conn: Connection) -> Sequence[DeadChanged]:
     return store.requeue_dead_batch(match, after, size, auth.principal().name, conn)
 
 
 def _purge(store: Store, match: DeadFilter, after: uuid.UUID, size: int,
-           conn: Connection) -> Sequence[Purged]:
+           conn: Connection) -> Sequence[DeadChanged]:
     return store.purge_dead(match, after, size, conn, auth.principal().name)
 
 
-def _follow(rows: Sequence[Requeued | Purged]) -> None:
+def _follow(rows: Sequence[DeadChanged]) -> None:
     """Mirror a committed batch in Redis; on failure reconciliation repairs Redis later."""
     try:
         backends().dispatcher.follow([row.committed() for row in rows])
@@ -86,7 +86,7 @@ def _follow(rows: Sequence[Requeued | Purged]) -> None:
                     "repair it", exc_info=True, extra={"action": "dlq_bulk", "jobs": len(rows)})
 
 
-def _follow_purged(rows: Sequence[Requeued | Purged]) -> None:
+def _follow_purged(rows: Sequence[DeadChanged]) -> None:
     for row in rows:
         # One record per job, as retention logs its deletions: the row and its history are gone.
         log.info("job purged", extra={"action": "purged", "job_id": str(row.id),

@@ -162,38 +162,22 @@ class Deleted:
 
 
 @dataclass(frozen=True)
-class Requeued:
-    """A dead job a bulk requeue put back in its queue."""
+class DeadChanged:
+    """A dead job a bulk operation changed by `move`: requeued (REQUEUE), or deleted with its
+    events, leases and DLQ row (PURGE)."""
 
     id: uuid.UUID
     queue: str
     priority: int
     type: str
+    move: Move
 
     @classmethod
-    def from_row(cls, row: Any) -> Requeued:
-        return cls(id=row.id, queue=row.queue, priority=row.priority, type=row.type)
+    def from_row(cls, row: Any, move: Move) -> DeadChanged:
+        return cls(id=row.id, queue=row.queue, priority=row.priority, type=row.type, move=move)
 
     def committed(self) -> Committed:
-        return Committed(transitions.REQUEUE, str(self.id), self.queue, self.priority)
-
-
-@dataclass(frozen=True)
-class Purged:
-    """A dead job a purge deleted, with its events, leases and DLQ row."""
-
-    id: uuid.UUID
-    queue: str
-    priority: int
-    type: str
-
-    @classmethod
-    def from_row(cls, row: Any) -> Purged:
-        return cls(id=row.id, queue=row.queue, priority=row.priority, type=row.type)
-
-    def committed(self) -> Committed:
-        return Committed(transitions.PURGE, str(self.id), self.queue, self.priority,
-                         left=Status.DEAD)
+        return Committed(self.move, str(self.id), self.queue, self.priority, left=Status.DEAD)
 
 
 @dataclass(frozen=True)

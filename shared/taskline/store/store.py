@@ -31,14 +31,13 @@ from taskline.jobs import Job, Status, new_job_id, parse_job_id
 from taskline.store import bulk
 from taskline.store.queries import load_queries
 from taskline.store.rows import (
+    DeadChanged,
     Deleted,
     Expired,
     Owed,
     Promoted,
-    Purged,
     Recovered,
     Released,
-    Requeued,
     ScheduleRow,
     Settled,
     Settlement,
@@ -343,21 +342,23 @@ class Store:
 
     def requeue_dead_batch(self, match: DeadFilter, after: uuid.UUID, limit: int,
                            actor: str | None = None,
-                           conn: Connection | None = None) -> list[Requeued]:
+                           conn: Connection | None = None) -> list[DeadChanged]:
         """Requeue up to `limit` dead jobs matching `match` with ids above `after` (one
         statement); rows another transaction holds are skipped, not waited for."""
         params = {**match.params(), "after": after, "limit": limit, "actor": actor,
                   **_move_params(transitions.REQUEUE)}
-        return [Requeued.from_row(r) for r in self._run("requeue_dead_batch", params, conn)]
+        return [DeadChanged.from_row(r, transitions.REQUEUE)
+                for r in self._run("requeue_dead_batch", params, conn)]
 
     def purge_dead(self, match: DeadFilter, after: uuid.UUID, limit: int,
-                   conn: Connection | None = None, actor: str | None = None) -> list[Purged]:
+                   conn: Connection | None = None, actor: str | None = None) -> list[DeadChanged]:
         """Delete up to `limit` dead jobs matching `match` with ids above `after`, each whole
         (events, leases, DLQ row), in one statement: the one place a purge deletes jobs. The
         waiting dependents of a purged workflow step are cancelled in that statement."""
         params = {**match.params(), "after": after, "limit": limit, "actor": actor,
                   **_move_params(transitions.PURGE)}
-        return [Purged.from_row(r) for r in self._run("purge_dead_batch", params, conn)]
+        return [DeadChanged.from_row(r, transitions.PURGE)
+                for r in self._run("purge_dead_batch", params, conn)]
 
     def count_dead_matching(self, match: DeadFilter) -> int:
         return int(self._run("count_dead_matching", match.params())[0].n)
