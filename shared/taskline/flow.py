@@ -45,6 +45,10 @@ class Limit:
     def key_of(self, limit_key: str | None) -> str:
         return (limit_key or "") if self.per_key else ""
 
+    def budget(self, limit_key: str | None) -> Budget:
+        """The budget a job with `limit_key` draws from under this limit."""
+        return self.scope, self.key_of(limit_key)
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -95,10 +99,6 @@ def parse_scope(scope: object) -> tuple[str, str]:
     return kind, name
 
 
-def budgets(limit: Limit, limit_key: str | None) -> Budget:
-    return limit.scope, limit.key_of(limit_key)
-
-
 def admit(candidates: Sequence[Candidate], limits: Mapping[str, Limit], usage: Usage,
           slots: int, now: datetime) -> Admission:
     """The candidates to start now, at most `slots`, greedily in their order."""
@@ -110,9 +110,9 @@ def admit(candidates: Sequence[Candidate], limits: Mapping[str, Limit], usage: U
             break
         applying = [lim for scope in scopes_of(job.type, job.queue)
                     if (lim := limits.get(scope)) is not None]
-        if all(_room(lim, budgets(lim, job.limit_key), running, started) for lim in applying):
+        if all(_room(lim, lim.budget(job.limit_key), running, started) for lim in applying):
             for lim in applying:
-                budget = budgets(lim, job.limit_key)
+                budget = lim.budget(job.limit_key)
                 running[budget] += lim.concurrency is not None
                 if lim.rate_limit is not None:
                     started[budget] += 1
