@@ -7,7 +7,9 @@ written or given up. It occupies a slot from its claim until the handler's end (
 reported, so the next job starts while the outcome waits for its batched write. Up to `ahead`
 (taskline_worker.pace) of the slots may be claimed ahead of the `concurrency` handler threads:
 those jobs wait, leased and renewed, for a thread, so a freed thread never waits for a claim's
-commit. A worker therefore runs at most `concurrency` handlers, holds at most
+commit. A workflow step that succeeds keeps its slot until its outcome is written, and hands
+it to a step its success released and the same transaction claimed (taskline_worker.outcomes),
+or gives it back then. A worker therefore runs at most `concurrency` handlers, holds at most
 `concurrency + ahead` claimed jobs (ids being claimed count) and at most
 `LEASE_CAP_FACTOR * concurrency` leases; claiming stops at any bound.
 """
@@ -198,11 +200,18 @@ class Attempts:
     def add(self, attempt: Attempt) -> None:
         self.add_many((attempt,))
 
-    def add_many(self, attempts: Sequence[Attempt]) -> None:
+    def add_many(self, attempts: Sequence[Attempt], freeing: Sequence[Attempt] = ()) -> None:
+        """Hold `attempts`, each in a slot; the slots of `freeing` pass to them in the same
+        step (a workflow step's slot to the steps its success released), so no fetch loop
+        can take a slot in between."""
         with self._cond:
             for attempt in attempts:
                 self._held[attempt.lease_id] = attempt
             self._busy += len(attempts)
+            for attempt in freeing:
+                self._release_slot(attempt)
+            if freeing:
+                self._cond.notify_all()
 
     def free_slot(self, attempt: Attempt) -> None:
         """The handler ended (or was abandoned): its slot takes new work (idempotent)."""

@@ -354,10 +354,15 @@ class FetchLoop:
                         extra={"action": "pause_hold", "error": str(err)})
 
     def _observe_wait(self, winners: list[Claimed]) -> None:
-        for claimed in winners:
-            job = claimed.job
-            # Both instants are PostgreSQL's: updated_at is the claim, next_run_at when it
-            # became runnable (enqueue, delay or retry due time).
-            if job.next_run_at is not None:
-                waited = max((job.updated_at - job.next_run_at).total_seconds(), 0.0)
-                _WAIT_TIME(self._types(job.type), job.queue).observe(waited)
+        observe_wait(self._types, winners)
+
+
+def observe_wait(types: TypeLabels, winners: list[Claimed]) -> None:
+    """The queue wait of each job just claimed (the wait-time histogram)."""
+    for claimed in winners:
+        job = claimed.job
+        # Both instants are PostgreSQL's: updated_at is the claim, next_run_at when it
+        # became runnable (enqueue, delay or retry due time).
+        if job.next_run_at is not None:
+            waited = max((job.updated_at - job.next_run_at).total_seconds(), 0.0)
+            _WAIT_TIME(types(job.type), job.queue).observe(waited)

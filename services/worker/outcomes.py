@@ -15,7 +15,8 @@ import logging
 import queue
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,13 +34,14 @@ from taskline.metrics import (
     JOB_RETRIED,
     STALE_COMPLETIONS,
     STEPS_RELEASED,
+    STEPS_STARTED_IN_PLACE,
     CachedLabels,
     TypeLabels,
 )
 from taskline.service import guarded
 from taskline.settings import Settings
 from taskline.store.rows import Settled, Settlement
-from taskline.store.store import Store
+from taskline.store.store import Claimed, Store
 from taskline.transitions import Committed, Transition
 from taskline_worker.attempts import Attempt, Attempts
 from taskline_worker.runner import BadResult, NoHandler
@@ -116,6 +118,11 @@ def _releases(report: Report) -> bool:
     return report.kind == SUCCESS and report.attempt.job.workflow_id is not None
 
 
+def _holding_slots(reports: Iterable[Report]) -> list[Attempt]:
+    """The succeeded workflow steps still holding their slot (see Worker._finished)."""
+    return [r.attempt for r in reports if _releases(r) and r.attempt.in_slot]
+
+
 def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
     """The reports whose success was written, given the job ids the statement changed.
 
@@ -131,12 +138,25 @@ def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
     return list(newest.values())
 
 
-def released_steps(rows: Iterable[Settled]) -> list[Committed]:
-    """The waiting workflow steps the settlement released, to push after the commit."""
+def released_steps(rows: Iterable[Settled],
+                   started: Collection[uuid.UUID] = frozenset()) -> list[Committed]:
+    """The waiting workflow steps the settlement released, to push after the commit (all
+    but those `started` on this worker by the same transaction)."""
     released = [step for row in rows for step in row.released]
     if released:
         STEPS_RELEASED.inc(len(released))
-    return [step.committed() for step in released]
+    return [step.committed() for step in released if step.id not in started]
+
+
+@dataclass(frozen=True)
+class NextSteps:
+    """How a worker starts, at once, the workflow steps its successes release: the queues it
+    serves (in order), `start(claimed, sent_at, freeing)` to run claims in the slots of the
+    attempts `freeing`, and `accepting()`, false once it stops taking work."""
+
+    queues: Sequence[str]
+    start: Callable[[list[Claimed], float, Sequence[Attempt]], None]
+    accepting: Callable[[], bool] = lambda: True
 
 
 class Recorder:
@@ -145,8 +165,11 @@ class Recorder:
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
                  settings: Settings, attempts: Attempts, types: TypeLabels,
                  forget: Callable[[Iterable[Attempt]], None],
-                 on_settled: Callable[[list[Committed]], None] | None = None) -> None:
+                 on_settled: Callable[[list[Committed]], None] | None = None,
+                 next_steps: NextSteps | None = None) -> None:
         self._store = store
+        self._next_steps = next_steps
+        self._lease_s = settings.lease_s
         self._on_settled = on_settled
         self._dispatcher = dispatcher
         self._worker_id = worker_id
@@ -269,11 +292,13 @@ class Recorder:
                           releases=report.attempt.job.workflow_id is not None)
 
     def _complete(self, reports: list[Report]) -> None:
-        written = self._persist(reports, lambda live: self._store.settle(
-            [self._settlement(r, transitions.succeeded(r.result)) for r in live]))
-        live, rows = written if written is not None else ([], [])
-        # Released steps are pushed first, before any bookkeeping: the next step waits for them.
-        self._follow(released_steps(rows), [])
+        written = self._persist(reports, self._write_successes)
+        live, (rows, claimed, sent_at) = written if written is not None else ([], ([], [], 0.0))
+        # Released steps go first, before any bookkeeping: they wait for nothing else.
+        if claimed and self._next_steps is not None:
+            STEPS_STARTED_IN_PLACE.inc(len(claimed))
+            self._next_steps.start(claimed, sent_at, _holding_slots(live)[:len(claimed)])
+        self._follow(released_steps(rows, {c.job.id for c in claimed}), [])
         self._gave_up([r for r in reports if r not in live])
         recorded = set(newest_recorded(live, {str(row.id) for row in rows}))
         stale = [r for r in live if r not in recorded]
@@ -282,6 +307,20 @@ class Recorder:
         for report in stale:
             self._stale(report)
         self._follow([self._committed(r, transitions.SUCCEED) for r in recorded], stale)
+
+    def _write_successes(self, live: list[Report]) -> tuple[list[Settled], list[Claimed], float]:
+        """Settle these successes; steps they release that can start here at once are claimed
+        in the same transaction, one per slot a succeeded step holds. Returns the settled rows,
+        those claims and when the claim was sent (monotonic)."""
+        settlements = [self._settlement(r, transitions.succeeded(r.result)) for r in live]
+        holding, steps = _holding_slots(live), self._next_steps
+        if not holding or steps is None or not steps.accepting():
+            return self._store.settle(settlements), [], 0.0
+        sent_at = time.monotonic()
+        rows, claimed = self._store.settle_continuing(
+            settlements, worker_id=self._worker_id, lease_s=self._lease_s, queues=steps.queues,
+            most=len(holding))
+        return rows, claimed, sent_at
 
     def _complete_with_hooks(self, report: Report) -> None:
         attempt = report.attempt

@@ -15,9 +15,11 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import ConfigError
@@ -43,8 +45,8 @@ from taskline_worker.handback import Handback
 from taskline_worker.heartbeat import Heartbeat
 from taskline_worker.held import HeldWork
 from taskline_worker.leases import LeaseKeeper
-from taskline_worker.loop import FetchLoop
-from taskline_worker.outcomes import Recorder
+from taskline_worker.loop import FetchLoop, observe_wait
+from taskline_worker.outcomes import NextSteps, Recorder
 from taskline_worker.pace import Pace
 from taskline_worker.runner import Runner
 
@@ -118,7 +120,9 @@ class Worker:
         self.recorder = Recorder(store=self.store, dispatcher=self.dispatcher,
                                  worker_id=self.worker_id, settings=s, attempts=self.attempts,
                                  types=self.types, forget=self.fence.forget_many,
-                                 on_settled=self.held.ended)
+                                 on_settled=self.held.ended,
+                                 next_steps=NextSteps(self.queues, self._start_next,
+                                                      lambda: not self.stopping.is_set()))
         self.runner = Runner(self.concurrency, self.deadlines, on_finished=self._finished,
                              on_timeout=self._timed_out, on_recycle=self._recycle)
         self.keeper = LeaseKeeper(store=self.store, worker_id=self.worker_id, settings=s,
@@ -268,8 +272,10 @@ class Worker:
 
     # --- per attempt ---------------------------------------------------------------------
 
-    def _execute(self, claimed: list[Claimed], sent_at: float) -> None:
-        """Start the claimed jobs' handlers, in fetch order."""
+    def _execute(self, claimed: list[Claimed], sent_at: float,
+                 freeing: Sequence[Attempt] = ()) -> None:
+        """Start the claimed jobs' handlers, in fetch order; they take the slots of
+        `freeing` (workflow steps whose success released and claimed them)."""
         s = self.settings
         attempts = [Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.fence_margin_s,
                                   self.store.parent_results) for c in claimed]
@@ -277,10 +283,22 @@ class Worker:
             for attempt in attempts:
                 log.info("job claimed", extra=attempt.log_extra("claimed"))
         # Held and watched before any starts; one lock acquisition each for the whole batch.
-        self.attempts.add_many(attempts)
+        self.attempts.add_many(attempts, freeing)
         self.fence.watch_many(attempts)
         for attempt in attempts:
             self.runner.submit(attempt)
+
+    def _start_next(self, claimed: list[Claimed], sent_at: float,
+                    freeing: Sequence[Attempt]) -> None:
+        """Start workflow steps claimed by the transaction that recorded their parents'
+        success, in those parents' slots."""
+        ended_ns = time.time_ns()
+        observe_wait(self.types, claimed)
+        for c in claimed:
+            tracing.record("claim", c.job, self.worker_id, ended_ns, ended_ns)
+        self._execute(claimed, sent_at, freeing)
+        # The recorder's bookkeeping can wait: let the woken handler threads start first.
+        self.runner.hand_off()
 
     def _finished(self, attempt: Attempt, result: Any, error: BaseException | None,
                   seconds: float) -> None:
@@ -296,8 +314,10 @@ class Worker:
                 self.recorder.cancelled(attempt)
             else:
                 self.recorder.failure(attempt, error, Outcome.FAILED)
-            # The outcome waits for its (batched) write holding only the lease, not the slot.
-            self.attempts.free_slot(attempt)
+            # The outcome waits for its (batched) write holding only the lease, not the slot;
+            # a succeeded workflow step keeps its slot for the step its success may release.
+            if error is not None or attempt.job.workflow_id is None:
+                self.attempts.free_slot(attempt)
         elif attempt.settled_by is Settler.FENCE:
             self._discard(attempt)
 

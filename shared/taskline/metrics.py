@@ -53,6 +53,9 @@ PROMOTED = Counter("job_promoted_total", "Due retries and delayed jobs promoted"
 # workflows accepted (API), and steps waiting for parents (maintenance, from PostgreSQL).
 STEPS_RELEASED = Counter("taskline_workflow_steps_released_total",
                          "Waiting workflow steps queued by their last parent's success")
+STEPS_STARTED_IN_PLACE = Counter(
+    "taskline_workflow_steps_started_in_place_total",
+    "Released workflow steps claimed by their parent's own completion, on that worker")
 WORKFLOWS_SUBMITTED = Counter("taskline_workflows_submitted_total", "Workflows accepted")
 WAITING_DEPTH = Gauge("taskline_waiting_jobs", "Workflow steps waiting for their parents",
                       ["queue"], multiprocess_mode="livemax")

@@ -436,7 +436,11 @@ FROM changed;
 -- so statements releasing overlapping children cannot deadlock; one that waited for another's
 -- lock decrements the count the other committed (READ COMMITTED re-reads the locked row), so
 -- of parents finishing at once exactly one sees the count reach 0. Returns settle's rows,
--- then one row per child released (lease_id NULL).
+-- then one row per child released (lease_id NULL), with `first_in_line`: no job already
+-- queued in the child's queue is at least as urgent, nor any in a queue listed before it in
+-- :served (the settling worker's queues, in its order; empty when it starts nothing), so
+-- starting the child at once on that worker overtakes nobody. This statement's snapshot sees
+-- neither the child nor its siblings as queued.
 , finished AS (
     SELECT d.child_id, count(*) AS n
     FROM changed c JOIN job_dependencies d ON d.parent_id = c.id
@@ -464,11 +468,16 @@ FROM changed;
     SELECT id, attempts, :release_event FROM released WHERE status = :release_target
 )
 SELECT id, queue, priority, attempts, status, lease_id, worker_id,
-       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
+       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms, NULL AS first_in_line
 FROM changed
 UNION ALL
-SELECT id, queue, priority, attempts, status, NULL, NULL, NULL
-FROM released WHERE status = :release_target;
+SELECT r.id, r.queue, r.priority, r.attempts, r.status, NULL, NULL, NULL,
+       NOT EXISTS (SELECT 1 FROM jobs o WHERE o.status = 'queued' AND o.queue = r.queue
+                   AND o.priority >= r.priority)
+       AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.status = 'queued' AND o.queue = ANY(
+           (CAST(:served AS text[]))[1:coalesce(array_position(CAST(:served AS text[]),
+                                                               r.queue), 1) - 1]))
+FROM released r WHERE r.status = :release_target;
 
 -- name: cancel_running_job
 -- Mark a running job's cancellation as requested, with its event; the worker's next renewal

@@ -578,11 +578,9 @@ class Store:
         settled. Alone it is one autocommit statement; `lapsed` settles only expired leases."""
         if not settlements:
             return []
-        params = {"settlements": _rows_json({str(s.lease_id): s.to_input(lapsed=lapsed)
-                                             for s in settlements}),
-                  "lease_ids": "{" + ",".join(str(s.lease_id) for s in settlements) + "}"}
+        params = _settle_params(settlements, lapsed)
         if any(s.releases and s.transition.move is transitions.SUCCEED for s in settlements):
-            return self._settle_releasing({**params, **_RELEASE}, conn)
+            return self._settle_releasing({**params, **_RELEASE, "served": []}, conn)
         rows = (self._run("settle", params, conn) if conn is not None
                 else self._run_on_driver("settle", params))
         return [Settled.from_row(r) for r in rows]
@@ -592,11 +590,32 @@ class Store:
         made succeeded queued, in one statement (one round trip, as `settle`)."""
         rows = (self._run("settle_releasing", params, conn) if conn is not None
                 else self._run_on_driver("settle_releasing", params))
-        settled = [Settled.from_row(r) for r in rows if r.lease_id is not None]
-        released = tuple(Released.from_row(r) for r in rows if r.lease_id is None)
-        if not released:
-            return settled
-        return [*settled[:-1], dataclasses.replace(settled[-1], released=released)]
+        return _with_releases(rows)
+
+    def settle_continuing(self, settlements: Sequence[Settlement], *, worker_id: str,
+                          lease_s: float, queues: Sequence[str],
+                          most: int) -> tuple[list[Settled], list[Claimed]]:
+        """`settle` for successes of workflow steps that also claims, for `worker_id`, up to
+        `most` of the steps they released: those of `queues` first in line, most urgent first.
+
+        One transaction, `settle_releasing` then `claim_jobs` (the one claim rule: a paused or
+        limited step is refused and stays queued, to be pushed as usual), so a released step
+        starts on the worker that released it after one commit instead of two (the release's,
+        then a claim's after a push and a fetch). Returns the settled rows, whose `released`
+        still lists every step released, and the claims in the order the steps were picked.
+        """
+        params = {**_settle_params(settlements, False), **_RELEASE, "served": list(queues)}
+        with self._driver() as driver, driver.transaction(), \
+                driver.cursor(row_factory=namedtuple_row) as cursor:
+            settled = _with_releases(
+                cursor.execute(_driver_sql("settle_releasing"), params).fetchall())
+            picked = next_steps([step for row in settled for step in row.released], queues, most)
+            rows = cursor.execute(_driver_sql("claim_jobs"), {
+                "ids": _uuid_array(picked), "worker_id": worker_id, "lease_s": lease_s,
+                "limited": False, **_CLAIM}).fetchall() if picked else []
+        order = {job_id: n for n, job_id in enumerate(picked)}
+        rows.sort(key=lambda r: order[str(r.id)])
+        return settled, [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
 
     def settle_with_hooks(self, settlement: Settlement,
                           hooks: Sequence[Callable[[Connection], None]]) -> list[Settled]:
@@ -892,6 +911,31 @@ def _move_params(move: Move) -> dict[str, Any]:
 _FIRST_EVENTS = json.dumps(dict(transitions.FIRST_EVENTS))
 ADMIT_ROUNDS = 4
 """Most candidate windows one budgeted claim reads (see Store._admit)."""
+def _settle_params(settlements: Sequence[Settlement], lapsed: bool) -> dict[str, Any]:
+    return {"settlements": _rows_json({str(s.lease_id): s.to_input(lapsed=lapsed)
+                                       for s in settlements}),
+            "lease_ids": "{" + ",".join(str(s.lease_id) for s in settlements) + "}"}
+
+
+def _with_releases(rows: Sequence[Any]) -> list[Settled]:
+    """settle_releasing's rows as settlements, the steps released carried by the last."""
+    settled = [Settled.from_row(r) for r in rows if r.lease_id is not None]
+    released = tuple(Released.from_row(r) for r in rows if r.lease_id is None)
+    if not released:
+        return settled
+    return [*settled[:-1], dataclasses.replace(settled[-1], released=released)]
+
+
+def next_steps(released: Sequence[Released], queues: Sequence[str], most: int) -> list[str]:
+    """Of steps just released, the ids a worker serving `queues` may start at once: first
+    in line (see settle_releasing), most urgent first, release order within a priority, at
+    most `most`."""
+    served = set(queues)
+    eligible = [step for step in released if step.first_in_line and step.queue in served]
+    eligible.sort(key=lambda step: -step.priority)
+    return [str(step.id) for step in eligible[:max(most, 0)]]
+
+
 _CLAIM = {"target": transitions.CLAIM.target.value, "event": transitions.CLAIM.event.value}
 _RELEASE = {"release_sources": transitions.UNBLOCK.source_names,
             "release_target": transitions.UNBLOCK.target.value,
