@@ -473,11 +473,17 @@ def _noop_rate(stack: Stack) -> float:
     return (len(leases) - skip) / (last - leases[skip]).total_seconds()
 
 
+HISTORY_PER_JOB = 1
+"""Expired history jobs beside each drained job in the retention pairs: in a steady state
+retention deletes one finished job for every job that finishes (docs/performance.md)."""
+
+
 def drain_beside_retention(stack: Stack, jobs: int, retain_s: int) -> dict[str, float]:
     """Jobs/s of 2 workers draining `jobs` no-op jobs while maintenance runs with
-    TASKLINE_RETAIN_SUCCEEDED_S=`retain_s` (0: off) over 5 x `jobs` expired history jobs."""
+    TASKLINE_RETAIN_SUCCEEDED_S=`retain_s` (0: off) over HISTORY_PER_JOB x `jobs` expired
+    history jobs."""
     _backlog(stack, jobs)
-    _history(stack, jobs * 5)
+    _history(stack, jobs * HISTORY_PER_JOB)
     stack.extra_env["TASKLINE_RETAIN_SUCCEEDED_S"] = str(retain_s)
     try:
         with stack.process("maintenance"):
@@ -496,7 +502,7 @@ def _drain_noop(stack: Stack, jobs: int) -> dict[str, float]:
                                      "AND status = 'succeeded'")[0][0] >= jobs,
                    timeout=1200, interval=0.1)
         left = stack.sql("SELECT count(*) FROM jobs WHERE type = 'bench.history'")[0][0]
-    return {"jobs_per_s": _noop_rate(stack), "history_deleted": jobs * 5 - left}
+    return {"jobs_per_s": _noop_rate(stack), "history_deleted": jobs * HISTORY_PER_JOB - left}
 
 
 def retention_pairs(stack: Stack, jobs: int, pairs: int) -> dict[str, Any]:

@@ -14,8 +14,13 @@ is absent on a later pass. A deleted job is a 404.
 A pass repeats batches, per status, until a batch comes back short (nothing expired is left,
 or only rows another transaction holds, which the next pass takes), reading candidates oldest
 first through the `jobs_finished` index, never by scanning the table; it stops between batches
-when this instance stops leading. Passes run every `10 x TASKLINE_REAPER_INTERVAL_S` (50 s by
-default). After each pass the gauges say how old the oldest kept job of each status is.
+when this instance stops leading. Between two batches of one pass it rests as long as the last
+batch took (`PACE`), so a backlog (retention switched on, or shortened, over a large history)
+takes at most half of one PostgreSQL connection's time instead of all of it while claims and
+enqueues share the machine; a pass still deletes several thousand jobs a second, far above
+what a steady load finishes. Passes run every tenth of the shortest retention, between one and
+ten reaper intervals (`Settings.retention_interval_s`: 50 s by default). After each pass the
+gauges say how old the oldest kept job of each status is.
 
 Workflows: no step of an unfinished workflow is deleted (its dependents read their parents'
 results), so a dead step with waiting dependents would be kept for ever; once it is past the
@@ -26,6 +31,7 @@ which finishes the workflow and lets the step go. A workflow row goes once all i
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -45,6 +51,8 @@ BATCH_SIZE = 5000
 """Jobs deleted per statement (one transaction): small enough that no batch holds its row
 locks for long, large enough that a pass keeps up with a steady load."""
 STATUSES = (Status.SUCCEEDED, Status.CANCELLED, Status.DEAD)
+PACE = 1.0
+"""Rest between two batches of a pass, as a multiple of the last batch's duration."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,10 @@ class Retention(Periodic):
     name = "retention"
 
     def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
-                 batch_size: int = BATCH_SIZE, active: Callable[[], bool] = always) -> None:
+                 batch_size: int = BATCH_SIZE, active: Callable[[], bool] = always,
+                 rest: Callable[[float], object] = time.sleep) -> None:
         super().__init__()
+        self.rest = rest
         self.store = store
         self.dispatcher = dispatcher
         self.settings = settings
@@ -110,7 +120,11 @@ class Retention(Periodic):
         """(jobs deleted, batches run) for one status, until a batch comes back short."""
         total = batches = 0
         while self.active():
+            if batches:
+                self.rest(PACE * took)
+            started = time.monotonic()
             batch = self.store.expire_finished(status, self.retention_s(status), self.batch_size)
+            took = time.monotonic() - started
             batches += 1
             total += len(batch)
             self._forget(status, batch)

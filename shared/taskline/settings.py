@@ -215,8 +215,11 @@ class Settings:
 
     @property
     def retention_interval_s(self) -> float:
-        """Seconds between retention passes: 10 reaper intervals (50 s by default)."""
-        return 10 * self.reaper_interval_s
+        """Seconds between retention passes: a tenth of the shortest retention set, between
+        one and 10 reaper intervals (50 s with the defaults). A short retention is pruned in
+        small steps, so the history tables hold the retention window and little more."""
+        shortest = min((s for s in self.retention_s.values() if s > 0), default=float("inf"))
+        return min(max(shortest / 10, self.reaper_interval_s), 10 * self.reaper_interval_s)
 
     @property
     def fence_margin_s(self) -> float:

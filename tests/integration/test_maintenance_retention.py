@@ -5,6 +5,8 @@ its events, leases, DLQ row and Redis entries; every unfinished job stays howeve
 
 from __future__ import annotations
 
+import time
+
 import uuid
 
 from prometheus_client import REGISTRY
@@ -174,6 +176,25 @@ def test_a_pass_repeats_batches_until_nothing_expired_remains(store, dispatcher,
 
     assert result.deleted[Status.SUCCEEDED] == 5 and result.batches == 3 + 1 + 1
     assert remaining(store, jobs)["jobs"] == set()
+
+
+def test_a_pass_rests_between_batches_as_long_as_the_last_one_took(store, dispatcher, settings):
+    jobs = [succeeded_job(store, dispatcher) for _ in range(5)]
+    backdate(store, jobs)
+    rests: list[float] = []
+
+    retention = Retention(store, dispatcher, settings.replace(**RETAINED), batch_size=2,
+                          rest=rests.append)
+    started = time.monotonic()
+    result = retention.run_once()
+    elapsed = time.monotonic() - started
+
+    assert result.deleted[Status.SUCCEEDED] == 5
+    # Three succeeded batches (2, 2, 1): a rest before the second and the third, none before
+    # the first or after the short one; each as long as a batch took, so together less than
+    # the pass itself.
+    assert len(rests) == 2 and all(r > 0 for r in rests)
+    assert sum(rests) < elapsed
 
 
 def test_a_pass_stops_between_batches_when_leadership_is_lost(store, dispatcher, settings):

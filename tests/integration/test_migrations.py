@@ -34,3 +34,18 @@ def test_migrate_is_idempotent_and_safe_in_parallel(database_url: str):
     tables = set(inspect(engine).get_table_names())
     engine.dispose()
     assert {"jobs", "job_leases", "job_events", "dead_letter_jobs", "workers"} <= tables
+
+
+def test_history_tables_are_vacuumed_at_their_churn(database_url: str):
+    """Migration 0011's storage parameters (compare_metadata does not compare them)."""
+    engine = create_engine(sqlalchemy_url(database_url))
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT relname, reloptions FROM pg_class WHERE relname IN "
+            "('jobs', 'job_events', 'job_leases')").all()
+    engine.dispose()
+    options = {name: set(opts or ()) for name, opts in rows}
+    expected = {"autovacuum_vacuum_scale_factor=0.01",
+                "autovacuum_vacuum_insert_scale_factor=0.05",
+                "autovacuum_analyze_scale_factor=0.02"}
+    assert options == {t: expected for t in ("jobs", "job_events", "job_leases")}

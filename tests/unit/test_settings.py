@@ -52,6 +52,14 @@ def test_retention_defaults_zero_and_bounds():
     s = Settings.from_env(env={})
     assert s.retention_s == {"succeeded": 604_800, "cancelled": 604_800, "dead": 2_592_000}
     assert s.retention_interval_s == 10 * s.reaper_interval_s
+    # A short retention is pruned more often (a tenth of it), never more often than the reaper.
+    short = Settings.from_env(env={"TASKLINE_RETAIN_SUCCEEDED_S": "60"})
+    assert short.retention_interval_s == 6.0
+    tiny = Settings.from_env(env={"TASKLINE_RETAIN_CANCELLED_S": "1"})
+    assert tiny.retention_interval_s == tiny.reaper_interval_s
+    none = Settings.from_env(env={f"TASKLINE_RETAIN_{s}_S": "0"
+                                  for s in ("SUCCEEDED", "CANCELLED", "DEAD")})
+    assert none.retention_interval_s == 10 * none.reaper_interval_s
     forever = Settings.from_env(env={"TASKLINE_RETAIN_DEAD_S": "0",
                                      "TASKLINE_RETAIN_SUCCEEDED_S": "0.5"})
     assert forever.retention_s["dead"] == 0 and forever.retention_s["succeeded"] == 0.5
