@@ -119,6 +119,7 @@ class Retention(Periodic):
     def _expire(self, status: Status) -> tuple[int, int]:
         """(jobs deleted, batches run) for one status, until a batch comes back short."""
         total = batches = 0
+        took = 0.0
         while self.active():
             if batches:
                 self.rest(PACE * took)

@@ -6,7 +6,6 @@ its events, leases, DLQ row and Redis entries; every unfinished job stays howeve
 from __future__ import annotations
 
 import time
-
 import uuid
 
 from prometheus_client import REGISTRY
