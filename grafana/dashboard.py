@@ -128,6 +128,14 @@ THROUGHPUT = (
            Query("sum(rate(taskline_workflow_steps_started_in_place_total[5m]))",
                  "started in place")),
           unit="ops", width=12),
+    Chart("Outbox relay: relayed per second", "Jobs enqueued inside application transactions "
+          "(taskline.enqueue) that the relay pushed to Redis after their commit, per queue.",
+          (Query("sum by (queue) (rate(taskline_outbox_relayed_total[5m]))", "{{queue}}"),),
+          unit="ops", width=12),
+    Chart("Outbox relay: backlog", "Committed in-transaction enqueues not relayed yet, and how "
+          "long the oldest has waited (alert past 1 minute): near 0 while a relay runs.",
+          (Query("max(taskline_outbox_pending_jobs)", "pending"),
+           Query("max(taskline_outbox_oldest_age_seconds)", "oldest, s")), width=12),
 )
 
 # A type that never succeeded (or never failed) has no series for that counter: `or ... * 0`

@@ -3,7 +3,8 @@
 Invariant: exactly one process exports the depth gauges at a time, so Prometheus never sums
 duplicates: workers and the API never set them, and a maintenance instance clears them as soon
 as it is not the leader. Depths are read from Redis (what is dispatchable now), the age of the
-oldest queued job and the live-worker count from PostgreSQL (in its own clock).
+oldest queued job, the outbox relay's backlog and the live-worker count from PostgreSQL (in
+its own clock).
 
 Interval: every `TASKLINE_REAPER_INTERVAL_S` seconds (5 by default), as often as the reaper.
 """
@@ -20,6 +21,8 @@ from taskline.dispatch.keys import valid_queue_name
 from taskline.metrics import (
     DLQ_DEPTH,
     OLDEST_READY,
+    OUTBOX_OLDEST,
+    OUTBOX_PENDING,
     PROCESSING_DEPTH,
     QUEUE_DEPTH,
     RETRY_DEPTH,
@@ -83,6 +86,9 @@ class DepthGauges(Periodic):
             if valid_queue_name(q):
                 WAITING_DEPTH.labels(queue=self.queue_label(q)).set(waiting.get(q, 0))
         totals = [self._export(q, oldest.get(q, 0.0)) for q in queues]
+        pending, oldest_owed_s = self.store.outbox_backlog()
+        OUTBOX_PENDING.set(pending)
+        OUTBOX_OLDEST.set(oldest_owed_s)
         live = len(self.store.list_workers(LIVE_HEARTBEATS * self.settings.heartbeat_s))
         metrics.maintenance().live_workers.set(live)
         self._exported = True
@@ -112,4 +118,6 @@ class DepthGauges(Periodic):
         for gauge in _PER_QUEUE:
             gauge.clear()
         metrics.maintenance().live_workers.set(0)
+        OUTBOX_PENDING.set(0)
+        OUTBOX_OLDEST.set(0)
         self._exported = False

@@ -110,6 +110,12 @@ RETENTION_SECONDS = Gauge("taskline_retention_seconds",
 OUTBOX_RELAYED = Counter("taskline_outbox_relayed_total",
                          "Jobs enqueued in application transactions, pushed to Redis by the relay",
                          ["queue"])
+OUTBOX_PENDING = Gauge("taskline_outbox_pending_jobs",
+                       "Committed in-transaction enqueues not yet relayed to Redis",
+                       multiprocess_mode="livemax")
+OUTBOX_OLDEST = Gauge("taskline_outbox_oldest_age_seconds",
+                      "Age of the oldest committed in-transaction enqueue not yet relayed (0: none)",
+                      multiprocess_mode="livemax")
 
 # Schedules (maintenance's scheduler) and bulk dead-letter operations (the API).
 SCHEDULE_FIRED = Counter("taskline_schedule_slots_fired_total",

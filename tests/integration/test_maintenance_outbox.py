@@ -234,3 +234,28 @@ def test_workers_run_jobs_committed_in_application_transactions(
         assert done
     assert store.get_job(job_id).result == {"n": 1}
     assert store.get_job(rolled_back) is None
+
+
+def test_the_depth_gauges_show_the_relays_backlog(engine: Engine, store: Store,
+                                                  dispatcher: Dispatcher, settings: Settings):
+    from taskline_maintenance.depths import DepthGauges
+
+    def gauges() -> tuple[float | None, float | None]:
+        return (REGISTRY.get_sample_value("taskline_outbox_pending_jobs"),
+                REGISTRY.get_sample_value("taskline_outbox_oldest_age_seconds"))
+
+    depths = DepthGauges(store, dispatcher, settings)
+    depths.run_once()
+    assert gauges() == (0.0, 0.0)
+    for _ in range(2):  # committed, with no relay running
+        enqueue_committed(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE enqueue_outbox SET created_at = now() - interval '90 seconds'"))
+    depths.run_once()
+    pending, oldest = gauges()
+    assert pending == 2 and 90 <= oldest < 120
+    relay = relay_for(store, dispatcher, settings)
+    relay.run_once()
+    depths.run_once()
+    assert gauges() == (0.0, 0.0)
+    depths.clear()

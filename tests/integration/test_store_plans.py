@@ -198,3 +198,22 @@ def test_the_outbox_page_looks_its_jobs_up_by_primary_key(store: Store):
     page = plan(store, "outbox_page", {"limit": 1000})
     assert "jobs_pkey" in page and "Seq Scan on jobs" not in page, page
     assert len(store.outbox_page(1000)) == 1000
+
+
+def test_a_claim_reads_its_ids_by_primary_key_after_statistics_of_an_empty_queue(store: Store):
+    """Statistics taken while nothing was queued (only finished history) estimate one queued
+    job; a claim must still read its ids by primary key, never every queued job (once per id,
+    that is quadratic: a claim of 64 ids over 200,000 queued jobs took minutes)."""
+    insert_queued(store, QUEUED)
+    with store.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.execute(text("UPDATE jobs SET status = 'succeeded', finished_at = now()"))
+        conn.execute(text("ANALYZE jobs"))
+    ids = insert_queued(store, QUEUED)
+    params = {"ids": "{" + ",".join(ids[:64]) + "}", "worker_id": "w1", "lease_s": 30,
+              "limited": False, "target": "running", "event": "claimed"}
+    for name, args in (("claim_jobs", params), ("claim_refusals", {"ids": params["ids"]})):
+        shown = plan(store, name, args)
+        assert "jobs_pkey" in shown, shown
+        for scan in ("jobs_claimable", "jobs_status_created", "jobs_pending_id", "Seq Scan on jobs"):
+            assert scan not in shown, (name, shown)

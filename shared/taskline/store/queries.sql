@@ -186,16 +186,19 @@ LIMIT :limit;
 
 -- name: claim_jobs
 -- Claim queued jobs for one worker: one winner per id, attempt counted, lease row and event written.
--- Candidates come through claimable_jobs (migrations 0009, 0010), the one claim rule (queued,
--- queue not paused); `status = 'queued'` is tested again on the row itself so that, of two
--- claimers, the one that waited for the other's row lock re-reads the row and finds it taken.
--- :limited false claims only jobs no flow limit applies to; true, only limited jobs, and only
--- inside the budgeted claim's transaction, which holds the limits' row locks (Store.claim_held).
+-- Candidates go through claimable_rule (migration 0012; claimable_jobs is its queued jobs), the
+-- one claim rule: queued, queue not paused. The state is tested as `(...) IS TRUE`, here and on
+-- the row itself, and the ids are named on both, so the rows are read by primary key only: a
+-- literal `status = 'queued'` would let statistics taken while the queue was empty plan a read
+-- of every queued job per id (test_store_plans). The row's own test means that, of two claimers, the one that waited for the other's row lock
+-- re-reads the row and finds it taken. :limited false claims only jobs no flow limit applies
+-- to; true, only limited jobs, and only inside the budgeted claim's transaction, which holds
+-- the limits' row locks (Store.claim_held).
 WITH claimed AS (
     UPDATE jobs SET status = :target, attempts = attempts + 1, updated_at = now()
-    WHERE id IN (SELECT c.id FROM claimable_jobs c WHERE c.id = ANY(CAST(:ids AS uuid[]))
-                 AND c.limited = CAST(:limited AS boolean))
-      AND status = 'queued'
+    WHERE id IN (SELECT c.id FROM claimable_rule c WHERE c.id = ANY(CAST(:ids AS uuid[]))
+                 AND (c.status = 'queued') IS TRUE AND c.limited = CAST(:limited AS boolean))
+      AND id = ANY(CAST(:ids AS uuid[])) AND (status = 'queued') IS TRUE
     RETURNING *
 ), leases AS (
     INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until)
@@ -240,7 +243,8 @@ SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])
 -- their ready lists), or limited (they are claimed from PostgreSQL, under their budget).
 SELECT j.id, j.queue, j.priority,
        EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = j.queue) AS paused,
-       EXISTS (SELECT 1 FROM claimable_jobs c WHERE c.id = j.id AND c.limited) AS limited
+       EXISTS (SELECT 1 FROM claimable_rule c
+               WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited) AS limited
 FROM jobs j
 WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 
@@ -658,6 +662,13 @@ WITH candidates AS (
 DELETE FROM jobs
 WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 RETURNING id, queue, type, status, COALESCE(finished_at, updated_at) AS finished_at;
+
+-- name: outbox_backlog
+-- Committed in-transaction enqueues the relay has not pushed yet, and the oldest one's age in
+-- seconds by PostgreSQL's clock (0 when none): the relay's lag, for the depth gauges.
+SELECT count(*) AS n,
+       COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_s
+FROM enqueue_outbox;
 
 -- name: oldest_finished
 -- Age in seconds of the oldest job kept in each of :statuses (NULL when none), by the same

@@ -462,18 +462,26 @@ class Store:
         next includes every start committed before, and no other budgeted claim can take the
         same budget until this one commits. The rate window's log is written in it too.
         """
-        with self.transaction() as conn:
-            rows = self._run("lock_flow_limits", {}, conn)
+        # Straight through psycopg, as the other claims: it runs whenever a limited job ends,
+        # and SQLAlchemy's execution layer would cost the worker more CPU than the statements.
+        with self._driver() as driver, driver.transaction(), \
+                driver.cursor(row_factory=namedtuple_row) as cursor:
+            def run(name: str, params: dict[str, Any]) -> list:
+                cursor.execute(_driver_sql(name), params)
+                return cursor.fetchall() if cursor.description is not None else []
+
+            rows = run("lock_flow_limits", {})
             if not rows:
                 return HeldClaim([], held=False, frees_at=None, now=None)
             limits = {r.scope: flow.Limit.from_row(r) for r in rows}
             now = rows[0].now
-            usage = _usage(self._run("flow_usage", {}, conn))
-            picked, held, frees_at = self._admit(conn, queues, slots, limits, usage, now)
-            claimed = self._claim_picked(conn, picked, worker_id, lease_s, limits)
+            usage = _usage(run("flow_usage", {}))
+            picked, held, frees_at = self._admit(run, queues, slots, limits, usage, now)
+            claimed = self._claim_picked(run, picked, worker_id, lease_s, limits)
         return HeldClaim(claimed, held=held, frees_at=frees_at, now=now)
 
-    def _admit(self, conn: Connection, queues: Sequence[str], slots: int,
+    @staticmethod
+    def _admit(run: Callable[[str, dict[str, Any]], list], queues: Sequence[str], slots: int,
                limits: dict[str, flow.Limit], usage: flow.Usage,
                now: datetime) -> tuple[list[str], bool, datetime | None]:
         """Held jobs to start within budget: (ids, whether others remain, when a rate frees).
@@ -487,9 +495,9 @@ class Store:
         admission = None
         for _ in range(ADMIT_ROUNDS):
             full = flow.full_budgets(limits.values(), usage.running, usage.started)
-            found = [flow.Candidate(str(r.id), r.type, r.queue, r.limit_key) for r in self._run(
+            found = [flow.Candidate(str(r.id), r.type, r.queue, r.limit_key) for r in run(
                 "held_candidates", {"queues": list(queues), "limit": window, "skip": picked,
-                                    **_full_params(limits, full)}, conn)]
+                                    **_full_params(limits, full)})]
             admission = flow.admit(found, limits, usage, slots - len(picked), now)
             picked += admission.picked
             usage = admission.usage
@@ -499,18 +507,20 @@ class Store:
                 return picked, held, admission.frees_at
         return picked, True, admission.frees_at if admission else None
 
-    def _claim_picked(self, conn: Connection, ids: list[str], worker_id: str, lease_s: float,
+    @staticmethod
+    def _claim_picked(run: Callable[[str, dict[str, Any]], list], ids: list[str],
+                      worker_id: str, lease_s: float,
                       limits: dict[str, flow.Limit]) -> list[Claimed]:
         if not ids:
             return []
-        rows = self._run("claim_jobs", {"ids": ids, "worker_id": worker_id, "lease_s": lease_s,
-                                        "limited": True, **_CLAIM}, conn)
+        rows = run("claim_jobs", {"ids": _uuid_array(ids), "worker_id": worker_id,
+                                  "lease_s": lease_s, "limited": True, **_CLAIM})
         starts = [{"scope": lim.scope, "key": lim.key_of(r.limit_key),
                    "at": r.leased_at.isoformat()}
                   for r in rows for scope in flow.scopes_of(r.type, r.queue)
                   if (lim := limits.get(scope)) is not None and lim.rate_limit is not None]
         if starts:
-            self._run("record_flow_starts", {"starts": _json(starts)}, conn)
+            run("record_flow_starts", {"starts": _json(starts)})
         order = {job_id: i for i, job_id in enumerate(ids)}
         return sorted((Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows),
                       key=lambda c: order[str(c.job.id)])
@@ -855,6 +865,11 @@ class Store:
         transaction: the relay pushes them once it commits (taskline.enqueuing)."""
         if job_ids:
             self._run("announce_steps", {"ids": _uuid_array(job_ids)}, conn)
+
+    def outbox_backlog(self) -> tuple[int, float]:
+        """(outbox rows not relayed yet, the oldest one's age in seconds; 0 when none)."""
+        row = self._run("outbox_backlog", {})[0]
+        return int(row.n), float(row.oldest_s)
 
     def waiting_counts(self) -> dict[str, int]:
         """{queue: workflow steps waiting for their parents}."""
