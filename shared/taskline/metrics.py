@@ -114,7 +114,7 @@ OUTBOX_PENDING = Gauge("taskline_outbox_pending_jobs",
                        "Committed in-transaction enqueues not yet relayed to Redis",
                        multiprocess_mode="livemax")
 OUTBOX_OLDEST = Gauge("taskline_outbox_oldest_age_seconds",
-                      "Age of the oldest committed in-transaction enqueue not yet relayed (0: none)",
+                      "Age of the oldest committed in-transaction enqueue not relayed (0: none)",
                       multiprocess_mode="livemax")
 
 # Schedules (maintenance's scheduler) and bulk dead-letter operations (the API).

@@ -215,5 +215,6 @@ def test_a_claim_reads_its_ids_by_primary_key_after_statistics_of_an_empty_queue
     for name, args in (("claim_jobs", params), ("claim_refusals", {"ids": params["ids"]})):
         shown = plan(store, name, args)
         assert "jobs_pkey" in shown, shown
-        for scan in ("jobs_claimable", "jobs_status_created", "jobs_pending_id", "Seq Scan on jobs"):
+        for scan in ("jobs_claimable", "jobs_status_created", "jobs_pending_id",
+                     "Seq Scan on jobs"):
             assert scan not in shown, (name, shown)
