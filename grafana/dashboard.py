@@ -128,13 +128,12 @@ THROUGHPUT = (
            Query("sum(rate(taskline_workflow_steps_started_in_place_total[5m]))",
                  "started in place")),
           unit="ops", width=12),
-    Chart("Outbox relay: relayed per second", "Jobs enqueued inside application transactions "
-          "(taskline.enqueue) that the relay pushed to Redis after their commit, per queue.",
-          (Query("sum by (queue) (rate(taskline_outbox_relayed_total[5m]))", "{{queue}}"),),
-          unit="ops", width=12),
-    Chart("Outbox relay: backlog", "Committed in-transaction enqueues not relayed yet, and how "
-          "long the oldest has waited (alert past 1 minute): near 0 while a relay runs.",
-          (Query("max(taskline_outbox_pending_jobs)", "pending"),
+    Chart("Outbox relay", "Jobs enqueued inside application transactions (taskline.enqueue): "
+          "pushed to Redis by the relay per second and queue, those committed and not relayed "
+          "yet, and how long the oldest has waited (alert past 1 minute; near 0 while a relay "
+          "runs).",
+          (Query("sum by (queue) (rate(taskline_outbox_relayed_total[5m]))", "relayed {{queue}}"),
+           Query("max(taskline_outbox_pending_jobs)", "pending"),
            Query("max(taskline_outbox_oldest_age_seconds)", "oldest, s")), width=12),
 )
 

@@ -37,6 +37,7 @@ import requests
 import yaml
 from sqlalchemy import text
 
+import taskline
 from grafana.dashboard import panel_expressions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
@@ -239,6 +240,11 @@ class Workload:
         self.dispatcher.unschedule(QUEUE, missing)
         self.dispatcher.schedule_many(QUEUE, [(str(uuid.uuid4()), 2**41)])
 
+    def enqueue_in_transaction(self) -> None:
+        """A job enqueued inside an application's transaction: the outbox relay pushes it."""
+        with self.store.transaction() as conn:
+            taskline.enqueue(conn, "echo", {"from": "an application transaction"})
+
     def limit(self) -> None:
         """A flow limit with both budgets, on a type nothing enqueues: its gauges exist."""
         response = requests.put(f"{self.api}/limits/type:e2e.limited", timeout=10,
@@ -297,6 +303,7 @@ def test_every_panel_shows_data_and_every_alert_parses(settings: Settings, store
         prometheus = Prometheus(ports.prometheus)
         work = Workload(ports.api, store, dispatcher)
         work.drift()
+        work.enqueue_in_transaction()
         work.limit()
         work.schedule_every_second()
         first = work.wave()

@@ -26,7 +26,7 @@ def test_postgresql_candidates_are_jobs_the_claim_can_take() -> None:
     assert "status = 'queued'" in due and "FOR UPDATE SKIP LOCKED" in due
     assert "queue_pauses p WHERE p.queue = :queue" in due  # a paused queue yields none
     assert "ORDER BY j.priority DESC, j.created_at, j.id" in due
-    assert "claimable_jobs" in QUERIES["claim_jobs"]  # the claim applies the one rule
+    assert "claimable_rule" in QUERIES["claim_jobs"]  # the claim applies the one rule
 
 
 def test_the_marker_parses_to_its_instant_or_minus_one() -> None:

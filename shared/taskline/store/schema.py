@@ -162,7 +162,7 @@ leader_leases = Table(
 )
 
 # Paused queues, one row each (migration 0009): no claim takes a job of a queue listed here
-# (the view claimable_jobs holds the rule); a resume deletes the row.
+# (the view claimable_rule holds the rule); a resume deletes the row.
 queue_pauses = Table(
     "queue_pauses",
     metadata,
