@@ -23,11 +23,6 @@ from taskline_worker.worker import Exit, Worker
 log = logging.getLogger(__name__)
 
 JOIN_POLL_S = 0.5
-SWITCH_INTERVAL_S = 0.001
-"""How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). A
-handler thread woken by its job's hand-off, or by the reply to its I/O, otherwise waits up to
-5 ms behind the fetch loops, the recorder and the other handlers; with handlers that do I/O
-that wait is a large share of a job (docs/performance.md)."""
 
 
 def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_port: int) -> int:
@@ -45,7 +40,6 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
         return 2
     tracing.setup("worker", settings)
     install_signal_handlers(worker)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     heap.settle_after_start()
     outcome = run_in_thread(worker)
     if outcome is None:
