@@ -252,6 +252,19 @@ class Store:
         return rows
 
     @contextlib.contextmanager
+    def _driver_transaction(self) -> Iterator[Callable[[str, dict[str, Any]], list]]:
+        """`run(name, params)` for statements of one transaction, straight through psycopg
+        (the claims' multi-statement transactions, for the CPU `_run_on_driver` spares);
+        committed when the block ends, rolled back if it raises."""
+        with self._driver() as driver, driver.transaction(), \
+                driver.cursor(row_factory=namedtuple_row) as cursor:
+            def run(name: str, params: dict[str, Any]) -> list:
+                cursor.execute(_driver_sql(name), params)
+                return cursor.fetchall() if cursor.description is not None else []
+
+            yield run
+
+    @contextlib.contextmanager
     def _driver(self) -> Iterator[psycopg.Connection]:
         """A pooled connection's psycopg connection, outside any transaction. Any error discards
         the connection, which may be broken, in autocommit or inside a transaction: the pool
@@ -407,9 +420,7 @@ class Store:
     def claim_jobs(self, ids: Sequence[uuid.UUID | str], worker_id: str,
                    lease_s: float) -> list[Claimed]:
         """Claim what can be claimed of `ids`; the ids not returned were lost to someone else."""
-        rows = self._run_on_driver("claim_jobs", {"ids": _uuid_array(ids), "worker_id": worker_id,
-                                                  "lease_s": lease_s, "limited": False,
-                                                  **_CLAIM})
+        rows = self._run_on_driver("claim_jobs", _claim_params(ids, worker_id, lease_s, False))
         return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
 
     def claim_due_jobs(self, queues: Sequence[str], limit: int, worker_id: str,
@@ -422,23 +433,17 @@ class Store:
         rule, lease, event and attempt count), so both paths share one claim. The winners come
         back in candidate order.
         """
-        with self._driver() as driver, driver.transaction(), \
-                driver.cursor(row_factory=namedtuple_row) as cursor:
+        with self._driver_transaction() as run:
             ids: list[str] = []
             for queue in queues:
                 if len(ids) >= limit:
                     break
-                found = cursor.execute(_driver_sql("due_queued_ids"),
-                                       {"queue": queue, "limit": limit - len(ids)}).fetchall()
+                found = run("due_queued_ids", {"queue": queue, "limit": limit - len(ids)})
                 ids += [str(r.id) for r in found]
             if not ids:
                 return []
-            rows = cursor.execute(_driver_sql("claim_jobs"), {
-                "ids": _uuid_array(ids), "worker_id": worker_id, "lease_s": lease_s,
-                "limited": False, **_CLAIM}).fetchall()
-        order = {job_id: n for n, job_id in enumerate(ids)}
-        rows.sort(key=lambda r: order[str(r.id)])
-        return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
+            rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, False))
+        return _claims_in_order(rows, ids)
 
     def notify_ready(self, queues: Sequence[str]) -> None:
         """Tell workers dispatching from PostgreSQL that jobs of `queues` became queued."""
@@ -464,12 +469,7 @@ class Store:
         """
         # Straight through psycopg, as the other claims: it runs whenever a limited job ends,
         # and SQLAlchemy's execution layer would cost the worker more CPU than the statements.
-        with self._driver() as driver, driver.transaction(), \
-                driver.cursor(row_factory=namedtuple_row) as cursor:
-            def run(name: str, params: dict[str, Any]) -> list:
-                cursor.execute(_driver_sql(name), params)
-                return cursor.fetchall() if cursor.description is not None else []
-
+        with self._driver_transaction() as run:
             rows = run("lock_flow_limits", {})
             if not rows:
                 return HeldClaim([], held=False, frees_at=None, now=None)
@@ -513,17 +513,14 @@ class Store:
                       limits: dict[str, flow.Limit]) -> list[Claimed]:
         if not ids:
             return []
-        rows = run("claim_jobs", {"ids": _uuid_array(ids), "worker_id": worker_id,
-                                  "lease_s": lease_s, "limited": True, **_CLAIM})
+        rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, True))
         starts = [{"scope": lim.scope, "key": lim.key_of(r.limit_key),
                    "at": r.leased_at.isoformat()}
                   for r in rows for scope in flow.scopes_of(r.type, r.queue)
                   if (lim := limits.get(scope)) is not None and lim.rate_limit is not None]
         if starts:
             run("record_flow_starts", {"starts": _json(starts)})
-        order = {job_id: i for i, job_id in enumerate(ids)}
-        return sorted((Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows),
-                      key=lambda c: order[str(c.job.id)])
+        return _claims_in_order(rows, ids)
 
     # --- flow limits ---------------------------------------------------------------------
 
@@ -615,17 +612,12 @@ class Store:
         still lists every step released, and the claims in the order the steps were picked.
         """
         params = {**_settle_params(settlements, False), **_RELEASE, "served": list(queues)}
-        with self._driver() as driver, driver.transaction(), \
-                driver.cursor(row_factory=namedtuple_row) as cursor:
-            settled = _with_releases(
-                cursor.execute(_driver_sql("settle_releasing"), params).fetchall())
+        with self._driver_transaction() as run:
+            settled = _with_releases(run("settle_releasing", params))
             picked = next_steps([step for row in settled for step in row.released], queues, most)
-            rows = cursor.execute(_driver_sql("claim_jobs"), {
-                "ids": _uuid_array(picked), "worker_id": worker_id, "lease_s": lease_s,
-                "limited": False, **_CLAIM}).fetchall() if picked else []
-        order = {job_id: n for n, job_id in enumerate(picked)}
-        rows.sort(key=lambda r: order[str(r.id)])
-        return settled, [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
+            rows = run("claim_jobs", _claim_params(picked, worker_id, lease_s, False)) \
+                if picked else []
+        return settled, _claims_in_order(rows, picked)
 
     def settle_with_hooks(self, settlement: Settlement,
                           hooks: Sequence[Callable[[Connection], None]]) -> list[Settled]:
@@ -926,6 +918,22 @@ def _move_params(move: Move) -> dict[str, Any]:
 _FIRST_EVENTS = json.dumps(dict(transitions.FIRST_EVENTS))
 ADMIT_ROUNDS = 4
 """Most candidate windows one budgeted claim reads (see Store._admit)."""
+
+
+def _claim_params(ids: Sequence[uuid.UUID | str], worker_id: str, lease_s: float,
+                  limited: bool) -> dict[str, Any]:
+    """claim_jobs' parameters: `limited` true only inside the budgeted claim (Store.claim_held)."""
+    return {"ids": _uuid_array(ids), "worker_id": worker_id, "lease_s": lease_s,
+            "limited": limited, **_CLAIM}
+
+
+def _claims_in_order(rows: Sequence[Any], ids: Sequence[str]) -> list[Claimed]:
+    """claim_jobs' rows as claims, in the order of `ids` (the statement returns any order)."""
+    order = {job_id: n for n, job_id in enumerate(ids)}
+    return sorted((Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows),
+                  key=lambda c: order[str(c.job.id)])
+
+
 def _settle_params(settlements: Sequence[Settlement], lapsed: bool) -> dict[str, Any]:
     return {"settlements": _rows_json({str(s.lease_id): s.to_input(lapsed=lapsed)
                                        for s in settlements}),
