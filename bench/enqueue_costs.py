@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import client_cpu
 import psycopg
 import redis
 from stack import open_stack
@@ -110,14 +111,10 @@ def _relayed(conn: psycopg.Connection, url: str, redis_url: str, calls: int) -> 
 
 
 def client(base: str, calls: int) -> dict[str, float]:
-    with Client(base, attempts=1) as c:
-        for _ in range(WARMUP):
-            c.enqueue("bench.noop")
-        cpu, wall = time.process_time(), time.perf_counter()
-        for _ in range(calls):
-            c.enqueue("bench.noop")
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    return {"client_cpu_ms": 1000 * cpu / calls, "client_call_ms": 1000 * wall / calls}
+    """The client's CPU and wall time per enqueue, measured as bench/client_cpu.py does."""
+    measured = client_cpu.measure(base, Client, calls)
+    return {"client_cpu_ms": measured["cpu_ms_per_call"],
+            "client_call_ms": measured["wall_ms_per_call"]}
 
 
 def main() -> int:
