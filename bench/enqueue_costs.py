@@ -37,8 +37,7 @@ from taskline.dispatch.keys import QueueKeys
 from taskline.enqueuing import _STATEMENT_PARAMS, _body, _row
 from taskline.jobspec import parse_job
 from taskline.settings import Settings
-from taskline.store.caller import _psycopg_sql
-from taskline.store.store import Store, _rows_json
+from taskline.store.store import Store, _rows_json, driver_sql
 from taskline_maintenance.outbox import OutboxRelay
 
 WARMUP = 50
@@ -74,7 +73,7 @@ def library(url: str, redis_url: str, calls: int) -> dict[str, float]:
 
 
 def _explained(conn: psycopg.Connection, calls: int) -> float:
-    sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + _psycopg_sql("enqueue_in_transaction")
+    sql = "EXPLAIN (ANALYZE, FORMAT JSON) " + driver_sql("enqueue_in_transaction")
     spec = parse_job(_body("bench.noop", None, {}), Settings())
     runs = []
     with conn.transaction(force_rollback=True):

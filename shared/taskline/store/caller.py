@@ -12,30 +12,18 @@ and "PostgreSQL is unreachable" surfaces as StoreUnavailable whichever driver sa
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection
-from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 from sqlalchemy.orm import Session
 
-from taskline.errors import StoreUnavailable
-from taskline.store.queries import load_queries
-from taskline.store.store import translate_errors
-
-_QUERIES = load_queries()
-_UNREACHABLE = (psycopg.OperationalError, psycopg.InterfaceError)
+from taskline.store.store import QUERIES, driver_sql, translate_driver_errors, translate_errors
 
 AppConnection = Connection | Session | psycopg.Connection
 """What the in-transaction enqueue accepts as the caller's connection."""
-
-
-@functools.cache
-def _psycopg_sql(name: str) -> str:
-    return str(_QUERIES[name].compile(dialect=sqlalchemy_psycopg.dialect()))
 
 
 def run(conn: Any, name: str, params: dict[str, Any]) -> list:
@@ -44,22 +32,13 @@ def run(conn: Any, name: str, params: dict[str, Any]) -> list:
         conn = conn.connection()
     if isinstance(conn, Connection):
         with translate_errors():
-            return conn.execute(_QUERIES[name], params).all()
+            return conn.execute(QUERIES[name], params).all()
     if isinstance(conn, psycopg.Connection):
-        with _translate(conn), conn.cursor(row_factory=namedtuple_row) as cursor:
-            return cursor.execute(_psycopg_sql(name), params).fetchall()
+        with translate_driver_errors(conn), conn.cursor(row_factory=namedtuple_row) as cursor:
+            return cursor.execute(driver_sql(name), params).fetchall()
     raise TypeError(f"expected a SQLAlchemy Connection or Session or a psycopg 3 Connection, "
                     f"not {type(conn).__name__}")
 
-
-@contextlib.contextmanager
-def _translate(conn: psycopg.Connection) -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as err:
-        if isinstance(err, _UNREACHABLE) or conn.broken:
-            raise StoreUnavailable(f"PostgreSQL unavailable: {type(err).__name__}") from err
-        raise
 
 
 @contextlib.contextmanager
@@ -72,5 +51,5 @@ def savepoint(conn: Any) -> Iterator[None]:
         with translate_errors(), conn.begin_nested():
             yield
     else:
-        with _translate(conn), conn.transaction():
+        with translate_driver_errors(conn), conn.transaction():
             yield

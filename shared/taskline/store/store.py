@@ -44,7 +44,7 @@ from taskline.store.rows import (
 )
 from taskline.transitions import Move
 
-_QUERIES = load_queries()
+QUERIES = load_queries()
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -151,9 +151,10 @@ def _plain(value: Any) -> str:
 
 
 @functools.cache
-def _driver_sql(name: str) -> str:
-    """Query `name` in psycopg's own parameter style, for Store._run_on_driver."""
-    return str(_QUERIES[name].compile(dialect=sqlalchemy_psycopg.dialect()))
+def driver_sql(name: str) -> str:
+    """Query `name` in psycopg's own parameter style, for statements run straight through
+    psycopg (Store._run_on_driver, Store._driver_transaction, taskline.store.caller)."""
+    return str(QUERIES[name].compile(dialect=sqlalchemy_psycopg.dialect()))
 
 
 def _rows_json(rows: Sequence[dict[str, Any]] | dict[str, Any]) -> str:
@@ -194,7 +195,7 @@ class Store:
         """
         if conn is not None:
             with translate_errors():
-                result = conn.execute(_QUERIES[name], params)
+                result = conn.execute(QUERIES[name], params)
                 return result.all() if result.returns_rows else []
         with translate_errors(), self.engine.connect() as own:
             return self._run(name, params, own.execution_options(isolation_level="AUTOCOMMIT"))
@@ -247,7 +248,7 @@ class Store:
         with self._driver() as driver:
             driver.autocommit = True
             with driver.cursor(row_factory=namedtuple_row) as cursor:
-                rows = cursor.execute(_driver_sql(name), params).fetchall()
+                rows = cursor.execute(driver_sql(name), params).fetchall()
             driver.autocommit = False
         return rows
 
@@ -259,7 +260,7 @@ class Store:
         with self._driver() as driver, driver.transaction(), \
                 driver.cursor(row_factory=namedtuple_row) as cursor:
             def run(name: str, params: dict[str, Any]) -> list:
-                cursor.execute(_driver_sql(name), params)
+                cursor.execute(driver_sql(name), params)
                 return cursor.fetchall() if cursor.description is not None else []
 
             yield run
@@ -270,11 +271,11 @@ class Store:
         the connection, which may be broken, in autocommit or inside a transaction: the pool
         must never hand any of them to a transaction."""
         # raw_connection() passes the driver's own connect errors through, unwrapped.
-        with translate_errors(), _translate_driver_errors(None):
+        with translate_errors(), translate_driver_errors(None):
             pooled = self.engine.raw_connection()
         driver = pooled.driver_connection
         try:
-            with _translate_driver_errors(driver):
+            with translate_driver_errors(driver):
                 yield driver
         except BaseException as err:
             pooled.invalidate(err)
@@ -987,7 +988,7 @@ def translate_errors() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _translate_driver_errors(driver: psycopg.Connection | None) -> Iterator[None]:
+def translate_driver_errors(driver: psycopg.Connection | None) -> Iterator[None]:
     """translate_errors for psycopg's own errors, where SQLAlchemy is bypassed: unreachable, or
     any error that left `driver` broken, becomes StoreUnavailable."""
     try:
