@@ -371,10 +371,27 @@ DEAD_PEAK_RATIO = 1.25
 
 
 def table_sizes(stack: Stack) -> dict[str, dict[str, int]]:
-    """Each history table's total size with its indexes (bytes), dead and live tuples."""
-    rows = stack.sql("SELECT relname, pg_total_relation_size(relid), n_dead_tup, n_live_tup "
-                     "FROM pg_stat_user_tables WHERE relname = ANY(%s)", list(HISTORY_TABLES))
-    return {r[0]: {"bytes": int(r[1]), "dead": int(r[2]), "live": int(r[3])} for r in rows}
+    """Each history table's total size with its indexes (bytes), dead and live tuples, and how
+    many times autovacuum has vacuumed it."""
+    rows = stack.sql("SELECT relname, pg_total_relation_size(relid), n_dead_tup, n_live_tup, "
+                     "autovacuum_count FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+                     list(HISTORY_TABLES))
+    return {r[0]: {"bytes": int(r[1]), "dead": int(r[2]), "live": int(r[3]),
+                   "vacuums": int(r[4])} for r in rows}
+
+
+def kept_census(stack: Stack) -> dict[str, Any]:
+    """What the kept set is made of: jobs per status, how far past its retention the oldest
+    succeeded job is (retention's lag, s), and jobs created in the last 30 s (the producer's
+    achieved rate then): the causes a table's size follows."""
+    by_status = {r[0]: int(r[1]) for r in stack.sql(
+        "SELECT status, count(*) FROM jobs GROUP BY status")}
+    lag, recent = stack.sql(
+        "SELECT extract(epoch FROM now() - min(finished_at) FILTER (WHERE status = 'succeeded'))"
+        " - %s, count(*) FILTER (WHERE created_at > now() - interval '30 s') FROM jobs",
+        SOAK_RETAIN_S)[0]
+    return {"by_status": by_status, "lag_s": round(float(lag or 0), 1),
+            "created_per_s": round(int(recent) / 30)}
 
 
 def variation(values: list[int]) -> float:
@@ -409,8 +426,11 @@ def _judge(samples: list[dict[str, Any]], window_s: float) -> dict[str, Any]:
 
 def _print_sample(sample: dict[str, Any]) -> None:
     cells = "  ".join(f"{t} {v['bytes'] / 2**20:7.1f} MiB dead {v['dead']:7d} live {v['live']:8d}"
-                      for t, v in sample["tables"].items())
+                      f" vac {v['vacuums']}" for t, v in sample["tables"].items())
+    kept = sample["kept"]
     print(f"  retention soak t={sample['t']:6.0f}s  {cells}", flush=True)
+    print(f"  {'':19s}kept {kept['by_status']}  retention lag {kept['lag_s']} s  "
+          f"created {kept['created_per_s']} jobs/s", flush=True)
 
 
 def retention_soak(stack: Stack, rate: float, seconds: float, window_s: float,
@@ -432,7 +452,8 @@ def retention_soak(stack: Stack, rate: float, seconds: float, window_s: float,
             started = time.monotonic()
             producer.start()
             while producer.is_alive():
-                samples.append({"t": time.monotonic() - started, "tables": table_sizes(stack)})
+                samples.append({"t": time.monotonic() - started, "tables": table_sizes(stack),
+                                "kept": kept_census(stack)})
                 _print_sample(samples[-1])
                 producer.join(sample_s)
     finally:
