@@ -39,7 +39,8 @@ def run_once(tree: Path, only: str, jobs: int, bench: Path | None) -> dict[str, 
 
 
 def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
-    """(value, higher_is_better) per metric: throughputs, and pickup p50/p99."""
+    """(value, higher_is_better) per metric: throughputs, pickup p50/p99 and the chain's
+    handoff p50 (alone and over its run's idle pickup)."""
     out: dict[str, tuple[float, bool]] = {}
     for name, value in results.items():
         if isinstance(value, dict) and "median" in value:
@@ -51,6 +52,11 @@ def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
             for way, q in first.items():
                 out[f"pickup {way} p50"] = (float(q["p50"]), False)
                 out[f"pickup {way} p99"] = (float(q["p99"]), False)
+        elif name == "workflow_chain_100_handoff":
+            (first,) = value
+            out["chain handoff p50"] = (float(first["handoff_ms"]["p50"]), False)
+            out["chain handoff p50 / idle pickup p50"] = (
+                float(first["p50_handoff_over_pickup"]), False)
     return out
 
 

@@ -37,7 +37,8 @@ def test_migrate_is_idempotent_and_safe_in_parallel(database_url: str):
 
 
 def test_history_tables_are_vacuumed_at_their_churn(database_url: str):
-    """Migration 0011's storage parameters (compare_metadata does not compare them)."""
+    """Migrations 0011's and 0013's storage parameters (compare_metadata does not compare
+    them)."""
     engine = create_engine(sqlalchemy_url(database_url))
     with engine.connect() as conn:
         rows = conn.exec_driver_sql(
@@ -47,5 +48,5 @@ def test_history_tables_are_vacuumed_at_their_churn(database_url: str):
     options = {name: set(opts or ()) for name, opts in rows}
     expected = {"autovacuum_vacuum_scale_factor=0.01",
                 "autovacuum_vacuum_insert_scale_factor=0.05",
-                "autovacuum_analyze_scale_factor=0.02"}
+                "autovacuum_analyze_scale_factor=0.02", "vacuum_truncate=false"}
     assert options == {t: expected for t in ("jobs", "job_events", "job_leases")}
