@@ -29,7 +29,6 @@ from taskline import flow, transitions
 from taskline.errors import StoreUnavailable
 from taskline.jobs import Job, Status, new_job_id, parse_job_id
 from taskline.store import bulk
-from taskline.store.pipelined import pipelined
 from taskline.store.queries import load_queries
 from taskline.store.rows import (
     DeadChanged,
@@ -254,15 +253,15 @@ class Store:
         return rows
 
     @contextlib.contextmanager
-    def _driver_transaction(self) -> Iterator[Callable[..., list]]:
-        """`run(name, params, last=False)` for statements of one transaction, straight through
-        psycopg (the claims' multi-statement transactions, for the CPU `_run_on_driver`
-        spares) and pipelined: BEGIN goes with the first statement, the COMMIT with the one
-        run `last` (`taskline.store.pipelined`). Committed when the block ends, or with the
-        last statement; never if it raises."""
-        with self._driver() as driver, pipelined(driver) as tx:
-            def run(name: str, params: dict[str, Any], last: bool = False) -> list:
-                return tx.run(driver_sql(name), params, last=last)
+    def _driver_transaction(self) -> Iterator[Callable[[str, dict[str, Any]], list]]:
+        """`run(name, params)` for statements of one transaction, straight through psycopg
+        (the claims' multi-statement transactions, for the CPU `_run_on_driver` spares);
+        committed when the block ends, rolled back if it raises."""
+        with self._driver() as driver, driver.transaction(), \
+                driver.cursor(row_factory=namedtuple_row) as cursor:
+            def run(name: str, params: dict[str, Any]) -> list:
+                cursor.execute(driver_sql(name), params)
+                return cursor.fetchall() if cursor.description is not None else []
 
             yield run
 
@@ -444,7 +443,7 @@ class Store:
                 ids += [str(r.id) for r in found]
             if not ids:
                 return []
-            rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, False), last=True)
+            rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, False))
         return _claims_in_order(rows, ids)
 
     def notify_ready(self, queues: Sequence[str]) -> None:
@@ -617,8 +616,8 @@ class Store:
         with self._driver_transaction() as run:
             settled = _with_releases(run("settle_releasing", params))
             picked = next_steps([step for row in settled for step in row.released], queues, most)
-            rows = run("claim_jobs", _claim_params(picked, worker_id, lease_s, False),
-                       last=True) if picked else []
+            rows = run("claim_jobs", _claim_params(picked, worker_id, lease_s, False)) \
+                if picked else []
         return settled, _claims_in_order(rows, picked)
 
     def settle_with_hooks(self, settlement: Settlement,
