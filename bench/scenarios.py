@@ -460,13 +460,11 @@ def retention_soak(stack: Stack, rate: float, seconds: float, window_s: float,
             started = time.monotonic()
             for producer in producers:
                 producer.start()
-            while any(p.is_alive() for p in producers):
+            while running := [p for p in producers if p.is_alive()]:
                 samples.append({"t": time.monotonic() - started, "tables": table_sizes(stack),
                                 "kept": kept_census(stack)})
                 _print_sample(samples[-1])
-                producers[0].join(sample_s)
-            for producer in producers:
-                producer.join()
+                running[0].join(sample_s)
             out["achieved_jobs_per_s"] = sum(s.get("achieved_jobs_per_s", 0) for s in shares)
     finally:
         del stack.extra_env["TASKLINE_RETAIN_SUCCEEDED_S"]

@@ -40,7 +40,6 @@ def run(conn: Any, name: str, params: dict[str, Any]) -> list:
                     f"not {type(conn).__name__}")
 
 
-
 @contextlib.contextmanager
 def savepoint(conn: Any) -> Iterator[None]:
     """A savepoint on `conn` (or a transaction, when it has none open): what runs inside is

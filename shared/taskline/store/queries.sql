@@ -190,10 +190,10 @@ LIMIT :limit;
 -- one claim rule: queued, queue not paused. The state is tested as `(...) IS TRUE`, here and on
 -- the row itself, and the ids are named on both, so the rows are read by primary key only: a
 -- literal `status = 'queued'` would let statistics taken while the queue was empty plan a read
--- of every queued job per id (test_store_plans). The row's own test means that, of two claimers, the one that waited for the other's row lock
--- re-reads the row and finds it taken. :limited false claims only jobs no flow limit applies
--- to; true, only limited jobs, and only inside the budgeted claim's transaction, which holds
--- the limits' row locks (Store.claim_held).
+-- of every queued job per id (test_store_plans). The row's own test means that, of two
+-- claimers, the one that waited for the other's row lock re-reads the row and finds it taken.
+-- :limited false claims only jobs no flow limit applies to; true, only limited jobs, and only
+-- inside the budgeted claim's transaction, which holds the limits' row locks (Store.claim_held).
 WITH claimed AS (
     UPDATE jobs SET status = :target, attempts = attempts + 1, updated_at = now()
     WHERE id IN (SELECT c.id FROM claimable_rule c WHERE c.id = ANY(CAST(:ids AS uuid[]))
