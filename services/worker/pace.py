@@ -4,10 +4,14 @@ A slot that frees would otherwise wait a whole fetch and claim (a PostgreSQL com
 before its next handler starts: with short handlers that wait is a large share of every job.
 Claiming ahead hides it, but a job claimed ahead waits in this worker while, perhaps, another
 worker has a free slot: the more ahead, the longer a claimed job can sit (Celery's prefetch
-problem). So the worker claims ahead only the slots expected to free while one claim is in
-flight: `ceil(claim latency x completion rate)`, from moving averages of both, and none when
-that is under half a slot. Handlers that run for seconds make it 0 (no job waits), handlers of
-a few milliseconds make it a few.
+problem). So the worker claims ahead about the slots expected to free while one claim is in
+flight, from moving averages of claim latency and handler time, and none when that is under
+half a slot. Handlers end independently of one another, so the slots that free during one
+claim are a count that scatters around its mean (about as a Poisson count: standard deviation
+the square root of the mean), and a budget of the mean alone leaves a thread idle in about
+every other claim: the budget is the mean plus SPREAD standard deviations, as a reorder point
+covers the demand during a lead time. Handlers that run for seconds make it 0 (no job waits),
+handlers of a few milliseconds make it a few.
 
 Invariant: `ahead` is never above `concurrency` and is 0 until a handler has finished, so a
 worker never claims more than twice its slots, and an idle or slow-job worker claims none ahead.
@@ -22,6 +26,10 @@ SMOOTHING = 0.1
 """Weight of each new sample in the moving averages: about the last 20 samples count."""
 HALF_A_SLOT = 0.5
 """Below half a slot expected to free during a claim, nothing is claimed ahead."""
+SPREAD = 2.0
+"""Standard deviations of the slots freeing during a claim that the budget covers above their
+mean (docs/performance.md: the mean alone held a 10 ms-sleep drain on 2 x 8 slots to 72 % of
+what its slots allow)."""
 
 
 class Pace:
@@ -45,15 +53,15 @@ class Pace:
 
     @property
     def ahead(self) -> int:
-        """Jobs to hold claimed beyond the free slots: the slots expected to free while one
-        claim is in flight, at most `concurrency`."""
+        """Jobs to hold claimed beyond the free slots: enough for the slots that free while
+        one claim is in flight in all but a few claims, at most `concurrency`."""
         claim_s, handler_s = self._claim_s, self._handler_s
         if claim_s is None or handler_s is None:
             return 0
         expected = claim_s * self.concurrency / max(handler_s, 1e-4)
         if expected < HALF_A_SLOT:
             return 0  # long handlers: a job claimed ahead would wait, and waiting costs little
-        return min(self.concurrency, math.ceil(expected))
+        return min(self.concurrency, math.ceil(expected + SPREAD * math.sqrt(expected)))
 
 
 def _average(current: float | None, sample: float) -> float:

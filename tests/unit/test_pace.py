@@ -20,10 +20,17 @@ def test_nothing_is_claimed_ahead_before_anything_was_measured():
 
 
 def test_short_handlers_are_claimed_ahead_by_the_slots_that_free_during_a_claim():
-    pace = Pace(8)
+    pace = Pace(16)
     pace.claimed(0.004)
-    pace.finished(0.010)  # 8 slots of 10 ms free 800 a second: 3.2 during a 4 ms claim
-    assert pace.ahead == 4
+    pace.finished(0.010)  # 16 slots of 10 ms free 1,600 a second: 6.4 during a 4 ms claim
+    assert pace.ahead == 12  # and two standard deviations (2 x 2.53) above that mean
+
+
+def test_the_budget_covers_the_scatter_of_the_slots_freeing_during_a_claim():
+    pace = Pace(8)
+    pace.claimed(0.0023)
+    pace.finished(0.0105)  # 1.75 slots free during a claim on average; 4 or more in 1 claim
+    assert pace.ahead == 5  # in 10 (a Poisson count), so the mean alone (2) left threads idle
 
 
 def test_long_handlers_are_not_claimed_ahead():
