@@ -241,9 +241,11 @@ INFRASTRUCTURE = (
     Chart("Slot utilisation", "Busy handler slots over all slots of every worker.",
           (Query("sum(taskline_worker_busy_slots) / sum(taskline_worker_slots)"),),
           unit="percentunit", stat=True, width=4, thresholds=(0.8, 0.9)),
-    Chart("Worker slots", "Busy and total handler slots over every worker.",
+    Chart("Worker slots", "Busy and total handler slots over every worker, and the jobs "
+          "claimed ahead of them (leased, waiting for a thread).",
           (Query("sum(taskline_worker_busy_slots)", "busy"),
-           Query("sum(taskline_worker_slots)", "total"))),
+           Query("sum(taskline_worker_slots)", "total"),
+           Query("sum(taskline_worker_claimed_ahead)", "claimed ahead"))),
     Chart("API requests by route and status", "Requests per second the API answered.",
           (Query("sum by (route, status) (rate(taskline_http_requests_total[5m]))",
                  "{{route}} {{status}}"),), unit="reqps", width=12),

@@ -197,6 +197,12 @@ class Attempts:
         with self._cond:
             return min(self._busy, self.concurrency)
 
+    @property
+    def waiting(self) -> int:
+        """Jobs claimed ahead that wait for a handler thread (the claimed-ahead gauge)."""
+        with self._cond:
+            return max(self._busy - self.concurrency, 0)
+
     def add(self, attempt: Attempt) -> None:
         self.add_many((attempt,))
 

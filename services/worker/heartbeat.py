@@ -1,4 +1,5 @@
-"""Heartbeat: the worker's proof of life in the workers table and in Redis, and its slot gauges.
+"""Heartbeat: the worker's proof of life in the workers table and in Redis, and its slot gauges
+(busy, all, and the jobs claimed ahead waiting for a thread).
 
 Invariant: a failed heartbeat is logged and never stops the worker. The Redis key lives three
 periods, but its absence alone proves nothing (after a Redis restart every key is gone while
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.metrics import BUSY_SLOTS, SLOTS
+from taskline.metrics import BUSY_SLOTS, CLAIMED_AHEAD, SLOTS
 from taskline.service import Periodic, guarded
 from taskline.store.store import Store
 from taskline_worker.attempts import Attempts
@@ -44,6 +45,7 @@ class Heartbeat(Periodic):
         active = self._attempts.running
         BUSY_SLOTS.labels(self._worker_id).set(active)
         SLOTS.labels(self._worker_id).set(self._attempts.concurrency)
+        CLAIMED_AHEAD.labels(self._worker_id).set(self._attempts.waiting)
         guarded(self.name, lambda: self._store.heartbeat_worker(self._worker_id, active),
                 "workers table")
         guarded(self.name, lambda: self._dispatcher.heartbeat(

@@ -28,6 +28,7 @@ from taskline.jobs import Outcome
 from taskline.metrics import (
     BUSY_SLOTS,
     CLAIM_CONFLICTS,
+    CLAIMED_AHEAD,
     LEASE_RENEWALS,
     LOOP_ERRORS,
     PROCESSING_TIME,
@@ -250,6 +251,7 @@ class Worker:
 
     def _deregister(self) -> None:
         BUSY_SLOTS.labels(self.worker_id).set(0)
+        CLAIMED_AHEAD.labels(self.worker_id).set(0)
         try:
             self.store.stop_worker(self.worker_id)
         finally:

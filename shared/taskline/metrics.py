@@ -141,6 +141,9 @@ STALE_COMPLETIONS = Counter("job_stale_completions_total",
 BUSY_SLOTS = Gauge("taskline_worker_busy_slots", "Handler slots in use", ["worker"],
                    multiprocess_mode="livesum")
 SLOTS = Gauge("taskline_worker_slots", "Handler slots", ["worker"], multiprocess_mode="livesum")
+CLAIMED_AHEAD = Gauge("taskline_worker_claimed_ahead",
+                      "Jobs claimed and leased (status running) waiting for a handler thread",
+                      ["worker"], multiprocess_mode="livesum")
 DISPATCH_DEGRADED = Gauge("taskline_dispatch_degraded",
                           "1 while the worker claims from PostgreSQL because Redis is unreachable",
                           ["worker"], multiprocess_mode="livesum")

@@ -88,3 +88,19 @@ def test_a_thread_waiting_for_work_gets_it_when_it_is_put():
     ready.put(job)
     thread.join(5)
     assert got == [job] and not ready.untaken()
+
+
+def held(lease_id: int) -> SimpleNamespace:
+    return SimpleNamespace(lease_id=lease_id, in_slot=True)
+
+
+def test_jobs_claimed_beyond_the_threads_are_counted_as_waiting_until_threads_free():
+    attempts = Attempts(2, ahead=lambda: 2)
+    first, second, third, fourth = (held(n) for n in range(4))
+    attempts.add_many((first, second, third))
+    assert (attempts.running, attempts.waiting) == (2, 1)
+    attempts.add(fourth)
+    assert (attempts.running, attempts.waiting) == (2, 2)
+    attempts.free_slot(first)  # a handler ended: a waiting job takes its thread
+    attempts.discard(second)
+    assert (attempts.running, attempts.waiting) == (2, 0)
