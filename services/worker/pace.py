@@ -8,10 +8,10 @@ problem). So the worker claims ahead about the slots expected to free while one 
 flight, from moving averages of claim latency and handler time, and none when that is under
 half a slot. Handlers end independently of one another, so the slots that free during one
 claim are a count that scatters around its mean (about as a Poisson count: standard deviation
-the square root of the mean), and a budget of the mean alone leaves a thread idle in about
-every other claim: the budget is the mean plus SPREAD standard deviations, as a reorder point
-covers the demand during a lead time. Handlers that run for seconds make it 0 (no job waits),
-handlers of a few milliseconds make it a few.
+the square root of the mean), and a budget of the mean alone leaves a thread waiting in one
+claim in three or four: the budget is the mean plus SPREAD standard deviations, as a reorder
+point covers the demand during a lead time. Handlers that run for seconds make it 0 (no job
+waits), handlers of a few milliseconds make it a few.
 
 Invariant: `ahead` is never above `concurrency` and is 0 until a handler has finished, so a
 worker never claims more than twice its slots, and an idle or slow-job worker claims none ahead.
@@ -28,8 +28,7 @@ HALF_A_SLOT = 0.5
 """Below half a slot expected to free during a claim, nothing is claimed ahead."""
 SPREAD = 2.0
 """Standard deviations of the slots freeing during a claim that the budget covers above their
-mean (docs/performance.md: the mean alone held a 10 ms-sleep drain on 2 x 8 slots to 72 % of
-what its slots allow)."""
+mean (docs/performance.md, change 44, drains with the budget forced from 2 to 16)."""
 
 
 class Pace:
