@@ -5,13 +5,17 @@
 id, priority, status, due time and queue), all effective only when the application commits.
 This component LISTENs on both channels on a connection of its own. An announced job is pushed
 to Redis at once (`Dispatcher.follow`, the step of the job's creating move), with no read of
-the outbox on the way, and only then is its row deleted. A drain reads the outbox instead
-(oldest first), pushes what it holds and deletes those rows: at the start, after every
-(re)LISTEN, at least every `backstop_s`, and for a queue signal no announcement explains.
+the outbox on the way, and only then is its row deleted: the rows of the ids pushed within
+`FORGET_AFTER_S` of one another go in one statement, so a stream of single enqueues costs the
+database one delete per interval rather than one per signal. A drain first deletes the rows of
+what was pushed, then reads the outbox (oldest first), pushes what it holds and deletes those
+rows: at the start, after every (re)LISTEN, at least every `backstop_s`, and for a queue
+signal no announcement explains.
 
 Invariant: no committed outbox row is lost and none waits for reconciliation. Push comes before
-delete, so a crash between the two pushes an id twice, which the claim tolerates (one claimer
-wins, the other drops it), and never drops one. Signals sent while nobody listened are gone but
+delete, so a crash between the two (or a failed turn, which forgets the ids awaiting their
+delete) pushes an id twice, which the claim tolerates (one claimer wins, the other drops it),
+and never drops one. Signals sent while nobody listened are gone but
 their rows are not, and the drain after every LISTEN finds them, so a job waits at most about
 `backstop_s` when the listener was down, restarting or taken over by another instance; a
 transaction that stayed open for minutes is signalled at its commit like any other (rows, not a
@@ -51,6 +55,9 @@ RECONNECT_S = 1.0
 """Pause after a failed turn (PostgreSQL or Redis unreachable) before listening again."""
 PAGE_SIZE = 1000
 """Outbox rows relayed per round; a drain pages until the outbox is empty."""
+FORGET_AFTER_S = 0.05
+"""Longest a pushed id's outbox row waits for its delete, seconds, unless a page's worth of ids
+is waiting first."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class OutboxRelay(Periodic):
 
     def __init__(self, store: Store, dispatcher: Dispatcher, database_url: str, *,
                  backstop_s: float = BACKSTOP_S, page_size: int = PAGE_SIZE,
+                 forget_after_s: float = FORGET_AFTER_S,
                  queues: Callable[[str], str] | None = None) -> None:
         super().__init__()
         self.queue_label = queues or LabelGuard()
@@ -80,10 +88,14 @@ class OutboxRelay(Periodic):
         self.database_url = database_url
         self.backstop_s = backstop_s
         self.page_size = page_size
+        self.forget_after_s = forget_after_s
         self.listens = 0
         """How many times this relay has (re)started listening: tests wait on it."""
         self._listener: psycopg.Connection | None = None
         self._last_drain = 0.0
+        self._pushed: list[uuid.UUID] = []
+        """Ids pushed (or found not waiting) whose outbox rows are still to be deleted."""
+        self._forget_by = 0.0
 
     @property
     def interval_s(self) -> float:
@@ -91,6 +103,7 @@ class OutboxRelay(Periodic):
 
     def run_once(self) -> RelayResult:
         """Drain the outbox: push every owed id, then forget its row."""
+        self._forget_pushed()  # so the read below finds none of them to push again
         pushed = forgotten = 0
         while True:
             page = self._page()
@@ -128,17 +141,20 @@ class OutboxRelay(Periodic):
         try:
             while not stop.is_set():
                 if not active():
+                    self._forget_quietly()
                     self._close()
                     stop.wait(IDLE_POLL_S)
                     continue
                 ok, result = guarded(self.name, self._turn)
                 if not ok:
+                    self._pushed.clear()  # their rows stay owed: the next drain pushes again
                     self._close()
                     self.passes.done(False, None)
                     stop.wait(RECONNECT_S)
                 elif result is not None:
                     self.passes.done(True, result)
         finally:
+            self._forget_quietly()
             self._close()
 
     def _turn(self) -> RelayResult | None:
@@ -148,11 +164,15 @@ class OutboxRelay(Periodic):
             self._listener = self._listen()
             return self.run_once()
         with self._translated():
-            signals = list(self._listener.notifies(timeout=WAKE_S, stop_after=1))
+            signals = list(self._listener.notifies(timeout=self._wait_s(), stop_after=1))
             if signals:  # signals already here as well are answered in this same turn
                 signals += self._listener.notifies(timeout=0)
-        if signals:
-            return self._answer(signals)
+        result = self._answer(signals) if signals else None
+        if self._pushed and (time.monotonic() >= self._forget_by
+                             or len(self._pushed) >= self.page_size):
+            self._forget_pushed()
+        if result is not None:
+            return result
         if time.monotonic() - self._last_drain >= self.backstop_s:
             return self.run_once()
         return None
@@ -168,9 +188,30 @@ class OutboxRelay(Periodic):
             return self.run_once()
         changes = [c for c in (owed.committed() for owed in announced) if c is not None]
         self.dispatcher.follow(changes)
-        self._forget([owed.job_id for owed in announced])
+        if announced and not self._pushed:
+            self._forget_by = time.monotonic() + self.forget_after_s
+        self._pushed += [owed.job_id for owed in announced]
         self._count(changes)
         return RelayResult(len(changes), len(announced) - len(changes))
+
+    def _wait_s(self) -> float:
+        """How long a turn may wait for a signal: until the pending deletes are due."""
+        if not self._pushed:
+            return WAKE_S
+        return min(WAKE_S, max(0.0, self._forget_by - time.monotonic()))
+
+    def _forget_pushed(self) -> None:
+        """Delete the rows of every id pushed so far, in one statement."""
+        if self._pushed:
+            pushed, self._pushed = self._pushed, []
+            self._forget(pushed)
+
+    def _forget_quietly(self) -> None:
+        """Delete the pushed ids' rows before the listener closes, if PostgreSQL still
+        answers; if not, their rows stay owed and are pushed once more, which is harmless."""
+        with contextlib.suppress(Exception):
+            self._forget_pushed()
+        self._pushed.clear()
 
     def _count(self, changes: list[Committed]) -> None:
         for queue, count in Counter(c.queue for c in changes).items():
