@@ -6,7 +6,7 @@ id, priority, status, due time and queue), all effective only when the applicati
 This component LISTENs on both channels on a connection of its own. An announced job is pushed
 to Redis at once (`Dispatcher.follow`, the step of the job's creating move), with no read of
 the outbox on the way, and only then is its row deleted: the rows of the ids pushed within
-`FORGET_AFTER_S` of one another go in one statement, so a stream of single enqueues costs the
+`FORGET_AFTER_S` of the first go in one statement, so a stream of single enqueues costs the
 database one delete per interval rather than one per signal. A drain first deletes the rows of
 what was pushed, then reads the outbox (oldest first), pushes what it holds and deletes those
 rows: at the start, after every (re)LISTEN, at least every `backstop_s`, and for a queue
@@ -15,8 +15,8 @@ signal no announcement explains.
 Invariant: no committed outbox row is lost and none waits for reconciliation. Push comes before
 delete, so a crash between the two (or a failed turn, which forgets the ids awaiting their
 delete) pushes an id twice, which the claim tolerates (one claimer wins, the other drops it),
-and never drops one. Signals sent while nobody listened are gone but
-their rows are not, and the drain after every LISTEN finds them, so a job waits at most about
+and never drops one. Signals sent while nobody listened are gone but their rows are not, and
+the drain after every LISTEN finds them, so a job waits at most about
 `backstop_s` when the listener was down, restarting or taken over by another instance; a
 transaction that stayed open for minutes is signalled at its commit like any other (rows, not a
 created_at watermark, say what is owed). Only the active maintenance instance relays.
