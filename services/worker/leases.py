@@ -4,7 +4,9 @@ Invariant: a lease is renewed only while its attempt may still report (not lost,
 out or handed back). A lease PostgreSQL no longer returns is not ours any more (the reaper took
 it, or the job left `running`): that attempt is told to stop and its outcome will be rejected
 by fencing. A returned lease whose job has a cancel request stops its attempt cooperatively.
-A failed renewal changes nothing here: the self-fence watches each lease's deadline.
+A failed renewal changes nothing here: the self-fence watches each lease's deadline. Nor does a
+lease skipped because its row is locked (its outcome is being written): the statement never
+waits for it, so one slow outcome cannot hold back the renewal of the others.
 """
 
 from __future__ import annotations
@@ -61,8 +63,11 @@ class LeaseKeeper(Periodic):
         counts = {"ok": 0, "lost": 0}
         for attempt in held:
             if attempt.lease_id in kept:
+                cancel_requested = kept[attempt.lease_id]
+                if cancel_requested is None:
+                    continue  # locked by its outcome's transaction: still ours, tried next pass
                 counts["ok"] += 1
-                self._keep(attempt, sent_at, cancel_requested=kept[attempt.lease_id])
+                self._keep(attempt, sent_at, cancel_requested=cancel_requested)
             elif attempt.settled_by is None:
                 counts["lost"] += 1
                 self._lose(attempt)

@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 
+import pytest
 from sqlalchemy import text
 
 from taskline import transitions
@@ -90,6 +91,21 @@ def test_live_leases_are_renewed_not_recovered(store: Store, dispatcher):
         assert store.renew_leases([claimed.lease_id], "w1", 0.3) == {claimed.lease_id: False}
         assert store.recover_expired(100) == []
         time.sleep(0.1)
+
+
+@pytest.mark.timeout(60)
+def test_renewal_skips_a_lease_whose_outcome_is_being_written(store: Store, dispatcher):
+    """A transaction holding one lease's row (an outcome with slow on_complete hooks) must not
+    hold back the renewal of the others: that lease is reported busy, the others renewed. A
+    renewal that waited would wait here for ever (this thread holds the lock), and time out."""
+    writing, other = claim_one(store, dispatcher), claim_one(store, dispatcher)
+    with store.transaction() as conn:  # the outcome's transaction, its commit still to come
+        conn.execute(text("UPDATE job_leases SET outcome = 'succeeded' WHERE id = :id"),
+                     {"id": writing.lease_id})
+        kept = store.renew_leases([writing.lease_id, other.lease_id], "w1", 15)
+        assert kept == {writing.lease_id: None, other.lease_id: False}
+        conn.rollback()  # the outcome failed: the lease is live and renewed again next pass
+    assert store.renew_leases([writing.lease_id], "w1", 15) == {writing.lease_id: False}
 
 
 def test_renewal_reports_a_cancel_request(store: Store, dispatcher):

@@ -370,12 +370,28 @@ DELETE FROM queue_pauses WHERE queue = :queue RETURNING queue, paused_at, actor;
 SELECT queue, paused_at, actor FROM queue_pauses ORDER BY queue;
 
 -- name: renew_leases
--- Extend the live leases this worker holds; returns each kept lease and its job's cancel flag.
-UPDATE live_leases l
-SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
-FROM jobs j
-WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id AND j.id = l.job_id
-RETURNING l.id AS lease_id, j.cancel_requested;
+-- Extend the live leases this worker holds; returns each kept lease and its job's cancel flag (busy false), and each lease another transaction holds locked (busy true, not renewed).
+-- A lease whose row is locked is skipped, not waited for: an outcome being written locks its
+-- lease until its transaction commits, which takes as long as its on_complete hooks and its
+-- round trips, and waiting there would hold back the renewal of every other lease in this
+-- statement until their leases lapsed. A skipped lease is still live: it is neither renewed
+-- nor lost, and the next renewal tries it again.
+WITH free AS (
+    SELECT l.id FROM live_leases l
+    WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
+    FOR UPDATE OF l SKIP LOCKED
+), renewed AS (
+    UPDATE live_leases l
+    SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
+    FROM free, jobs j
+    WHERE l.id = free.id AND j.id = l.job_id
+    RETURNING l.id AS lease_id, j.cancel_requested
+)
+SELECT lease_id, cancel_requested, false AS busy FROM renewed
+UNION ALL
+SELECT l.id, NULL, true FROM live_leases l
+WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
+  AND l.id NOT IN (SELECT id FROM free);
 
 -- name: settle
 -- End attempts on their live lease only: the lease closed with its outcome, the job moved to

@@ -571,14 +571,16 @@ class Store:
         """{queue: {queue, paused_at, actor}} for every paused queue."""
         return {r.queue: dict(r._mapping) for r in self._run("paused_queues", {})}
 
-    def renew_leases(self, lease_ids: Sequence[int], worker_id: str,
-                     lease_s: float) -> dict[int, bool]:
-        """Renew leases; returns {lease_id: cancel_requested} for the leases still held."""
+    def renew_leases(self, lease_ids: Sequence[int], worker_id: str, lease_s: float,
+                     ) -> dict[int, bool | None]:
+        """Renew leases; returns {lease_id: cancel_requested} for the leases still held, None
+        for a lease still held but not renewed because another transaction (its outcome being
+        written) holds it locked."""
         if not lease_ids:
             return {}
         rows = self._run("renew_leases", {"lease_ids": list(lease_ids), "worker_id": worker_id,
                                           "lease_s": lease_s})
-        return {r.lease_id: r.cancel_requested for r in rows}
+        return {r.lease_id: None if r.busy else r.cancel_requested for r in rows}
 
     def settle(self, settlements: Sequence[Settlement], conn: Connection | None = None, *,
                lapsed: bool = False) -> list[Settled]:
