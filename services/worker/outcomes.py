@@ -15,8 +15,7 @@ import logging
 import queue
 import time
 import traceback
-import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -138,14 +137,13 @@ def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
     return list(newest.values())
 
 
-def released_steps(rows: Iterable[Settled],
-                   started: Collection[uuid.UUID] = frozenset()) -> list[Committed]:
-    """The waiting workflow steps the settlement released, to push after the commit (all
-    but those `started` on this worker by the same transaction)."""
+def released_steps(rows: Iterable[Settled], started: int = 0) -> list[Committed]:
+    """The waiting workflow steps the settlement queued, to push after the commit (`started`
+    more were released and claimed on this worker by the same statement)."""
     released = [step for row in rows for step in row.released]
-    if released:
-        STEPS_RELEASED.inc(len(released))
-    return [step.committed() for step in released if step.id not in started]
+    if released or started:
+        STEPS_RELEASED.inc(len(released) + started)
+    return [step.committed() for step in released]
 
 
 @dataclass(frozen=True)
@@ -298,7 +296,7 @@ class Recorder:
         if claimed and self._next_steps is not None:
             STEPS_STARTED_IN_PLACE.inc(len(claimed))
             self._next_steps.start(claimed, sent_at, _holding_slots(live)[:len(claimed)])
-        self._follow(released_steps(rows, {c.job.id for c in claimed}), [])
+        self._follow(released_steps(rows, len(claimed)), [])
         self._gave_up([r for r in reports if r not in live])
         recorded = set(newest_recorded(live, {str(row.id) for row in rows}))
         stale = [r for r in live if r not in recorded]

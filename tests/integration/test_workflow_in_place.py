@@ -16,8 +16,8 @@ from taskline import flow, transitions
 from taskline.handlers.registry import JobContext, handler
 from taskline.jobs import Status
 from taskline.metrics import STEPS_STARTED_IN_PLACE
-from taskline.store.rows import Released, Settlement
-from taskline.store.store import Store, next_steps
+from taskline.store.rows import Settlement
+from taskline.store.store import Store
 from taskline.workflows import StepJob, StepSpec, insert_workflow
 from tests.helpers import enqueue, wait_for
 from tests.integration.worker_handlers import running_worker
@@ -74,7 +74,7 @@ def test_the_released_step_is_claimed_by_the_completing_transaction(store: Store
             {"root": jobs["root"], "next": jobs["next"]}).scalars().all()
     assert owner == WORKER
     assert len(xids) == 1, "success, release and claim commit together"
-    assert [r.id for row in settled for r in row.released] == [jobs["next"]]
+    assert [r.id for row in settled for r in row.released] == [], "started: not to be pushed"
 
 
 def test_a_job_queued_as_urgent_in_the_queue_keeps_its_turn(store: Store, dispatcher):
@@ -128,17 +128,26 @@ def test_one_step_per_slot_freed_the_most_urgent_first(store: Store):
     settled, claimed = _finish_root(store, jobs, most=1)
     assert [c.job.id for c in claimed] == [jobs["c8"]]
     assert {store.get_job(jobs[k]).status for k in ("c3", "c5")} == {Status.QUEUED}
-    assert len([r for row in settled for r in row.released]) == 3
+    assert {r.id for row in settled for r in row.released} == {jobs["c3"], jobs["c5"]}
 
 
-def test_next_steps_picks_first_in_line_served_and_most_urgent():
-    def step(priority: int, queue: str = "q", first: bool = True) -> Released:
-        return Released(uuid.uuid4(), queue, priority, first)
+def test_the_most_urgent_start_first_and_equals_in_id_order(store: Store):
+    jobs = _fan_out(store, {"low": _job(priority=1), "a": _job(priority=9),
+                            "b": _job(priority=9), "other": _job(queue="x", priority=9)})
+    settled, claimed = _finish_root(store, jobs, most=2)
+    assert [c.job.id for c in claimed] == sorted([jobs["a"], jobs["b"]])
+    assert {r.id for row in settled for r in row.released} == {jobs["low"], jobs["other"]}
+    for c in claimed:
+        assert c.job.type == "wf.place" and c.job.workflow_id is not None
+        assert c.leased_until is not None and c.job.status is Status.RUNNING
 
-    low, high, late, other, behind = step(1), step(9), step(9), step(9, "x"), step(9, first=False)
-    picked = next_steps([low, high, late, other, behind], ["q"], 2)
-    assert picked == [str(high.id), str(late.id)]
-    assert next_steps([low], ["q"], 0) == []
+
+def test_none_starts_when_the_worker_takes_none(store: Store):
+    jobs = _fan_out(store, {"next": _job()})
+    settled, claimed = _finish_root(store, jobs, most=0)
+    assert claimed == []
+    assert [r.id for row in settled for r in row.released] == [jobs["next"]]
+    assert _events(store, jobs["next"]) == ["waiting", "unblocked"]
 
 
 def test_a_worker_runs_a_chain_each_step_started_where_its_parent_ended(store: Store, settings,

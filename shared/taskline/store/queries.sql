@@ -455,49 +455,87 @@ FROM changed;
 -- left with none (:release_target, event :release_event). Children are locked in id order,
 -- so statements releasing overlapping children cannot deadlock; one that waited for another's
 -- lock decrements the count the other committed (READ COMMITTED re-reads the locked row), so
--- of parents finishing at once exactly one sees the count reach 0. Returns settle's rows,
--- then one row per child released (lease_id NULL), with `first_in_line`: no job already
--- queued in the child's queue is at least as urgent, nor any in a queue listed before it in
--- :served (the settling worker's queues, in its order; empty when it starts nothing), so
--- starting the child at once on that worker overtakes nobody. This statement's snapshot sees
--- neither the child nor its siblings as queued.
+-- of parents finishing at once exactly one sees the count reach 0.
+-- Up to :most of the children it queues are claimed in the same statement for :worker_id
+-- (`starts`), so they begin on the settling worker after one commit: those of its queues
+-- (:served, in its order) that the claim rule's gates let through (claimable_rule: queue not
+-- paused, no flow limit), and that overtake nobody (no job already queued in the child's queue
+-- is at least as urgent, nor any in a queue listed before it in :served), most urgent first.
+-- Their state is the one this statement gives them: the snapshot still sees them waiting, so
+-- the rule's `status` cannot be read from it. A started child goes waiting -> queued ->
+-- running as one row update, its `unblocked` event before its `claimed` one (one INSERT, in
+-- that order) and its lease row written as claim_jobs writes one. Returns settle's rows
+-- (kind 'settled'), then one row per child queued ('released') or started ('started', with
+-- the whole job and its lease).
 , finished AS (
     SELECT d.child_id, count(*) AS n
     FROM changed c JOIN job_dependencies d ON d.parent_id = c.id
     WHERE c.status = 'succeeded' AND CAST(c.s ->> 'releases' AS boolean)
     GROUP BY d.child_id
 ), locked AS MATERIALIZED (
-    SELECT j.id, f.n
+    SELECT j.id, j.queue, j.priority, f.n, j.pending_parents - f.n <= 0 AS frees
     FROM jobs j JOIN finished f ON f.child_id = j.id
     WHERE (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
     ORDER BY j.id
     FOR UPDATE OF j
+), starts AS MATERIALIZED (
+    SELECT l.id FROM locked l
+    WHERE l.frees AND l.queue = ANY(CAST(:served AS text[]))
+      AND EXISTS (SELECT 1 FROM claimable_rule c WHERE c.id = l.id AND NOT c.limited)
+      AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.status = 'queued' AND o.queue = l.queue
+                      AND o.priority >= l.priority)
+      AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.status = 'queued' AND o.queue = ANY(
+          (CAST(:served AS text[]))[1:coalesce(array_position(CAST(:served AS text[]),
+                                                              l.queue), 1) - 1]))
+    ORDER BY l.priority DESC, l.id
+    LIMIT :most
 ), released AS (
     UPDATE jobs j
     SET pending_parents = j.pending_parents - locked.n,
-        status = CASE WHEN j.pending_parents - locked.n <= 0 THEN :release_target
+        status = CASE WHEN starts.id IS NOT NULL THEN :target
+                      WHEN j.pending_parents - locked.n <= 0 THEN :release_target
                       ELSE j.status END,
+        attempts = j.attempts + CASE WHEN starts.id IS NOT NULL THEN 1 ELSE 0 END,
         next_run_at = CASE WHEN j.pending_parents - locked.n <= 0 THEN now()
                            ELSE j.next_run_at END,
         updated_at = now()
-    FROM locked
+    FROM locked LEFT JOIN starts ON starts.id = locked.id
     WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
-    RETURNING j.id, j.queue, j.priority, j.attempts, j.status
-), release_events AS (
-    INSERT INTO job_events (job_id, attempt, event)
-    SELECT id, attempts, :release_event FROM released WHERE status = :release_target
+    RETURNING j.*, starts.id IS NOT NULL AS started
+), step_leases AS (
+    INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until)
+    SELECT id, attempts, :worker_id, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => :lease_s)
+    FROM released WHERE started
+    RETURNING id AS lease_id, job_id, leased_until
+), step_events AS (
+    INSERT INTO job_events (job_id, attempt, event, worker_id)
+    SELECT e.job_id, e.attempt, e.event, e.worker_id
+    FROM released r CROSS JOIN LATERAL (
+        VALUES (r.id, r.attempts - CASE WHEN r.started THEN 1 ELSE 0 END,
+                CAST(:release_event AS text), CAST(NULL AS text), 0),
+               (CASE WHEN r.started THEN r.id END, r.attempts, CAST(:event AS text),
+                CAST(:worker_id AS text), 1)) AS e (job_id, attempt, event, worker_id, ord)
+    WHERE r.pending_parents <= 0 AND e.job_id IS NOT NULL
+    ORDER BY e.job_id, e.ord
 )
-SELECT id, queue, priority, attempts, status, lease_id, worker_id,
-       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms, NULL AS first_in_line
+SELECT 'settled' AS kind, id, queue, priority, attempts, status, lease_id, worker_id,
+       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms,
+       NULL AS type, NULL AS payload, NULL AS max_retries, NULL AS timeout_s,
+       NULL AS next_run_at, NULL AS idempotency_key, NULL AS last_error, NULL AS result,
+       NULL AS created_at, NULL AS updated_at, NULL AS cancel_requested, NULL AS trace_context,
+       NULL AS workflow_id, NULL AS step, NULL AS limit_key, NULL AS schedule,
+       NULL AS scheduled_for, NULL AS leased_until
 FROM changed
 UNION ALL
-SELECT r.id, r.queue, r.priority, r.attempts, r.status, NULL, NULL, NULL,
-       NOT EXISTS (SELECT 1 FROM jobs o WHERE o.status = 'queued' AND o.queue = r.queue
-                   AND o.priority >= r.priority)
-       AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.status = 'queued' AND o.queue = ANY(
-           (CAST(:served AS text[]))[1:coalesce(array_position(CAST(:served AS text[]),
-                                                               r.queue), 1) - 1]))
-FROM released r WHERE r.status = :release_target;
+SELECT CASE WHEN r.started THEN 'started' ELSE 'released' END, r.id, r.queue, r.priority,
+       r.attempts, r.status, l.lease_id, CASE WHEN r.started THEN CAST(:worker_id AS text) END,
+       NULL, r.type, r.payload, r.max_retries, r.timeout_s, r.next_run_at, r.idempotency_key,
+       r.last_error, r.result, r.created_at, r.updated_at, r.cancel_requested,
+       r.trace_context, r.workflow_id, r.step, r.limit_key, r.schedule, r.scheduled_for,
+       l.leased_until
+FROM released r LEFT JOIN step_leases l ON l.job_id = r.id
+WHERE r.pending_parents <= 0;
 
 -- name: cancel_running_job
 -- Mark a running job's cancellation as requested, with its event; the worker's next renewal

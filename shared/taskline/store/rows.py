@@ -74,13 +74,10 @@ class Released:
     id: uuid.UUID
     queue: str
     priority: int
-    first_in_line: bool = False
-    """No job queued before its release is at least as urgent: it may start at once."""
 
     @classmethod
     def from_row(cls, row: Any) -> Released:
-        return cls(id=row.id, queue=row.queue, priority=row.priority,
-                   first_in_line=bool(row.first_in_line))
+        return cls(id=row.id, queue=row.queue, priority=row.priority)
 
     def committed(self) -> Committed:
         return Committed(transitions.UNBLOCK, str(self.id), self.queue, self.priority)

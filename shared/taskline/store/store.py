@@ -590,37 +590,30 @@ class Store:
             return []
         params = _settle_params(settlements, lapsed)
         if any(s.releases and s.transition.move is transitions.SUCCEED for s in settlements):
-            return self._settle_releasing({**params, **_RELEASE, "served": []}, conn)
+            rows = self._run("settle_releasing", {**params, **_continuing("", 0.0, [], 0)}, conn) \
+                if conn is not None else \
+                self._run_on_driver("settle_releasing", {**params, **_continuing("", 0.0, [], 0)})
+            return _with_releases(rows)[0]
         rows = (self._run("settle", params, conn) if conn is not None
                 else self._run_on_driver("settle", params))
         return [Settled.from_row(r) for r in rows]
-
-    def _settle_releasing(self, params: dict[str, Any], conn: Connection | None) -> list[Settled]:
-        """settle_releasing: the settlements, and the waiting steps whose last parents they
-        made succeeded queued, in one statement (one round trip, as `settle`)."""
-        rows = (self._run("settle_releasing", params, conn) if conn is not None
-                else self._run_on_driver("settle_releasing", params))
-        return _with_releases(rows)
 
     def settle_continuing(self, settlements: Sequence[Settlement], *, worker_id: str,
                           lease_s: float, queues: Sequence[str],
                           most: int) -> tuple[list[Settled], list[Claimed]]:
         """`settle` for successes of workflow steps that also claims, for `worker_id`, up to
-        `most` of the steps they released: those of `queues` first in line, most urgent first.
+        `most` of the steps they release: those of `queues` first in line, most urgent first.
 
-        One transaction, `settle_releasing` then `claim_jobs` (the one claim rule: a paused or
-        limited step is refused and stays queued, to be pushed as usual), so a released step
-        starts on the worker that released it after one commit instead of two (the release's,
-        then a claim's after a push and a fetch). Returns the settled rows, whose `released`
-        still lists every step released, and the claims in the order the steps were picked.
+        One autocommit statement, `settle_releasing` (the claim rule's gates applied to the
+        steps it releases: a paused or limited step is not started and stays queued, to be
+        pushed as usual), so a released step starts on the worker that released it after one
+        round trip and one commit instead of two of each (the release's, then a claim's after
+        a push and a fetch). Returns the settled rows, whose `released` lists the steps queued
+        but not started, and the claims, most urgent first.
         """
-        params = {**_settle_params(settlements, False), **_RELEASE, "served": list(queues)}
-        with self._driver_transaction() as run:
-            settled = _with_releases(run("settle_releasing", params))
-            picked = next_steps([step for row in settled for step in row.released], queues, most)
-            rows = run("claim_jobs", _claim_params(picked, worker_id, lease_s, False)) \
-                if picked else []
-        return settled, _claims_in_order(rows, picked)
+        params = {**_settle_params(settlements, False),
+                  **_continuing(worker_id, lease_s, queues, most)}
+        return _with_releases(self._run_on_driver("settle_releasing", params))
 
     def settle_with_hooks(self, settlement: Settlement,
                           hooks: Sequence[Callable[[Connection], None]]) -> list[Settled]:
@@ -943,23 +936,24 @@ def _settle_params(settlements: Sequence[Settlement], lapsed: bool) -> dict[str,
             "lease_ids": "{" + ",".join(str(s.lease_id) for s in settlements) + "}"}
 
 
-def _with_releases(rows: Sequence[Any]) -> list[Settled]:
-    """settle_releasing's rows as settlements, the steps released carried by the last."""
-    settled = [Settled.from_row(r) for r in rows if r.lease_id is not None]
-    released = tuple(Released.from_row(r) for r in rows if r.lease_id is None)
-    if not released:
-        return settled
-    return [*settled[:-1], dataclasses.replace(settled[-1], released=released)]
+def _with_releases(rows: Sequence[Any]) -> tuple[list[Settled], list[Claimed]]:
+    """settle_releasing's rows: the settlements, the steps queued carried by the last, and the
+    steps started, most urgent first (release order, the id, within a priority)."""
+    settled = [Settled.from_row(r) for r in rows if r.kind == "settled"]
+    released = tuple(Released.from_row(r) for r in rows if r.kind == "released")
+    started = sorted((r for r in rows if r.kind == "started"), key=lambda r: (-r.priority, r.id))
+    claims = [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in started]
+    if released and settled:
+        settled[-1] = dataclasses.replace(settled[-1], released=released)
+    return settled, claims
 
 
-def next_steps(released: Sequence[Released], queues: Sequence[str], most: int) -> list[str]:
-    """Of steps just released, the ids a worker serving `queues` may start at once: first
-    in line (see settle_releasing), most urgent first, release order within a priority, at
-    most `most`."""
-    served = set(queues)
-    eligible = [step for step in released if step.first_in_line and step.queue in served]
-    eligible.sort(key=lambda step: -step.priority)
-    return [str(step.id) for step in eligible[:max(most, 0)]]
+def _continuing(worker_id: str, lease_s: float, queues: Sequence[str],
+                most: int) -> dict[str, Any]:
+    """settle_releasing's parameters beyond settle's: release, and start up to `most` of the
+    steps released for `worker_id` (none when 0)."""
+    return {**_RELEASE, **_CLAIM, "worker_id": worker_id, "lease_s": lease_s,
+            "served": list(queues), "most": max(most, 0)}
 
 
 _CLAIM = {"target": transitions.CLAIM.target.value, "event": transitions.CLAIM.event.value}
