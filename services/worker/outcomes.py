@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -157,8 +158,30 @@ class NextSteps:
     accepting: Callable[[], bool] = lambda: True
 
 
+@dataclass
+class Written:
+    """Successes whose write is done (or given up), waiting for the recorder thread to do the
+    rest: Redis, metrics, logs and letting go of the attempts. `live` were written while
+    their lease was valid; `rows` and `claimed` are the statement's answer."""
+
+    reports: list[Report]
+    live: list[Report] = field(default_factory=list)
+    rows: list[Settled] = field(default_factory=list)
+    claimed: list[Claimed] = field(default_factory=list)
+    failed: bool = False
+    """The write raised (logged): only letting go of the attempts is left; their leases lapse
+    and the reaper runs the jobs again."""
+
+
 class Recorder:
-    """Writes reported outcomes from its own thread (`run`), in batches where that helps."""
+    """Writes reported outcomes from its own thread (`run`), in batches where that helps.
+
+    A workflow step's success is written on its own handler thread instead, when no other
+    such write is under way there (`success`): the steps it releases then start on that
+    thread without waking two others (the recorder, then a pool thread), and the recorder
+    thread does the rest of its bookkeeping while they run. Simultaneous ones (a fan-out
+    finishing) still go to the recorder, to share its statements.
+    """
 
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
                  settings: Settings, attempts: Attempts, types: TypeLabels,
@@ -176,12 +199,24 @@ class Recorder:
         self._forget = forget
         self._backoff = Backoff(settings.backoff_base_s, settings.backoff_factor,
                                 settings.backoff_max_s)
-        self._queue: queue.SimpleQueue[Report | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Report | Written | None] = queue.SimpleQueue()
+        self._here = threading.Lock()
+        """Held by the handler thread writing a step's success itself (at most one at once)."""
 
     # --- reporting (any thread) ----------------------------------------------------------
 
     def success(self, attempt: Attempt, result: Any) -> None:
-        self._queue.put(Report(attempt, SUCCESS, result=result, outcome=Outcome.SUCCEEDED))
+        report = Report(attempt, SUCCESS, result=result, outcome=Outcome.SUCCEEDED)
+        if self._next_steps is None or not _releases(report) or not _batchable(report) \
+                or not self._here.acquire(blocking=False):
+            self._queue.put(report)
+            return
+        try:
+            written = Written([report])
+            written.failed = not guarded("recorder", lambda: self._write(written))[0]
+        finally:
+            self._here.release()
+        self._queue.put(written)
 
     def failure(self, attempt: Attempt, error: BaseException, outcome: Outcome) -> None:
         self._queue.put(Report(attempt, FAILURE, error=error, outcome=outcome))
@@ -202,7 +237,7 @@ class Recorder:
             if batch:
                 self._record(batch)
 
-    def _collect(self) -> tuple[list[Report], bool]:
+    def _collect(self) -> tuple[list[Report | Written], bool]:
         """The next batch: wait for one report, then gather for a few ms; False after stop.
 
         A workflow step's success is not held back: its dependents wait for it, so the batch
@@ -211,8 +246,8 @@ class Recorder:
         first = self._queue.get()
         if first is None:
             return [], False
-        batch = [first]
-        if _releases(first):
+        batch: list[Report | Written] = [first]
+        if isinstance(first, Written) or _releases(first):
             return self._ready(batch)
         deadline = time.monotonic() + BATCH_WINDOW_S
         while len(batch) < BATCH_MAX:
@@ -228,7 +263,7 @@ class Recorder:
             batch.append(report)
         return batch, True
 
-    def _ready(self, batch: list[Report]) -> tuple[list[Report], bool]:
+    def _ready(self, batch: list[Report | Written]) -> tuple[list[Report | Written], bool]:
         """`batch` and the reports already queued, without waiting for more."""
         while len(batch) < BATCH_MAX:
             try:
@@ -240,16 +275,21 @@ class Recorder:
             batch.append(report)
         return batch, True
 
-    def _record(self, batch: list[Report]) -> None:
-        plain = [r for r in batch if _batchable(r)]
-        others = [r for r in batch if not _batchable(r)]
-        steps: list[tuple[Callable[[Any], None], Any]] = [(self._complete, plain)] if plain else []
+    def _record(self, batch: list[Report | Written]) -> None:
+        written = [w for w in batch if isinstance(w, Written)]
+        reports = [r for r in batch if isinstance(r, Report)]
+        plain = [r for r in reports if _batchable(r)]
+        others = [r for r in reports if not _batchable(r)]
+        steps: list[tuple[Callable[[Any], None], Any]] = [
+            (self._settled, w) for w in written if not w.failed]
+        steps += [(self._complete, plain)] if plain else []
         steps += [(self._record_one, r) for r in others]
         for step, arg in steps:
             # A step that fails leaves its leases to lapse, and the reaper re-runs those jobs:
             # late, but never lost.
             guarded("recorder", lambda step=step, arg=arg: step(arg))
-        attempts = [report.attempt for report in batch]
+        attempts = [r.attempt for w in written for r in w.reports]
+        attempts += [report.attempt for report in reports]
         self._forget(attempts)
         self._attempts.discard_many(attempts)
 
@@ -290,12 +330,26 @@ class Recorder:
                           releases=report.attempt.job.workflow_id is not None)
 
     def _complete(self, reports: list[Report]) -> None:
-        written = self._persist(reports, self._write_successes)
-        live, (rows, claimed, sent_at) = written if written is not None else ([], ([], [], 0.0))
+        written = Written(reports)
+        self._write(written)
+        self._settled(written)
+
+    def _write(self, written: Written) -> None:
+        """Write these successes, then start at once the steps the write claimed."""
+        answer = self._persist(written.reports, self._write_successes)
+        if answer is None:
+            return
+        written.live, (written.rows, written.claimed, sent_at) = answer
         # Released steps go first, before any bookkeeping: they wait for nothing else.
-        if claimed and self._next_steps is not None:
-            STEPS_STARTED_IN_PLACE.inc(len(claimed))
-            self._next_steps.start(claimed, sent_at, _holding_slots(live)[:len(claimed)])
+        if written.claimed and self._next_steps is not None:
+            STEPS_STARTED_IN_PLACE.inc(len(written.claimed))
+            self._next_steps.start(written.claimed, sent_at,
+                                   _holding_slots(written.live)[:len(written.claimed)])
+
+    def _settled(self, written: Written) -> None:
+        """What follows a write of successes: Redis, metrics and logs."""
+        reports, live, rows, claimed = written.reports, written.live, written.rows, \
+            written.claimed
         self._follow(released_steps(rows, len(claimed)), [])
         self._gave_up([r for r in reports if r not in live])
         recorded = set(newest_recorded(live, {str(row.id) for row in rows}))

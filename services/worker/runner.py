@@ -84,6 +84,9 @@ class Ready:
             self.idle -= 1
             return heapq.heappop(self._heap)[3]
 
+    def empty(self) -> bool:
+        return not self._heap
+
     def untaken(self) -> bool:
         """Whether a job waits although a thread is idle (it is about to be taken)."""
         return bool(self._heap) and self.idle > 0
@@ -108,6 +111,9 @@ class Runner:
         self._lock = threading.Lock()
         self._abandoned = 0
         self._names = itertools.count(1)
+        self._local = threading.local()
+        """Per pool thread: `finishing` while its `on_finished` runs, and `next`, the attempt
+        that callback submitted for this thread to run next (see `submit`)."""
 
     @property
     def abandoned(self) -> int:
@@ -120,7 +126,14 @@ class Runner:
             self._spawn()
 
     def submit(self, attempt: Attempt) -> None:
-        self._queue.put(attempt)
+        """Queue `attempt` for a pool thread. Submitted by a pool thread's own `on_finished`
+        while nothing else waits for a thread (a workflow step its parent's success claimed),
+        it is kept for that thread to run next, sparing the wake-up of another."""
+        local = self._local
+        if getattr(local, "finishing", False) and local.next is None and self._queue.empty():
+            local.next = attempt
+        else:
+            self._queue.put(attempt)
 
     def hand_off(self, max_s: float = HAND_OFF_MAX_S) -> None:
         """Keep off the GIL until pool threads have taken what was submitted, at most `max_s`.
@@ -131,6 +144,8 @@ class Runner:
         worker's pickup (docs/performance.md). The queue empties only once a thread holds the
         job and the GIL: its handler is starting.
         """
+        if getattr(self._local, "finishing", False):
+            return  # a pool thread runs what it kept itself (see `submit`)
         deadline = time.monotonic() + max_s
         while self._queue.untaken() and time.monotonic() < deadline:
             time.sleep(_HAND_OFF_POLL_S)
@@ -145,8 +160,11 @@ class Runner:
         threading.Thread(target=self._work, name=name, daemon=True).start()
 
     def _work(self) -> None:
+        local = self._local
+        local.finishing, local.next = False, None
         while True:
-            attempt = self._queue.get()
+            attempt = local.next or self._queue.get()
+            local.next = None
             if attempt is None:
                 return
             if attempt.settled_by is not None:
@@ -173,7 +191,15 @@ class Runner:
         if written_off:
             with self._lock:
                 self._abandoned -= 1
-        self._on_finished(attempt, result, error, time.monotonic() - started)
+        self._local.finishing = True
+        try:
+            self._on_finished(attempt, result, error, time.monotonic() - started)
+        finally:
+            self._local.finishing = False
+        if written_off and self._local.next is not None:
+            # This thread ends: its replacement, or another, runs what it kept.
+            self._queue.put(self._local.next)
+            self._local.next = None
         return not written_off
 
     def _call(self, attempt: Attempt) -> Any:

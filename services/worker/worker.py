@@ -299,7 +299,8 @@ class Worker:
         for c in claimed:
             tracing.record("claim", c.job, self.worker_id, ended_ns, ended_ns)
         self._execute(claimed, sent_at, freeing)
-        # The recorder's bookkeeping can wait: let the woken handler threads start first.
+        # The recorder's bookkeeping can wait: let the woken handler threads start first (a
+        # no-op on a pool thread, which runs the first claim itself).
         self.runner.hand_off()
 
     def _finished(self, attempt: Attempt, result: Any, error: BaseException | None,
