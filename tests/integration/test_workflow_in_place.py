@@ -2,10 +2,12 @@
 the same transaction (`Store.settle_continuing`) only when it overtakes nobody (no job already
 queued in its queue as urgent or more, none in a queue the worker serves before it), only
 through the one claim rule (paused and limited steps stay queued, to be pushed), and at most
-one per slot the finished steps free; and a worker running a chain this way."""
+one per slot the finished steps free; and a worker running a chain this way, each step on the
+handler thread its parent ended on."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from typing import Any
 
@@ -29,7 +31,8 @@ WORKER = "w-in-place"
 
 @handler("wf.place")
 def place_handler(payload: Any, ctx: JobContext) -> dict:
-    return {"step": ctx.step, "worker": ctx.worker_id}
+    return {"step": ctx.step, "worker": ctx.worker_id,
+            "thread": threading.current_thread().name}
 
 
 def _submit(store: Store, steps: list[StepSpec]) -> dict[str, uuid.UUID]:
@@ -168,3 +171,5 @@ def test_a_worker_runs_a_chain_each_step_started_where_its_parent_ended(store: S
             "SELECT j.step, l.leased_at FROM job_leases l JOIN jobs j ON j.id = l.job_id "
             "WHERE j.id = ANY(:ids) ORDER BY l.leased_at"), {"ids": list(jobs.values())}).all()
     assert [s for s, _ in starts] == [f"s{i}" for i in range(20)]
+    threads = {store.get_job(job_id).result["thread"] for job_id in jobs.values()}
+    assert len(threads) == 1, f"each step ran on its parent's handler thread: {threads}"

@@ -1,5 +1,7 @@
 """The handler pool's hand-off: a caller about to block steps aside until a pool thread has
-taken what it submitted, and never longer than its bound when no thread is free."""
+taken what it submitted, and never longer than its bound when no thread is free; and a job
+submitted by a pool thread finishing another (a workflow step its parent's success started)
+runs next on that thread, unless work already waits for a thread."""
 
 from __future__ import annotations
 
@@ -81,3 +83,60 @@ def test_hand_off_does_not_wait_for_a_job_no_thread_is_free_to_take(gate, runner
     gate.open.set()
     wait_for(lambda: len(finished) == 2, timeout=5, interval=0.01, message="both jobs ended")
     assert finished == [busy, waiting] and gate.started == [busy.job.id, waiting.job.id]
+
+
+THREADS = "test.runner.threads"
+
+
+def _chain_pool(then: dict[uuid.UUID, Attempt], threads: int) -> tuple[Runner, list[Attempt]]:
+    """A pool whose on_finished submits `then[job id]`, as a step's success submits the step
+    it started, and hands off as the worker does."""
+    finished: list[Attempt] = []
+
+    def on_finished(done: Attempt, *_: object) -> None:
+        finished.append(done)
+        if done.job.id in then:
+            pool.submit(then[done.job.id])
+            pool.hand_off(max_s=5.0)
+
+    pool = Runner(threads, Deadlines(), on_finished=on_finished, on_timeout=lambda a: None,
+                  on_recycle=lambda: None)
+    return pool, finished
+
+
+@pytest.fixture
+def thread_names() -> Iterator[dict[uuid.UUID, str]]:
+    names: dict[uuid.UUID, str] = {}
+    registry.handler(THREADS)(lambda payload, ctx: names.__setitem__(
+        ctx.job_id, threading.current_thread().name))
+    yield names
+    registry._registry.pop(THREADS, None)
+
+
+def test_a_job_submitted_while_finishing_runs_next_on_the_same_thread(thread_names):
+    chain = [make_attempt(lease_id=n, job_type=THREADS) for n in range(1, 6)]
+    pool, finished = _chain_pool({a.job.id: b for a, b in zip(chain, chain[1:])}, threads=4)
+    pool.start()
+    began = time.monotonic()
+    pool.submit(chain[0])
+    wait_for(lambda: len(finished) == 5, timeout=5, interval=0.01, message="chain ran")
+    pool.stop()
+    assert finished == chain
+    assert len({thread_names[a.job.id] for a in chain}) == 1, thread_names
+    assert time.monotonic() - began < 4.0, "no hand-off waited its bound on a pool thread"
+
+
+def test_a_job_submitted_while_work_waits_for_a_thread_takes_its_turn(gate, thread_names):
+    parent, child = make_attempt(lease_id=1, job_type=THREADS), make_attempt(lease_id=2,
+                                                                             job_type=THREADS)
+    blocker, waiting = attempt(), attempt()
+    pool, finished = _chain_pool({parent.job.id: child}, threads=1)
+    pool.start()
+    pool.submit(blocker)
+    assert gate.first_started.wait(5)
+    pool.submit(parent)
+    pool.submit(waiting)  # queued before the child: the child must not overtake it
+    gate.open.set()
+    wait_for(lambda: len(finished) == 4, timeout=5, interval=0.01, message="all ran")
+    pool.stop()
+    assert finished == [blocker, parent, waiting, child]
