@@ -5,6 +5,7 @@ runs next on that thread, unless work already waits for a thread."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -115,7 +116,8 @@ def thread_names() -> Iterator[dict[uuid.UUID, str]]:
 
 def test_a_job_submitted_while_finishing_runs_next_on_the_same_thread(thread_names):
     chain = [make_attempt(lease_id=n, job_type=THREADS) for n in range(1, 6)]
-    pool, finished = _chain_pool({a.job.id: b for a, b in zip(chain, chain[1:])}, threads=4)
+    then = {a.job.id: b for a, b in itertools.pairwise(chain)}
+    pool, finished = _chain_pool(then, threads=4)
     pool.start()
     began = time.monotonic()
     pool.submit(chain[0])
