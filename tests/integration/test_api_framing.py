@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -57,9 +58,14 @@ class Answer:
         return json.loads(self.body)["error"]["code"]
 
 
+_UNREAD: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
+"""Bytes received past the last answer read off a socket: two answers can arrive in one
+segment, and the second must not be lost with the first's read."""
+
+
 def read_answer(sock: socket.socket) -> Answer:
     """One response read off `sock` (Content-Length framed, as every API answer here is)."""
-    data = b""
+    data = _UNREAD.pop(sock, b"")
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         assert chunk, f"connection closed without a (whole) response: {data!r}"
@@ -68,30 +74,15 @@ def read_answer(sock: socket.socket) -> Answer:
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
     headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    if status == 100:
-        return read_answer_after(sock, body)
-    length = int(headers.get("content-length", "0"))
+    length = 0 if status == 100 else int(headers.get("content-length", "0"))
     while len(body) < length:
         chunk = sock.recv(65536)
         assert chunk, "connection closed inside a response body"
         body += chunk
+    _UNREAD[sock] = body[length:]
+    if status == 100:  # the final response follows
+        return read_answer(sock)
     return Answer(status, headers, body[:length])
-
-
-def read_answer_after(sock: socket.socket, pending: bytes) -> Answer:
-    """The final response after a 100 Continue whose trailing bytes were `pending`."""
-
-    class _Prefixed:
-        def __init__(self) -> None:
-            self.pending = pending
-
-        def recv(self, n: int) -> bytes:
-            if self.pending:
-                data, self.pending = self.pending, b""
-                return data
-            return sock.recv(n)
-
-    return read_answer(_Prefixed())  # type: ignore[arg-type]
 
 
 def closed_by_server(sock: socket.socket, timeout: float = 5.0) -> bool:
