@@ -10,7 +10,8 @@ Usage: python bench/pairs.py --before DIR --after DIR [--pairs 7]
            [--bench-from DIR] [--out bench-results/pairs.json]
 `--bench-from` runs one checkout's bench/ with both sides' code, so a scenario newer than the
 older side can still measure it. Prints, per metric, each pair's ratio and the median with
-min-max. For latencies (ms) the ratio is before/after, so above 1 is better in every row.
+min-max. For durations (ms, s) the ratio is before/after, so above 1 is better in every row,
+the pairs' lines included.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
     out: dict[str, tuple[float, bool]] = {}
     for name, value in results.items():
         if isinstance(value, dict) and "median" in value:
-            out[name] = (float(value["median"]), True)
+            # A duration (`..._s`, `..._ms`) is better lower; every other median is a rate.
+            out[name] = (float(value["median"]), not name.endswith(("_s", "_ms")))
         elif isinstance(value, dict):  # by case (the sweep), or by case and system
             out.update(_nested(name, value))
         elif name == "pickup_idle_worker":
@@ -93,8 +95,9 @@ def main() -> int:
                                        args.bench_from))
                 for side in order}
         pairs.append(runs)
-        print(f"pair {n + 1}: " + json.dumps({k: round(runs["after"][k][0] / runs["before"][k][0],
-                                                       3) for k in runs["after"]}), flush=True)
+        print(f"pair {n + 1}: " + json.dumps({
+            k: round(ratio(runs["before"][k][0], after, higher), 3)
+            for k, (after, higher) in runs["after"].items()}), flush=True)
     summary = {}
     for name, (_value, higher) in pairs[0]["after"].items():
         ratios = [ratio(p["before"][name][0], p["after"][name][0], higher) for p in pairs]

@@ -176,11 +176,11 @@ class Written:
 class Recorder:
     """Writes reported outcomes from its own thread (`run`), in batches where that helps.
 
-    A workflow step's success is written on its own handler thread instead, when no other
-    such write is under way there (`success`): the steps it releases then start on that
-    thread without waking two others (the recorder, then a pool thread), and the recorder
-    thread does the rest of its bookkeeping while they run. Simultaneous ones (a fan-out
-    finishing) still go to the recorder, to share its statements.
+    A workflow step's success is written on its own handler thread instead, when neither the
+    recorder thread nor another handler thread is writing outcomes (`success`): the steps it
+    releases then start on that thread without waking two others (the recorder, then a pool
+    thread), and the recorder thread does the rest of its bookkeeping while they run.
+    Simultaneous ones (a fan-out finishing) still go to the recorder, to share its statements.
     """
 
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
@@ -202,13 +202,16 @@ class Recorder:
         self._queue: queue.SimpleQueue[Report | Written | None] = queue.SimpleQueue()
         self._here = threading.Lock()
         """Held by the handler thread writing a step's success itself (at most one at once)."""
+        self._writing = False
+        """The recorder thread is writing reported outcomes: a step's success waits to join
+        its next batch instead of contending with it for the same children's rows."""
 
     # --- reporting (any thread) ----------------------------------------------------------
 
     def success(self, attempt: Attempt, result: Any) -> None:
         report = Report(attempt, SUCCESS, result=result, outcome=Outcome.SUCCEEDED)
         if self._next_steps is None or not _releases(report) or not _batchable(report) \
-                or not self._here.acquire(blocking=False):
+                or self._writing or not self._here.acquire(blocking=False):
             self._queue.put(report)
             return
         try:
@@ -284,10 +287,14 @@ class Recorder:
             (self._settled, w) for w in written if not w.failed]
         steps += [(self._complete, plain)] if plain else []
         steps += [(self._record_one, r) for r in others]
-        for step, arg in steps:
-            # A step that fails leaves its leases to lapse, and the reaper re-runs those jobs:
-            # late, but never lost.
-            guarded("recorder", lambda step=step, arg=arg: step(arg))
+        self._writing = bool(reports)
+        try:
+            for step, arg in steps:
+                # A step that fails leaves its leases to lapse, and the reaper re-runs those
+                # jobs: late, but never lost.
+                guarded("recorder", lambda step=step, arg=arg: step(arg))
+        finally:
+            self._writing = False
         attempts = [r.attempt for w in written for r in w.reports]
         attempts += [report.attempt for report in reports]
         self._forget(attempts)
