@@ -92,6 +92,15 @@ class Ready:
         return bool(self._heap) and self.idle > 0
 
 
+class _ThreadState(threading.local):
+    """Per thread, for a pool thread: `finishing` while its `on_finished` runs, and `next`,
+    the attempt that callback submitted for this thread to run next (see Runner.submit). The
+    class attributes are every thread's defaults, so other threads read them without a miss."""
+
+    finishing = False
+    next: Attempt | None = None
+
+
 class Runner:
     """Runs submitted attempts on `concurrency` threads; reports every end through callbacks.
 
@@ -111,9 +120,7 @@ class Runner:
         self._lock = threading.Lock()
         self._abandoned = 0
         self._names = itertools.count(1)
-        self._local = threading.local()
-        """Per pool thread: `finishing` while its `on_finished` runs, and `next`, the attempt
-        that callback submitted for this thread to run next (see `submit`)."""
+        self._local = _ThreadState()
 
     @property
     def abandoned(self) -> int:
@@ -130,7 +137,7 @@ class Runner:
         while nothing else waits for a thread (a workflow step its parent's success claimed),
         it is kept for that thread to run next, sparing the wake-up of another."""
         local = self._local
-        if getattr(local, "finishing", False) and local.next is None and self._queue.empty():
+        if local.finishing and local.next is None and self._queue.empty():
             local.next = attempt
         else:
             self._queue.put(attempt)
@@ -144,7 +151,7 @@ class Runner:
         worker's pickup (docs/performance.md). The queue empties only once a thread holds the
         job and the GIL: its handler is starting.
         """
-        if getattr(self._local, "finishing", False):
+        if self._local.finishing:
             return  # a pool thread runs what it kept itself (see `submit`)
         deadline = time.monotonic() + max_s
         while self._queue.untaken() and time.monotonic() < deadline:
@@ -161,7 +168,6 @@ class Runner:
 
     def _work(self) -> None:
         local = self._local
-        local.finishing, local.next = False, None
         while True:
             attempt = local.next or self._queue.get()
             local.next = None
