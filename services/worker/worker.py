@@ -149,6 +149,10 @@ class Worker:
         try:
             self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
                                      self.queues, self.concurrency)
+            # One connection for each thread that talks to PostgreSQL by itself (and one for
+            # a step's success written on its handler thread), opened now: opened on first
+            # use, its set-up would delay that claim or renewal, by seconds on a slow link.
+            self.store.open_connections(EXTRA_CONNECTIONS + 1)
         except Exception:
             self._close()
             raise

@@ -1,5 +1,6 @@
 """The store's state changes against real PostgreSQL: one winner per claim, fencing on every
-write, recovery in PostgreSQL time, promotion, cancel, requeue and leadership."""
+write, recovery in PostgreSQL time, promotion, cancel, requeue and leadership, and connections
+opened ahead."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from taskline import transitions
+from taskline.errors import StoreUnavailable
 from taskline.store.rows import Settlement
 from taskline.store.store import Store
 from tests.helpers import enqueue, fail, succeed, wait_for
@@ -168,3 +170,24 @@ def test_only_one_leader_at_a_time(store: Store):
     assert not store.acquire_leader("m", "a", 5)
     store.release_leader("m", "b")
     assert store.acquire_leader("m", "a", 5)
+
+
+def test_connections_opened_ahead_wait_idle_in_the_pool(settings):
+    store = Store.connect(settings.database_url, pool_size=4)
+    try:
+        store.open_connections(3)
+        assert store.engine.pool.checkedin() == 3 and store.engine.pool.checkedout() == 0
+        store.open_connections(6)  # beyond the pool's size: only its size stays open
+        assert store.engine.pool.checkedin() == 4
+    finally:
+        store.dispose()
+
+
+def test_connections_cannot_be_opened_ahead_while_postgresql_is_down(unused_port):
+    store = Store.connect(f"postgresql://root@127.0.0.1:{unused_port}/postgres", pool_size=2)
+    try:
+        with pytest.raises(StoreUnavailable):
+            store.open_connections(2)
+        assert store.engine.pool.checkedout() == 0
+    finally:
+        store.dispose()

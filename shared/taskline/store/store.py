@@ -180,6 +180,20 @@ class Store:
     def dispose(self) -> None:
         self.engine.dispose()
 
+    def open_connections(self, count: int) -> None:
+        """Open `count` pooled connections now and leave them idle in the pool (at most its
+        size stay), so the first statements of a busy moment do not each pay a connection's
+        set-up: two or three round trips (TLS request, start-up, authentication), which on a
+        slow link took longer than the statement and were counted against a new lease."""
+        held = []
+        try:
+            with translate_errors(), translate_driver_errors(None):
+                for _ in range(count):
+                    held.append(self.engine.raw_connection())
+        finally:
+            for pooled in held:
+                pooled.close()
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A connection inside one transaction, committed on success."""
