@@ -493,11 +493,10 @@ FROM changed;
     UPDATE jobs j
     SET pending_parents = j.pending_parents - locked.n,
         status = CASE WHEN starts.id IS NOT NULL THEN :target
-                      WHEN j.pending_parents - locked.n <= 0 THEN :release_target
+                      WHEN locked.frees THEN :release_target
                       ELSE j.status END,
         attempts = j.attempts + CASE WHEN starts.id IS NOT NULL THEN 1 ELSE 0 END,
-        next_run_at = CASE WHEN j.pending_parents - locked.n <= 0 THEN now()
-                           ELSE j.next_run_at END,
+        next_run_at = CASE WHEN locked.frees THEN now() ELSE j.next_run_at END,
         updated_at = now()
     FROM locked LEFT JOIN starts ON starts.id = locked.id
     WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE

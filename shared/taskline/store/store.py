@@ -603,14 +603,14 @@ class Store:
         if not settlements:
             return []
         params = _settle_params(settlements, lapsed)
-        if any(s.releases and s.transition.move is transitions.SUCCEED for s in settlements):
-            rows = self._run("settle_releasing", {**params, **_continuing("", 0.0, [], 0)}, conn) \
-                if conn is not None else \
-                self._run_on_driver("settle_releasing", {**params, **_continuing("", 0.0, [], 0)})
-            return _with_releases(rows)[0]
-        rows = (self._run("settle", params, conn) if conn is not None
-                else self._run_on_driver("settle", params))
-        return [Settled.from_row(r) for r in rows]
+        releasing = any(s.releases and s.transition.move is transitions.SUCCEED
+                        for s in settlements)
+        name = "settle_releasing" if releasing else "settle"
+        if releasing:
+            params.update(_continuing("", 0.0, [], 0))
+        rows = (self._run(name, params, conn) if conn is not None
+                else self._run_on_driver(name, params))
+        return _with_releases(rows)[0] if releasing else [Settled.from_row(r) for r in rows]
 
     def settle_continuing(self, settlements: Sequence[Settlement], *, worker_id: str,
                           lease_s: float, queues: Sequence[str],
