@@ -191,3 +191,18 @@ def test_connections_cannot_be_opened_ahead_while_postgresql_is_down(unused_port
         assert store.engine.pool.checkedout() == 0
     finally:
         store.dispose()
+
+
+def test_hot_statements_are_prepared_on_their_first_run(settings, dispatcher):
+    store = Store.connect(settings.database_url, pool_size=1, max_overflow=0)
+    try:
+        claimed = claim_one(store, dispatcher)
+        succeed(store, claimed.lease_id, "w1")
+        with store.engine.connect() as conn:
+            prepared = conn.execute(text(
+                "SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")).scalars()
+            prepared = list(prepared)
+        assert any("INSERT INTO job_leases" in s for s in prepared), "the claim, once run"
+        assert any("UPDATE live_leases" in s for s in prepared), "the settle, once run"
+    finally:
+        store.dispose()

@@ -150,6 +150,15 @@ def _plain(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
+PREPARE = True
+"""The statements run straight through psycopg are prepared on a connection's first run of
+each, not its sixth (psycopg's default threshold). Until prepared, every run is parsed,
+rewritten and planned anew, and the settle-and-release statement expands views into a plan
+that took about as long to make as to run: a worker's connections are new after every start
+and every hour (pool_recycle), and a chain's handoffs on a new worker took twice as long
+(docs/performance.md). Each is one fixed text of queries.sql, so the prepared set is bounded."""
+
+
 @functools.cache
 def driver_sql(name: str) -> str:
     """Query `name` in psycopg's own parameter style, for statements run straight through
@@ -257,12 +266,12 @@ class Store:
         For the lone statements on the hot paths (a single enqueue, a claim, a batched
         completion): SQLAlchemy's execution layer (isolation switch, result metadata rebuilt for
         textual SQL) costs about as much CPU as the rest of a request, and a share of an idle
-        worker's pickup (docs/performance.md).
+        worker's pickup (docs/performance.md). Prepared on its first run (see PREPARE).
         """
         with self._driver() as driver:
             driver.autocommit = True
             with driver.cursor(row_factory=namedtuple_row) as cursor:
-                rows = cursor.execute(driver_sql(name), params).fetchall()
+                rows = cursor.execute(driver_sql(name), params, prepare=PREPARE).fetchall()
             driver.autocommit = False
         return rows
 
@@ -274,7 +283,7 @@ class Store:
         with self._driver() as driver, driver.transaction(), \
                 driver.cursor(row_factory=namedtuple_row) as cursor:
             def run(name: str, params: dict[str, Any]) -> list:
-                cursor.execute(driver_sql(name), params)
+                cursor.execute(driver_sql(name), params, prepare=PREPARE)
                 return cursor.fetchall() if cursor.description is not None else []
 
             yield run
