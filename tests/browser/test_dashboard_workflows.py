@@ -1,5 +1,6 @@
 """The dashboard's workflows: a submitted workflow shows its steps as they run, the pipeline
-counts steps waiting for their parents, and Cancel stops a running workflow."""
+counts steps waiting for their parents, Cancel stops a running workflow, and a state or a
+button's label is never broken over two lines in the narrow columns."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ def test_a_workflow_is_shown_step_by_step_and_can_be_cancelled(api_port: int,  #
                                                                page: Page) -> None:  # noqa: F811
     sign_in(page, api_port)
     with Client(f"http://127.0.0.1:{api_port}", token=TOKEN) as client:
-        quick = client.submit_workflow("quick", [step("a"), step("b", ["a"])])
+        # Four steps, as a report built from parts: enough to narrow the other columns.
+        quick = client.submit_workflow("quick", [
+            step("fetch"), step("part1", ["fetch"]), step("part2", ["fetch"]),
+            step("merge", ["part1", "part2"])])
         slow = client.submit_workflow("slow", [step("a", delay_ms=20_000), step("b", ["a"]),
                                                step("c", ["b"])])
     quick_row = page.locator(f"#workflows-body tr[data-workflow='{quick['id']}']")
@@ -32,3 +36,18 @@ def test_a_workflow_is_shown_step_by_step_and_can_be_cancelled(api_port: int,  #
     slow_row.get_by_role("button", name="Cancel workflow slow").click()
     expect(slow_row.get_by_label("step b: cancelled")).to_be_visible()
     expect(page.locator("#count-waiting")).to_have_text("0")
+    for label in (quick_row.locator(".badge").first,
+                  quick_row.get_by_role("button", name="Cancel workflow quick")):
+        assert _lines(label) == 1, label
+
+
+def _lines(element) -> int:
+    """How many lines of text `element` is laid out on."""
+    return element.evaluate("""e => {
+        const s = getComputedStyle(e);
+        const inner = e.getBoundingClientRect().height - parseFloat(s.paddingTop)
+            - parseFloat(s.paddingBottom) - parseFloat(s.borderTopWidth)
+            - parseFloat(s.borderBottomWidth);
+        const line = parseFloat(s.lineHeight) || parseFloat(s.fontSize) * 1.2;
+        return Math.round(inner / line);
+    }""")
