@@ -95,7 +95,7 @@ def _dispatch(jobs: Sequence[Job]) -> None:
 def get_workflow(workflow_id: uuid.UUID) -> Response:
     row = backends().store.get_workflow(workflow_id)
     if row is None:
-        raise NotFound(details={"id": str(workflow_id)})
+        raise NotFound("no workflow has this id", {"id": str(workflow_id)})
     return jsonify(_view(row, workflow_id))
 
 
@@ -120,7 +120,7 @@ def cancel_workflow(workflow_id: uuid.UUID) -> Response:
     b = backends()
     row = b.store.get_workflow(workflow_id)
     if row is None:
-        raise NotFound(details={"id": str(workflow_id)})
+        raise NotFound("no workflow has this id", {"id": str(workflow_id)})
     cancelled, asked = b.store.cancel_workflow(workflow_id, auth.principal().name)
     view = _view(row, workflow_id)
     if not cancelled and not asked and view["status"] != "running":

@@ -222,8 +222,10 @@ def test_bad_graphs_are_422_naming_the_step_and_insert_nothing(client, store, st
 
 def test_unknown_workflow_is_404(client):
     missing = uuid.uuid4()
-    assert client.get(f"/api/v1/workflows/{missing}").status_code == 404
-    assert client.delete(f"/api/v1/workflows/{missing}").status_code == 404
+    for answer in (client.get(f"/api/v1/workflows/{missing}"),
+                   client.delete(f"/api/v1/workflows/{missing}")):
+        assert answer.status_code == 404
+        assert answer.get_json()["error"]["message"] == "no workflow has this id"
     assert client.get("/api/v1/workflows/not-a-uuid").status_code == 404
 
 
