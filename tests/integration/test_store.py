@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
@@ -204,5 +205,33 @@ def test_hot_statements_are_prepared_on_their_first_run(settings, dispatcher):
             prepared = list(prepared)
         assert any("INSERT INTO job_leases" in s for s in prepared), "the claim, once run"
         assert any("UPDATE live_leases" in s for s in prepared), "the settle, once run"
+    finally:
+        store.dispose()
+
+
+def test_a_column_added_under_prepared_statements_costs_one_retry(settings, dispatcher):
+    """A migration adding a column to `jobs` (as a rolling deploy runs beside older processes)
+    outdates every prepared `RETURNING *`: the next statement is refused before it runs, as an
+    outage the callers retry, and the whole pool is replaced, so each path fails once at most."""
+    def migrate(column: str) -> None:  # from another process's connection, as a deploy does
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} integer")
+
+    store = Store.connect(settings.database_url, pool_size=2, max_overflow=0)
+    try:
+        job = enqueue(store, dispatcher, push=False)
+        for _ in range(6):  # psycopg prepares this one after its fifth run
+            store.get_job(job.id)
+        migrate("added_by_a_migration")
+        with pytest.raises(StoreUnavailable):
+            store.get_job(job.id)
+        assert store.get_job(job.id).id == job.id, "a new connection plans it anew"
+        store.claim_jobs([enqueue(store, dispatcher, push=False).id], "w1", 15.0)
+        waiting = enqueue(store, dispatcher, push=False)
+        migrate("added_by_another")
+        with pytest.raises(StoreUnavailable):
+            store.claim_jobs([waiting.id], "w1", 15.0)
+        (claimed,) = store.claim_jobs([waiting.id], "w1", 15.0)
+        assert claimed.job.attempts == 1, "the refused claim did not run"
     finally:
         store.dispose()

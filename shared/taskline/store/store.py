@@ -22,8 +22,9 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection, Engine, create_engine, exc
+from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
+from sqlalchemy.engine import ExceptionContext
 
 from taskline import flow, transitions
 from taskline.errors import StoreUnavailable
@@ -70,11 +71,35 @@ def make_engine(url: str, pool_size: int = 5, max_overflow: int | None = None,
         "keepalives_count": 3,
         "application_name": kwargs.pop("application_name", "taskline"),
     }
-    return create_engine(
+    engine = create_engine(
         sqlalchemy_url(url), pool_size=pool_size,
         max_overflow=pool_size if max_overflow is None else max_overflow, pool_timeout=10,
         pool_recycle=3600, connect_args=connect_args, json_deserializer=_json_loads, **kwargs,
     )
+    event.listen(engine, "handle_error", _outdated_plans_invalidate_the_pool)
+    return engine
+
+
+def outdated_plan(err: BaseException) -> bool:
+    """Whether `err` is PostgreSQL refusing a prepared statement whose result's columns a
+    schema change altered (a migration adding a column to `jobs` alters every `RETURNING *`).
+
+    Nothing ran: the plan is checked before execution. Every prepared statement of every
+    connection opened before the change is just as outdated, and in autocommit psycopg keeps
+    preparing them again and again under the same name, so a connection would fail that
+    statement until it is closed: a rolling deploy's migration turned an older process's
+    reads into 500s and its claims and outcome writes into errors for up to pool_recycle.
+    """
+    return isinstance(err, psycopg.errors.FeatureNotSupported) \
+        and "cached plan must not change result type" in str(err)
+
+
+def _outdated_plans_invalidate_the_pool(context: ExceptionContext) -> None:
+    """SQLAlchemy's handle_error: treat an outdated plan as a lost connection, so the whole
+    pool is replaced and the statement surfaces as StoreUnavailable, which every caller
+    already retries (translate_errors)."""
+    if outdated_plan(context.original_exception):
+        context.is_disconnect = True
 
 
 _LONG_DIGITS = re.compile(rb"[0-9]{19}")
@@ -302,6 +327,8 @@ class Store:
                 yield driver
         except BaseException as err:
             pooled.invalidate(err)
+            if isinstance(err, StoreUnavailable) and outdated_plan(err.__cause__):
+                self.engine.dispose()  # every pooled connection's plans are outdated alike
             raise
         finally:
             pooled.close()
@@ -1008,11 +1035,15 @@ def translate_errors() -> Iterator[None]:
 
 @contextlib.contextmanager
 def translate_driver_errors(driver: psycopg.Connection | None) -> Iterator[None]:
-    """translate_errors for psycopg's own errors, where SQLAlchemy is bypassed: unreachable, or
-    any error that left `driver` broken, becomes StoreUnavailable."""
+    """translate_errors for psycopg's own errors, where SQLAlchemy is bypassed: unreachable,
+    any error that left `driver` broken, or an outdated plan (see outdated_plan) becomes
+    StoreUnavailable."""
     try:
         yield
     except psycopg.Error as err:
         if isinstance(err, _DRIVER_UNAVAILABLE) or (driver is not None and driver.broken):
             raise StoreUnavailable(f"PostgreSQL unavailable: {type(err).__name__}") from err
+        if outdated_plan(err):
+            raise StoreUnavailable("PostgreSQL changed its schema under a prepared statement; "
+                                   "retry on a new connection") from err
         raise
