@@ -1,6 +1,6 @@
 """The store's state changes against real PostgreSQL: one winner per claim, fencing on every
-write, recovery in PostgreSQL time, promotion, cancel, requeue and leadership, and connections
-opened ahead."""
+write, recovery in PostgreSQL time, promotion, cancel, requeue and leadership, connections
+opened ahead, and prepared statements (on their first run; outdated by a migration)."""
 
 from __future__ import annotations
 

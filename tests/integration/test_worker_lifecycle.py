@@ -1,6 +1,7 @@
 """The worker's lifecycle against real PostgreSQL and Redis: heartbeats, graceful shutdown of a
 `taskline worker` process on SIGTERM (finish within the grace, hand back the rest, a second
-signal hands back at once), and self-fencing while its test database refuses connections."""
+signal hands back at once), self-fencing while its test database refuses connections, and a
+migration run under it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from psycopg import sql
 from sqlalchemy import text
 
 from taskline.dispatch.keys import QueueKeys, worker_key
+from taskline.errors import StoreUnavailable
 from tests.conftest import ADMIN_URL
 from tests.helpers import enqueue, service, service_env, wait_for
 from tests.integration import worker_handlers as th
@@ -173,4 +175,27 @@ def test_ids_fetched_while_postgresql_is_down_go_back_and_run(settings, store, d
                 str(job.id)]
         store.engine.dispose()
         wait_status(store, job, "succeeded")
+        assert store.get_job(job.id).attempts == 1
+
+
+def test_a_migration_under_a_running_worker_runs_every_job_once(settings, store, dispatcher):
+    """A column added to `jobs` while a worker runs (a rolling deploy's migration) outdates its
+    prepared statements; the first one refused costs a retry, never a job run twice or lost."""
+    before = [enqueue(store, dispatcher, "t.record", {"tag": f"before-{i}"}) for i in range(40)]
+    with running_worker(settings, concurrency=4):
+        for job in before:
+            wait_status(store, job, "succeeded")
+        running = enqueue(store, dispatcher, "t.block", {"gate": "migration"})
+        wait_status(store, running, "running")
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE jobs ADD COLUMN added_by_a_migration integer")
+        th.release("migration")
+        with pytest.raises(StoreUnavailable):  # this process's statements are outdated too
+            enqueue(store, dispatcher, "t.record", {"tag": "refused"})
+        after = [enqueue(store, dispatcher, "t.record", {"tag": f"after-{i}"}) for i in range(40)]
+        for job in [running, *after]:
+            wait_status(store, job, "succeeded", timeout=20.0)
+    assert sorted(th.tags()) == sorted(f"{when}-{i}" for when in ("before", "after")
+                                       for i in range(40))
+    for job in [*before, running, *after]:
         assert store.get_job(job.id).attempts == 1
