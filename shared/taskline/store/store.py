@@ -85,10 +85,10 @@ def outdated_plan(err: BaseException) -> bool:
     schema change altered (a migration adding a column to `jobs` alters every `RETURNING *`).
 
     Nothing ran: the plan is checked before execution. Every prepared statement of every
-    connection opened before the change is just as outdated, and in autocommit psycopg keeps
-    preparing them again and again under the same name, so a connection would fail that
-    statement until it is closed: a rolling deploy's migration turned an older process's
-    reads into 500s and its claims and outcome writes into errors for up to pool_recycle.
+    connection opened before the change is just as outdated, and outside a transaction psycopg
+    keeps running them under their prepared names, so a connection would fail that statement
+    on every call until it is closed (pool_recycle: an hour), in a process of either release
+    while a rolling deploy's migration runs beside it.
     """
     return isinstance(err, psycopg.errors.FeatureNotSupported) \
         and "cached plan must not change result type" in str(err)
