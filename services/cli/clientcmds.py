@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from taskline.settings import Settings
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 EXIT_OK, EXIT_API, EXIT_USAGE = 0, 1, 2
+EXIT_PIPE = 128 + 13
+"""The reader of the output went away (`taskline status ID | head`): what a shell reports for a
+program SIGPIPE ended, as for cat or ls."""
 CELL_CHARS = 60
 
 Command = Callable[[argparse.Namespace, Client], int]
@@ -32,6 +36,16 @@ class UsageError(Exception):
     """The command line is well-formed but its values are not usable (exit 2)."""
 
 
+def entity_id(text: str) -> str:
+    """An id argument (a job's or a workflow's): a UUID, or a usage error naming what was
+    given, rather than the API's 404 for a path it has no route for."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an id: ids are UUIDs, as `taskline enqueue` prints them") from None
+
+
 def client_command(fn: Command) -> Callable[[argparse.Namespace, Settings], int]:
     """Give `fn` a Client built from --url/--token and turn failures into exit codes."""
 
@@ -39,7 +53,9 @@ def client_command(fn: Command) -> Callable[[argparse.Namespace, Settings], int]
     def run(args: argparse.Namespace, settings: Settings) -> int:
         try:
             with Client(args.url, token=args.token, timeout=args.http_timeout) as client:
-                return fn(args, client)
+                code = fn(args, client)
+            sys.stdout.flush()  # here, where a reader gone away is caught, not at exit
+            return code
         except UsageError as err:
             print(f"taskline {args.command}: {err}", file=sys.stderr)
             return EXIT_USAGE
@@ -49,6 +65,10 @@ def client_command(fn: Command) -> Callable[[argparse.Namespace, Settings], int]
         except TimeoutError as err:
             print(f"taskline {args.command}: {err}", file=sys.stderr)
             return EXIT_API
+        except BrokenPipeError:
+            # Nothing more can be written: the interpreter's last flush must not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_PIPE
 
     return run
 
@@ -407,7 +427,8 @@ def _dlq_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     listing.set_defaults(fn=cmd_dlq_list)
     retry = dlq_sub.add_parser("retry", parents=[common],
                                help="requeue a dead-lettered job, or every one matching filters")
-    retry.add_argument("id", nargs="?", help="job id (without filters: just this job)")
+    retry.add_argument("id", nargs="?", type=entity_id,
+                       help="job id (without filters: just this job)")
     _bulk_options(retry)
     retry.set_defaults(fn=cmd_dlq_retry)
     purge = dlq_sub.add_parser("purge", parents=[common],
@@ -419,7 +440,7 @@ def _dlq_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 def _bulk_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", help="only jobs of this queue")
     p.add_argument("--type", help="only jobs of this type")
-    p.add_argument("--id", dest="ids", action="append", metavar="ID",
+    p.add_argument("--id", dest="ids", action="append", metavar="ID", type=entity_id,
                    help="only this job (repeatable)")
     p.add_argument("--limit", type=int, help="at most N jobs per call (1..10000, default 10000)")
 
@@ -523,10 +544,10 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     common = _connection_options()
     _enqueue_parser(sub, common)
     status = sub.add_parser("status", parents=[common], help="show a job and its history")
-    status.add_argument("id", help="job id")
+    status.add_argument("id", type=entity_id, help="job id")
     status.set_defaults(fn=cmd_status)
     cancel = sub.add_parser("cancel", parents=[common], help="cancel a job")
-    cancel.add_argument("id", help="job id")
+    cancel.add_argument("id", type=entity_id, help="job id")
     cancel.set_defaults(fn=cmd_cancel)
     _dlq_parser(sub, common)
     sub.add_parser("workers", parents=[common], help="live workers").set_defaults(fn=cmd_workers)

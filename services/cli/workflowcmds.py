@@ -21,6 +21,7 @@ from taskline_cli.clientcmds import (
     _connection_options,
     _emit,
     client_command,
+    entity_id,
     table,
 )
 
@@ -81,9 +82,9 @@ def add_workflow_commands(sub: argparse._SubParsersAction) -> None:
                         help="dedupe key (default: the file's, else a fresh one)")
     submit.set_defaults(fn=cmd_workflow_submit)
     status = wf_sub.add_parser("status", parents=[common], help="a workflow and its steps")
-    status.add_argument("id", help="workflow id")
+    status.add_argument("id", type=entity_id, help="workflow id")
     status.set_defaults(fn=cmd_workflow_status)
     cancel = wf_sub.add_parser("cancel", parents=[common],
                                help="cancel every unfinished step of a workflow")
-    cancel.add_argument("id", help="workflow id")
+    cancel.add_argument("id", type=entity_id, help="workflow id")
     cancel.set_defaults(fn=cmd_workflow_cancel)

@@ -99,6 +99,29 @@ def test_usage_errors_exit_2(api_url: str) -> None:
     both = taskline("enqueue", "echo", "--delay", "1", "--run-at", "2030-01-01T00:00:00Z",
                     url=api_url)
     assert both.returncode == 2
+    for command in (("status", "01a2358d"), ("cancel", "nonsense"), ("dlq", "retry", "x"),
+                    ("dlq", "purge", "--id", "x"), ("workflow", "status", "01a2358d")):
+        not_an_id = taskline(*command, url=api_url)
+        assert not_an_id.returncode == 2 and "is not an id: ids are UUIDs" in not_an_id.stderr
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(api_url: str,
+                                                            tmp_path: Path) -> None:
+    """`taskline status ID --json | head -1`: more output than a pipe holds, and the reader
+    gone after one line, ends the command with SIGPIPE's status and no traceback."""
+    payload = tmp_path / "payload.json"
+    payload.write_text(json.dumps({"blob": "x" * 300_000}))
+    job = json.loads(taskline("enqueue", "echo", "--payload", f"@{payload}", "--json",
+                              url=api_url).stdout)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLINE_")}
+    with subprocess.Popen([sys.executable, "-m", "taskline_cli.main", "status", job["id"],
+                           "--json", "--url", api_url], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("{")
+        proc.stdout.close()
+        stderr = proc.stderr.read() if proc.stderr else ""
+        assert proc.wait(timeout=60) == 141
+    assert stderr == ""
 
 
 def test_api_errors_exit_1_with_the_message_on_stderr(api_url: str) -> None:
