@@ -28,13 +28,20 @@ def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
     yield from start_api(settings, tmp_path / "logs")
 
 
-def taskline(*args: str, url: str | None = None, stdin: str | None = None,
-             **env: str) -> subprocess.CompletedProcess[str]:
+def command_line(*args: str, url: str | None = None,
+                 **env: str) -> tuple[list[str], dict[str, str]]:
+    """The `taskline` process to run for `args` and its environment, without TASKLINE_*."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLINE_")}
     full_env.update(env)
     command = [sys.executable, "-m", "taskline_cli.main", *args]
     if url:
         command += ["--url", url]
+    return command, full_env
+
+
+def taskline(*args: str, url: str | None = None, stdin: str | None = None,
+             **env: str) -> subprocess.CompletedProcess[str]:
+    command, full_env = command_line(*args, url=url, **env)
     return subprocess.run(command, env=full_env, input=stdin, capture_output=True, text=True,
                           timeout=60)
 
@@ -113,10 +120,9 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(api_url: str,
     payload.write_text(json.dumps({"blob": "x" * 300_000}))
     job = json.loads(taskline("enqueue", "echo", "--payload", f"@{payload}", "--json",
                               url=api_url).stdout)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLINE_")}
-    with subprocess.Popen([sys.executable, "-m", "taskline_cli.main", "status", job["id"],
-                           "--json", "--url", api_url], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as proc:
+    command, env = command_line("status", job["id"], "--json", url=api_url)
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
         assert proc.stdout is not None and proc.stdout.readline().startswith("{")
         proc.stdout.close()
         stderr = proc.stderr.read() if proc.stderr else ""

@@ -201,8 +201,7 @@ def test_hot_statements_are_prepared_on_their_first_run(settings, dispatcher):
         succeed(store, claimed.lease_id, "w1")
         with store.engine.connect() as conn:
             prepared = conn.execute(text(
-                "SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")).scalars()
-            prepared = list(prepared)
+                "SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")).scalars().all()
         assert any("INSERT INTO job_leases" in s for s in prepared), "the claim, once run"
         assert any("UPDATE live_leases" in s for s in prepared), "the settle, once run"
     finally:
