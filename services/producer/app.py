@@ -40,7 +40,11 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     settings = settings or Settings.from_env()
     app = Flask(__name__, static_folder=None)
     app.config.update(
-        MAX_CONTENT_LENGTH=settings.max_payload_bytes,
+        TASKLINE_MAX_PAYLOAD_BYTES=settings.max_payload_bytes,
+        # One byte over the limit: taskline_producer.body reads one byte past a body of exactly
+        # the limit to learn that it ended, and Werkzeug refuses any read at its own maximum.
+        # The limit itself is enforced there, in the error shape; this only bounds the stream.
+        MAX_CONTENT_LENGTH=settings.max_payload_bytes + 1,
         # Automatic OPTIONS answers are empty text/html; without them OPTIONS is a JSON 405.
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )

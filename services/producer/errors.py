@@ -15,7 +15,7 @@ import logging
 from http import HTTPStatus
 from typing import Any
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from taskline.errors import DispatchUnavailable, IdempotencyConflict, StoreUnavailable
@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
 # The WSGI environ key a response sets to close its connection after the answer.
 CLOSE_CONNECTION = "taskline.close_connection"
-_HTTP_CODES = {413: "payload_too_large"}
 _PASSED_HEADERS = ("allow", "www-authenticate", "retry-after")
 
 
@@ -171,8 +170,9 @@ def _http_error(err: HTTPException) -> Response:
     """Flask's own errors (404 and 405 from routing, 413 from the body limit) in our shape."""
     status = err.code or 500
     if status == 413:  # werkzeug's body limit: the body is left unread
-        _close_connection()
-    code = _HTTP_CODES.get(status, (err.name or "error").lower().replace(" ", "_"))
+        limit = current_app.config.get("TASKLINE_MAX_PAYLOAD_BYTES")
+        return _api_error(PayloadTooLarge(details={"limit_bytes": limit}))
+    code = (err.name or "error").lower().replace(" ", "_")
     passed = {k: v for k, v in err.get_headers() if k.lower() in _PASSED_HEADERS}
     return error_response(status, code, err.description or err.name, None, passed)
 

@@ -32,7 +32,7 @@ JSON = "application/json"
 
 def count_jobs(store: Store) -> int:
     with store.transaction() as conn:
-        return conn.exec_driver_sql("SELECT count(*) FROM jobs").scalar_one()
+        return conn.exec_driver_sql("SELECT count(*) FROM taskline.jobs").scalar_one()
 
 
 def redis_ids(dispatcher: Dispatcher, queue: str = "default") -> list[str]:
@@ -187,6 +187,35 @@ def test_chunked_bodies_are_bounded_too(settings: Settings, store: Store) -> Non
         close_app(app)
 
 
+def _body_of(size: int) -> bytes:
+    """An enqueue body of exactly `size` bytes."""
+    empty = len(json.dumps({"type": "echo", "payload": ""}))
+    return json.dumps({"type": "echo", "payload": "x" * (size - empty)}).encode()
+
+
+def test_a_body_of_exactly_the_limit_is_accepted(settings: Settings, store: Store) -> None:
+    """The limit is inclusive, framed by Content-Length or by chunks, as gunicorn hands them
+    over (a terminated input stream); one byte more is a 413 in the error shape."""
+    app = create_app(settings.replace(max_payload_bytes=2048))
+    try:
+        client = app.test_client()
+        gunicorn = {"wsgi.input_terminated": True}
+        at_limit, over = _body_of(2048), _body_of(2049)
+        assert len(at_limit) == 2048
+        r = client.post("/api/v1/jobs", data=at_limit, content_type=JSON,
+                        environ_overrides=gunicorn)
+        assert r.status_code == 201, r.get_data(as_text=True)
+        assert _chunked(client, at_limit).status_code == 201
+        for refused in (client.post("/api/v1/jobs", data=over, content_type=JSON,
+                                    environ_overrides=gunicorn), _chunked(client, over)):
+            error = assert_error(refused, 413, "payload_too_large")
+            assert error["details"] == {"limit_bytes": 2048}
+        with store.transaction() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM taskline.jobs").scalar_one() == 2
+    finally:
+        close_app(app)
+
+
 def test_idempotent_replay_by_field_and_header(client: FlaskClient, store: Store,
                                                dispatcher: Dispatcher) -> None:
     body = {"type": "echo", "payload": {"a": 1}, "idempotency_key": "order-1"}
@@ -275,7 +304,8 @@ def test_concurrent_duplicates_insert_one_row(app: Flask, store: Store) -> None:
 def _db_due_ms(store: Store, job_id: str) -> int:
     with store.transaction() as conn:
         return conn.exec_driver_sql(
-            "SELECT (extract(epoch FROM next_run_at) * 1000)::bigint FROM jobs WHERE id = %s",
+            "SELECT (extract(epoch FROM next_run_at) * 1000)::bigint FROM taskline.jobs WHERE "
+            "id = %s",
             (job_id,)).scalar_one()
 
 
@@ -287,7 +317,7 @@ def test_delayed_job_lands_in_the_scheduled_set_at_postgresql_due_time(
     assert score == _db_due_ms(store, job["id"])
     with store.transaction() as conn:
         lag = conn.exec_driver_sql(
-            "SELECT extract(epoch FROM next_run_at - created_at) FROM jobs WHERE id = %s",
+            "SELECT extract(epoch FROM next_run_at - created_at) FROM taskline.jobs WHERE id = %s",
             (job["id"],)).scalar_one()
     assert float(lag) == pytest.approx(30.25, abs=0.001)
     events, _ = store.get_history(job["id"])
@@ -424,7 +454,8 @@ def test_batch_bad_json_is_400(client: FlaskClient) -> None:
 def count_jobs_without_one_event(store: Store) -> int:
     with store.transaction() as conn:
         return conn.exec_driver_sql(
-            "SELECT count(*) FROM jobs j WHERE (SELECT count(*) FROM job_events e "
+            "SELECT count(*) FROM taskline.jobs j WHERE (SELECT count(*) FROM "
+            "taskline.job_events e "
             "WHERE e.job_id = j.id) <> 1").scalar_one()
 
 
