@@ -4,12 +4,21 @@ Job-path records carry their context as `extra` fields (job_id, queue, attempt, 
 action, duration_s, error); the JSON formatter emits every such field, the text one appends them.
 In JSON every record names its service, and a record with an `action` also carries it as
 `event`, the field log pipelines key on: one schema for all three services (docs/observability.md).
+
+Invariant: a record is one line, whatever a client put into the strings it carries (a job type,
+a queue name, an error message): in both formats every control character (C0 and C1, so
+newline, carriage return and the ESC of ANSI sequences; DEL), every Unicode line or paragraph
+separator and every bidirectional override is written as `\\uXXXX`, so no client string can
+start a forged record or drive the terminal that shows the log. In JSON the escape is JSON's
+own, so a parser reads the original string back; a text record's traceback keeps its lines,
+each indented, so only a record's first line starts with its time.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -19,6 +28,35 @@ import orjson
 SERVICE = {"name": "taskline"}
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message",
                                                                               "asctime"}
+# What a terminal or a log reader acts on: C0 and C1 controls, DEL, the Unicode line and
+# paragraph separators, and the bidirectional marks and overrides that reorder a line's text.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# JSON's short escapes (\n, \t ...), written as \uXXXX like every other control character;
+# an escaped backslash is matched as a whole so the `n` of `\\n` is never taken for one.
+_JSON_ESCAPE = re.compile(r"\\(.)")
+_JSON_SHORT = {"b": "\\u0008", "t": "\\u0009", "n": "\\u000a", "f": "\\u000c", "r": "\\u000d"}
+TRACEBACK_INDENT = "    "
+
+
+def escape(text: str) -> str:
+    """`text` with every character `_UNSAFE` matches written as `\\uXXXX`."""
+    return _UNSAFE.sub(_code_point, text)
+
+
+def _code_point(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def escape_json(line: str) -> str:
+    """A JSON text with the same meaning, in which every control character is `\\uXXXX`.
+
+    Outside strings JSON text is printable ASCII, so only string contents change, and each
+    escape decodes to the character it replaces.
+    """
+    if "\\" not in line and line.isascii() and "\x7f" not in line:
+        # Most lines: no escape to rewrite, and the JSON writers leave no raw C0 character.
+        return line
+    return escape(_JSON_ESCAPE.sub(lambda m: _JSON_SHORT.get(m.group(1), m.group()), line))
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,9 +85,10 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         try:
-            return orjson.dumps(entry, default=str).decode()
+            line = orjson.dumps(entry, default=str).decode()
         except TypeError:  # orjson.JSONEncodeError: an integer past 64 bits, a non-str key
-            return json.dumps(entry, default=str)
+            line = json.dumps(entry, default=str)
+        return escape_json(line)
 
     def _timestamp(self, second: int) -> str:
         cached, text = self._second  # one tuple: threads never see one second's text for another
@@ -60,15 +99,18 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """`time level logger: message key=value ...` for humans."""
+    """`time level logger: message key=value ...` for humans, escaped (see the module doc)."""
 
     def format(self, record: logging.LogRecord) -> str:
         extra = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _STANDARD)
         line = (f"{time.strftime('%H:%M:%S', time.localtime(record.created))} "
                 f"{record.levelname:<7} {record.name}: {record.getMessage()}")
-        line = f"{line} {extra}" if extra else line
+        line = escape(f"{line} {extra}" if extra else line)
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            # A traceback's lines stay lines; an exception message's newline starts one too,
+            # so every line is indented: none can pass for a record's first line.
+            trace = self.formatException(record.exc_info).split("\n")
+            line += "".join(f"\n{TRACEBACK_INDENT}{escape(part)}" for part in trace)
         return line
 
 

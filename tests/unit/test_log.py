@@ -1,5 +1,6 @@
 """The JSON log line: its fields, its timestamp, values orjson cannot write, and the switches
-`log.setup` turns off because no formatter prints them."""
+`log.setup` turns off because no formatter prints them; client strings escaped in both formats
+so none can forge a record or reach a terminal raw."""
 
 from __future__ import annotations
 
@@ -58,6 +59,47 @@ def test_an_exception_is_written_with_its_traceback():
         rec.exc_info = sys.exc_info()
     entry = json.loads(log.JsonFormatter().format(rec))
     assert "RuntimeError: boom" in entry["exc"]
+
+
+# A job type a client could send: a newline and a forged record, ANSI colour and screen-clear
+# sequences, a C1 control (NEL), DEL, a Unicode line separator and a right-to-left override.
+FORGED = ("echo\n12:00:00 INFO    taskline_worker.outcomes: job succeeded"
+          "\x1b[31m\x1b[2J\r\x85\x7f\u2028\u202e")
+RAW = ("\n", "\r", "\x1b", "\x85", "\x7f", "\u2028", "\u202e")
+
+
+def test_client_strings_are_escaped_in_json_and_read_back_unchanged():
+    rec = record(msg=f"unknown type {FORGED}", type=FORGED, detail={"queue": FORGED})
+    line = log.JsonFormatter().format(rec)
+    assert len(line.splitlines()) == 1 and not any(c in line for c in RAW)
+    assert "\\u000a12:00:00" in line and "\\u001b[31m" in line and "\\u2028" in line
+    entry = json.loads(line)
+    assert entry["type"] == entry["detail"]["queue"] == FORGED
+    assert entry["msg"] == f"unknown type {FORGED}"
+    # An escaped backslash stays one: `\\n` is a backslash and an n, never a newline.
+    assert json.loads(log.JsonFormatter().format(record(msg="a\\nb")))["msg"] == "a\\nb"
+
+
+def test_client_strings_are_escaped_in_text():
+    rec = record(msg=f"unknown type {FORGED}", type=FORGED)
+    line = log.TextFormatter().format(rec)
+    assert len(line.splitlines()) == 1 and not any(c in line for c in RAW)
+    assert "unknown type echo\\u000a12:00:00 INFO" in line
+    assert "type=echo\\u000a12:00:00" in line and "\\u001b[2J\\u000d\\u0085\\u007f" in line
+
+
+def test_a_text_traceback_cannot_forge_a_record():
+    try:
+        raise RuntimeError(f"bad type {FORGED}")
+    except RuntimeError:
+        rec = record("handler failed")
+        rec.exc_info = sys.exc_info()
+    first, *trace = log.TextFormatter().format(rec).split("\n")
+    assert first.endswith("taskline_worker.outcomes: handler failed")
+    assert trace[0] == log.TRACEBACK_INDENT + "Traceback (most recent call last):"
+    assert all(part.startswith(log.TRACEBACK_INDENT) for part in trace)
+    assert trace[-1].startswith(log.TRACEBACK_INDENT + "12:00:00 INFO")
+    assert not any(c in part for part in trace for c in RAW if c != "\n")
 
 
 @pytest.fixture
