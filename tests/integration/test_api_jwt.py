@@ -240,3 +240,52 @@ def test_keys_that_cannot_work_stop_the_start(settings: Settings,
                     {"jwt_key": pem(rsa_key), "jwt_algorithm": "ES256"}):
         with pytest.raises(ConfigError):
             create_app(settings.replace(**changes))
+
+
+def test_time_claims_must_be_numbers_of_a_calendar(make_client: Any, store: Any) -> None:
+    """PyJWT compares int(exp): a string or 1e30 (never expiring) would pass it; not here."""
+    client = make_client(jwt_key=SECRET)
+    now = int(time.time())
+    for claim, value in (("exp", str(now + 300)), ("exp", 1e30), ("exp", 253_402_300_800),
+                         ("nbf", str(now - 5)), ("nbf", False), ("iat", str(now)),
+                         ("iat", -1)):
+        assert_refused(client, jwt.encode(claims(**{claim: value}), SECRET, algorithm="HS256"),
+                       f"{claim} must be a number"), (claim, value)
+    # Refused by PyJWT already (not an integer, or expired at second 1): a 401 all the same.
+    for claim, value in (("exp", True), ("nbf", [now]), ("iat", "yesterday")):
+        assert_refused(client, jwt.encode(claims(**{claim: value}), SECRET, algorithm="HS256"))
+    assert store.list_jobs(status=None, type=None, queue=None, after=None, limit=5) == []
+    fraction = jwt.encode(claims(exp=now + 300.5, iat=now - 0.25), SECRET, algorithm="HS256")
+    assert client.get("/api/v1/whoami", headers=bearer(fraction)).status_code == 200
+
+
+def test_a_refusal_quotes_nothing_of_the_token(make_client: Any, jwks_server: str,
+                                               rsa_key: rsa.RSAPrivateKey) -> None:
+    client = make_client(jwt_jwks_url=jwks_server, jwt_algorithm="RS256")
+    marker = "kid-<script>-planted"
+    body = _b64(json.dumps(claims()).encode())
+    for header in ({"alg": "RS256", "kid": marker}, {"alg": marker, "kid": "k1"}):
+        token = f"{_b64(json.dumps(header).encode())}.{body}.{_b64(b'signature')}"
+        r = client.post("/api/v1/jobs", json={"type": "echo"}, headers=bearer(token))
+        assert r.status_code == 401
+        assert marker not in r.get_data(as_text=True) and "planted" not in str(r.headers)
+    header = _b64(json.dumps({"alg": "RS256", "kid": "k1"}).encode())
+    garbled = f"{header}.{_b64(b'{planted')}.{_b64(b'sig')}"
+    r = client.get("/api/v1/whoami", headers=bearer(garbled))
+    assert r.status_code == 401 and "planted" not in r.get_data(as_text=True)
+
+
+def test_audit_records_tell_a_jwt_sub_from_a_static_token_of_its_name(make_client: Any) -> None:
+    client = make_client(jwt_key=SECRET, api_tokens=("ops:static-secret",))
+    jwt_ops = jwt.encode(claims(sub="ops", scope="jobs:write jobs:read jobs:operate"), SECRET,
+                         algorithm="HS256")
+    for credential in ("static-secret", jwt_ops):
+        job = client.post("/api/v1/jobs", json={"type": "echo"}, headers=bearer(credential))
+        assert client.delete(f"/api/v1/jobs/{job.get_json()['id']}",
+                             headers=bearer(credential)).status_code == 200
+    assert client.post("/api/v1/queues/mail/pause", headers=bearer(jwt_ops)).status_code == 200
+    records = client.get("/api/v1/audit", headers=bearer("static-secret")).get_json()["records"]
+    assert [(r["actor"], r["action"], r["detail"]["credential"]) for r in records] == [
+        ("ops", "queue.pause", "jwt"), ("ops", "job.cancel", "jwt"),
+        ("ops", "job.cancel", "token")]
+    assert records[1]["detail"] == {"queue": "default", "type": "echo", "credential": "jwt"}

@@ -46,7 +46,8 @@ def test_cancel_and_retry_are_recorded_with_their_actor(audited: Flask, store: S
     page = client.get("/api/v1/audit", headers=OPS).get_json()
     assert [(r["actor"], r["action"], r["target"]) for r in page["records"]] == [
         ("ops", "job.retry", dead["id"]), ("ops", "job.cancel", cancelled["id"])]
-    assert page["records"][0]["detail"] == {"queue": "default", "type": "echo"}
+    assert page["records"][0]["detail"] == {"queue": "default", "type": "echo",
+                                            "credential": "token"}
     assert page["next_cursor"] is None
     # A refused action records nothing.
     assert client.delete(f"/api/v1/jobs/{dead['id']}", headers=WRITER).status_code == 403
