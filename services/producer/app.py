@@ -8,6 +8,8 @@ files and the event stream.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from flask import Flask
 
 from taskline.dispatch.dispatcher import Dispatcher
@@ -25,6 +27,7 @@ from taskline_producer import (
     jobs,
     limits,
     operations,
+    origins,
     pauses,
     request_metrics,
     schedules,
@@ -35,8 +38,12 @@ from taskline_producer.encoder import ResponseEncoder
 
 
 def create_app(settings: Settings | None = None, store: Store | None = None,
-               dispatcher: Dispatcher | None = None) -> Flask:
-    """The producer API; `settings` default to the environment, `store`/`dispatcher` to new ones."""
+               dispatcher: Dispatcher | None = None, binds: Iterable[str] = ()) -> Flask:
+    """The producer API; `settings` default to the environment, `store`/`dispatcher` to new ones.
+
+    `binds` are the addresses it is served on (gunicorn's `bind`): their host names are names
+    the API answers to in a request's Host (taskline_producer.origins).
+    """
     settings = settings or Settings.from_env()
     app = Flask(__name__, static_folder=None)
     app.config.update(
@@ -54,6 +61,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app.url_map.merge_slashes = False
     app.extensions["taskline"] = Backends(settings, store, dispatcher)
     request_metrics.init_app(app)
+    origins.init_app(app, settings, binds)
     auth.init_app(app, settings)
     errors.init_app(app)
     events.init_app(app)

@@ -53,7 +53,7 @@ class ProducerServer(BaseApplication):
         from taskline_producer.app import create_app
 
         tracing.setup("api", self.settings)
-        return create_app(self.settings)
+        return create_app(self.settings, binds=self.cfg.bind)
 
 
 def gunicorn_options(bind: str, workers: int) -> dict[str, Any]:

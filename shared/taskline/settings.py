@@ -9,7 +9,9 @@ for production. Cross-field rules are checked in `validate()` and fail at start-
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -18,6 +20,10 @@ from taskline.errors import ConfigError
 
 ENV_PREFIX = "TASKLINE_"
 JWT_ALGORITHMS = ("HS256", "RS256", "ES256")
+# A DNS name as Host headers carry it: labels of letters, digits, `-` and `_` (container and
+# service names use it), at most 253 characters, an optional root dot.
+_HOST_NAME = re.compile(r"(?=.{1,254}$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.)*"
+                        r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.?")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,10 @@ class Settings:
     api_tokens: tuple[str, ...] = ()
     """Bearer tokens the API accepts (`token`, or `name:token:scope+scope`, comma-separated);
     empty, with no JWT key either, means no authentication (taskline.access)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names the API answers to beside the host of its --bind address, any IP literal and
+    `localhost` (comma-separated names without port; `*` allows every name); a request naming
+    another Host gets 400, /healthz, /readyz and /metrics aside."""
     shutdown_grace_s: float = 30.0
     """Seconds a stopping worker lets running jobs finish before handing them back."""
     metrics_port: int = 9100
@@ -152,6 +162,9 @@ class Settings:
             (0 <= self.claim_batch <= 1000, "TASKLINE_CLAIM_BATCH must be 0..1000"),
             (0 <= self.jwt_leeway_s <= 300, "TASKLINE_JWT_LEEWAY_S must be 0..300"),
             (self.retain_audit_s >= 0, "TASKLINE_RETAIN_AUDIT_S must be >= 0"),
+            (all(map(allowed_host_entry, self.allowed_hosts)),
+             "TASKLINE_ALLOWED_HOSTS holds host names (no scheme, port or path), IP literals "
+             "or *, comma-separated"),
             *self._jwt_rules(),
             *self._access_rules(),
             *((value >= 0, f"{_env_name(name)} must be >= 0 (0 keeps forever)")
@@ -235,6 +248,17 @@ _UNPREFIXED = {"database_url": "DATABASE_URL", "redis_url": "REDIS_URL",
 
 def _env_name(field_name: str) -> str:
     return _UNPREFIXED.get(field_name, ENV_PREFIX + field_name.upper())
+
+
+def allowed_host_entry(entry: str) -> bool:
+    """Whether `entry` may stand in TASKLINE_ALLOWED_HOSTS: `*`, a host name or an IP literal."""
+    if entry == "*" or _HOST_NAME.fullmatch(entry):
+        return True
+    try:
+        ipaddress.ip_address(entry.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 def env_names() -> list[str]:

@@ -34,10 +34,12 @@ AUTH = f"Authorization: Bearer {TOKEN}\r\n"
 
 @pytest.fixture(scope="module")
 def api(template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    """One `taskline api` (2 processes) for the module: a 4 KiB body limit, a token, and
-    6 s header and body deadlines."""
+    """One `taskline api` (2 processes) for the module: a 4 KiB body limit, a token, 6 s
+    header and body deadlines, and `t`, the Host these raw requests name, as a name it
+    answers to."""
     with running_api(template_db, tmp_path_factory.mktemp("framing-logs"),
                      TASKLINE_MAX_PAYLOAD_BYTES=str(LIMIT), TASKLINE_API_TOKENS=TOKEN,
+                     TASKLINE_ALLOWED_HOSTS="t",
                      TASKLINE_HTTP_HEADER_TIMEOUT_S=str(DEADLINE_S),
                      TASKLINE_HTTP_BODY_TIMEOUT_S=str(DEADLINE_S)) as running:
         yield running

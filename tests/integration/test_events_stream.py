@@ -172,7 +172,7 @@ def test_a_client_that_stops_reading_is_dropped_not_buffered(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.settimeout(10)
     sock.connect(("127.0.0.1", server.port))
-    sock.sendall(f"GET /api/v1/events?token={TOKEN} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    sock.sendall(f"GET /api/v1/events?token={TOKEN} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     wait_for(lambda: server.streams() == 1, message="stream open")
     total = 30_000  # ~10 MB of frames: far more than the socket buffers hold
     add_events(store, job.id, total)

@@ -29,6 +29,14 @@ def test_environment_is_parsed_with_fractions_and_lists():
     assert s.metrics_port == 0
 
 
+def test_allowed_hosts_are_names_ip_literals_or_a_star():
+    s = Settings.from_env(env={"TASKLINE_ALLOWED_HOSTS": "api, taskline.example.com.,10.0.0.1,"
+                                                         "[::1],taskline_api,*"})
+    assert s.allowed_hosts == ("api", "taskline.example.com.", "10.0.0.1", "[::1]",
+                               "taskline_api", "*")
+    assert Settings.from_env(env={}).allowed_hosts == ()
+
+
 @pytest.mark.parametrize(("env", "message"), [
     ({"TASKLINE_LEASE_S": "abc"}, "TASKLINE_LEASE_S"),
     ({"TASKLINE_HEARTBEAT_S": "20"}, "HEARTBEAT"),
@@ -36,6 +44,8 @@ def test_environment_is_parsed_with_fractions_and_lists():
     ({"TASKLINE_BACKOFF_MAX_S": "1"}, "BACKOFF_MAX"),
     ({"TASKLINE_LOG_FORMAT": "xml"}, "LOG_FORMAT"),
     ({"TASKLINE_METRICS_PORT": "70000"}, "METRICS_PORT"),
+    ({"TASKLINE_ALLOWED_HOSTS": "api,http://taskline.example"}, "ALLOWED_HOSTS"),
+    ({"TASKLINE_ALLOWED_HOSTS": "taskline.example:8000"}, "ALLOWED_HOSTS"),
 ])
 def test_invalid_values_fail_at_start_up_with_the_variable_named(env, message):
     with pytest.raises(ConfigError, match=message):
