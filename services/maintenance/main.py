@@ -4,6 +4,9 @@ Invariant: components act only while this instance holds the maintenance lease, 
 is released only after every component has stopped (or the stop deadline passed), so on a
 clean shutdown a standby takes over within one renewal period and the two never overlap.
 SIGTERM or SIGINT stops the process within about `STOP_TIMEOUT_S` seconds with exit status 0.
+Started while PostgreSQL is unreachable, the instance waits for it before any component runs
+(taskline.startup), answering 503 on `/readyz` of its metrics port; a signal ends that wait at
+once.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from taskline import metrics
+from taskline import metrics, startup
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.handlers import registry
 from taskline.metrics import LOOP_ERRORS, LabelGuard, TypeLabels
 from taskline.settings import Settings
+from taskline.startup import Readiness
 from taskline.store.store import Store
 from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.depths import DepthGauges
@@ -125,17 +129,24 @@ def run(settings: Settings, metrics_port: int) -> int:
     """Run maintenance until SIGTERM or SIGINT; returns the exit status."""
     stop = threading.Event()
     _stop_on_signals(stop)
-    metrics.serve(metrics_port)
     store = Store.connect(settings.database_url, pool_size=4,
                           application_name="taskline-maintenance")
     # The breaker keeps a Redis outage from costing every pass a timeout (promoter, reaper).
     dispatcher = Dispatcher(settings.redis_url, breaker=True)
+    readiness = Readiness(degraded=lambda: "Redis unreachable" if dispatcher.redis_down else None)
+    metrics.serve(metrics_port, ready=readiness.answer)
     service = Maintenance(store, dispatcher, settings, types=type_labels(settings))
+    # Started before PostgreSQL answers, every component would fail its passes: wait instead.
+    if not startup.wait_for("PostgreSQL", store.ping, stop, readiness):
+        log.warning("stopped while waiting for PostgreSQL", extra={"action": "shutdown"})
+        return 0
     service.start()
+    readiness.working()
     log.info("maintenance started", extra={"action": "startup", "holder": service.leader.holder,
                                            "metrics_port": metrics_port})
     while not stop.wait(0.5):
         pass
+    readiness.stopping()
     service.stop()
     dispatcher.close()
     store.dispose()

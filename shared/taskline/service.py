@@ -1,7 +1,8 @@
 """The one loop skeleton of every periodic component (worker and maintenance alike).
 
 Invariant: a failed pass never ends its loop. It is logged (with the traceback when the error
-is unexpected; "PostgreSQL/Redis unreachable" is expected and logged without one), counted in
+is unexpected; "PostgreSQL/Redis unreachable" is expected and logged without one, with the
+driver's own message: `taskline.errors.detail`), counted in
 `taskline_loop_errors_total{loop}`, and the next pass runs after the wait. A pass starts only
 while `active()` is true (a maintenance component runs only while its instance leads). Every
 finished pass, failed or not, is announced on the component's `passes` signal, which tests
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from taskline.errors import DispatchUnavailable, StoreUnavailable
+from taskline.errors import DispatchUnavailable, StoreUnavailable, detail
 from taskline.metrics import LOOP_ERRORS
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def guarded(name: str, step: Callable[[], object], target: str | None = None,
         return True, step()
     except _EXPECTED as err:
         LOOP_ERRORS.labels(loop=name).inc()
-        log.error("%s pass failed: %s", name, err, extra=extra)
+        log.error("%s pass failed: %s", name, detail(err), extra=extra)
     except Exception:
         LOOP_ERRORS.labels(loop=name).inc()
         log.exception("%s pass failed unexpectedly", name, extra=extra)
@@ -120,6 +121,6 @@ class Periodic:
         try:
             return min(self.interval_s, self.next_wait())
         except _EXPECTED as err:
-            log.warning("%s: next wake-up unknown (%s); waiting the interval", self.name, err,
-                        extra={"action": self.name})
+            log.warning("%s: next wake-up unknown (%s); waiting the interval", self.name,
+                        detail(err), extra={"action": self.name})
             return self.interval_s

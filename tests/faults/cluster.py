@@ -168,7 +168,9 @@ class Cluster:
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    def start(self) -> Cluster:
+    def start(self, services: bool = True) -> Cluster:
+        """Create the scenario's database and connections, then (unless not `services`) start
+        every service and wait until each is ready (see `start_services`)."""
         database_url = new_database(self.postgres)
         faulthandlers.create_tables(database_url)
         self.settings = Settings.from_env(
@@ -178,15 +180,29 @@ class Cluster:
         self.dispatcher = Dispatcher(self.redis.url, block_timeout_s=0.2)
         for kind, server in sorted(self.proxied):
             self._start_proxy(kind, server)
+        if services:
+            self.start_services()
+        return self
+
+    def start_services(self, wait: bool = True) -> None:
+        """Start the planned api, maintenance and workers; with `wait`, until the api is ready
+        and every worker registered (without: a server they need may still be down)."""
         if self.plan["api"]:
-            self.add_api()
+            self.add_api(wait=wait)
         for _ in range(self.plan["maintenance"]):
             self.add_maintenance()
         for _ in range(self.plan["worker"]):
-            self.add_worker()
+            self.add_worker(wait=wait)
         if self.supervised:
             self.supervise()
-        return self
+
+    def wait_ready(self) -> None:
+        """Until the api is ready and every live worker registered."""
+        if self.plan["api"]:
+            self.wait_api_ready()
+        for service in self.workers:
+            if service.alive:
+                self.wait_worker_registered(service)
 
     def __enter__(self) -> Cluster:
         try:
@@ -258,12 +274,13 @@ class Cluster:
     def add_maintenance(self, env: Mapping[str, str] | None = None) -> Service:
         return self._spawn("maintenance", ["maintenance", "--metrics-port", "0"], env)
 
-    def add_api(self, env: Mapping[str, str] | None = None) -> Service:
+    def add_api(self, env: Mapping[str, str] | None = None, wait: bool = True) -> Service:
         port = free_port()
         argv = ["api", "--bind", f"127.0.0.1:{port}", "--workers", str(self.api_workers)]
         service = self._spawn("api", argv, env)
         self.api_url = f"http://127.0.0.1:{port}"
-        self.wait_api_ready()
+        if wait:
+            self.wait_api_ready()
         return service
 
     def restart(self, service: Service, wait: bool = True) -> None:

@@ -60,6 +60,12 @@ class FaultRun:
     report: FaultReport
     results: list[CheckResult] = field(default_factory=list)
 
+    def start(self, wait: bool = True) -> None:
+        """Start the cluster's services (when `fault_run` was told `start=False`); `wait` as
+        in `Cluster.start_services`."""
+        self.cluster.start_services(wait=wait)
+        self.workload.api_url = self.cluster.api_url
+
     def check(self, **options: Any) -> CheckResult:
         """Run the checker, add its row to the final table, return the result."""
         result = Checker(self.cluster, self.history, self.name, **options).check()
@@ -80,10 +86,11 @@ def _slug(name: str) -> str:
 @pytest.fixture
 def fault_run(request: pytest.FixtureRequest, fresh_postgres, fresh_redis, tmp_path: Path,
               fault_report: FaultReport) -> Iterator[Callable[..., FaultRun]]:
-    """`fault_run(name, **cluster_options)` -> a started FaultRun on fresh servers."""
+    """`fault_run(name, **cluster_options)` -> a started FaultRun on fresh servers; with
+    `start=False`, its database is made but no service started (`FaultRun.start`)."""
     made: list[FaultRun] = []
 
-    def make(name: str, **options: Any) -> FaultRun:
+    def make(name: str, start: bool = True, **options: Any) -> FaultRun:
         assert not made, "one fault_run per test: each scenario gets fresh servers"
         workdir = tmp_path / _slug(name)
         cluster = Cluster(fresh_postgres, fresh_redis, workdir, **options)
@@ -92,7 +99,7 @@ def fault_run(request: pytest.FixtureRequest, fresh_postgres, fresh_redis, tmp_p
                        Workload("", history), fault_report)
         made.append(run)
         cluster.on_restart = run.nemesis.supervised_restart
-        cluster.start()
+        cluster.start(services=start)
         run.workload.api_url = cluster.api_url
         return run
 

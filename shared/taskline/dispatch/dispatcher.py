@@ -51,7 +51,8 @@ def translate_errors() -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as err:
-        raise DispatchUnavailable(f"Redis unavailable: {type(err).__name__}") from None
+        # The driver's error stays the cause, for logs (taskline.errors.detail).
+        raise DispatchUnavailable(f"Redis unavailable: {type(err).__name__}") from err
     except redis.ResponseError as err:
         if "LOADING" in str(err) or "MASTERDOWN" in str(err):
             raise DispatchUnavailable(f"Redis not ready: {err}") from None
@@ -83,6 +84,12 @@ class Dispatcher:
                                            connect_timeout=min(timeout_s, 5.0))
         self.block_timeout_s = block_timeout_s
         self._scripts = {name: self.client.register_script(_lua(name)) for name in _SCRIPTS}
+
+    @property
+    def redis_down(self) -> bool:
+        """Whether the breaker is open: the last call found Redis unreachable and no probe
+        has had an answer since (always False without a breaker)."""
+        return self.breaker is not None and self.breaker.open
 
     def close(self) -> None:
         if self.breaker is not None:
