@@ -71,7 +71,8 @@ class Stack:
 
     def count(self, status: str) -> int:
         with psycopg.connect(self.url, autocommit=True) as conn:
-            row = conn.execute(PROBE + "SELECT count(*) FROM jobs WHERE status = %s", (status,))
+            row = conn.execute(PROBE + "SELECT count(*) FROM taskline.jobs WHERE status = %s",
+                               (status,))
             return row.fetchone()[0]
 
 

@@ -68,7 +68,7 @@ def pickup_redis_down(stack: Stack, jobs: int = 200, spacing_s: float = 0.02) ->
             sc.time.sleep(spacing_s)
         conn.close()
         wait_until(lambda: stack.count("succeeded") >= jobs, timeout=60)
-    rows = stack.sql("SELECT j.id::text, (j.result->>'started')::float8 FROM jobs j")
+    rows = stack.sql("SELECT j.id::text, (j.result->>'started')::float8 FROM taskline.jobs j")
     return {"from_201_ms": sc.quantiles([(r[1] - answered[r[0]]) * 1000 for r in rows]),
             "from_request_ms": sc.quantiles([(r[1] - sent[r[0]]) * 1000 for r in rows])}
 

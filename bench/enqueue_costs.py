@@ -65,9 +65,10 @@ def library(url: str, redis_url: str, calls: int) -> dict[str, float]:
     with psycopg.connect(url, autocommit=True) as conn:
         out["library_call_ms"] = median_ms(lambda: taskline.enqueue(conn, "bench.noop"), calls)
         out["bare_insert_commit_ms"] = median_ms(lambda: conn.execute(
-            "INSERT INTO enqueue_outbox (job_id, queue) VALUES (gen_random_uuid(), 'x')"), calls)
+            "INSERT INTO taskline.enqueue_outbox (job_id, queue) "
+            "VALUES (gen_random_uuid(), 'x')"), calls)
         out["statement_in_postgres_ms"] = _explained(conn, calls)
-        conn.execute("TRUNCATE enqueue_outbox")
+        conn.execute("TRUNCATE taskline.enqueue_outbox")
         out["commit_to_redis_ms"] = _relayed(conn, url, redis_url, calls)
     return out
 

@@ -61,7 +61,7 @@ BEGIN
                                    'created_at', e.created_at, 'queue', j.queue,
                                    'type', j.type, 'priority', j.priority)::text AS payload
           FROM inserted e
-          LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs
+          LEFT JOIN LATERAL (SELECT queue, type, priority FROM taskline.jobs
                              WHERE jobs.id = e.job_id OFFSET 0) j ON true
           ORDER BY e.id) s;
     RETURN NULL;

@@ -42,9 +42,10 @@ def put_limit(base: str, scope: str, body: dict[str, Any]) -> None:
 def _type_rate(stack: Stack, job_type: str) -> float:
     """Jobs/s of one type: its leases after the warm-up, to its last outcome."""
     leases = [r[0] for r in stack.sql(
-        "SELECT l.leased_at FROM job_leases l JOIN jobs j ON j.id = l.job_id "
+        "SELECT l.leased_at FROM taskline.job_leases l JOIN taskline.jobs j ON j.id = l.job_id "
         "WHERE j.type = %s ORDER BY l.leased_at", job_type)]
-    last = stack.sql("SELECT max(updated_at) FROM jobs WHERE type = %s AND status = 'succeeded'",
+    last = stack.sql("SELECT max(updated_at) FROM taskline.jobs WHERE type = %s AND status = "
+                     "'succeeded'",
                      job_type)[0][0]
     skip = int(len(leases) * WARMUP_SHARE)
     return (len(leases) - skip) / (last - leases[skip]).total_seconds()
@@ -60,7 +61,8 @@ def _beside_once(stack: Stack, jobs: int, limited: bool) -> float:
         post_concurrently(base, "/api/v1/jobs/batch", {"jobs": [{"type": "bench.redis"}] * 1000},
                           jobs // 1000, 2)
     with stack.workers(2, SLOTS):
-        wait_until(lambda: stack.sql("SELECT count(*) FROM jobs WHERE type = 'bench.redis' "
+        wait_until(lambda: stack.sql("SELECT count(*) FROM taskline.jobs WHERE type = "
+                                     "'bench.redis' "
                                      "AND status = 'succeeded'")[0][0] >= jobs,
                    timeout=600, interval=0.1)
     return _type_rate(stack, "bench.redis")
@@ -87,7 +89,8 @@ def rate_60s(stack: Stack, seconds: float = 60.0) -> dict[str, Any]:
     with stack.workers(4, SLOTS):
         wait_until(lambda: stack.count("succeeded") > 0, timeout=60, interval=0.02)
         time.sleep(seconds + 1.0)
-    starts = [r[0] for r in stack.sql("SELECT leased_at FROM job_leases ORDER BY leased_at")]
+    starts = [r[0] for r in stack.sql(
+        "SELECT leased_at FROM taskline.job_leases ORDER BY leased_at")]
     first = starts[0]
     inside = [t for t in starts if (t - first).total_seconds() < seconds]
     return {"starts_in_60s": len(inside), "busiest_1s_window": busiest_window(inside, 1.0)}
@@ -100,10 +103,11 @@ def idle(stack: Stack, seconds: float = 60.0) -> dict[str, Any]:
         post_concurrently(base, "/api/v1/jobs/batch", {"jobs": [{"type": "bench.noop"}] * 2},
                           1, 1)
     # The budget is held by a running job no process runs: its lease stays open.
-    holder = stack.sql("SELECT id FROM jobs ORDER BY created_at LIMIT 1")[0][0]
-    stack.sql("UPDATE jobs SET status = 'running', attempts = 1 WHERE id = %s RETURNING id",
-              holder)
-    stack.sql("INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until) "
+    holder = stack.sql("SELECT id FROM taskline.jobs ORDER BY created_at LIMIT 1")[0][0]
+    stack.sql("UPDATE taskline.jobs SET status = 'running', attempts = 1 "
+              "WHERE id = %s RETURNING id", holder)
+    stack.sql("INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, "
+              "leased_until) "
               "VALUES (%s, 1, 'bench-holder', now(), now() + interval '1 hour') RETURNING id",
               holder)
     with stack.workers(1, SLOTS) as (worker,):
@@ -151,12 +155,12 @@ def fairness(stack: Stack, duration_s: float = 0.1) -> dict[str, Any]:
             tenant_b = [{**body, "limit_key": "tenant-b", "payload": {"s": duration_s,
                                                                        "n": str(uuid.uuid4())}}]
             post_concurrently(base, "/api/v1/jobs/batch", {"jobs": tenant_b * 10}, 1, 1)
-            wait_until(lambda: stack.sql("SELECT count(*) FROM jobs WHERE limit_key = "
+            wait_until(lambda: stack.sql("SELECT count(*) FROM taskline.jobs WHERE limit_key = "
                                          "'tenant-b' AND status = 'succeeded'")[0][0] >= 10,
                        timeout=120, interval=0.02)
     waits = [float(r[0]) for r in stack.sql(
-        "SELECT extract(epoch FROM l.leased_at - j.created_at) FROM jobs j "
-        "JOIN job_leases l ON l.job_id = j.id WHERE j.limit_key = 'tenant-b' ORDER BY 1")]
+        "SELECT extract(epoch FROM l.leased_at - j.created_at) FROM taskline.jobs j "
+        "JOIN taskline.job_leases l ON l.job_id = j.id WHERE j.limit_key = 'tenant-b' ORDER BY 1")]
     return {"job_duration_s": duration_s, "tenant_b_first_start_s": round(waits[0], 4),
             "tenant_b_last_start_s": round(waits[-1], 4)}
 

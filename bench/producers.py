@@ -32,7 +32,7 @@ WARMUP = 20
 @contextmanager
 def _maintenance(stack: Stack) -> Any:
     with stack.process("maintenance"):
-        wait_until(lambda: stack.sql("SELECT count(*) FROM leader_leases "
+        wait_until(lambda: stack.sql("SELECT count(*) FROM taskline.leader_leases "
                                      "WHERE leased_until > now()")[0][0] > 0, timeout=60)
         yield
 
@@ -98,7 +98,7 @@ def client_enqueue(stack: Stack, jobs: int, batch: int = 1, producers: int = 1,
 
 def _stamps(stack: Stack, sent: dict[str, float]) -> dict[str, float]:
     wait_until(lambda: stack.count("succeeded") >= len(sent), timeout=60)
-    rows = stack.sql("SELECT id::text, (result->>'started')::float8 FROM jobs")
+    rows = stack.sql("SELECT id::text, (result->>'started')::float8 FROM taskline.jobs")
     return quantiles([(started - sent[job_id]) * 1000 for job_id, started in rows])
 
 

@@ -86,8 +86,9 @@ def _backlog(stack: Stack, jobs: int, failing_per_1000: int = 0,
 def steady_rate(stack: Stack) -> float:
     """Jobs/s between the lease start of the first job after the warm-up and the last outcome,
     both in PostgreSQL's clock."""
-    leases = [r[0] for r in stack.sql("SELECT leased_at FROM job_leases ORDER BY leased_at")]
-    last = stack.sql("SELECT max(updated_at) FROM jobs")[0][0]
+    leases = [r[0] for r in stack.sql(
+        "SELECT leased_at FROM taskline.job_leases ORDER BY leased_at")]
+    last = stack.sql("SELECT max(updated_at) FROM taskline.jobs")[0][0]
     skip = int(len(leases) * WARMUP_SHARE)
     return (len(leases) - skip) / (last - leases[skip]).total_seconds()
 
@@ -117,8 +118,8 @@ def default_concurrency() -> int:
 # --- latency ---------------------------------------------------------------------------------
 
 def idle_workers(stack: Stack, count: int) -> None:
-    wait_until(lambda: stack.sql("SELECT count(*) FROM workers WHERE stopped_at IS NULL")[0][0]
-               >= count, timeout=60, interval=0.05)
+    live = "SELECT count(*) FROM taskline.workers WHERE stopped_at IS NULL"
+    wait_until(lambda: stack.sql(live)[0][0] >= count, timeout=60, interval=0.05)
     time.sleep(1.0)  # past their first fetch: blocked in Redis, waiting for work
 
 
@@ -139,7 +140,7 @@ def pickup(stack: Stack, jobs: int = 300, spacing_s: float = 0.02) -> dict[str, 
         wait_until(lambda: stack.count("succeeded") >= jobs, timeout=60)
     rows = stack.sql("SELECT j.id::text, (j.result->>'started')::float8, "
                      "extract(epoch FROM l.leased_at - j.created_at) * 1000 "
-                     "FROM jobs j JOIN job_leases l ON l.job_id = j.id")
+                     "FROM taskline.jobs j JOIN taskline.job_leases l ON l.job_id = j.id")
     return {"from_201_ms": quantiles([(r[1] - answered[r[0]]) * 1000 for r in rows]),
             "from_request_ms": quantiles([(r[1] - sent[r[0]]) * 1000 for r in rows]),
             "pg_created_to_lease_ms": quantiles([float(r[2]) for r in rows])}
@@ -182,7 +183,7 @@ def steady_latency(stack: Stack, peak: float, seconds: float = 10.0) -> dict[str
         total = stack.count("queued", "running", "succeeded")
         wait_until(lambda: stack.count("succeeded") >= total, timeout=120)
     ms = [float(r[0]) for r in stack.sql(
-        "SELECT extract(epoch FROM updated_at - created_at) * 1000 FROM jobs")]
+        "SELECT extract(epoch FROM updated_at - created_at) * 1000 FROM taskline.jobs")]
     skip = int(len(ms) * WARMUP_SHARE)
     out["e2e_ms"] = quantiles(ms[skip:])
     return out
@@ -215,20 +216,21 @@ def killed_worker(stack: Stack) -> float:
         job = conn.post("/api/v1/jobs", b'{"type": "simulate", "payload": {"sleep_s": 60}}')
         conn.close()
         wait_until(lambda: stack.count("running") == 1, timeout=30)
-        pid = stack.sql("SELECT w.pid FROM job_leases l JOIN workers w ON w.id = l.worker_id "
+        pid = stack.sql("SELECT w.pid FROM taskline.job_leases l JOIN taskline.workers w ON "
+                        "w.id = l.worker_id "
                         "WHERE l.job_id = %s", job["id"])[0][0]
         victim = next(p for p in procs if p.pid == pid)
         killed_at = time.time()
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait()
         wait_until(lambda: _attempts(stack, job["id"]) >= 2, timeout=120, interval=0.05)
-        second = stack.sql("SELECT extract(epoch FROM max(leased_at)) FROM job_leases "
+        second = stack.sql("SELECT extract(epoch FROM max(leased_at)) FROM taskline.job_leases "
                            "WHERE job_id = %s", job["id"])[0][0]
     return float(second) - killed_at
 
 
 def _attempts(stack: Stack, job_id: str) -> int:
-    return stack.sql("SELECT count(*) FROM job_leases WHERE job_id = %s", job_id)[0][0]
+    return stack.sql("SELECT count(*) FROM taskline.job_leases WHERE job_id = %s", job_id)[0][0]
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -272,7 +274,7 @@ def reconcile(stack: Stack, jobs: int) -> dict[str, float]:
     from taskline_maintenance.reconciler import Reconciler
 
     stack.reset()
-    stack.sql("INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, "
+    stack.sql("INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, "
               "timeout_s, next_run_at, created_at, updated_at) "
               "SELECT gen_random_uuid(), 'bench.noop', 'default', '{}', 5, 'queued', 3, 300, "
               "now() - interval '1 minute', now() - interval '1 minute', "
@@ -391,10 +393,10 @@ def kept_census(stack: Stack) -> dict[str, Any]:
     succeeded job is (retention's lag, s), and jobs created in the last 30 s (the producer's
     achieved rate then): the causes a table's size follows."""
     by_status = {r[0]: int(r[1]) for r in stack.sql(
-        "SELECT status, count(*) FROM jobs GROUP BY status")}
+        "SELECT status, count(*) FROM taskline.jobs GROUP BY status")}
     lag, recent = stack.sql(
         "SELECT extract(epoch FROM now() - min(finished_at) FILTER (WHERE status = 'succeeded'))"
-        " - %s, count(*) FILTER (WHERE created_at > now() - interval '30 s') FROM jobs",
+        " - %s, count(*) FILTER (WHERE created_at > now() - interval '30 s') FROM taskline.jobs",
         SOAK_RETAIN_S)[0]
     return {"by_status": by_status, "lag_s": round(float(lag or 0), 1),
             "created_per_s": round(int(recent) / 30)}
@@ -469,7 +471,7 @@ def retention_soak(stack: Stack, rate: float, seconds: float, window_s: float,
     finally:
         del stack.extra_env["TASKLINE_RETAIN_SUCCEEDED_S"]
     out["jobs_offered"] = round(out.get("achieved_jobs_per_s", 0) * seconds)
-    out["jobs_kept_at_end"] = stack.sql("SELECT count(*) FROM jobs")[0][0]
+    out["jobs_kept_at_end"] = stack.sql("SELECT count(*) FROM taskline.jobs")[0][0]
     out["samples"] = samples
     out["verdict"] = _judge(samples, window_s)
     return out
@@ -479,27 +481,29 @@ def _history(stack: Stack, jobs: int) -> None:
     """`jobs` succeeded jobs that finished an hour ago, with 3 events and a lease each: work
     for retention while a drain runs."""
     # WITH ... SELECT count(*): stack.sql fetches rows, and the inserts return none.
-    stack.sql("WITH ins AS (INSERT INTO jobs (id, type, queue, payload, priority, status, "
+    stack.sql("WITH ins AS (INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, "
               "attempts, max_retries, timeout_s, created_at, updated_at, finished_at) "
               "SELECT gen_random_uuid(), 'bench.history', 'default', '{}', 5, 'succeeded', 1, "
               "3, 300, now() - interval '1 hour', now() - interval '1 hour', "
               "now() - interval '1 hour' FROM generate_series(1, %s) RETURNING 1) "
               "SELECT count(*) FROM ins", jobs)
-    stack.sql("WITH ins AS (INSERT INTO job_events (job_id, attempt, event) "
-              "SELECT id, e, 'x' FROM jobs, generate_series(1, 3) AS e "
+    stack.sql("WITH ins AS (INSERT INTO taskline.job_events (job_id, attempt, event) "
+              "SELECT id, e, 'x' FROM taskline.jobs, generate_series(1, 3) AS e "
               "WHERE type = 'bench.history' RETURNING 1) SELECT count(*) FROM ins")
-    stack.sql("WITH ins AS (INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, "
+    stack.sql("WITH ins AS (INSERT INTO taskline.job_leases (job_id, attempt, worker_id, "
+              "leased_at, "
               "leased_until, released_at, outcome) SELECT id, 1, 'w', "
               "now() - interval '1 hour', now(), now() - interval '1 hour', 'succeeded' "
-              "FROM jobs WHERE type = 'bench.history' RETURNING 1) SELECT count(*) FROM ins")
+              "FROM taskline.jobs WHERE type = 'bench.history' RETURNING 1) SELECT count(*) "
+              "FROM ins")
 
 
 def _noop_rate(stack: Stack) -> float:
     """steady_rate over the drained no-op jobs only (history rows are not the drain's)."""
     leases = [r[0] for r in stack.sql(
-        "SELECT l.leased_at FROM job_leases l JOIN jobs j ON j.id = l.job_id "
+        "SELECT l.leased_at FROM taskline.job_leases l JOIN taskline.jobs j ON j.id = l.job_id "
         "WHERE j.type = 'bench.noop' ORDER BY l.leased_at")]
-    last = stack.sql("SELECT max(updated_at) FROM jobs WHERE type = 'bench.noop'")[0][0]
+    last = stack.sql("SELECT max(updated_at) FROM taskline.jobs WHERE type = 'bench.noop'")[0][0]
     skip = int(len(leases) * WARMUP_SHARE)
     return (len(leases) - skip) / (last - leases[skip]).total_seconds()
 
@@ -520,7 +524,7 @@ def drain_beside_retention(stack: Stack, jobs: int, retain_s: int) -> dict[str, 
         with stack.process("maintenance"):
             # Workers start once maintenance leads: its first retention pass, at once, then
             # deletes the history while they drain (both arms wait alike).
-            wait_until(lambda: stack.sql("SELECT count(*) FROM leader_leases")[0][0] > 0,
+            wait_until(lambda: stack.sql("SELECT count(*) FROM taskline.leader_leases")[0][0] > 0,
                        timeout=60, interval=0.05)
             return _drain_noop(stack, jobs)
     finally:
@@ -529,10 +533,10 @@ def drain_beside_retention(stack: Stack, jobs: int, retain_s: int) -> dict[str, 
 
 def _drain_noop(stack: Stack, jobs: int) -> dict[str, float]:
     with stack.workers(2, DRAIN_CONCURRENCY):
-        wait_until(lambda: stack.sql("SELECT count(*) FROM jobs WHERE type = 'bench.noop' "
+        wait_until(lambda: stack.sql("SELECT count(*) FROM taskline.jobs WHERE type = 'bench.noop' "
                                      "AND status = 'succeeded'")[0][0] >= jobs,
                    timeout=1200, interval=0.1)
-        left = stack.sql("SELECT count(*) FROM jobs WHERE type = 'bench.history'")[0][0]
+        left = stack.sql("SELECT count(*) FROM taskline.jobs WHERE type = 'bench.history'")[0][0]
     return {"jobs_per_s": _noop_rate(stack), "history_deleted": jobs * HISTORY_PER_JOB - left}
 
 

@@ -127,7 +127,8 @@ class Stack:
             self._sql = None
 
     def count(self, *statuses: str) -> int:
-        return self.sql("SELECT count(*) FROM jobs WHERE status = ANY(%s)", list(statuses))[0][0]
+        return self.sql("SELECT count(*) FROM taskline.jobs WHERE status = ANY(%s)",
+                        list(statuses))[0][0]
 
     @contextmanager
     def api(self, workers: int = 2) -> Iterator[str]:

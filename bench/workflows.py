@@ -34,7 +34,7 @@ def _submit(base: str, name: str, steps: list[dict[str, Any]]) -> tuple[float, d
 
 
 def _started(stack: Stack, job_ids: list[str]) -> dict[str, float]:
-    rows = stack.sql("SELECT id::text, (result->>'started')::float8 FROM jobs "
+    rows = stack.sql("SELECT id::text, (result->>'started')::float8 FROM taskline.jobs "
                      "WHERE id = ANY(%s::uuid[])", job_ids)
     return {r[0]: float(r[1]) for r in rows}
 

@@ -83,6 +83,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         "TASKLINE_METRICS_PORT": "0",
         "TASKLINE_LOG_FORMAT": "json",
         "TASKLINE_HANDLERS": ",".join(settings.handlers),
+        "TASKLINE_SCHEMA": settings.schema,
         "PYTHONUNBUFFERED": "1",
     })
     env.update(extra)

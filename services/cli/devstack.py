@@ -85,7 +85,7 @@ def run_dev(settings: Settings, api_bind: str, *, data_dir: Path | None = None) 
                 try:
                     settings = LocalServers.discover(data_dir or default_data_dir(),
                                                      console).ensure(settings, started)
-                    prepare_database(settings.database_url, console)
+                    prepare_database(settings.database_url, console, settings.schema)
                 except (SetupFailed, ServerError) as err:
                     for line in str(err).splitlines():
                         console.line(LABEL, line)
@@ -146,11 +146,12 @@ def _metrics_port(preferred: int, avoid: tuple[int, ...]) -> int:
     return port
 
 
-def prepare_database(database_url: str, console: Console) -> None:
-    """Create the database if missing and bring its schema to the newest revision."""
+def prepare_database(database_url: str, console: Console, schema: str = "taskline") -> None:
+    """Create the database if missing and bring the installation in `schema` to the newest
+    revision."""
     try:
         created = ensure_database(database_url)
-        upgrade(database_url, create=False)
+        upgrade(database_url, create=False, schema=schema)
     except (psycopg.Error, sqlalchemy.exc.SQLAlchemyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise SetupFailed(f"could not create or migrate the database at "

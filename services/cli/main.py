@@ -19,9 +19,12 @@ def _csv(value: str) -> list[str]:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from taskline.store.migrate import upgrade
-    upgrade(settings.database_url)
-    print("schema is at the newest revision")
+    from taskline.store.migrate import finish_move, upgrade
+    upgrade(settings.database_url, schema=settings.schema)
+    print(f"schema {settings.schema} is at the newest revision")
+    if args.finish_move:
+        dropped = finish_move(settings.database_url, settings.schema)
+        print(f"dropped {len(dropped)} compatibility views in public")
     return 0
 
 
@@ -48,7 +51,11 @@ def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _server_commands(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("migrate", help="create or upgrade the schema").set_defaults(fn=cmd_migrate)
+    migrate = sub.add_parser("migrate", help="create or upgrade the schema (TASKLINE_SCHEMA)")
+    migrate.add_argument("--finish-move", action="store_true",
+                         help="after moving out of public: drop the compatibility views there "
+                              "(once no process of an earlier release runs)")
+    migrate.set_defaults(fn=cmd_migrate)
     api = sub.add_parser("api", help="serve the producer API with gunicorn")
     api.add_argument("--bind", default="0.0.0.0:8000", help="HOST:PORT (default 0.0.0.0:8000)")
     api.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")

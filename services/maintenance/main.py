@@ -129,7 +129,7 @@ def run(settings: Settings, metrics_port: int) -> int:
     """Run maintenance until SIGTERM or SIGINT; returns the exit status."""
     stop = threading.Event()
     _stop_on_signals(stop)
-    store = Store.connect(settings.database_url, pool_size=4,
+    store = Store.connect(settings.database_url, pool_size=4, schema=settings.schema,
                           application_name="taskline-maintenance")
     # The breaker keeps a Redis outage from costing every pass a timeout (promoter, reaper).
     dispatcher = Dispatcher(settings.redis_url, breaker=True)

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 import psycopg
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.enqueuing import CHANNEL, JOBS_CHANNEL
 from taskline.errors import StoreUnavailable
 from taskline.metrics import OUTBOX_RELAYED, LabelGuard
 from taskline.service import IDLE_POLL_S, Periodic, always, guarded
 from taskline.store import caller
+from taskline.store.queries import channel
 from taskline.store.rows import Owed
 from taskline.store.store import Store
 from taskline.transitions import Committed
@@ -84,6 +84,9 @@ class OutboxRelay(Periodic):
         super().__init__()
         self.queue_label = queues or LabelGuard()
         self.store = store
+        # The installation's own channels: another schema's signals in one database are not ours.
+        self._channel = channel(store.schema, "enqueued")
+        self._jobs_channel = channel(store.schema, "enqueued_jobs")
         self.dispatcher = dispatcher
         self.database_url = database_url
         self.backstop_s = backstop_s
@@ -127,14 +130,16 @@ class OutboxRelay(Periodic):
             return self.store.outbox_page(self.page_size)
         with self._translated():
             return [Owed.from_row(r) for r in caller.run(self._listener, "outbox_page",
-                                                         {"limit": self.page_size})]
+                                                         {"limit": self.page_size},
+                                                         self.store.schema)]
 
     def _forget(self, ids: list[uuid.UUID]) -> None:
         if self._listener is None:
             self.store.delete_outbox(ids)
         elif ids:
             with self._translated():
-                caller.run(self._listener, "delete_outbox", {"ids": ids})
+                caller.run(self._listener, "delete_outbox", {"ids": ids},
+                           self.store.schema)
 
     def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
         """Listen while active, drain on each signal and backstop; stop listening when not."""
@@ -182,9 +187,10 @@ class OutboxRelay(Periodic):
         way to Redis. A queue signal with no announced job of its queue among them (a writer
         that does not announce) drains the outbox instead."""
         announced = [owed for owed in (Owed.from_announcement(n.payload) for n in signals
-                                       if n.channel == JOBS_CHANNEL) if owed is not None]
+                                       if n.channel == self._jobs_channel)
+                     if owed is not None]
         queues = {owed.queue for owed in announced}
-        if any(n.channel == CHANNEL and n.payload not in queues for n in signals):
+        if any(n.channel == self._channel and n.payload not in queues for n in signals):
             return self.run_once()
         changes = [c for c in (owed.committed() for owed in announced) if c is not None]
         self.dispatcher.follow(changes)
@@ -223,8 +229,8 @@ class OutboxRelay(Periodic):
                                    keepalives=1, keepalives_idle=5, keepalives_interval=2,
                                    keepalives_count=3, application_name="taskline-outbox")
             try:
-                conn.execute(f"LISTEN {CHANNEL}")
-                conn.execute(f"LISTEN {JOBS_CHANNEL}")
+                conn.execute(f"LISTEN {self._channel}")
+                conn.execute(f"LISTEN {self._jobs_channel}")
             except BaseException:
                 conn.close()
                 raise

@@ -60,7 +60,7 @@ class Backends:
                 # A forked child drops its parent's objects without closing their sockets.
                 store = self._given_store or Store.connect(
                     self.settings.database_url, pool_size=POOL_SIZE, max_overflow=0,
-                    application_name="taskline-api")
+                    schema=self.settings.schema, application_name="taskline-api")
                 # The breaker skips pushes while Redis is known down: an enqueue then costs
                 # no connect or socket timeout (the job is durable; workers are notified).
                 dispatcher = self._given_dispatcher or Dispatcher(self.settings.redis_url,

@@ -28,6 +28,7 @@ from taskline.dispatch.keys import dispatch_marker_ms
 from taskline.errors import DispatchUnavailable, StoreUnavailable
 from taskline.metrics import DISPATCH_DEGRADED, DISPATCH_SWITCHES
 from taskline.readiness import CHANNEL
+from taskline.store.queries import channel
 from taskline.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -68,11 +69,14 @@ class Waker:
 
 
 class Listener:
-    """LISTEN on `taskline_enqueued` in its own thread; pokes the waker for this worker's
-    queues' notifications and after every (re)LISTEN (what was sent before is not replayed)."""
+    """LISTEN on the installation's `<schema>_enqueued` channel in its own thread; pokes the
+    waker for this worker's queues' notifications and after every (re)LISTEN (what was sent
+    before is not replayed)."""
 
-    def __init__(self, database_url: str, queues: Sequence[str], waker: Waker) -> None:
+    def __init__(self, database_url: str, queues: Sequence[str], waker: Waker,
+                 channel: str = CHANNEL) -> None:
         self._url = database_url
+        self._channel = channel
         self._queues = frozenset(queues)
         self._waker = waker
         self._stop = threading.Event()
@@ -98,7 +102,7 @@ class Listener:
         with psycopg.connect(self._url, autocommit=True, connect_timeout=5, keepalives=1,
                              keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
                              application_name="taskline-worker-listen") as conn:
-            conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(f"LISTEN {self._channel}")
             self._waker.poke()
             while not self._stop.is_set():
                 for note in conn.notifies(timeout=BACKSTOP_S):
@@ -139,7 +143,8 @@ class DispatchMode:
                 return
             self._since_ms = self._now_ms()
             self.mode = Mode.POSTGRES
-            self._listener = Listener(self._url, self._queues, self.waker)
+            self._listener = Listener(self._url, self._queues, self.waker,
+                                      channel(self._store.schema, "enqueued"))
             self._listener.start()
         self._switched(Mode.POSTGRES, f"Redis unreachable ({reason})")
         threading.Thread(target=self._watch_return, name="taskline-dispatch-return",

@@ -100,7 +100,7 @@ class Worker:
         self.types = TypeLabels(registry.load(settings.handlers))
         webhook.configure(settings)  # the built-in webhook handler's address allow-list
         self.store = Store.connect(settings.database_url, pool_size=concurrency + EXTRA_CONNECTIONS,
-                                   application_name="taskline-worker")
+                                   schema=settings.schema, application_name="taskline-worker")
         self.dispatcher = Dispatcher(settings.redis_url, block_timeout_s=block_timeout_s,
                                      timeout_s=REDIS_TIMEOUT_S, breaker=True)
         self.stopping = threading.Event()

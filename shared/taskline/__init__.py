@@ -13,13 +13,16 @@ __all__ = ["IdempotencyConflict", "InvalidJob", "NonRetryableError", "RetryableE
            "enqueue", "enqueue_many", "handler", "submit_workflow"]
 
 
-def submit_workflow(conn, name, steps, *, idempotency_key=None):  # type: ignore[no-untyped-def]
+def submit_workflow(conn, name, steps, *, idempotency_key=None,  # type: ignore[no-untyped-def]
+                    settings=None):
     """Insert a workflow (`steps` as POST /api/v1/workflows takes them: `{"id", "job",
     "after"}`) through `conn`, a SQLAlchemy Connection to taskline's database, inside the
     caller's transaction; it exists only if that transaction commits. Returns the workflow's
     id. Its first steps are owed to Redis through the enqueue outbox, as `enqueue` owes a job,
-    so a worker starts them right after the commit (docs/workflows.md)."""
+    so a worker starts them right after the commit (docs/workflows.md). `settings` names the
+    installation's schema (TASKLINE_SCHEMA; the default one if None)."""
     from taskline.workflows import insert_workflow, step_from_dict
 
     return insert_workflow(conn, name, [step_from_dict(s) for s in steps],
-                           idempotency_key=idempotency_key, announce=True).id
+                           idempotency_key=idempotency_key, announce=True,
+                           schema=settings.schema if settings is not None else "taskline").id

@@ -62,7 +62,7 @@ def enqueue(conn: AppConnection, type: str, payload: Any = None, *,
     if isinstance(spec, list):
         raise InvalidJob([e.to_dict() for e in spec])
     _check_payload(body, "payload")
-    return _write(conn, [spec])[0]
+    return _write(conn, [spec], (settings or _DEFAULTS).schema)[0]
 
 
 def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
@@ -83,10 +83,11 @@ def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
         raise InvalidJob([e.to_dict() for e in errors])
     for index, body in enumerate(bodies):
         _check_payload(body, f"jobs[{index}].payload")
+    schema = (settings or _DEFAULTS).schema
     if len(specs) == 1 or all(s.idempotency_key is None for s in specs):
-        return _write(conn, specs)  # one statement: atomic by itself
+        return _write(conn, specs, schema)  # one statement: atomic by itself
     with caller.savepoint(conn):
-        return _write(conn, specs)
+        return _write(conn, specs, schema)
 
 
 def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,7 +102,7 @@ def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _write(conn: AppConnection, specs: Sequence[JobSpec]) -> list[uuid.UUID]:
+def _write(conn: AppConnection, specs: Sequence[JobSpec], schema: str) -> list[uuid.UUID]:
     """Insert `specs` in one statement; replays resolved by key. Ids in the order of `specs`.
 
     Keys are locked in one global order (queue, key), so two callers sharing keys in opposite
@@ -112,10 +113,12 @@ def _write(conn: AppConnection, specs: Sequence[JobSpec]) -> list[uuid.UUID]:
                                                      specs[i].idempotency_key or ""))
     rows = [_row(specs[i]) for i in order]
     inserted = {r.id for r in caller.run(conn, "enqueue_in_transaction",
-                                         {"jobs": rows_json(rows), **_STATEMENT_PARAMS})}
+                                         {"jobs": rows_json(rows), **_STATEMENT_PARAMS},
+                                         schema)}
     ids: dict[int, uuid.UUID] = {}
     for index, row in zip(order, rows, strict=True):
-        ids[index] = row["id"] if row["id"] in inserted else _replayed(conn, specs[index])
+        ids[index] = (row["id"] if row["id"] in inserted
+                      else _replayed(conn, specs[index], schema))
     return [ids[i] for i in range(len(specs))]
 
 
@@ -127,10 +130,11 @@ def _row(spec: JobSpec) -> dict[str, Any]:
             "limit_key": spec.limit_key}
 
 
-def _replayed(conn: AppConnection, spec: JobSpec) -> uuid.UUID:
+def _replayed(conn: AppConnection, spec: JobSpec, schema: str) -> uuid.UUID:
     """The job a key names in its queue: the same request gets its id, another one fails."""
     key = spec.idempotency_key or ""
-    found = caller.run(conn, "get_job_by_key", {"queue": spec.queue, "idempotency_key": key})
+    found = caller.run(conn, "get_job_by_key", {"queue": spec.queue, "idempotency_key": key},
+                       schema)
     if not found:
         # ON CONFLICT waited for the other writer's commit, so its row is visible here.
         raise RuntimeError(f"idempotency key {key!r} conflicted but no job holds it")

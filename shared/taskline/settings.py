@@ -19,6 +19,7 @@ from taskline.access import parse_quotas, parse_tokens
 from taskline.errors import ConfigError
 
 ENV_PREFIX = "TASKLINE_"
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 JWT_ALGORITHMS = ("HS256", "RS256", "ES256")
 # A DNS name as Host headers carry it: labels of letters, digits, `-` and `_` (container and
 # service names use it), at most 253 characters, an optional root dot.
@@ -34,6 +35,11 @@ class Settings:
     """PostgreSQL DSN (env DATABASE_URL)."""
     redis_url: str = "redis://localhost:6379/0"
     """Redis URL (env REDIS_URL)."""
+    schema: str = "taskline"
+    """The PostgreSQL schema holding every table, view and function of taskline and its own
+    migration version table; a lowercase identifier (letters, digits, `_`), at most 63 bytes,
+    not starting with `pg_`.
+    Every statement names it, so a connection's `search_path` need not include it."""
     handlers: tuple[str, ...] = ()
     """Modules imported for their @handler registrations (comma-separated)."""
     lease_s: float = 15.0
@@ -140,6 +146,9 @@ class Settings:
 
     def _rules(self) -> list[tuple[bool, str]]:
         return [
+            (valid_schema(self.schema),
+             "TASKLINE_SCHEMA must be a lowercase identifier: a letter or _, then letters, "
+             "digits or _, at most 63 bytes, not starting with pg_ (PostgreSQL's own)"),
             (self.lease_s > 0, "TASKLINE_LEASE_S must be > 0"),
             (0 < self.heartbeat_s < self.lease_s,
              "TASKLINE_HEARTBEAT_S must be > 0 and shorter than TASKLINE_LEASE_S"),
@@ -248,6 +257,12 @@ _UNPREFIXED = {"database_url": "DATABASE_URL", "redis_url": "REDIS_URL",
 
 def _env_name(field_name: str) -> str:
     return _UNPREFIXED.get(field_name, ENV_PREFIX + field_name.upper())
+
+
+def valid_schema(name: str) -> bool:
+    """Whether `name` may be TASKLINE_SCHEMA: written into SQL unquoted, so it must need no
+    quoting and cannot be read as anything but one identifier."""
+    return _SCHEMA_NAME.fullmatch(name) is not None and not name.startswith("pg_")
 
 
 def allowed_host_entry(entry: str) -> bool:

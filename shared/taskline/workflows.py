@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from taskline.jobs import TERMINAL, Job, Status, new_job_id
+from taskline.store.queries import DEFAULT_SCHEMA
 from taskline.store.store import Store
 
 MAX_STEPS = 1000
@@ -178,7 +179,7 @@ def step_rows(steps: Sequence[StepSpec], db_now: datetime | None, *,
 def insert_workflow(conn: Connection, name: str, steps: Sequence[StepSpec], *,
                     idempotency_key: str | None = None, request_hash: str | None = None,
                     trace_context: str | None = None, actor: str | None = None,
-                    announce: bool = False) -> Submitted:
+                    announce: bool = False, schema: str = DEFAULT_SCHEMA) -> Submitted:
     """Insert a workflow, its steps and their edges on `conn`, inside its transaction: all of
     it commits with the caller's transaction or none of it does. ValueError when `steps` is
     not a workflow (graph_errors). A workflow whose idempotency key exists is returned as
@@ -188,7 +189,7 @@ def insert_workflow(conn: Connection, name: str, steps: Sequence[StepSpec], *,
     errors = graph_errors(steps)
     if errors:
         raise ValueError("; ".join(e.message for e in errors))
-    store = Store(conn.engine)
+    store = Store(conn.engine, schema)
     workflow_id = new_job_id()
     row = store.insert_workflow(conn, id=workflow_id, name=name,
                                 idempotency_key=idempotency_key, request_hash=request_hash)

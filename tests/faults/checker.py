@@ -197,6 +197,9 @@ class Checker:
     # --- waiting and reading -------------------------------------------------------------
 
     def _query(self, sql: str, params: tuple = ()) -> list[dict]:
+        """`sql`, written against the default schema's tables (`taskline.jobs`), run against
+        the cluster's own TASKLINE_SCHEMA."""
+        sql = self.cluster.in_schema(sql)
         with psycopg.connect(self.url, autocommit=True, row_factory=dict_row) as conn:
             return conn.execute(sql, params).fetchall()
 
@@ -205,7 +208,7 @@ class Checker:
         ids = list(acked)
         deadline = time.monotonic() + self.wait_s
         while time.monotonic() < deadline:
-            rows = self._query("SELECT count(*) AS n FROM jobs WHERE id = ANY(%s::uuid[]) "
+            rows = self._query("SELECT count(*) AS n FROM taskline.jobs WHERE id = ANY(%s::uuid[]) "
                                "AND status NOT IN ('succeeded', 'dead', 'cancelled')", (ids,))
             if rows[0]["n"] == 0:
                 return
@@ -214,24 +217,24 @@ class Checker:
     def snapshot(self) -> Snapshot:
         jobs = {str(r["id"]): r for r in self._query(
             "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key "
-            "FROM jobs")}
+            "FROM taskline.jobs")}
         return Snapshot(
             jobs=jobs,
             events=_grouped(self._query(
-                "SELECT job_id, id, attempt, event, detail, created_at FROM job_events "
+                "SELECT job_id, id, attempt, event, detail, created_at FROM taskline.job_events "
                 "ORDER BY id")),
             leases=_grouped(self._query(
                 "SELECT job_id, id, attempt, worker_id, leased_at, leased_until, released_at, "
-                "outcome FROM job_leases ORDER BY id")),
+                "outcome FROM taskline.job_leases ORDER BY id")),
             execs=_grouped(self._query(
                 "SELECT job_id, id, attempt, worker_id, pid, started_at, ended_at "
                 "FROM fault_exec_log ORDER BY id")),
             effects=_grouped(self._query(
                 "SELECT job_id, attempt, worker_id FROM fault_effects ORDER BY id")),
             dead_letters={str(r["job_id"]): r for r in self._query(
-                "SELECT job_id, attempts FROM dead_letter_jobs")},
+                "SELECT job_id, attempts FROM taskline.dead_letter_jobs")},
             limits=self._query("SELECT scope, concurrency, rate_limit, period_s, per_key "
-                               "FROM flow_limits"),
+                               "FROM taskline.flow_limits"),
         )
 
     # --- classification ------------------------------------------------------------------
@@ -276,9 +279,9 @@ class Checker:
 
     def schedule_violations(self) -> list[str]:
         """At most one job per schedule slot (see `slot_violations`)."""
-        jobs = self._query("SELECT id, schedule, scheduled_for FROM jobs "
+        jobs = self._query("SELECT id, schedule, scheduled_for FROM taskline.jobs "
                            "WHERE schedule IS NOT NULL")
-        slots = self._query("SELECT schedule, slot, job_id FROM schedule_slots")
+        slots = self._query("SELECT schedule, slot, job_id FROM taskline.schedule_slots")
         fired = [r for r in self.cluster.log_events(("maintenance",))
                  if r.get("action") == FIRED_ACTION]
         return slot_violations(jobs, slots, fired)
@@ -290,7 +293,7 @@ class Checker:
         deadline = time.monotonic() + self.converge_s
         while True:
             problems = redis_drift(self.cluster, {str(r["id"]): r for r in self._query(
-                "SELECT id, queue, status FROM jobs")})
+                "SELECT id, queue, status FROM taskline.jobs")})
             if not problems or time.monotonic() > deadline:
                 return [f"redis: {p}" for p in problems[:50]]
             time.sleep(0.5)

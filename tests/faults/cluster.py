@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,8 @@ import requests
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
+from taskline.store.migrate import upgrade
+from taskline.store.queries import DEFAULT_SCHEMA
 from taskline.store.store import Store
 from taskline_cli.localservers import PrivatePostgres, PrivateRedis, free_port
 from tests.faults import faulthandlers
@@ -46,6 +49,8 @@ DURATIONS: dict[str, Any] = {
 }
 START_TIMEOUT_S = 30.0
 SUPERVISE_EVERY_S = 0.2
+
+_QUALIFIED = re.compile(r"(?<![\w.])taskline\.(?=[a-z_])")
 
 
 class Service:
@@ -176,7 +181,12 @@ class Cluster:
         self.settings = Settings.from_env(
             env={}, database_url=database_url, redis_url=self.redis.url,
             handlers=(HANDLERS,), metrics_port=0, log_format="json", **self.overrides)
-        self.store = Store.connect(database_url, pool_size=4)
+        if self.settings.schema != DEFAULT_SCHEMA:
+            # The template holds the default schema: gone, a statement naming it would fail.
+            with psycopg.connect(database_url, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA {DEFAULT_SCHEMA} CASCADE")
+            upgrade(database_url, create=False, schema=self.settings.schema)
+        self.store = Store.connect(database_url, pool_size=4, schema=self.settings.schema)
         self.dispatcher = Dispatcher(self.redis.url, block_timeout_s=0.2)
         for kind, server in sorted(self.proxied):
             self._start_proxy(kind, server)
@@ -306,16 +316,21 @@ class Cluster:
 
     def query(self, sql: str, params: tuple = ()) -> list[tuple]:
         """The rows of one statement on the scenario's database, on a connection of its own that
-        bypasses every proxy (autocommit)."""
+        bypasses every proxy (autocommit); see `in_schema`."""
         with psycopg.connect(self.settings.database_url, autocommit=True) as conn:
-            return conn.execute(sql, params).fetchall()
+            return conn.execute(self.in_schema(sql), params).fetchall()
+
+    def in_schema(self, sql: str) -> str:
+        """`sql`, written against the default schema's tables (`taskline.jobs`), for this
+        cluster's TASKLINE_SCHEMA: the suite's statements run under any setting."""
+        return _QUALIFIED.sub(f"{self.settings.schema}.", sql)
 
     def wait_worker_registered(self, service: Service) -> None:
         """Until the workers table has a live row for this process (it takes work then)."""
         def registered() -> bool:
             assert service.alive, f"{service.name} exited:\n{service.log_text()[-3000:]}"
-            return self.query("SELECT 1 FROM workers WHERE pid = %s AND stopped_at IS NULL",
-                              (service.pid,)) != []
+            return self.query("SELECT 1 FROM taskline.workers "
+                              "WHERE pid = %s AND stopped_at IS NULL", (service.pid,)) != []
         wait_for(registered, timeout=START_TIMEOUT_S, interval=0.1,
                  message=f"{service.name} to register")
 
@@ -383,7 +398,7 @@ class Cluster:
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Until no job is pending or running in PostgreSQL."""
         def idle() -> bool:
-            [(n,)] = self.query("SELECT count(*) FROM jobs WHERE status IN "
+            [(n,)] = self.query("SELECT count(*) FROM taskline.jobs WHERE status IN "
                                 "('queued','scheduled','retrying','running')")
             return n == 0
         wait_for(idle, timeout=timeout, interval=0.2, message="every job to finish")

@@ -42,7 +42,8 @@ def wait_acked(answers, n: int, timeout: float = 60.0) -> None:
 
 def leases_of(run, job_type: str) -> list[dict]:
     rows = run.cluster.query(
-        "SELECT l.leased_at, l.released_at FROM job_leases l JOIN jobs j ON j.id = l.job_id "
+        "SELECT l.leased_at, l.released_at FROM taskline.job_leases l JOIN taskline.jobs j ON "
+        "j.id = l.job_id "
         "WHERE j.type = %s", (job_type,))
     return [{"leased_at": a, "released_at": b} for a, b in rows]
 

@@ -42,7 +42,7 @@ def enqueue_work(run, n: int, sleep_s: float = 0.0, payload_extra: dict | None =
 
 def wait_succeeded(run, ids: list[str], timeout: float = 30.0) -> None:
     def done() -> bool:
-        rows = run.cluster.query("SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) "
+        rows = run.cluster.query("SELECT count(*) FROM taskline.jobs WHERE id = ANY(%s::uuid[]) "
                                  "AND status = 'succeeded'", (ids,))
         return rows[0][0] == len(ids)
     wait_for(done, timeout=timeout, interval=0.1, message=f"{len(ids)} jobs to succeed")
@@ -62,7 +62,7 @@ def executions(run, job_id: str) -> list[tuple]:
 def lease_rows(run, job_id: str) -> list[tuple]:
     """(attempt, worker_id, leased_until, released_at, outcome) of each lease of the job."""
     return run.cluster.query("SELECT attempt, worker_id, leased_until, released_at, outcome "
-                             "FROM job_leases WHERE job_id = %s ORDER BY id", (job_id,))
+                             "FROM taskline.job_leases WHERE job_id = %s ORDER BY id", (job_id,))
 
 
 def executions_per_job(run) -> Counter[str]:
@@ -198,7 +198,8 @@ def test_two_seconds_of_latency_on_the_postgres_link(fault_run):
     run.nemesis.latency("worker", "postgres", 0.0)
     result = run.check()
     assert_ran_once(run, result)
-    recovered = run.cluster.query("SELECT count(*) FROM job_events WHERE event = 'recovered'")
+    recovered = run.cluster.query("SELECT count(*) FROM taskline.job_events WHERE event = "
+                                  "'recovered'")
     assert recovered[0][0] == 0
     assert result.stale == 0
 
@@ -221,14 +222,16 @@ def test_clock_skew_between_worker_and_maintenance(fault_run, tmp_path):
     result = run.check()
     run.assert_clean(result)
     assert result.count("lost") == 0 and result.count("duplicated") == 0
-    attempts = dict(run.cluster.query("SELECT id::text, attempts FROM jobs"))
+    attempts = dict(run.cluster.query("SELECT id::text, attempts FROM taskline.jobs"))
     assert all(attempts[j] == 1 for j in long + delayed + plain), attempts
     assert all(attempts[j] == 2 for j in flaky), attempts
-    recovered = run.cluster.query("SELECT count(*) FROM job_events WHERE event = 'recovered'")
+    recovered = run.cluster.query("SELECT count(*) FROM taskline.job_events WHERE event = "
+                                  "'recovered'")
     assert recovered[0][0] == 0  # neither clock made a live lease look expired
     for job_id in delayed:  # due by PostgreSQL's clock: neither 30 s early nor 30 s late
         [(waited,)] = run.cluster.query("SELECT extract(epoch FROM l.leased_at - j.created_at) "
-                                        "FROM jobs j JOIN job_leases l ON l.job_id = j.id "
+                                        "FROM taskline.jobs j JOIN taskline.job_leases l ON "
+                                        "l.job_id = j.id "
                                         "WHERE j.id = %s", (job_id,))
         assert 1.9 <= float(waited) < 15, waited
     # The skew was real: each service stamped its start-up log line with its own clock.
@@ -255,9 +258,9 @@ def test_producer_crash_between_commit_and_push(fault_run):
     client = threading.Thread(
         target=lambda: answers.append(run.workload.enqueue(WORK, {"sleep_s": 0.1})))
     client.start()
-    wait_for(lambda: run.cluster.query("SELECT id::text FROM jobs"), timeout=15,
+    wait_for(lambda: run.cluster.query("SELECT id::text FROM taskline.jobs"), timeout=15,
              message="the job to be committed")
-    [(job_id,)] = run.cluster.query("SELECT id::text FROM jobs")
+    [(job_id,)] = run.cluster.query("SELECT id::text FROM taskline.jobs")
     run.nemesis.kill(run.cluster.api)  # committed, not pushed, not answered
     run.nemesis.unblackhole("api", "redis")
     run.nemesis.restart(run.cluster.api)
@@ -269,4 +272,4 @@ def test_producer_crash_between_commit_and_push(fault_run):
     result = run.check()
     assert_ran_once(run, result)
     assert result.acknowledged == 1
-    assert len(run.cluster.query("SELECT 1 FROM jobs")) == 1
+    assert len(run.cluster.query("SELECT 1 FROM taskline.jobs")) == 1

@@ -98,7 +98,7 @@ def test_committed_in_transaction_enqueues_run_once_across_relay_kills(fault_run
     result = run.check()
     run.assert_clean(result)
     assert app.rolled_back, "the workload must roll some transactions back"
-    ghosts = run.cluster.query("SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[])",
+    ghosts = run.cluster.query("SELECT count(*) FROM taskline.jobs WHERE id = ANY(%s::uuid[])",
                                (app.rolled_back,))
     assert ghosts == [(0,)], "a rolled-back enqueue left a job"
-    assert run.cluster.query("SELECT count(*) FROM enqueue_outbox") == [(0,)]
+    assert run.cluster.query("SELECT count(*) FROM taskline.enqueue_outbox") == [(0,)]

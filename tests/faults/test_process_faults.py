@@ -80,6 +80,22 @@ def test_worker_sigkill_mid_job(fault_run):
 
 @pytest.mark.fast
 @pytest.mark.timeout(90)
+def test_worker_sigkill_mid_job_in_a_schema_of_its_own(fault_run):
+    """The same fault in an installation under another TASKLINE_SCHEMA: every service, the
+    suite's own statements and the checker follow the setting."""
+    run = fault_run("worker SIGKILL mid-job, TASKLINE_SCHEMA=tl_fault", workers=2,
+                    concurrency=2, supervise=True, settings={"schema": "tl_fault"})
+    ids = enqueue_work(run, 4, sleep_s=1.0)
+    _victim, jobs = run.nemesis.kill_busy_worker()
+    result = run.check()
+    run.assert_clean(result)
+    assert result.acknowledged == len(ids) and result.count("recovered") >= len(jobs) >= 1
+    assert run.cluster.query("SELECT count(*) FROM tl_fault.jobs WHERE status = 'succeeded'"
+                             ) == [(len(ids),)]
+
+
+@pytest.mark.fast
+@pytest.mark.timeout(90)
 def test_worker_sigstop_past_its_lease_then_sigcont(fault_run):
     run = fault_run("worker SIGSTOP past its lease, then SIGCONT", workers=1, concurrency=1)
     zombie = run.cluster.workers[0]
@@ -167,7 +183,7 @@ def test_poison_job_reaches_the_dlq_while_work_flows(fault_run):
     assert poison.job_id in [entry["job"]["id"] for entry in dlq.body["jobs"]]
     assert run.cluster.restarts >= 3
     first, last = (lease["leased_at"] for lease in leases(run, poison.job_id)[::2])
-    flowed = run.cluster.query("SELECT count(*) FROM jobs WHERE type = %s "
+    flowed = run.cluster.query("SELECT count(*) FROM taskline.jobs WHERE type = %s "
                                "AND status = 'succeeded' AND updated_at BETWEEN %s AND %s",
                                (WORK, first, last))[0][0]
     assert flowed > 0 and len(answers) > 0
@@ -217,7 +233,7 @@ def test_maintenance_killed_for_a_while(fault_run):
 
 
 def leader_pid(run) -> int | None:
-    rows = run.cluster.query("SELECT holder FROM leader_leases WHERE leased_until > now()")
+    rows = run.cluster.query("SELECT holder FROM taskline.leader_leases WHERE leased_until > now()")
     return int(rows[0][0].split(":")[1]) if rows else None
 
 
@@ -253,7 +269,7 @@ def test_promoter_killed_mid_promotion(fault_run):
     ids = [j["job"]["id"] for j in answer.body["jobs"]]
     link.blackhole(True)
     run.nemesis.fault("blackhole", "maintenance->redis")
-    wait_for(lambda: run.cluster.query("SELECT count(*) FROM jobs WHERE status = 'queued' "
+    wait_for(lambda: run.cluster.query("SELECT count(*) FROM taskline.jobs WHERE status = 'queued' "
                                        "AND id = ANY(%s::uuid[])", (ids,))[0][0] == len(ids),
              timeout=20, message="the promoter to commit the promotion")
     maintenance = run.cluster.maintenances[0]

@@ -59,7 +59,7 @@ def wait_switched(run, mode: str, before: Counter[str] | None = None,
 
 def succeeded_ids(run) -> list[str]:
     return [str(job_id) for (job_id,) in run.cluster.query(
-        "SELECT id FROM jobs WHERE status = 'succeeded' ORDER BY id")]
+        "SELECT id FROM taskline.jobs WHERE status = 'succeeded' ORDER BY id")]
 
 
 @pytest.mark.timeout(150)

@@ -42,20 +42,20 @@ def finished_history(url: str, jobs: int) -> None:
     """`jobs` jobs finished a day ago (every 10th dead), each with its events and a lease."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO jobs (id, type, queue, payload, priority, status, attempts, "
+            "INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, attempts, "
             "max_retries, timeout_s, created_at, updated_at, finished_at) "
             "SELECT gen_random_uuid(), 'echo', 'default', '{}', 5, "
             "CASE WHEN n %% 10 = 0 THEN 'dead' ELSE 'succeeded' END, 1, 0, 30, "
             "now() - interval '1 day', now() - interval '1 day', now() - interval '1 day' "
             "FROM generate_series(1, %s) AS n", (jobs,))
-        conn.execute("INSERT INTO job_events (job_id, attempt, event) "
-                     "SELECT id, e, 'x' FROM jobs, generate_series(1, %s) AS e",
+        conn.execute("INSERT INTO taskline.job_events (job_id, attempt, event) "
+                     "SELECT id, e, 'x' FROM taskline.jobs, generate_series(1, %s) AS e",
                      (EVENTS_PER_JOB,))
-        conn.execute("INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, "
+        conn.execute("INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, "
                      "leased_until, released_at, outcome) "
-                     "SELECT id, 1, 'w1', now(), now(), now(), 'succeeded' FROM jobs")
-        conn.execute("INSERT INTO dead_letter_jobs (job_id, final_error, attempts) "
-                     "SELECT id, 'boom', 1 FROM jobs WHERE status = 'dead'")
+                     "SELECT id, 1, 'w1', now(), now(), now(), 'succeeded' FROM taskline.jobs")
+        conn.execute("INSERT INTO taskline.dead_letter_jobs (job_id, final_error, attempts) "
+                     "SELECT id, 'boom', 1 FROM taskline.jobs WHERE status = 'dead'")
 
 
 def count(url: str, sql: str) -> int:
@@ -66,7 +66,7 @@ def count(url: str, sql: str) -> int:
 def per_job(url: str, table: str) -> Counter:
     with psycopg.connect(url, autocommit=True) as conn:
         return Counter({str(r[0]): r[1] for r in conn.execute(
-            f"SELECT job_id, count(*) FROM {table} GROUP BY job_id")})
+            f"SELECT job_id, count(*) FROM taskline.{table} GROUP BY job_id")})
 
 
 @pytest.mark.fast
@@ -74,11 +74,12 @@ def per_job(url: str, table: str) -> Counter:
 def test_a_pass_killed_mid_way_leaves_every_job_whole_or_gone(database_url, redis_url):
     finished_history(database_url, JOBS)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        everyone = {str(r[0]): r[1] for r in conn.execute("SELECT id, status FROM jobs")}
+        everyone = {str(r[0]): r[1] for r in conn.execute("SELECT id, status FROM taskline.jobs")}
     proc = subprocess.Popen([sys.executable, "-c", PASSES, database_url, redis_url, str(BATCH)])
     try:
         # Kill once a few batches went, well before the last: the pass is mid-way.
-        wait_for(lambda: count(database_url, "SELECT count(*) FROM jobs") <= JOBS - 5 * BATCH,
+        every = "SELECT count(*) FROM taskline.jobs"
+        wait_for(lambda: count(database_url, every) <= JOBS - 5 * BATCH,
                  timeout=60, interval=0.01, message="retention to start deleting")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
@@ -88,7 +89,7 @@ def test_a_pass_killed_mid_way_leaves_every_job_whole_or_gone(database_url, redi
             proc.wait(10)
 
     with psycopg.connect(database_url, autocommit=True) as conn:
-        left = {str(r[0]) for r in conn.execute("SELECT id FROM jobs")}
+        left = {str(r[0]) for r in conn.execute("SELECT id FROM taskline.jobs")}
     events, leases = per_job(database_url, "job_events"), per_job(database_url, "job_leases")
     dead_letters = per_job(database_url, "dead_letter_jobs")
     assert 0 < len(left) < JOBS, "the kill must land mid-pass"

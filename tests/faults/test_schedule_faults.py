@@ -20,7 +20,8 @@ TICK = {"cron": CRON, "job": {"type": "fault.work", "payload": {"sleep_s": 0.1}}
 
 
 def slot_count(run) -> int:
-    [(n,)] = run.cluster.query("SELECT count(*) FROM schedule_slots WHERE schedule = 'tick'")
+    [(n,)] = run.cluster.query("SELECT count(*) FROM taskline.schedule_slots WHERE schedule = "
+                               "'tick'")
     return n
 
 
@@ -54,6 +55,6 @@ def test_a_leader_killed_between_slots_never_makes_a_second_job_for_a_slot(fault
     run.cluster.wait_idle(timeout=30)
     result = run.check()
     run.assert_clean(result)
-    jobs = run.cluster.query("SELECT status, count(*) FROM jobs WHERE schedule = 'tick' "
+    jobs = run.cluster.query("SELECT status, count(*) FROM taskline.jobs WHERE schedule = 'tick' "
                              "GROUP BY status")
     assert dict(jobs) == {"succeeded": slot_count(run)}

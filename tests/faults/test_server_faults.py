@@ -190,13 +190,13 @@ def bulk_load(run, tags: list[str]):
 
 
 def crash_postgres_mid_copy(run) -> None:
-    """SIGKILL the postmaster as soon as a COPY into jobs is running, so that the crash lands
-    inside a batch's transaction rather than between two."""
+    """SIGKILL the postmaster as soon as a COPY into taskline.jobs is running, so that the crash
+    lands inside a batch's transaction rather than between two."""
     with psycopg.connect(run.cluster.settings.database_url, autocommit=True) as conn:
         wait_for(lambda: conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-            "AND query LIKE 'COPY jobs %%'").fetchone()[0] > 0,
-            timeout=20, interval=0.001, message="a COPY into jobs")
+            "AND query LIKE 'COPY taskline.jobs %%'").fetchone()[0] > 0,
+            timeout=20, interval=0.001, message="a COPY into taskline.jobs")
     run.nemesis.crash_postgres()
 
 
@@ -221,7 +221,8 @@ def test_postgres_killed_mid_copy_of_bulk_enqueues(fault_run):
     assert_outage_answers(run)
     assert result.count("lost") == 0 and result.count("duplicated") == 0
     assert result.acknowledged == BULK * acked(answers)
-    sizes = dict(run.cluster.query("SELECT payload->>'batch', count(*) FROM jobs GROUP BY 1"))
+    sizes = dict(run.cluster.query("SELECT payload->>'batch', count(*) FROM taskline.jobs "
+                                   "GROUP BY 1"))
     assert set(sizes) <= set(tags) and set(sizes.values()) == {BULK}, "a batch written in part"
     acknowledged = {a.body["jobs"][0]["job"]["payload"]["batch"] for a in answers if a.ok}
     assert acknowledged <= set(sizes), "an acknowledged batch is missing"

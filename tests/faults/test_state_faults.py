@@ -87,7 +87,7 @@ def test_queued_row_with_no_redis_entry(fault_run):
     assert result.count("ok") == 10
 
     def hidden_done() -> bool:
-        return run.cluster.query("SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) "
+        return run.cluster.query("SELECT count(*) FROM taskline.jobs WHERE id = ANY(%s::uuid[]) "
                                  "AND status = 'succeeded'", (hidden,))[0][0] == len(hidden)
 
     # The checker waits for the acknowledged jobs only; these ran only if reconciliation
@@ -111,7 +111,7 @@ def test_cancel_racing_claim_500_times(fault_run):
     run.assert_clean(result)
     by_answer = Counter(status for _, status in outcomes)
     assert set(by_answer) <= {200, 202, 409}, by_answer
-    states = dict(run.cluster.query("SELECT id::text, status FROM jobs"))
+    states = dict(run.cluster.query("SELECT id::text, status FROM taskline.jobs"))
     runs = executions_per_job(run)
     for job_id, status in outcomes:
         if status == 200:  # cancelled while pending: it must never have started
@@ -128,7 +128,7 @@ def test_retry_of_a_dead_job_racing_itself(fault_run):
     run = fault_run("retry of a dead job racing itself", workers=1, concurrency=4)
     ids = enqueue_work(run, 10, payload={"fail_executions": 1, "non_retryable": True})
     wait_for(lambda: run.cluster.query(
-                 "SELECT count(*) FROM jobs WHERE status = 'dead'")[0][0] == 10,
+                 "SELECT count(*) FROM taskline.jobs WHERE status = 'dead'")[0][0] == 10,
              timeout=30, message="every job dead-lettered")
     for job_id in ids:
         answers = run.workload.many([lambda j=job_id: run.workload.retry(j)] * 16, threads=16)

@@ -40,7 +40,7 @@ def submit(run, steps: list[dict], name: str = "report") -> dict[str, str]:
 
 
 def unblocked(run, job_id: str) -> int:
-    return len(run.cluster.query("SELECT 1 FROM job_events WHERE job_id = %s "
+    return len(run.cluster.query("SELECT 1 FROM taskline.job_events WHERE job_id = %s "
                                  "AND event = 'unblocked'", (job_id,)))
 
 

@@ -28,7 +28,7 @@ Query = Callable[..., list[dict]]
 def parents_of(query: Query) -> dict[str, list[str]]:
     """Child job id -> its parents' job ids, from the edges table."""
     edges: dict[str, list[str]] = defaultdict(list)
-    for row in query("SELECT parent_id, child_id FROM job_dependencies"):
+    for row in query("SELECT parent_id, child_id FROM taskline.job_dependencies"):
         edges[str(row["child_id"])].append(str(row["parent_id"]))
     return edges
 
@@ -36,7 +36,8 @@ def parents_of(query: Query) -> dict[str, list[str]]:
 def transactions_of(query: Query) -> dict[int, str]:
     """Event id -> the transaction that wrote it, for successes and releases."""
     return {int(r["id"]): str(r["xid"]) for r in query(
-        "SELECT id, xmin::text AS xid FROM job_events WHERE event IN ('succeeded', 'unblocked')")}
+        "SELECT id, xmin::text AS xid FROM taskline.job_events WHERE event IN ('succeeded', "
+        "'unblocked')")}
 
 
 def workflow_violations(query: Query, snap: Snapshot) -> list[str]:

@@ -29,7 +29,7 @@ class Api:
     def jobs(self) -> int:
         """How many jobs PostgreSQL holds."""
         with psycopg.connect(self.database_url) as conn:
-            row = conn.execute("SELECT count(*) FROM jobs").fetchone()
+            row = conn.execute("SELECT count(*) FROM taskline.jobs").fetchone()
             return int(row[0]) if row else 0
 
     def url(self, path: str = "") -> str:

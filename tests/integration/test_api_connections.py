@@ -61,7 +61,7 @@ def _burst(app: Flask, watch: PoolWatch, database_url: str) -> list[int]:
     connection until the pool is empty and the rest wait for one; the statuses answered."""
     statuses: list[int] = []
     with psycopg.connect(database_url) as blocker:
-        blocker.execute("LOCK TABLE jobs IN SHARE MODE")
+        blocker.execute("LOCK TABLE taskline.jobs IN SHARE MODE")
         threads = [threading.Thread(target=lambda: statuses.append(_enqueue_keyed(app)))
                    for _ in range(BURST)]
         for thread in threads:
@@ -103,7 +103,7 @@ def test_single_enqueues_waiting_together_are_written_by_one_statement(
                                               json={"type": "noop", "payload": {"n": n}}))
 
     with psycopg.connect(settings.database_url) as blocker:
-        blocker.execute("LOCK TABLE jobs IN SHARE MODE")  # holds the first write
+        blocker.execute("LOCK TABLE taskline.jobs IN SHARE MODE")  # holds the first write
         threads = [threading.Thread(target=enqueue, args=(n,)) for n in range(BURST)]
         threads[0].start()
         wait_for(lambda: watch.lent == 1)
@@ -120,7 +120,8 @@ def test_single_enqueues_waiting_together_are_written_by_one_statement(
     assert len(ids) == BURST
     assert {a.get_json()["payload"]["n"] for a in answers} == set(range(BURST))
     with psycopg.connect(settings.database_url) as conn:
-        events = conn.execute("SELECT job_id::text FROM job_events WHERE event = 'enqueued'")
+        events = conn.execute("SELECT job_id::text FROM taskline.job_events WHERE event = "
+                              "'enqueued'")
         assert {row[0] for row in events} == ids
     ready = dispatcher.client.lrange(QueueKeys("default").ready(5), 0, -1)  # default priority
     assert sorted(ready) == sorted(ids)

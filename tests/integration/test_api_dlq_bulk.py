@@ -25,19 +25,19 @@ def make_dead(store: Store, dispatcher: Dispatcher, n: int, *, queue: str = "q1"
     ids = [str(uuid.uuid4()) for _ in range(n)]
     with store.transaction() as conn:
         conn.execute(text(
-            "INSERT INTO jobs (id, type, queue, payload, priority, status, attempts, "
+            "INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, attempts, "
             "max_retries, timeout_s, finished_at) SELECT i, :t, :q, '{}', 5, 'dead', 1, 0, 30, "
             "now() FROM unnest(CAST(:ids AS uuid[])) AS i"), {"ids": ids, "t": job_type,
                                                                 "q": queue})
         conn.execute(text(
-            "INSERT INTO job_events (job_id, attempt, event) SELECT i, a, e FROM "
+            "INSERT INTO taskline.job_events (job_id, attempt, event) SELECT i, a, e FROM "
             "unnest(CAST(:ids AS uuid[])) AS i, (VALUES (0, 'enqueued'), (1, 'claimed'), "
             "(1, 'dead_lettered')) AS v(a, e)"), {"ids": ids})
         conn.execute(text(
-            "INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until, "
+            "INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, leased_until, "
             "released_at, outcome) SELECT i, 1, 'w', now(), now(), now(), 'failed' "
             "FROM unnest(CAST(:ids AS uuid[])) AS i"), {"ids": ids})
-        conn.execute(text("INSERT INTO dead_letter_jobs (job_id, final_error, attempts) "
+        conn.execute(text("INSERT INTO taskline.dead_letter_jobs (job_id, final_error, attempts) "
                           "SELECT i, 'boom', 1 FROM unnest(CAST(:ids AS uuid[])) AS i"),
                      {"ids": ids})
     dispatcher.client.rpush(QueueKeys(queue).dlq, *ids)
@@ -50,7 +50,7 @@ def rows(store: Store, sql: str, **params) -> list:
 
 
 def statuses(store: Store) -> Counter:
-    return Counter(r.status for r in rows(store, "SELECT status FROM jobs"))
+    return Counter(r.status for r in rows(store, "SELECT status FROM taskline.jobs"))
 
 
 def ready(dispatcher: Dispatcher, queue: str) -> list[str]:
@@ -69,11 +69,11 @@ def test_retry_requeues_matching_jobs_up_to_the_limit(client, store, dispatcher)
     assert statuses(store) == Counter({"queued": 5, "dead": 5})
     assert sorted(ready(dispatcher, "q1")) == sorted(mail)
     assert not set(mail) & set(dispatcher.list_range(QueueKeys("q1").dlq, 0, -1))
-    requeued = rows(store, "SELECT job_id, attempts FROM dead_letter_jobs")
+    requeued = rows(store, "SELECT job_id, attempts FROM taskline.dead_letter_jobs")
     assert len(requeued) == 5 and not set(mail) & {str(r.job_id) for r in requeued}
-    events = rows(store, "SELECT actor FROM job_events WHERE event = 'requeued'")
+    events = rows(store, "SELECT actor FROM taskline.job_events WHERE event = 'requeued'")
     assert len(events) == 5
-    audit = rows(store, "SELECT action, detail FROM audit_log ORDER BY at")
+    audit = rows(store, "SELECT action, detail FROM taskline.audit_log ORDER BY at")
     assert [a.action for a in audit] == ["dlq.retry", "dlq.retry"]
     assert audit[0].detail["jobs"] == 3 and audit[0].detail["queue"] == "q1"
 
@@ -107,7 +107,7 @@ def test_two_concurrent_requeues_requeue_each_job_exactly_once(app: Flask, store
     answers.append(app.test_client().post("/api/v1/dlq/retry", json={"queue": "q1"}).get_json())
     assert sum(a["requeued"] for a in answers) == 1200 and answers[-1]["remaining"] == 0
     per_job = Counter(str(r.job_id) for r in rows(
-        store, "SELECT job_id FROM job_events WHERE event = 'requeued'"))
+        store, "SELECT job_id FROM taskline.job_events WHERE event = 'requeued'"))
     assert set(per_job) == set(ids) and set(per_job.values()) == {1}
     pushed = Counter(ready(dispatcher, "q1"))
     assert set(pushed) == set(ids) and set(pushed.values()) == {1}
@@ -120,13 +120,14 @@ def test_purge_deletes_matching_dead_jobs_whole(client, store, dispatcher):
     assert answer.get_json() == {"purged": 4, "remaining": 2}
     assert client.post("/api/v1/dlq/purge", json={"type": "mail"}).get_json() == {
         "purged": 2, "remaining": 0}
-    left = {str(r.id) for r in rows(store, "SELECT id FROM jobs")}
+    left = {str(r.id) for r in rows(store, "SELECT id FROM taskline.jobs")}
     assert left == set(kept)
     for table in ("job_events", "job_leases", "dead_letter_jobs"):
-        assert {str(r.job_id) for r in rows(store, f"SELECT job_id FROM {table}")} == set(kept)
+        found = rows(store, f"SELECT job_id FROM taskline.{table}")
+        assert {str(r.job_id) for r in found} == set(kept)
     assert set(dispatcher.list_range(QueueKeys("q1").dlq, 0, -1)) == set(kept)
     assert client.get(f"/api/v1/jobs/{doomed[0]}").status_code == 404
-    assert [a.action for a in rows(store, "SELECT action FROM audit_log")] == [
+    assert [a.action for a in rows(store, "SELECT action FROM taskline.audit_log")] == [
         "dlq.purge", "dlq.purge"]
 
 
@@ -134,7 +135,7 @@ def test_only_dead_jobs_are_touched(client, store, dispatcher):
     (job_id,) = make_dead(store, dispatcher, 1)
     # A job that is no longer dead but kept its DLQ row by accident is still not dead.
     with store.transaction() as conn:
-        conn.execute(text("UPDATE jobs SET status = 'succeeded'"))
+        conn.execute(text("UPDATE taskline.jobs SET status = 'succeeded'"))
     assert client.post("/api/v1/dlq/purge", json={"ids": [job_id]}).get_json() == {
         "purged": 0, "remaining": 0}
     assert client.post("/api/v1/dlq/retry", json={"ids": [job_id]}).get_json() == {
@@ -156,7 +157,7 @@ def test_bad_input_is_refused_and_changes_nothing(client, store, dispatcher, bod
     error = answer.get_json()["error"]
     assert set(error) == {"code", "message", "details"} and error["code"] == "validation_failed"
     assert statuses(store) == Counter({"dead": 2})
-    assert rows(store, "SELECT * FROM audit_log") == []
+    assert rows(store, "SELECT * FROM taskline.audit_log") == []
 
 
 def test_wrong_content_type_is_415(client, store, dispatcher):

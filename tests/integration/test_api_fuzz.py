@@ -45,7 +45,8 @@ def _from_empty(machine: type, api: Api) -> type:
     class FromEmpty(machine):  # type: ignore[misc, valid-type]
         def setup(self) -> None:
             with psycopg.connect(api.database_url, autocommit=True) as conn:
-                conn.execute("TRUNCATE jobs, job_events, job_leases, dead_letter_jobs CASCADE")
+                conn.execute("TRUNCATE taskline.jobs, taskline.job_events, taskline.job_leases, "
+                             "taskline.dead_letter_jobs CASCADE")
             redis.Redis.from_url(REDIS_URL).flushdb()
             super().setup()
 

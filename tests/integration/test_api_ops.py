@@ -59,7 +59,7 @@ def assert_error(response: Any, status: int, code: str | None = None) -> dict:
 
 def count_jobs(store: Store) -> int:
     with store.transaction() as conn:
-        return conn.exec_driver_sql("SELECT count(*) FROM jobs").scalar_one()
+        return conn.exec_driver_sql("SELECT count(*) FROM taskline.jobs").scalar_one()
 
 
 # --- workers and queues ---------------------------------------------------------------------
@@ -70,7 +70,8 @@ def test_workers_lists_live_workers_only(client: FlaskClient, store: Store) -> N
     store.upsert_worker("w-stopped", "host-c", 103, ["default"], 2)
     store.stop_worker("w-stopped")
     with store.transaction() as conn:  # backdate: silent for an hour
-        conn.exec_driver_sql("UPDATE workers SET last_heartbeat = now() - interval '1 hour' "
+        conn.exec_driver_sql("UPDATE taskline.workers SET last_heartbeat = now() - interval '1 "
+                             "hour' "
                              "WHERE id = 'w-silent'")
     workers = client.get("/api/v1/workers").get_json()["workers"]
     assert [w["id"] for w in workers] == ["w-live"]

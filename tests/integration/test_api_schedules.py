@@ -18,7 +18,7 @@ BODY = {"cron": "*/5 * * * *", "timezone": "Europe/Berlin",
 
 def count(store: Store, table: str) -> int:
     with store.transaction() as conn:
-        return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+        return conn.execute(text(f"SELECT count(*) FROM taskline.{table}")).scalar_one()
 
 
 def assert_error(response, status: int, code: str) -> dict:
@@ -47,7 +47,8 @@ def test_put_creates_then_replaces_and_get_shows_next_runs(client: FlaskClient, 
     got = client.get("/api/v1/schedules/nightly.eu").get_json()
     assert got["catch_up"] == "none" and got["timezone"] == "Europe/Berlin"
     with store.transaction() as conn:
-        actions = conn.execute(text("SELECT action, target FROM audit_log ORDER BY at")).all()
+        actions = conn.execute(text(
+            "SELECT action, target FROM taskline.audit_log ORDER BY at")).all()
     assert [tuple(a) for a in actions] == [("schedule.create", "nightly.eu"),
                                            ("schedule.replace", "nightly.eu")]
 
@@ -111,7 +112,7 @@ def test_a_slots_job_shows_its_schedule_and_slot(client: FlaskClient, store: Sto
 
     client.put("/api/v1/schedules/s", json={**BODY, "timezone": "UTC"})
     with store.transaction() as conn:
-        conn.execute(text("UPDATE schedules SET since = since - interval '1 hour'"))
+        conn.execute(text("UPDATE taskline.schedules SET since = since - interval '1 hour'"))
     Scheduler(store, dispatcher, settings).run_once()
     schedule = client.get("/api/v1/schedules/s").get_json()
     job = client.get(f"/api/v1/jobs/{schedule['last_job_id']}").get_json()

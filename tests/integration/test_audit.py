@@ -112,19 +112,20 @@ def test_records_cannot_be_updated(store: Store) -> None:
     store.insert_audit(actor="a", action="test", target=None)
     with pytest.raises(sqlalchemy.exc.DBAPIError, match="append-only"), \
             store.transaction() as conn:
-        conn.exec_driver_sql("UPDATE audit_log SET actor = 'someone else'")
+        conn.exec_driver_sql("UPDATE taskline.audit_log SET actor = 'someone else'")
 
 
 def backdate(store: Store, count: int, age_s: float) -> None:
     with store.transaction() as conn:
         conn.execute(sqlalchemy.text(
-            "INSERT INTO audit_log (at, actor, action) SELECT now() - make_interval(secs => :age),"
+            "INSERT INTO taskline.audit_log (at, actor, action) SELECT now() - "
+            "make_interval(secs => :age),"
             " 'old', 'test' FROM generate_series(1, :n)"), {"age": age_s, "n": count})
 
 
 def count_audit(store: Store) -> int:
     with store.transaction() as conn:
-        return conn.exec_driver_sql("SELECT count(*) FROM audit_log").scalar_one()
+        return conn.exec_driver_sql("SELECT count(*) FROM taskline.audit_log").scalar_one()
 
 
 def test_retention_deletes_expired_records_in_batches(store: Store, settings: Settings) -> None:
@@ -177,20 +178,22 @@ def test_the_migration_runs_beside_data_written_by_the_previous_version() -> Non
         job_id = uuid.uuid4()
         with engine.begin() as conn:
             conn.execute(sqlalchemy.text(
-                "INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries,"
+                "INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, "
+                "max_retries,"
                 " timeout_s) VALUES (:id, 'echo', 'default', '{}', 5, 'queued', 3, 30)"),
                 {"id": job_id})
-            conn.execute(sqlalchemy.text("INSERT INTO job_events (job_id, attempt, event)"
+            conn.execute(sqlalchemy.text("INSERT INTO taskline.job_events (job_id, attempt, event)"
                                          " VALUES (:id, 0, 'enqueued')"), {"id": job_id})
         command.upgrade(config, "head")
         with engine.begin() as conn:
-            assert conn.execute(sqlalchemy.text("SELECT actor FROM job_events")).all() == [
+            assert conn.execute(sqlalchemy.text("SELECT actor FROM taskline.job_events")).all() == [
                 (None,)]
-            conn.execute(sqlalchemy.text("INSERT INTO job_events (job_id, attempt, event)"
+            conn.execute(sqlalchemy.text("INSERT INTO taskline.job_events (job_id, attempt, event)"
                                          " VALUES (:id, 0, 'cancelled')"), {"id": job_id})
         command.downgrade(config, "0002")
         with engine.begin() as conn:
-            assert conn.execute(sqlalchemy.text("SELECT count(*) FROM job_events")).scalar() == 2
+            events = sqlalchemy.text("SELECT count(*) FROM taskline.job_events")
+            assert conn.execute(events).scalar() == 2
     finally:
         engine.dispose()
         _admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -29,9 +29,11 @@ def test_the_claim_writes_the_lease_and_event_of_a_redis_claim(store: Store, dis
     (claimed,) = store.claim_due_jobs(["default"], 5, "w1", 15)
     assert claimed.job.id == job.id
     with store.transaction() as conn:
-        lease = conn.execute(text("SELECT worker_id, attempt FROM live_leases WHERE id = :id"),
+        lease = conn.execute(text("SELECT worker_id, attempt FROM taskline.live_leases WHERE "
+                                  "id = :id"),
                              {"id": claimed.lease_id}).one()
-        events = conn.execute(text("SELECT event FROM job_events WHERE job_id = :id ORDER BY id"),
+        events = conn.execute(text("SELECT event FROM taskline.job_events WHERE job_id = :id "
+                                   "ORDER BY id"),
                               {"id": job.id}).scalars().all()
     assert tuple(lease) == ("w1", 1)
     assert events == ["enqueued", "claimed"]
@@ -58,7 +60,7 @@ def test_the_limit_bounds_the_claim(store: Store, dispatcher):
 def test_only_queued_jobs_are_claimed(store: Store, dispatcher):
     delayed = enqueue(store, dispatcher, push=False)
     with store.transaction() as conn:  # a delayed first run, not due yet
-        conn.execute(text("UPDATE jobs SET status = 'scheduled', next_run_at = now() + "
+        conn.execute(text("UPDATE taskline.jobs SET status = 'scheduled', next_run_at = now() + "
                           "interval '1 minute' WHERE id = :id"), {"id": delayed.id})
     running = enqueue(store, dispatcher, push=False)
     store.claim_jobs([running.id], "w0", 15)
@@ -86,14 +88,15 @@ def test_concurrent_claimers_each_win_different_jobs(store: Store, dispatcher):
     every = [i for won in wins.values() for i in won]
     assert sorted(every) == sorted(ids) and len(every) == len(set(every))
     with store.transaction() as conn:
-        assert conn.execute(text("SELECT sum(attempts) FROM jobs")).scalar_one() == 60
+        assert conn.execute(text("SELECT sum(attempts) FROM taskline.jobs")).scalar_one() == 60
 
 
 def test_a_locked_candidate_is_skipped_not_waited_for(store: Store, dispatcher):
     first = enqueue(store, dispatcher, push=False)
     second = enqueue(store, dispatcher, push=False)
     with store.engine.connect() as other:
-        other.execute(text("SELECT id FROM jobs WHERE id = :id FOR UPDATE"), {"id": first.id})
+        other.execute(text("SELECT id FROM taskline.jobs WHERE id = :id FOR UPDATE"),
+                      {"id": first.id})
         claimed = store.claim_due_jobs(["default"], 2, "w1", 15)
         other.rollback()
     assert [c.job.id for c in claimed] == [second.id]

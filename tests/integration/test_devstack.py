@@ -84,7 +84,7 @@ def test_private_servers_start_stop_and_keep_their_data_across_runs(data_dir: Pa
         prepare_database(ready.database_url, console)
         redis.Redis.from_url(ready.redis_url).set("k", "v")
         with psycopg.connect(ready.database_url, autocommit=True) as conn:
-            conn.execute("INSERT INTO workers (id, hostname, pid, queues, concurrency) "
+            conn.execute("INSERT INTO taskline.workers (id, hostname, pid, queues, concurrency) "
                          "VALUES ('w-kept', 'h', 1, '{default}', 1)")
     assert ready.redis_url.endswith("/3") and ready.database_url.endswith("/devdb")
     assert "created a PostgreSQL cluster" in out.getvalue()
@@ -96,7 +96,7 @@ def test_private_servers_start_stop_and_keep_their_data_across_runs(data_dir: Pa
     with contextlib.ExitStack() as started:
         again = LocalServers.discover(data_dir, console).ensure(settings, started)
         with psycopg.connect(again.database_url) as conn:
-            assert conn.execute("SELECT id FROM workers").fetchall() == [("w-kept",)]
+            assert conn.execute("SELECT id FROM taskline.workers").fetchall() == [("w-kept",)]
     assert "created a PostgreSQL cluster" not in out.getvalue()
 
 

@@ -160,7 +160,7 @@ def test_the_promoter_promotes_and_notifies_while_redis_is_down(private_settings
     dispatcher = Dispatcher(private_redis.url, breaker=True)
     job = enqueue(private_store, dispatcher, push=False)
     with private_store.transaction() as conn:
-        conn.exec_driver_sql("UPDATE jobs SET status = 'retrying', next_run_at = now() "
+        conn.exec_driver_sql("UPDATE taskline.jobs SET status = 'retrying', next_run_at = now() "
                              "WHERE id = %(id)s", {"id": job.id})
     private_redis.kill()
     with psycopg.connect(private_settings.database_url, autocommit=True) as listen:

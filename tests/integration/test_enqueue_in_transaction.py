@@ -36,7 +36,7 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 def _outbox(store: Store) -> list[uuid.UUID]:
     with store.transaction() as conn:
-        return [r.job_id for r in conn.execute(text("SELECT job_id FROM enqueue_outbox"))]
+        return [r.job_id for r in conn.execute(text("SELECT job_id FROM taskline.enqueue_outbox"))]
 
 
 def _events(store: Store, job_id: uuid.UUID) -> list[str]:

@@ -73,7 +73,7 @@ def server(settings: Settings) -> Iterator[Server]:
 def add_events(store: Store, job_id: uuid.UUID, count: int, event: str = "promoted") -> None:
     """Append `count` events to a job's history in one committed statement."""
     with store.transaction() as conn:
-        conn.execute(text("INSERT INTO job_events (job_id, attempt, event) "
+        conn.execute(text("INSERT INTO taskline.job_events (job_id, attempt, event) "
                           "SELECT :id, g, :event FROM generate_series(1, :n) g"),
                      {"id": job_id, "event": event, "n": count})
 

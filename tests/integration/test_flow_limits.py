@@ -35,8 +35,8 @@ def test_plain_claim_refuses_limited_jobs_and_they_stay_untouched(store):
     refused = {r.id: r.limited for r in store.claim_refusals([j.id for j in jobs])}
     assert refused == {j.id: True for j in jobs}
     with store.transaction() as conn:
-        rows = conn.execute(text("SELECT attempts, (SELECT count(*) FROM job_events e "
-                                 "WHERE e.job_id = j.id) AS events FROM jobs j "
+        rows = conn.execute(text("SELECT attempts, (SELECT count(*) FROM taskline.job_events e "
+                                 "WHERE e.job_id = j.id) AS events FROM taskline.jobs j "
                                  "WHERE id = ANY(:ids)"), {"ids": [j.id for j in jobs]}).all()
     assert [(r.attempts, r.events) for r in rows] == [(0, 1)] * 3  # only `enqueued`
 

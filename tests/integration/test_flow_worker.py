@@ -24,15 +24,15 @@ def put(client, scope, body):
 def starts(store, job_type: str) -> list[float]:
     with store.transaction() as conn:
         rows = conn.execute(text(
-            "SELECT extract(epoch FROM l.leased_at) AS at FROM job_leases l "
-            "JOIN jobs j ON j.id = l.job_id WHERE j.type = :t ORDER BY l.leased_at"),
+            "SELECT extract(epoch FROM l.leased_at) AS at FROM taskline.job_leases l "
+            "JOIN taskline.jobs j ON j.id = l.job_id WHERE j.type = :t ORDER BY l.leased_at"),
             {"t": job_type}).all()
     return [float(r.at) for r in rows]
 
 
 def all_done(store, n: int) -> bool:
     with store.transaction() as conn:
-        return conn.execute(text("SELECT count(*) FROM jobs WHERE status = 'succeeded'")
+        return conn.execute(text("SELECT count(*) FROM taskline.jobs WHERE status = 'succeeded'")
                             ).scalar_one() >= n
 
 
@@ -48,7 +48,7 @@ def test_concurrency_limit_holds_across_workers_and_other_types_flow(settings, s
     assert th.PEAK["t.held"] == 2
     assert th.PEAK["t.other"] >= 3  # the limited type never held the queue's other jobs back
     with store.transaction() as conn:
-        attempts = conn.execute(text("SELECT max(attempts) FROM jobs")).scalar_one()
+        attempts = conn.execute(text("SELECT max(attempts) FROM taskline.jobs")).scalar_one()
     assert attempts == 1  # holding consumed no attempt
 
 

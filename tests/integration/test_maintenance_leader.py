@@ -22,7 +22,7 @@ READY = QueueKeys("default").ready(5)
 
 def backdate(store: Store) -> None:
     with store.transaction() as conn:
-        conn.execute(text("UPDATE jobs SET updated_at = updated_at - interval '1 minute'"))
+        conn.execute(text("UPDATE taskline.jobs SET updated_at = updated_at - interval '1 minute'"))
 
 
 def test_one_holder_and_a_takeover_after_the_ttl(store):
@@ -75,7 +75,7 @@ def test_two_instances_only_one_acts_and_a_clean_stop_hands_over(store, dispatch
         a.stop()
         b.stop()
     with store.transaction() as conn:
-        assert conn.execute(text("SELECT count(*) FROM leader_leases")).scalar_one() == 0
+        assert conn.execute(text("SELECT count(*) FROM taskline.leader_leases")).scalar_one() == 0
 
 
 def test_a_standby_does_nothing(store, dispatcher, settings):

@@ -61,7 +61,7 @@ def ready(dispatcher: Dispatcher, priority: int = 5) -> list[str]:
 
 def outbox(store: Store) -> int:
     with store.transaction() as conn:
-        return conn.execute(text("SELECT count(*) FROM enqueue_outbox")).scalar_one()
+        return conn.execute(text("SELECT count(*) FROM taskline.enqueue_outbox")).scalar_one()
 
 
 def relayed() -> float:
@@ -194,8 +194,9 @@ def test_a_transaction_open_for_minutes_is_relayed_at_its_commit(
             old = str(taskline.enqueue(slow, "echo", priority=1))
             # As if this transaction had begun ten minutes ago (a created_at watermark taken
             # since would pass over this job).
-            slow.execute(text("UPDATE jobs SET created_at = now() - interval '10 minutes'"))
-            slow.execute(text("UPDATE enqueue_outbox SET created_at = created_at "
+            slow.execute(text(
+                "UPDATE taskline.jobs SET created_at = now() - interval '10 minutes'"))
+            slow.execute(text("UPDATE taskline.enqueue_outbox SET created_at = created_at "
                               "- interval '10 minutes'"))
             later = enqueue_committed(engine)
             wait_for(lambda: ready(dispatcher) == [later], message="the later job")
@@ -212,15 +213,17 @@ def test_a_queue_signal_without_announcement_drains_the_outbox(
     relay = relay_for(store, dispatcher, settings)
     with engine.begin() as conn:  # a job and its row as a writer that does not announce
         job_id = taskline.enqueue(conn, "echo")
-        conn.execute(text("DELETE FROM enqueue_outbox"))
-        conn.execute(text("INSERT INTO enqueue_outbox (job_id, queue) VALUES (:id, 'default')"),
+        conn.execute(text("DELETE FROM taskline.enqueue_outbox"))
+        conn.execute(text("INSERT INTO taskline.enqueue_outbox (job_id, queue) VALUES (:id, "
+                          "'default')"),
                      {"id": job_id})
     with running(relay):
         wait_for(lambda: ready(dispatcher) == [str(job_id)] and outbox(store) == 0,
                  message="the start drain")
         dispatcher.client.delete(KEYS.ready(5))
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO enqueue_outbox (job_id, queue) VALUES (:id, 'default')"),
+            conn.execute(text("INSERT INTO taskline.enqueue_outbox (job_id, queue) VALUES "
+                              "(:id, 'default')"),
                          {"id": job_id})
             conn.execute(text("NOTIFY taskline_enqueued_jobs, 'not an announcement'"))
             conn.execute(text("NOTIFY taskline_enqueued, 'default'"))
@@ -304,7 +307,8 @@ def test_the_depth_gauges_show_the_relays_backlog(engine: Engine, store: Store,
     for _ in range(2):  # committed, with no relay running
         enqueue_committed(engine)
     with engine.begin() as conn:
-        conn.execute(text("UPDATE enqueue_outbox SET created_at = now() - interval '90 seconds'"))
+        conn.execute(text("UPDATE taskline.enqueue_outbox SET created_at = now() - interval "
+                          "'90 seconds'"))
     depths.run_once()
     pending, oldest = gauges()
     assert pending == 2 and 90 <= oldest < 120

@@ -44,7 +44,7 @@ def delayed(store: Store, dispatcher: Dispatcher, delay_s: float, priority: int 
 def backdate(store: Store) -> None:
     """Age every row past the reconciler's grace, as if the crash happened a while ago."""
     with store.transaction() as conn:
-        conn.execute(text("UPDATE jobs SET updated_at = updated_at - interval '1 minute'"))
+        conn.execute(text("UPDATE taskline.jobs SET updated_at = updated_at - interval '1 minute'"))
 
 
 def test_due_retries_and_delayed_jobs_are_promoted_future_ones_wait(store, dispatcher,

@@ -59,7 +59,7 @@ def test_an_expired_last_attempt_is_dead_lettered(store, dispatcher, settings):
 
     assert store.get_job(claimed.job.id).status == "dead"
     with store.transaction() as conn:
-        row = conn.execute(text("SELECT attempts, final_error FROM dead_letter_jobs "
+        row = conn.execute(text("SELECT attempts, final_error FROM taskline.dead_letter_jobs "
                                 "WHERE job_id = :id"), {"id": claimed.job.id}).one()
     assert row.attempts == 1 and "lease expired" in row.final_error
     assert dispatcher.list_range(KEYS.dlq, 0, -1) == [str(claimed.job.id)]
@@ -110,7 +110,7 @@ def test_silent_workers_registry_rows_are_closed(store, dispatcher, settings):
     store.upsert_worker("gone", "host", 1, ["default"], 1)
     store.upsert_worker("alive", "host", 2, ["default"], 1)
     with store.transaction() as conn:
-        conn.execute(text("UPDATE workers SET last_heartbeat = now() - interval '1 hour' "
+        conn.execute(text("UPDATE taskline.workers SET last_heartbeat = now() - interval '1 hour' "
                           "WHERE id = 'gone'"))
 
     result = Reaper(store, dispatcher, settings).run_once()

@@ -29,7 +29,7 @@ def reconciler(store: Store, dispatcher: Dispatcher, settings, **kw) -> Reconcil
 def backdate(store: Store) -> None:
     """Age every row past the grace, so a pass judges it (instead of waiting 5 s)."""
     with store.transaction() as conn:
-        conn.execute(text("UPDATE jobs SET updated_at = updated_at - interval '1 minute'"))
+        conn.execute(text("UPDATE taskline.jobs SET updated_at = updated_at - interval '1 minute'"))
 
 
 def items(dispatcher: Dispatcher, key: str) -> list[str]:
@@ -202,7 +202,7 @@ def test_100k_pending_jobs_after_flushdb_are_restored_in_one_pass(store, dispatc
                                                                    settings):
     with store.transaction() as conn:
         conn.execute(text(
-            "INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries,"
+            "INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries,"
             " timeout_s, next_run_at, created_at, updated_at)"
             " SELECT gen_random_uuid(), 'echo', 'default', '{}', i % 10, 'queued', 3, 30,"
             " now(), now() - interval '1 minute', now() - interval '1 minute'"

@@ -59,7 +59,7 @@ def backdate(store: Store, ids, *, days: int = 365, stamp: bool = True) -> None:
     migration 0004, which left finished_at NULL."""
     with store.transaction() as conn:
         conn.execute(text(
-            "UPDATE jobs SET created_at = now() - make_interval(days => :d), "
+            "UPDATE taskline.jobs SET created_at = now() - make_interval(days => :d), "
             "updated_at = now() - make_interval(days => :d), "
             "finished_at = CASE WHEN :stamp THEN now() - make_interval(days => :d) END "
             "WHERE id = ANY(:ids)"), {"d": days, "ids": list(ids), "stamp": stamp})
@@ -71,7 +71,7 @@ def remaining(store: Store, ids) -> dict[str, set[str]]:
     with store.transaction() as conn:
         for table, column in (("jobs", "id"), ("job_events", "job_id"),
                               ("job_leases", "job_id"), ("dead_letter_jobs", "job_id")):
-            rows = conn.execute(text(f"SELECT DISTINCT {column} FROM {table} "
+            rows = conn.execute(text(f"SELECT DISTINCT {column} FROM taskline.{table} "
                                      f"WHERE {column} = ANY(:ids)"), {"ids": list(ids)})
             found[table] = {str(r[0]) for r in rows}
     return found
@@ -79,7 +79,7 @@ def remaining(store: Store, ids) -> dict[str, set[str]]:
 
 def finished_at(store: Store, job_id) -> object:
     with store.transaction() as conn:
-        return conn.execute(text("SELECT finished_at FROM jobs WHERE id = :id"),
+        return conn.execute(text("SELECT finished_at FROM taskline.jobs WHERE id = :id"),
                             {"id": job_id}).scalar_one()
 
 
@@ -105,7 +105,7 @@ def unfinished_jobs(store: Store, dispatcher: Dispatcher) -> list[uuid.UUID]:
     store.pause_queue("paused", None)
     delayed = enqueue(store, dispatcher, push=False).id
     with store.transaction() as conn:
-        conn.execute(text("UPDATE jobs SET status = 'scheduled', "
+        conn.execute(text("UPDATE taskline.jobs SET status = 'scheduled', "
                           "next_run_at = now() + interval '1 year' WHERE id = :id"),
                      {"id": delayed})
     running = claimed(store, dispatcher).job.id
@@ -130,7 +130,8 @@ def test_exactly_the_expired_finished_jobs_go_whole(store, dispatcher, settings,
     # yet not finished: the state decides, never the age.
     backdate(store, unfinished, stamp=True)
     with store.transaction() as conn:
-        conn.execute(text("UPDATE dead_letter_jobs SET failed_at = now() - interval '1 year'"))
+        conn.execute(text("UPDATE taskline.dead_letter_jobs SET failed_at = now() - interval "
+                          "'1 year'"))
     before = {s: sample("taskline_retention_deleted_total", status=s)
               for s in ("succeeded", "dead", "cancelled")}
     gone = {str(j) for j in [*expired, unstamped]}

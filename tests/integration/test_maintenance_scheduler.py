@@ -28,7 +28,7 @@ def define(store: Store, name: str = "s1", cron: str = "*/5 * * * *", *,
     store.upsert_schedule(name=name, cron=cron, timezone="UTC", job=JOB, paused=paused,
                           catch_up=catch_up)
     if backdate:
-        sql(store, f"UPDATE schedules SET since = since - interval '{backdate}' "
+        sql(store, f"UPDATE taskline.schedules SET since = since - interval '{backdate}' "
                    "WHERE name = :n", n=name)
 
 
@@ -40,7 +40,8 @@ def sql(store: Store, statement: str, **params: object) -> list:
 
 def slot_jobs(store: Store, name: str = "s1") -> list:
     return sql(store, "SELECT id, schedule, scheduled_for, status, type, queue, priority, "
-                      "payload, max_retries FROM jobs WHERE schedule = :n ORDER BY scheduled_for",
+                      "payload, max_retries FROM taskline.jobs WHERE schedule = :n ORDER BY "
+                      "scheduled_for",
                n=name)
 
 
@@ -61,11 +62,11 @@ def test_a_missed_slot_fires_once_with_its_record_and_is_pushed_after_the_commit
     assert (job.type, job.queue, job.priority, job.payload, job.max_retries) == (
         "echo", "sched", 6, {"n": 1}, 2)
     assert ready_ids(dispatcher) == [str(job.id)]
-    (slot,) = sql(store, "SELECT schedule, slot, job_id FROM schedule_slots")
+    (slot,) = sql(store, "SELECT schedule, slot, job_id FROM taskline.schedule_slots")
     assert (slot.schedule, slot.slot, slot.job_id) == ("s1", newest, job.id)
-    (row,) = sql(store, "SELECT last_slot, last_job_id FROM schedules")
+    (row,) = sql(store, "SELECT last_slot, last_job_id FROM taskline.schedules")
     assert (row.last_slot, row.last_job_id) == (newest, job.id)
-    events = sql(store, "SELECT event, detail FROM job_events WHERE job_id = :j", j=job.id)
+    events = sql(store, "SELECT event, detail FROM taskline.job_events WHERE job_id = :j", j=job.id)
     assert [e.event for e in events] == ["enqueued"]
     assert events[0].detail["schedule"] == "s1"
     assert scheduler.run_once().fired == 0
@@ -80,11 +81,11 @@ def test_a_second_instance_or_a_restart_never_fires_a_slot_again(store, dispatch
     assert (other.fired, other.conflicts) == (0, 0)
     # Even with the job deleted (retention) and the schedule's last slot lost, the slot's
     # record alone keeps it from firing again.
-    sql(store, "DELETE FROM jobs")
-    sql(store, "UPDATE schedules SET last_slot = NULL, last_job_id = NULL")
+    sql(store, "DELETE FROM taskline.jobs")
+    sql(store, "UPDATE taskline.schedules SET last_slot = NULL, last_job_id = NULL")
     again = Scheduler(store, dispatcher, settings).run_once()
     assert (again.fired, again.conflicts) == (0, 1)
-    assert slot_jobs(store) == [] and len(sql(store, "SELECT * FROM schedule_slots")) == 1
+    assert slot_jobs(store) == [] and len(sql(store, "SELECT * FROM taskline.schedule_slots")) == 1
 
 
 def test_two_schedulers_racing_on_every_slot_make_one_job_per_slot(store, dispatcher,
@@ -130,7 +131,7 @@ def test_paused_deleted_and_replaced_schedules(store, dispatcher, settings):
     define(store, "p", paused=False)
     assert scheduler.run_once().fired == 0
     # Replacing only the job body keeps `since` (a declaration upserted at each start).
-    sql(store, "UPDATE schedules SET since = since - interval '1 hour'")
+    sql(store, "UPDATE taskline.schedules SET since = since - interval '1 hour'")
     store.upsert_schedule(name="p", cron="*/5 * * * *", timezone="UTC",
                           job={**JOB, "payload": {"n": 2}}, paused=False, catch_up="latest")
     assert scheduler.run_once().fired == 1
@@ -160,10 +161,11 @@ def test_a_schedule_postgresql_refuses_costs_only_its_own_slot(store, dispatcher
     define(store, "broken", backdate="1 hour")
     define(store, "fine", backdate="1 hour")
     # Written past the API's validation: a priority the jobs table refuses.
-    sql(store, "UPDATE schedules SET job = jsonb_set(job, '{priority}', '99') "
+    sql(store, "UPDATE taskline.schedules SET job = jsonb_set(job, '{priority}', '99') "
                "WHERE name = 'broken'")
     result = Scheduler(store, dispatcher, settings).run_once()
     assert result.fired == 1
     assert slot_jobs(store, "broken") == [] and len(slot_jobs(store, "fine")) == 1
     # The refused statement left no slot record behind: the slot fires once it is repaired.
-    assert [r.schedule for r in sql(store, "SELECT schedule FROM schedule_slots")] == ["fine"]
+    slots = sql(store, "SELECT schedule FROM taskline.schedule_slots")
+    assert [r.schedule for r in slots] == ["fine"]

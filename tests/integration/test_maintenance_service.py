@@ -18,7 +18,7 @@ from tests.helpers import enqueue, service, service_env, wait_for
 
 def leader_rows(store: Store) -> list[str]:
     with store.transaction() as conn:
-        return list(conn.execute(text("SELECT holder FROM leader_leases")).scalars())
+        return list(conn.execute(text("SELECT holder FROM taskline.leader_leases")).scalars())
 
 
 def test_the_command_acts_and_exits_0_on_sigterm(store, dispatcher, settings, tmp_path):

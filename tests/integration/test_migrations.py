@@ -17,7 +17,9 @@ from taskline.store.store import sqlalchemy_url
 def test_migrated_schema_matches_metadata(database_url: str):
     engine = create_engine(sqlalchemy_url(database_url))
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+        conn.exec_driver_sql("SET search_path TO taskline")  # the test's session, not taskline's
+        context = MigrationContext.configure(conn)
+        diff = compare_metadata(context, metadata)
     engine.dispose()
     assert diff == []
 
@@ -31,7 +33,7 @@ def test_migrate_is_idempotent_and_safe_in_parallel(database_url: str):
     assert [rc for rc, _ in results] == [0, 0, 0, 0], results
     upgrade(database_url)
     engine = create_engine(sqlalchemy_url(database_url))
-    tables = set(inspect(engine).get_table_names())
+    tables = set(inspect(engine).get_table_names(schema="taskline"))
     engine.dispose()
     assert {"jobs", "job_leases", "job_events", "dead_letter_jobs", "workers"} <= tables
 
@@ -42,7 +44,8 @@ def test_history_tables_are_vacuumed_at_their_churn(database_url: str):
     engine = create_engine(sqlalchemy_url(database_url))
     with engine.connect() as conn:
         rows = conn.exec_driver_sql(
-            "SELECT relname, reloptions FROM pg_class WHERE relname IN "
+            "SELECT relname, reloptions FROM pg_class "
+            "WHERE relnamespace = 'taskline'::regnamespace AND relname IN "
             "('jobs', 'job_events', 'job_leases')").all()
     engine.dispose()
     options = {name: set(opts or ()) for name, opts in rows}

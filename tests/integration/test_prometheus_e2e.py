@@ -271,7 +271,8 @@ class Workload:
 
     def _expire(self, job_id: str) -> bool:
         with self.store.transaction() as conn:
-            conn.execute(text("UPDATE job_leases SET leased_until = now() - interval '1 second' "
+            conn.execute(text("UPDATE taskline.job_leases SET leased_until = now() - interval "
+                              "'1 second' "
                               "WHERE job_id = :id AND released_at IS NULL"), {"id": job_id})
         return False
 

@@ -143,6 +143,6 @@ def test_invalid_queue_names_are_refused_and_change_nothing(client, store, name)
 def test_the_claim_reads_candidates_through_the_view(store):
     with store.transaction() as conn:
         plan = "\n".join(r[0] for r in conn.execute(text(
-            "EXPLAIN SELECT c.id FROM claimable_jobs c WHERE c.id = ANY(:ids)"),
+            "EXPLAIN SELECT c.id FROM taskline.claimable_jobs c WHERE c.id = ANY(:ids)"),
             {"ids": [str(uuid.uuid4())]}))
     assert "Seq Scan on jobs" not in plan, plan

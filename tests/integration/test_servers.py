@@ -106,13 +106,13 @@ def test_a_frozen_postgres_can_be_crashed_and_restarted(fresh_postgres: PrivateP
     fresh_postgres.crash()
     assert not group_alive(pid)
     fresh_postgres.start()
-    assert _query(url, "SELECT count(*) FROM jobs") == [(0,)]
+    assert _query(url, "SELECT count(*) FROM taskline.jobs") == [(0,)]
     held.close()
 
 
 def test_new_database_is_migrated(private_postgres: PrivatePostgres):
     url = new_database(private_postgres)
-    tables = set(inspect(create_engine(sqlalchemy_url(url))).get_table_names())
+    tables = set(inspect(create_engine(sqlalchemy_url(url))).get_table_names(schema="taskline"))
     assert {"jobs", "job_leases", "job_events", "dead_letter_jobs", "workers"} <= tables
 
 
@@ -120,7 +120,7 @@ def test_ready_restarts_a_crashed_postgres_with_its_data(private_postgres: Priva
     url = new_database(private_postgres)
     private_postgres.crash()
     ready(private_postgres)
-    assert _query(url, "SELECT count(*) FROM jobs") == [(0,)]
+    assert _query(url, "SELECT count(*) FROM taskline.jobs") == [(0,)]
 
 
 def test_a_taken_port_fails_with_the_server_log():

@@ -43,8 +43,8 @@ def test_claim_has_exactly_one_winner_among_racing_workers(store: Store, dispatc
     all_wins = [i for won in wins.values() for i in won]
     assert sorted(all_wins) == sorted(ids)
     with store.transaction() as conn:
-        leases = conn.execute(text("SELECT count(*) FROM job_leases")).scalar_one()
-        attempts = conn.execute(text("SELECT sum(attempts) FROM jobs")).scalar_one()
+        leases = conn.execute(text("SELECT count(*) FROM taskline.job_leases")).scalar_one()
+        attempts = conn.execute(text("SELECT sum(attempts) FROM taskline.jobs")).scalar_one()
     assert leases == 30 and attempts == 30
 
 
@@ -103,7 +103,7 @@ def test_renewal_skips_a_lease_whose_outcome_is_being_written(store: Store, disp
     renewal that waited would wait here for ever (this thread holds the lock), and time out."""
     writing, other = claim_one(store, dispatcher), claim_one(store, dispatcher)
     with store.transaction() as conn:  # the outcome's transaction, its commit still to come
-        conn.execute(text("UPDATE job_leases SET outcome = 'succeeded' WHERE id = :id"),
+        conn.execute(text("UPDATE taskline.job_leases SET outcome = 'succeeded' WHERE id = :id"),
                      {"id": writing.lease_id})
         kept = store.renew_leases([writing.lease_id, other.lease_id], "w1", 15)
         assert kept == {writing.lease_id: None, other.lease_id: False}
@@ -202,8 +202,8 @@ def test_hot_statements_are_prepared_on_their_first_run(settings, dispatcher):
         with store.engine.connect() as conn:
             prepared = conn.execute(text(
                 "SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")).scalars().all()
-        assert any("INSERT INTO job_leases" in s for s in prepared), "the claim, once run"
-        assert any("UPDATE live_leases" in s for s in prepared), "the settle, once run"
+        assert any("INSERT INTO taskline.job_leases" in s for s in prepared), "the claim, once run"
+        assert any("UPDATE taskline.live_leases" in s for s in prepared), "the settle, once run"
     finally:
         store.dispose()
 
@@ -214,7 +214,7 @@ def test_a_column_added_under_prepared_statements_costs_one_retry(settings, disp
     outage the callers retry, and the whole pool is replaced, so each path fails once at most."""
     def migrate(column: str) -> None:  # from another process's connection, as a deploy does
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} integer")
+            conn.execute(f"ALTER TABLE taskline.jobs ADD COLUMN {column} integer")
 
     store = Store.connect(settings.database_url, pool_size=2, max_overflow=0)
     try:

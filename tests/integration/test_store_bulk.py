@@ -42,8 +42,8 @@ def stored(store: Store, ids: list) -> list[dict[str, Any]]:
     """The jobs rows of `ids` in that order, each with its events as (attempt, event)."""
     with store.engine.connect() as conn:
         jobs = {r.id: r._asdict() for r in conn.execute(
-            text("SELECT * FROM jobs WHERE id = ANY(:ids)"), {"ids": ids})}
-        for r in conn.execute(text("SELECT job_id, attempt, event FROM job_events "
+            text("SELECT * FROM taskline.jobs WHERE id = ANY(:ids)"), {"ids": ids})}
+        for r in conn.execute(text("SELECT job_id, attempt, event FROM taskline.job_events "
                                    "WHERE job_id = ANY(:ids) ORDER BY id"), {"ids": ids}):
             jobs[r.job_id].setdefault("events", []).append((r.attempt, r.event))
     return [jobs[i] for i in ids]
@@ -100,8 +100,8 @@ def test_a_refused_row_writes_nothing_and_the_connection_is_replaced(store: Stor
     with pytest.raises(psycopg.errors.CheckViolation):
         store.insert_jobs_with_events(batch)
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 0
-        assert conn.execute(text("SELECT count(*) FROM job_events")).scalar_one() == 0
+        assert conn.execute(text("SELECT count(*) FROM taskline.jobs")).scalar_one() == 0
+        assert conn.execute(text("SELECT count(*) FROM taskline.job_events")).scalar_one() == 0
     again = rows(bulk.COPY_MIN_JOBS)
     assert len(store.insert_jobs_with_events(again)) == len(again)
 

@@ -42,7 +42,7 @@ def leases(store: Store) -> list[int]:
     ids = insert_queued(store, QUEUED)
     with store.engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(
-            text("ANALYZE jobs, job_leases"))
+            text("ANALYZE taskline.jobs, taskline.job_leases"))
     return [c.lease_id for c in store.claim_jobs(ids[:RUNNING], "w1", 30)]
 
 
@@ -87,7 +87,7 @@ def finished_table(store: Store) -> None:
     with store.engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
         conn.execute(text(
-            "INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, "
+            "INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, "
             "timeout_s, created_at, updated_at, finished_at) "
             "SELECT gen_random_uuid(), 'echo', 'default', '{}', 5, "
             "CASE WHEN n % 50 = 0 THEN 'dead' ELSE 'succeeded' END, 3, 30, now(), now(), "
@@ -96,7 +96,7 @@ def finished_table(store: Store) -> None:
             "END FROM generate_series(1, :n) AS n"), {"n": FINISHED})
     insert_queued(store, QUEUED)
     with store.engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE jobs"))
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE taskline.jobs"))
 
 
 def generic_plan(store: Store, name: str, types: dict[str, str], values: str) -> str:
@@ -137,24 +137,27 @@ def test_events_and_leases_of_a_deleted_job_are_found_by_job_id_indexes(store: S
             "SELECT t.relname, a.attname FROM pg_index i "
             "JOIN pg_class t ON t.oid = i.indrelid "
             "JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = i.indkey[0] "
-            "WHERE t.relname IN ('job_events', 'job_leases', 'dead_letter_jobs', "
+            "WHERE t.relnamespace = 'taskline'::regnamespace "
+            "AND t.relname IN ('job_events', 'job_leases', 'dead_letter_jobs', "
             "'job_dependencies')")).all()
         cascades = conn.execute(text(
             "SELECT conrelid::regclass::text FROM pg_constraint "
-            "WHERE contype = 'f' AND confrelid = 'jobs'::regclass AND confdeltype = 'c'")).all()
+            "WHERE contype = 'f' AND confrelid = 'taskline.jobs'::regclass "
+            "AND confdeltype = 'c'")).all()
     leading = {(r.relname, r.attname) for r in rows}
     assert {("job_events", "job_id"), ("job_leases", "job_id"),
             ("dead_letter_jobs", "job_id")} <= leading
     # A workflow edge cascades from both of its jobs: an index leads with each column.
     assert {("job_dependencies", "parent_id"), ("job_dependencies", "child_id")} <= leading
-    assert sorted(r[0] for r in cascades) == ["dead_letter_jobs", "job_dependencies",
-                                              "job_dependencies", "job_events", "job_leases"]
+    assert sorted(r[0] for r in cascades) == [
+        "taskline.dead_letter_jobs", "taskline.job_dependencies", "taskline.job_dependencies",
+        "taskline.job_events", "taskline.job_leases"]
 
 
 def test_the_claim_from_postgresql_reads_the_claim_index_in_order(store: Store):
     insert_queued(store, QUEUED)
     with store.engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE jobs"))
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE taskline.jobs"))
     shown = plan(store, "due_queued_ids", {"queue": "default", "limit": 50})
     assert "jobs_claimable" in shown
     assert "Sort" not in shown and "Seq Scan on jobs" not in shown
@@ -166,14 +169,14 @@ def test_bulk_dead_letter_batches_never_scan_the_jobs_table(store: Store):
     rows' keys) and changes each by primary key, however many finished jobs the table holds."""
     with store.transaction() as conn:
         conn.execute(text(
-            "INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, "
+            "INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, "
             "timeout_s) SELECT gen_random_uuid(), 'echo', 'default', '{}', 5, CASE WHEN n % 50 "
             "= 0 THEN 'dead' ELSE 'succeeded' END, 0, 30 FROM generate_series(1, 50000) n"))
-        conn.execute(text("INSERT INTO dead_letter_jobs (job_id, attempts) "
-                          "SELECT id, 1 FROM jobs WHERE status = 'dead'"))
+        conn.execute(text("INSERT INTO taskline.dead_letter_jobs (job_id, attempts) "
+                          "SELECT id, 1 FROM taskline.jobs WHERE status = 'dead'"))
     with store.engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(
-            text("ANALYZE jobs, dead_letter_jobs"))
+            text("ANALYZE taskline.jobs, taskline.dead_letter_jobs"))
     for queue, job_type in (("default", None), (None, "echo")):
         params = {"queue": queue, "type": job_type, "ids": None, "after": str(uuid.UUID(int=0)),
                   "limit": 500, "actor": None, "sources": ["dead"], "target": "queued",
@@ -191,10 +194,10 @@ def test_the_outbox_page_looks_its_jobs_up_by_primary_key(store: Store):
     ids = insert_queued(store, QUEUED)
     with store.engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-        conn.execute(text("INSERT INTO enqueue_outbox (job_id, queue) "
+        conn.execute(text("INSERT INTO taskline.enqueue_outbox (job_id, queue) "
                           "SELECT CAST(id AS uuid), 'default' FROM unnest(CAST(:ids AS text[])) "
                           "AS t(id)"), {"ids": ids[:2000]})
-        conn.execute(text("ANALYZE jobs, enqueue_outbox"))
+        conn.execute(text("ANALYZE taskline.jobs, taskline.enqueue_outbox"))
     page = plan(store, "outbox_page", {"limit": 1000})
     assert "jobs_pkey" in page and "Seq Scan on jobs" not in page, page
     assert len(store.outbox_page(1000)) == 1000
@@ -207,8 +210,8 @@ def test_a_claim_reads_its_ids_by_primary_key_after_statistics_of_an_empty_queue
     insert_queued(store, QUEUED)
     with store.engine.connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-        conn.execute(text("UPDATE jobs SET status = 'succeeded', finished_at = now()"))
-        conn.execute(text("ANALYZE jobs"))
+        conn.execute(text("UPDATE taskline.jobs SET status = 'succeeded', finished_at = now()"))
+        conn.execute(text("ANALYZE taskline.jobs"))
     ids = insert_queued(store, QUEUED)
     params = {"ids": "{" + ",".join(ids[:64]) + "}", "worker_id": "w1", "lease_s": 30,
               "limited": False, "target": "running", "event": "claimed"}

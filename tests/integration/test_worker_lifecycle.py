@@ -39,7 +39,7 @@ def wait_status(store, job, status: str, timeout: float = 10.0) -> None:
 
 def worker_row(store, worker_id: str):
     with store.engine.connect() as conn:
-        return conn.execute(text("SELECT * FROM workers WHERE id = :id"),
+        return conn.execute(text("SELECT * FROM taskline.workers WHERE id = :id"),
                             {"id": worker_id}).one_or_none()
 
 
@@ -85,7 +85,7 @@ def test_sigterm_finishes_jobs_within_the_grace_and_hands_back_the_rest(
     assert dispatcher.client.lrange(Q.ready(5), 0, -1) == [str(slow.id)]
     assert [e["event"] for e in store.get_history(slow.id)[0]][-1] == "released"
     with store.engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM workers WHERE stopped_at IS NULL")
+        assert conn.execute(text("SELECT count(*) FROM taskline.workers WHERE stopped_at IS NULL")
                             ).scalar_one() == 0
     assert dispatcher.client.keys("taskline:worker:*") == []
 
@@ -125,7 +125,7 @@ def test_a_worker_full_of_abandoned_threads_re_executes_itself(settings, store, 
 
 def worker_rows(store) -> list:
     with store.engine.connect() as conn:
-        return list(conn.execute(text("SELECT * FROM workers ORDER BY started_at")))
+        return list(conn.execute(text("SELECT * FROM taskline.workers ORDER BY started_at")))
 
 
 @contextmanager
@@ -188,7 +188,7 @@ def test_a_migration_under_a_running_worker_runs_every_job_once(settings, store,
         running = enqueue(store, dispatcher, "t.block", {"gate": "migration"})
         wait_status(store, running, "running")
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            conn.execute("ALTER TABLE jobs ADD COLUMN added_by_a_migration integer")
+            conn.execute("ALTER TABLE taskline.jobs ADD COLUMN added_by_a_migration integer")
         th.release("migration")
         with pytest.raises(StoreUnavailable):  # this process's statements are outdated too
             enqueue(store, dispatcher, "t.record", {"tag": "refused"})

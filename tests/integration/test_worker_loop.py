@@ -65,7 +65,8 @@ def test_each_job_runs_once_although_its_id_is_pushed_twice(settings, store, dis
     assert collections.Counter(th.tags()) == {str(i): 1 for i in range(20)}
     assert sample("job_claim_conflicts_total", queue="default") - conflicts == 20
     with store.engine.connect() as conn:
-        leases = conn.execute(text("SELECT job_id, count(*) FROM job_leases GROUP BY job_id"))
+        leases = conn.execute(text("SELECT job_id, count(*) FROM taskline.job_leases GROUP BY "
+                                   "job_id"))
         assert {row[1] for row in leases} == {1}
     assert {store.get_job(j.id).attempts for j in jobs} == {1}
 
@@ -115,7 +116,7 @@ def test_unclaimed_ids_in_the_processing_list_go_back_at_shutdown(settings, stor
     queued = enqueue(store, dispatcher, "echo", priority=7, push=False)
     finished = enqueue(store, dispatcher, "echo", priority=3, push=False)
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE jobs SET status = 'succeeded' WHERE id = :id"),
+        conn.execute(text("UPDATE taskline.jobs SET status = 'succeeded' WHERE id = :id"),
                      {"id": finished.id})
     with running_worker(settings) as worker:
         processing = Q.processing(worker.worker_id)

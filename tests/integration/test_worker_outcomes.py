@@ -44,9 +44,10 @@ def events(store, job) -> list[str]:
 def steal_lease(store, job) -> None:
     """Do what the reaper does to an expired lease: close it and requeue the job."""
     with store.engine.begin() as conn:
-        conn.execute(text("UPDATE job_leases SET released_at = now(), outcome = 'lost' "
+        conn.execute(text("UPDATE taskline.job_leases SET released_at = now(), outcome = 'lost' "
                           "WHERE job_id = :id AND released_at IS NULL"), {"id": job.id})
-        conn.execute(text("UPDATE jobs SET status = 'queued' WHERE id = :id"), {"id": job.id})
+        conn.execute(text("UPDATE taskline.jobs SET status = 'queued' WHERE id = :id"),
+                     {"id": job.id})
 
 
 def promote_due(store, dispatcher) -> int:
@@ -67,7 +68,7 @@ def test_a_failure_schedules_a_retry_at_the_postgresql_due_time(settings, store,
     with store.engine.connect() as conn:
         due_ms, delay_s = conn.execute(text(
             "SELECT (extract(epoch FROM next_run_at) * 1000)::bigint, "
-            "extract(epoch FROM next_run_at - updated_at) FROM jobs WHERE id = :id"),
+            "extract(epoch FROM next_run_at - updated_at) FROM taskline.jobs WHERE id = :id"),
             {"id": job.id}).one()
     assert dispatcher.client.zscore(Q.retry, str(job.id)) == due_ms
     # Backoff base 0.2 s, jittered on the upper half.
@@ -94,7 +95,8 @@ def test_exhausted_non_retryable_and_unknown_jobs_are_dead_lettered(settings, st
                 fatal.id: (1, "NonRetryableError: cannot ever work"),
                 unknown.id: (1, "NoHandler: no handler registered for type no.such.type")}
     with store.engine.connect() as conn:
-        rows = conn.execute(text("SELECT job_id, attempts, final_error FROM dead_letter_jobs"))
+        rows = conn.execute(text("SELECT job_id, attempts, final_error FROM "
+                                 "taskline.dead_letter_jobs"))
         assert {r.job_id: (r.attempts, r.final_error) for r in rows} == expected
     assert set(dispatcher.client.lrange(Q.dlq, 0, -1)) == {str(exhausted.id), str(fatal.id),
                                                           str(unknown.id)}
@@ -141,7 +143,7 @@ def test_abandoned_threads_beyond_the_slots_recycle_the_worker(settings, store, 
             runner.stop()
     assert runner.exit is Exit.RECYCLE
     with store.engine.connect() as conn:
-        stopped = conn.execute(text("SELECT stopped_at FROM workers WHERE id = :id"),
+        stopped = conn.execute(text("SELECT stopped_at FROM taskline.workers WHERE id = :id"),
                                {"id": worker.worker_id}).scalar_one()
     assert stopped is not None
 

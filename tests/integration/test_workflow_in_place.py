@@ -69,10 +69,10 @@ def test_the_released_step_is_claimed_by_the_completing_transaction(store: Store
     assert store.get_job(jobs["root"]).status is Status.SUCCEEDED
     assert _events(store, jobs["next"]) == ["waiting", "unblocked", "claimed"]
     with store.transaction() as conn:
-        owner = conn.execute(text("SELECT worker_id FROM live_leases WHERE id = :id"),
+        owner = conn.execute(text("SELECT worker_id FROM taskline.live_leases WHERE id = :id"),
                              {"id": claimed[0].lease_id}).scalar_one()
         xids = conn.execute(text(
-            "SELECT DISTINCT xmin::text FROM job_events WHERE (job_id = :root AND event = "
+            "SELECT DISTINCT xmin::text FROM taskline.job_events WHERE (job_id = :root AND event = "
             "'succeeded') OR (job_id = :next AND event IN ('unblocked', 'claimed'))"),
             {"root": jobs["root"], "next": jobs["next"]}).scalars().all()
     assert owner == WORKER
@@ -168,7 +168,8 @@ def test_a_worker_runs_a_chain_each_step_started_where_its_parent_ended(store: S
     assert STEPS_STARTED_IN_PLACE._value.get() - before == 19
     with store.transaction() as conn:
         starts = conn.execute(text(
-            "SELECT j.step, l.leased_at FROM job_leases l JOIN jobs j ON j.id = l.job_id "
+            "SELECT j.step, l.leased_at FROM taskline.job_leases l JOIN taskline.jobs j ON "
+            "j.id = l.job_id "
             "WHERE j.id = ANY(:ids) ORDER BY l.leased_at"), {"ids": list(jobs.values())}).all()
     assert [s for s, _ in starts] == [f"s{i}" for i in range(20)]
     threads = {store.get_job(job_id).result["thread"] for job_id in jobs.values()}

@@ -89,7 +89,7 @@ def order() -> list[str]:
 
 def count_rows(store, table: str) -> int:
     with store.transaction() as conn:
-        return conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+        return conn.execute(text(f"SELECT count(*) FROM taskline.{table}")).scalar_one()
 
 
 def test_diamond_runs_each_step_once_after_its_parents_with_their_results(client, settings,
@@ -277,8 +277,9 @@ def test_fan_in_of_100_parents_completing_together_releases_the_child_once(setti
             events = [e["event"] for e in store.get_history(child)[0]]
             assert events == ["waiting", "unblocked"]
             with store.transaction() as conn:
-                left = conn.execute(text("SELECT pending_parents FROM jobs WHERE id = :id"),
-                                    {"id": child}).scalar_one()
+                left = conn.execute(
+                    text("SELECT pending_parents FROM taskline.jobs WHERE id = :id"),
+                    {"id": child}).scalar_one()
             assert left == 0
     finally:
         store.dispose()
@@ -297,7 +298,7 @@ def test_submit_workflow_inside_the_callers_transaction(store):
     assert sorted((s["step"], s["status"]) for s in steps) == [("a", "queued"),
                                                                ("b", "waiting")]
     with store.transaction() as conn:  # the first step is owed to Redis, the waiting one not
-        owed = conn.execute(text("SELECT job_id FROM enqueue_outbox")).scalars().all()
+        owed = conn.execute(text("SELECT job_id FROM taskline.enqueue_outbox")).scalars().all()
     assert owed == [next(s["id"] for s in steps if s["step"] == "a")]
 
 
@@ -317,7 +318,7 @@ def test_retention_keeps_an_unfinished_workflow_and_a_purged_dead_step_cancels_i
     _run_step(store, jobs["a"], transitions.succeeded({"n": 1}))
     _run_step(store, jobs["b"], transitions.dead("boom", reason="test"))
     with store.transaction() as conn:  # a and b finished two hours ago
-        conn.execute(text("UPDATE jobs SET finished_at = now() - interval '2 hours', "
+        conn.execute(text("UPDATE taskline.jobs SET finished_at = now() - interval '2 hours', "
                           "updated_at = now() - interval '2 hours' WHERE id = ANY(:ids)"),
                      {"ids": [jobs["a"], jobs["b"]]})
     hour = {"retain_succeeded_s": 3600.0, "retain_cancelled_s": 3600.0}
@@ -355,7 +356,7 @@ def test_reconciliation_never_restores_a_waiting_step_and_removes_one_found_in_r
                                            StepSpec("b", StepJob("wf.step"), ("a",)),
                                            StepSpec("c", StepJob("wf.step"), ("a",))]).jobs
     with store.transaction() as conn:  # past the reconciler's grace
-        conn.execute(text("UPDATE jobs SET updated_at = updated_at - interval '1 minute'"))
+        conn.execute(text("UPDATE taskline.jobs SET updated_at = updated_at - interval '1 minute'"))
     keys = QueueKeys("default")
     dispatcher.push([("default", 5, str(jobs["b"].id))])  # a stray copy of a waiting step
     dispatcher.client.rpush(keys.processing("w-1"), str(jobs["c"].id))

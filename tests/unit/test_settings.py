@@ -15,7 +15,8 @@ def test_defaults_are_the_documented_ones():
     assert (s.backoff_base_s, s.backoff_factor, s.backoff_max_s) == (10, 4, 3600)
     assert s.max_payload_bytes == 1_048_576 and s.api_tokens == ()
     assert s.shutdown_grace_s == 30 and s.metrics_port == 9100
-    assert s.renew_every_s == 5
+    assert s.renew_every_s == 5 and s.schema == "taskline"
+    assert Settings.from_env(env={"TASKLINE_SCHEMA": "jobs_2"}).schema == "jobs_2"
 
 
 def test_environment_is_parsed_with_fractions_and_lists():
@@ -46,6 +47,11 @@ def test_allowed_hosts_are_names_ip_literals_or_a_star():
     ({"TASKLINE_METRICS_PORT": "70000"}, "METRICS_PORT"),
     ({"TASKLINE_ALLOWED_HOSTS": "api,http://taskline.example"}, "ALLOWED_HOSTS"),
     ({"TASKLINE_ALLOWED_HOSTS": "taskline.example:8000"}, "ALLOWED_HOSTS"),
+    ({"TASKLINE_SCHEMA": "Taskline"}, "TASKLINE_SCHEMA"),
+    ({"TASKLINE_SCHEMA": "task-line"}, "TASKLINE_SCHEMA"),
+    ({"TASKLINE_SCHEMA": "taskline; DROP TABLE x"}, "TASKLINE_SCHEMA"),
+    ({"TASKLINE_SCHEMA": "pg_jobs"}, "TASKLINE_SCHEMA"),
+    ({"TASKLINE_SCHEMA": "x" * 64}, "TASKLINE_SCHEMA"),
 ])
 def test_invalid_values_fail_at_start_up_with_the_variable_named(env, message):
     with pytest.raises(ConfigError, match=message):

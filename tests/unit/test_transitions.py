@@ -147,7 +147,7 @@ def test_the_attempt_fence_and_the_dlq_upsert_are_written_once_in_sql() -> None:
     migrations = "\n".join(p.read_text() for p in sorted(MIGRATIONS.glob("*.py")))
     assert len(FENCE.findall(SQL)) == 0, "queries.sql spells the fence out: use live_leases"
     assert len(FENCE.findall(migrations)) == 1
-    assert SQL.count("INSERT INTO dead_letter_jobs") == 1
+    assert SQL.count("INSERT INTO taskline.dead_letter_jobs") == 1
     ended = [name for name, q in load_queries().items()
              if "released_at = clock_timestamp()" in str(q)]
     # settle_releasing is settle's own text, composed at load time (taskline.store.queries),

@@ -25,6 +25,7 @@ import psycopg
 from psycopg.types.json import set_json_dumps
 
 from taskline import transitions
+from taskline.store.queries import DEFAULT_SCHEMA, in_schema
 
 # Below this many jobs the one-statement insert takes less time.
 COPY_MIN_JOBS = 100
@@ -34,8 +35,8 @@ _JOB_COLUMNS = ("id", "type", "queue", "payload", "priority", "status", "max_ret
                 "updated_at", "limit_key")
 _JOB_TYPES = ("uuid", "text", "text", "jsonb", "int2", "text", "int4", "float8", "timestamptz",
               "text", "text", "timestamptz", "timestamptz", "text")
-_COPY_JOBS = f"COPY jobs ({', '.join(_JOB_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
-_COPY_EVENTS = "COPY job_events (job_id, attempt, event, actor) FROM STDIN (FORMAT BINARY)"
+_COPY_JOBS = f"COPY taskline.jobs ({', '.join(_JOB_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+_COPY_EVENTS = "COPY taskline.job_events (job_id, attempt, event, actor) FROM STDIN (FORMAT BINARY)"
 _EVENT_TYPES = ("uuid", "int4", "text", "text")
 
 
@@ -55,21 +56,21 @@ def copyable(jobs: Sequence[dict[str, Any]]) -> bool:
 
 
 def copy_jobs_with_events(driver: psycopg.Connection, jobs: Sequence[dict[str, Any]],
-                          ) -> list[Inserted]:
+                          schema: str = DEFAULT_SCHEMA) -> list[Inserted]:
     """Write `jobs` (insert_job's fields each, no idempotency key) and each one's first event in
     one transaction on `driver`, a connection outside any transaction; committed on return."""
     with driver.transaction(), driver.cursor() as cursor:
         set_json_dumps(_dumps, cursor)
         now = cursor.execute("SELECT now()").fetchone()[0]
         inserted = [_inserted(job, now) for job in jobs]
-        with cursor.copy(_COPY_JOBS) as copy:
+        with cursor.copy(in_schema(_COPY_JOBS, schema)) as copy:
             copy.set_types(_JOB_TYPES)
             for job, row in zip(jobs, inserted, strict=True):
                 copy.write_row((row.id, job["type"], job["queue"], row.payload, job["priority"],
                                 job["status"], job["max_retries"], job["timeout_s"],
                                 row.next_run_at, job["request_hash"], job["trace_context"],
                                 now, now, job.get("limit_key")))
-        with cursor.copy(_COPY_EVENTS) as copy:
+        with cursor.copy(in_schema(_COPY_EVENTS, schema)) as copy:
             copy.set_types(_EVENT_TYPES)
             for job, row in zip(jobs, inserted, strict=True):
                 copy.write_row((row.id, 0, _first_event(job["status"]), job.get("actor")))

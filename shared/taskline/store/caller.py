@@ -20,22 +20,24 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from taskline.store.store import QUERIES, driver_sql, translate_driver_errors, translate_errors
+from taskline.store.queries import DEFAULT_SCHEMA, queries_for
+from taskline.store.store import driver_sql, translate_driver_errors, translate_errors
 
 AppConnection = Connection | Session | psycopg.Connection
 """What the in-transaction enqueue accepts as the caller's connection."""
 
 
-def run(conn: Any, name: str, params: dict[str, Any]) -> list:
-    """The rows statement `name` returns, run on `conn` inside its open transaction."""
+def run(conn: Any, name: str, params: dict[str, Any], schema: str = DEFAULT_SCHEMA) -> list:
+    """The rows statement `name` (for the installation in `schema`) returns, run on `conn`
+    inside its open transaction."""
     if isinstance(conn, Session):
         conn = conn.connection()
     if isinstance(conn, Connection):
         with translate_errors():
-            return conn.execute(QUERIES[name], params).all()
+            return conn.execute(queries_for(schema)[name], params).all()
     if isinstance(conn, psycopg.Connection):
         with translate_driver_errors(conn), conn.cursor(row_factory=namedtuple_row) as cursor:
-            return cursor.execute(driver_sql(name), params).fetchall()
+            return cursor.execute(driver_sql(name, schema), params).fetchall()
     raise TypeError(f"expected a SQLAlchemy Connection or Session or a psycopg 3 Connection, "
                     f"not {type(conn).__name__}")
 

@@ -1,24 +1,50 @@
-"""Loads the named SQL in queries.sql once.
+"""Loads the named SQL in queries.sql once per schema.
 
 `-- name: x` starts a block; the comment line after it describes the query. A block named
 `..._tail` is not a statement: see COMPOSED.
+
+Every relation in queries.sql is written qualified by the default schema (`taskline.jobs`)
+and every notification channel with its name (`'taskline_enqueued'`); loading for another
+TASKLINE_SCHEMA rewrites both, so each statement names the schema itself and none depends on
+a connection's `search_path` (an application's connection, or one behind a transaction
+pooler, where session state is not ours to set).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib import resources
 
 from sqlalchemy import TextClause, text
 
+DEFAULT_SCHEMA = "taskline"
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_QUALIFIED = re.compile(rf"(?<![\w.]){DEFAULT_SCHEMA}\.(?=[a-z_])")
+_CHANNEL = re.compile(rf"'{DEFAULT_SCHEMA}_(enqueued\w*)'")
 COMPOSED = {"settle_releasing": ("settle", "settle_releasing_tail")}
 """Statements built from another's text: (base, tail) -> the base's CTEs (all but its final
 SELECT) followed by the tail, so the base's text is written once and both run the same SQL."""
 
 
-def load_queries(source: str | None = None) -> dict[str, TextClause]:
-    """Parse `source` (default: the packaged queries.sql) into named, compiled statements."""
+def channel(schema: str, name: str) -> str:
+    """The notification channel `name` (`enqueued`, `enqueued_jobs`) of the installation in
+    `schema`: two installations in one database never hear each other's signals."""
+    return f"{schema}_{name}"
+
+
+def in_schema(sql: str, schema: str) -> str:
+    """`sql`, written for the default schema, rewritten for `schema`."""
+    if schema == DEFAULT_SCHEMA:
+        return sql
+    sql = _QUALIFIED.sub(f"{schema}.", sql)
+    return _CHANNEL.sub(lambda m: f"'{channel(schema, m.group(1))}'", sql)
+
+
+def load_queries(source: str | None = None,
+                 schema: str = DEFAULT_SCHEMA) -> dict[str, TextClause]:
+    """Parse `source` (default: the packaged queries.sql) into named, compiled statements for
+    the installation in `schema`."""
     if source is None:
         source = resources.files("taskline.store").joinpath("queries.sql").read_text()
     parts = _NAME.split(source)
@@ -27,9 +53,15 @@ def load_queries(source: str | None = None) -> dict[str, TextClause]:
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
         sql = "\n".join(line for line in body.splitlines() if not line.startswith("--"))
-        queries[name] = text(sql.strip().rstrip(";"))
+        queries[name] = text(in_schema(sql.strip().rstrip(";"), schema))
     for name, (base, tail) in COMPOSED.items():
         if base in queries and tail in queries:
             ctes = queries[base].text[:queries[base].text.rindex("\nSELECT ")]
             queries[name] = text(ctes + queries.pop(tail).text)
     return queries
+
+
+@functools.cache
+def queries_for(schema: str) -> dict[str, TextClause]:
+    """The packaged queries for `schema`, parsed once per process and schema."""
+    return load_queries(schema=schema)

@@ -17,7 +17,7 @@
 
 -- name: insert_job
 -- Insert one job unless its (queue, idempotency key) exists; returns the row only when inserted.
-INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                   next_run_at, idempotency_key, request_hash, trace_context, limit_key)
 VALUES (:id, :type, :queue, CAST(:payload AS jsonb), :priority, :status, :max_retries,
         :timeout_s, COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)),
@@ -27,7 +27,7 @@ RETURNING *;
 
 -- name: insert_event
 -- Append one entry to a job's history.
-INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
+INSERT INTO taskline.job_events (job_id, attempt, event, worker_id, detail)
 VALUES (:job_id, :attempt, :event, :worker_id, CAST(:detail AS jsonb));
 
 -- name: insert_jobs_with_events
@@ -48,7 +48,7 @@ WITH input AS MATERIALIZED (
                               timeout_s, run_at, delay_s, idempotency_key, request_hash,
                               trace_context, actor, limit_key, ord)
 ), inserted AS (
-    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+    INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, trace_context, limit_key)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
@@ -58,7 +58,7 @@ WITH input AS MATERIALIZED (
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, status, payload, next_run_at, created_at, updated_at
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor)
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor)
     SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status, t.actor
     FROM inserted i JOIN input t ON t.id = i.id
 )
@@ -83,7 +83,7 @@ WITH input AS MATERIALIZED (
          WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
                               run_at, delay_s, idempotency_key, request_hash, limit_key, ord)
 ), inserted AS (
-    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+    INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, limit_key)
     SELECT t.id, t.type, t.queue, t.payload, t.priority,
            CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
@@ -93,10 +93,10 @@ WITH input AS MATERIALIZED (
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, status, priority, next_run_at
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event)
+    INSERT INTO taskline.job_events (job_id, attempt, event)
     SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status FROM inserted i
 ), outbox AS (
-    INSERT INTO enqueue_outbox (job_id, queue) SELECT i.id, i.queue FROM inserted i
+    INSERT INTO taskline.enqueue_outbox (job_id, queue) SELECT i.id, i.queue FROM inserted i
 )
 -- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
 SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
@@ -107,9 +107,9 @@ FROM inserted i;
 -- name: outbox_page
 -- The oldest :limit outbox rows with their job's queue, priority, status and due time (status null: the job is gone).
 SELECT o.job_id, o.queue, j.priority, j.status, j.next_run_at
-FROM (SELECT job_id, queue FROM enqueue_outbox ORDER BY job_id LIMIT :limit) o
+FROM (SELECT job_id, queue FROM taskline.enqueue_outbox ORDER BY job_id LIMIT :limit) o
 -- One primary-key lookup per row: OFFSET 0 keeps the planner from hash-joining all of jobs.
-LEFT JOIN LATERAL (SELECT priority, status, next_run_at FROM jobs WHERE jobs.id = o.job_id
+LEFT JOIN LATERAL (SELECT priority, status, next_run_at FROM taskline.jobs WHERE jobs.id = o.job_id
                    OFFSET 0) j ON true
 ORDER BY o.job_id;
 
@@ -119,27 +119,27 @@ ORDER BY o.job_id;
 -- own transaction only): a delete lost in a crash leaves rows whose ids are pushed again,
 -- which the claim tolerates, and the producer's commits no longer queue behind this one's.
 WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS setting)
-DELETE FROM enqueue_outbox
+DELETE FROM taskline.enqueue_outbox
 WHERE job_id = ANY(CAST(:ids AS uuid[])) AND (SELECT setting FROM relaxed) = 'off'
 RETURNING job_id;
 
 -- name: get_job_by_key
 -- The job holding an idempotency key in a queue.
-SELECT * FROM jobs WHERE queue = :queue AND idempotency_key = :idempotency_key;
+SELECT * FROM taskline.jobs WHERE queue = :queue AND idempotency_key = :idempotency_key;
 
 -- name: get_job
 -- One job by id.
-SELECT * FROM jobs WHERE id = :id;
+SELECT * FROM taskline.jobs WHERE id = :id;
 
 -- name: get_events
 -- A job's history, oldest first.
 SELECT id, attempt, event, worker_id, actor, detail, created_at
-FROM job_events WHERE job_id = :id ORDER BY id;
+FROM taskline.job_events WHERE job_id = :id ORDER BY id;
 
 -- name: get_leases
 -- A job's attempts: who held which lease and how it ended, oldest first.
 SELECT id, attempt, worker_id, leased_at, leased_until, released_at, outcome
-FROM job_leases WHERE job_id = :id ORDER BY id;
+FROM taskline.job_leases WHERE job_id = :id ORDER BY id;
 
 -- name: events_after
 -- The first :limit history entries above id :after, oldest first, with their job's queue, type and priority.
@@ -147,9 +147,9 @@ SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
        e.recorded_status, e.error, j.queue, j.type, j.priority
 FROM (SELECT id, job_id, attempt, event, worker_id, actor, created_at,
              detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
-      FROM job_events WHERE id > :after ORDER BY id LIMIT :limit) e
+      FROM taskline.job_events WHERE id > :after ORDER BY id LIMIT :limit) e
 -- One primary-key lookup per entry: OFFSET 0 keeps the planner from hash-joining all of jobs.
-LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs WHERE jobs.id = e.job_id OFFSET 0) j
+LEFT JOIN LATERAL (SELECT queue, type, priority FROM taskline.jobs WHERE jobs.id = e.job_id OFFSET 0) j
     ON true
 ORDER BY e.id;
 
@@ -159,14 +159,14 @@ SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
        e.recorded_status, e.error, j.queue, j.type, j.priority
 FROM (SELECT id, job_id, attempt, event, worker_id, actor, created_at,
              detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
-      FROM job_events WHERE id > :after AND id <= :upto ORDER BY id DESC LIMIT :limit) e
-LEFT JOIN LATERAL (SELECT queue, type, priority FROM jobs WHERE jobs.id = e.job_id OFFSET 0) j
+      FROM taskline.job_events WHERE id > :after AND id <= :upto ORDER BY id DESC LIMIT :limit) e
+LEFT JOIN LATERAL (SELECT queue, type, priority FROM taskline.jobs WHERE jobs.id = e.job_id OFFSET 0) j
     ON true
 ORDER BY e.id DESC;
 
 -- name: last_event_id
 -- The id of the newest history entry, 0 when there is none.
-SELECT COALESCE(max(id), 0) AS id FROM job_events;
+SELECT COALESCE(max(id), 0) AS id FROM taskline.job_events;
 
 -- name: transaction_horizon
 -- The oldest transaction id still running (cluster-wide) and the next one to be assigned.
@@ -175,7 +175,7 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS oldest,
 
 -- name: list_jobs
 -- Jobs newest first, filtered, paged by the (created_at, id) of the previous page's last row.
-SELECT * FROM jobs
+SELECT * FROM taskline.jobs
 WHERE (CAST(:status AS text) IS NULL OR status = :status)
   AND (CAST(:type AS text) IS NULL OR type = :type)
   AND (CAST(:queue AS text) IS NULL OR queue = :queue)
@@ -195,19 +195,19 @@ LIMIT :limit;
 -- :limited false claims only jobs no flow limit applies to; true, only limited jobs, and only
 -- inside the budgeted claim's transaction, which holds the limits' row locks (Store.claim_held).
 WITH claimed AS (
-    UPDATE jobs SET status = :target, attempts = attempts + 1, updated_at = now()
-    WHERE id IN (SELECT c.id FROM claimable_rule c WHERE c.id = ANY(CAST(:ids AS uuid[]))
+    UPDATE taskline.jobs SET status = :target, attempts = attempts + 1, updated_at = now()
+    WHERE id IN (SELECT c.id FROM taskline.claimable_rule c WHERE c.id = ANY(CAST(:ids AS uuid[]))
                  AND (c.status = 'queued') IS TRUE AND c.limited = CAST(:limited AS boolean))
       AND id = ANY(CAST(:ids AS uuid[])) AND (status = 'queued') IS TRUE
     RETURNING *
 ), leases AS (
-    INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until)
+    INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, leased_until)
     SELECT id, attempts, :worker_id, clock_timestamp(),
            clock_timestamp() + make_interval(secs => :lease_s)
     FROM claimed
     RETURNING id AS lease_id, job_id, leased_at, leased_until
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, worker_id)
+    INSERT INTO taskline.job_events (job_id, attempt, event, worker_id)
     SELECT id, attempts, :event, :worker_id FROM claimed
 )
 SELECT claimed.*, leases.lease_id, leases.leased_at, leases.leased_until
@@ -224,11 +224,11 @@ FROM claimed JOIN leases ON leases.job_id = claimed.id;
 -- are left to the budgeted claim (held_candidates), as on the Redis path: a limit on the queue
 -- is checked once too, and the limited types are read once into an array each row is tested
 -- against (an anti-join with flow_limits would be planned like the view).
-SELECT j.id FROM jobs j
+SELECT j.id FROM taskline.jobs j
 WHERE j.status = 'queued' AND j.queue = :queue
-  AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = :queue)
-  AND NOT EXISTS (SELECT 1 FROM flow_limits f WHERE f.scope = 'queue:' || :queue)
-  AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM flow_limits f))
+  AND NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = :queue)
+  AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f WHERE f.scope = 'queue:' || :queue)
+  AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM taskline.flow_limits f))
 ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
@@ -242,10 +242,10 @@ SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])
 -- Of ids a claim did not take, those still queued, and why: held by a pause (they go back to
 -- their ready lists), or limited (they are claimed from PostgreSQL, under their budget).
 SELECT j.id, j.queue, j.priority,
-       EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = j.queue) AS paused,
-       EXISTS (SELECT 1 FROM claimable_rule c
+       EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = j.queue) AS paused,
+       EXISTS (SELECT 1 FROM taskline.claimable_rule c
                WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited) AS limited
-FROM jobs j
+FROM taskline.jobs j
 WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 
 -- name: lock_flow_limits
@@ -253,12 +253,12 @@ WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 -- budgeted claims never deadlock): the statements after it see every start committed before.
 -- `now` is the instant the budgets are judged at.
 SELECT scope, concurrency, rate_limit, period_s, per_key, clock_timestamp() AS now
-FROM flow_limits
+FROM taskline.flow_limits
 ORDER BY scope FOR UPDATE;
 
 -- name: flow_limit_scopes
 -- The scopes that have a limit.
-SELECT scope FROM flow_limits;
+SELECT scope FROM taskline.flow_limits;
 
 -- name: flow_usage
 -- What each budget holds now: open leases of jobs of a concurrency-limited scope, and starts of
@@ -266,17 +266,17 @@ SELECT scope FROM flow_limits;
 WITH running AS (
     SELECT f.scope, CASE WHEN f.per_key THEN COALESCE(j.limit_key, '') ELSE '' END AS key,
            count(*) AS n, NULL::timestamptz AS oldest
-    FROM job_leases l
-    JOIN jobs j ON j.id = l.job_id
-    JOIN flow_limits f ON f.concurrency IS NOT NULL
+    FROM taskline.job_leases l
+    JOIN taskline.jobs j ON j.id = l.job_id
+    JOIN taskline.flow_limits f ON f.concurrency IS NOT NULL
                       AND f.scope IN ('type:' || j.type, 'queue:' || j.queue)
     WHERE l.released_at IS NULL
     GROUP BY 1, 2
 ), started AS (
     SELECT s.scope, CASE WHEN f.per_key THEN s.limit_key ELSE '' END AS key,
            count(*) AS n, min(s.started_at) AS oldest
-    FROM flow_starts s
-    JOIN flow_limits f ON f.scope = s.scope AND f.rate_limit IS NOT NULL
+    FROM taskline.flow_starts s
+    JOIN taskline.flow_limits f ON f.scope = s.scope AND f.rate_limit IS NOT NULL
     WHERE s.started_at > clock_timestamp() - make_interval(secs => f.period_s)
     GROUP BY 1, 2
 )
@@ -288,7 +288,7 @@ SELECT 'started' AS kind, * FROM started;
 -- Limited queued jobs of these queues, most urgent first and FIFO, skipping those whose scope or
 -- key has no budget left (:full_scopes 'type:x', :full_keys 'type:x' || chr(31) || key) and
 -- those already picked (:skip).
-SELECT c.id, c.type, c.queue, c.limit_key FROM claimable_jobs c
+SELECT c.id, c.type, c.queue, c.limit_key FROM taskline.claimable_jobs c
 WHERE c.limited AND c.queue = ANY(CAST(:queues AS text[]))
   AND c.id <> ALL(CAST(:skip AS uuid[]))
   AND ('type:' || c.type) <> ALL(CAST(:full_scopes AS text[]))
@@ -303,18 +303,18 @@ LIMIT :limit;
 -- Log the starts of rate-limited scopes (:starts: JSON [{scope, key, at}], `at` each lease's
 -- leased_at), and drop entries no window can count any more.
 WITH added AS (
-    INSERT INTO flow_starts (scope, limit_key, started_at)
+    INSERT INTO taskline.flow_starts (scope, limit_key, started_at)
     SELECT scope, key, at FROM json_to_recordset(CAST(:starts AS json))
         AS t(scope text, key text, at timestamptz)
 )
-DELETE FROM flow_starts s
-WHERE NOT EXISTS (SELECT 1 FROM flow_limits f
+DELETE FROM taskline.flow_starts s
+WHERE NOT EXISTS (SELECT 1 FROM taskline.flow_limits f
                   WHERE f.scope = s.scope AND f.rate_limit IS NOT NULL
                     AND s.started_at > clock_timestamp() - make_interval(secs => f.period_s));
 
 -- name: upsert_flow_limit
 -- Create or replace one scope's limits; returns the row and whether it was created.
-INSERT INTO flow_limits (scope, concurrency, rate_limit, period_s, per_key, updated_at)
+INSERT INTO taskline.flow_limits (scope, concurrency, rate_limit, period_s, per_key, updated_at)
 VALUES (:scope, :concurrency, :rate_limit, :period_s, :per_key, now())
 ON CONFLICT (scope) DO UPDATE
     SET concurrency = EXCLUDED.concurrency, rate_limit = EXCLUDED.rate_limit,
@@ -323,28 +323,28 @@ RETURNING scope, concurrency, rate_limit, period_s, per_key, updated_at, (xmax =
 
 -- name: delete_flow_limit
 -- Remove one scope's limits; returns the row when it existed.
-DELETE FROM flow_limits WHERE scope = :scope
+DELETE FROM taskline.flow_limits WHERE scope = :scope
 RETURNING scope, concurrency, rate_limit, period_s, per_key, updated_at;
 
 -- name: list_flow_limits
 -- Every limit with what it holds now: open leases and starts in the window (all keys), and the
 -- queued jobs it applies to (held back while its budget is used).
 SELECT f.scope, f.concurrency, f.rate_limit, f.period_s, f.per_key, f.updated_at,
-       (SELECT count(*) FROM job_leases l JOIN jobs j ON j.id = l.job_id
+       (SELECT count(*) FROM taskline.job_leases l JOIN taskline.jobs j ON j.id = l.job_id
         WHERE l.released_at IS NULL
           AND f.scope IN ('type:' || j.type, 'queue:' || j.queue)) AS running,
-       (SELECT count(*) FROM flow_starts s
+       (SELECT count(*) FROM taskline.flow_starts s
         WHERE s.scope = f.scope AND f.rate_limit IS NOT NULL
           AND s.started_at > clock_timestamp() - make_interval(secs => f.period_s)) AS started,
-       (SELECT count(*) FROM claimable_jobs c
+       (SELECT count(*) FROM taskline.claimable_jobs c
         WHERE f.scope IN ('type:' || c.type, 'queue:' || c.queue)) AS held
-FROM flow_limits f
+FROM taskline.flow_limits f
 ORDER BY f.scope;
 
 -- name: held_of_scope
 -- One keyset page of the queued jobs a scope names that no limit holds any more, most urgent
 -- first and FIFO, for pushing them back to Redis once the scope's limit is removed.
-SELECT c.id, c.queue, c.priority, c.created_at FROM claimable_jobs c
+SELECT c.id, c.queue, c.priority, c.created_at FROM taskline.claimable_jobs c
 WHERE CAST(:scope AS text) IN ('type:' || c.type, 'queue:' || c.queue)
   AND NOT c.limited
   AND (CAST(:after_id AS uuid) IS NULL
@@ -357,17 +357,17 @@ LIMIT :limit;
 
 -- name: pause_queue
 -- Pause a queue; returns the row only when this call paused it (it was not paused already).
-INSERT INTO queue_pauses (queue, actor) VALUES (:queue, :actor)
+INSERT INTO taskline.queue_pauses (queue, actor) VALUES (:queue, :actor)
 ON CONFLICT (queue) DO NOTHING
 RETURNING queue, paused_at, actor;
 
 -- name: resume_queue
 -- Resume a queue; returns the row only when this call resumed it (it was paused).
-DELETE FROM queue_pauses WHERE queue = :queue RETURNING queue, paused_at, actor;
+DELETE FROM taskline.queue_pauses WHERE queue = :queue RETURNING queue, paused_at, actor;
 
 -- name: paused_queues
 -- Every paused queue, with when and by whom.
-SELECT queue, paused_at, actor FROM queue_pauses ORDER BY queue;
+SELECT queue, paused_at, actor FROM taskline.queue_pauses ORDER BY queue;
 
 -- name: renew_leases
 -- Extend the live leases this worker holds; returns each kept lease and its job's cancel flag (busy false), and each lease another transaction holds locked (busy true, not renewed).
@@ -377,19 +377,19 @@ SELECT queue, paused_at, actor FROM queue_pauses ORDER BY queue;
 -- statement until their leases lapsed. A skipped lease is still live: it is neither renewed
 -- nor lost, and the next renewal tries it again.
 WITH free AS (
-    SELECT l.id FROM live_leases l
+    SELECT l.id FROM taskline.live_leases l
     WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
     FOR UPDATE OF l SKIP LOCKED
 ), renewed AS (
-    UPDATE live_leases l
+    UPDATE taskline.live_leases l
     SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
-    FROM free, jobs j
+    FROM free, taskline.jobs j
     WHERE l.id = free.id AND j.id = l.job_id
     RETURNING l.id AS lease_id, j.cancel_requested
 )
 SELECT lease_id, cancel_requested, false AS busy FROM renewed
 UNION ALL
-SELECT l.id, NULL, true FROM live_leases l
+SELECT l.id, NULL, true FROM taskline.live_leases l
 WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
   AND l.id NOT IN (SELECT id FROM free);
 
@@ -406,7 +406,7 @@ WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
 WITH input AS MATERIALIZED (
     SELECT CAST(:settlements AS jsonb) AS doc
 ), leases AS (
-    UPDATE live_leases l
+    UPDATE taskline.live_leases l
     SET released_at = clock_timestamp(), outcome = input.doc -> l.id::text ->> 'outcome'
     FROM input
     WHERE l.id = ANY(CAST(:lease_ids AS bigint[]))
@@ -415,7 +415,7 @@ WITH input AS MATERIALIZED (
            OR l.leased_until < now())
     RETURNING l.id AS lease_id, l.job_id, l.attempt, l.worker_id, input.doc -> l.id::text AS s
 ), changed AS (
-    UPDATE jobs j
+    UPDATE taskline.jobs j
     SET status = leases.s ->> 'status',
         attempts = j.attempts - CAST(leases.s ->> 'refund' AS int),
         result = CASE WHEN CAST(leases.s ->> 'writes_result' AS boolean)
@@ -431,14 +431,14 @@ WITH input AS MATERIALIZED (
     RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, leases.lease_id,
               leases.attempt, leases.worker_id, leases.s
 ), dead AS (
-    INSERT INTO dead_letter_jobs (job_id, final_error, attempts, failed_at)
+    INSERT INTO taskline.dead_letter_jobs (job_id, final_error, attempts, failed_at)
     SELECT id, s ->> 'error', attempts, now() FROM changed
     WHERE CAST(s ->> 'dead_letter' AS boolean)
     ON CONFLICT (job_id) DO UPDATE
         SET final_error = EXCLUDED.final_error, attempts = EXCLUDED.attempts,
             failed_at = EXCLUDED.failed_at
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, worker_id, detail)
+    INSERT INTO taskline.job_events (job_id, attempt, event, worker_id, detail)
     SELECT id, attempt, s ->> 'event', worker_id, NULLIF(s -> 'detail', 'null'::jsonb)
     FROM changed
 )
@@ -469,28 +469,28 @@ FROM changed;
 -- the whole job and its lease).
 , finished AS (
     SELECT d.child_id, count(*) AS n
-    FROM changed c JOIN job_dependencies d ON d.parent_id = c.id
+    FROM changed c JOIN taskline.job_dependencies d ON d.parent_id = c.id
     WHERE c.status = 'succeeded' AND CAST(c.s ->> 'releases' AS boolean)
     GROUP BY d.child_id
 ), locked AS MATERIALIZED (
     SELECT j.id, j.queue, j.priority, f.n, j.pending_parents - f.n <= 0 AS frees
-    FROM jobs j JOIN finished f ON f.child_id = j.id
+    FROM taskline.jobs j JOIN finished f ON f.child_id = j.id
     WHERE (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
     ORDER BY j.id
     FOR UPDATE OF j
 ), starts AS MATERIALIZED (
     SELECT l.id FROM locked l
     WHERE l.frees AND l.queue = ANY(CAST(:served AS text[]))
-      AND EXISTS (SELECT 1 FROM claimable_rule c WHERE c.id = l.id AND NOT c.limited)
-      AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.status = 'queued' AND o.queue = l.queue
+      AND EXISTS (SELECT 1 FROM taskline.claimable_rule c WHERE c.id = l.id AND NOT c.limited)
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs o WHERE o.status = 'queued' AND o.queue = l.queue
                       AND o.priority >= l.priority)
-      AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.status = 'queued' AND o.queue = ANY(
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs o WHERE o.status = 'queued' AND o.queue = ANY(
           (CAST(:served AS text[]))[1:coalesce(array_position(CAST(:served AS text[]),
                                                               l.queue), 1) - 1]))
     ORDER BY l.priority DESC, l.id
     LIMIT :most
 ), released AS (
-    UPDATE jobs j
+    UPDATE taskline.jobs j
     SET pending_parents = j.pending_parents - locked.n,
         status = CASE WHEN starts.id IS NOT NULL THEN :target
                       WHEN locked.frees THEN :release_target
@@ -502,13 +502,13 @@ FROM changed;
     WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
     RETURNING j.*, starts.id IS NOT NULL AS started
 ), step_leases AS (
-    INSERT INTO job_leases (job_id, attempt, worker_id, leased_at, leased_until)
+    INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, leased_until)
     SELECT id, attempts, :worker_id, clock_timestamp(),
            clock_timestamp() + make_interval(secs => :lease_s)
     FROM released WHERE started
     RETURNING id AS lease_id, job_id, leased_until
 ), step_events AS (
-    INSERT INTO job_events (job_id, attempt, event, worker_id)
+    INSERT INTO taskline.job_events (job_id, attempt, event, worker_id)
     SELECT e.job_id, e.attempt, e.event, e.worker_id
     FROM released r CROSS JOIN LATERAL (
         VALUES (r.id, r.attempts - CASE WHEN r.started THEN 1 ELSE 0 END,
@@ -540,11 +540,11 @@ WHERE r.pending_parents <= 0;
 -- Mark a running job's cancellation as requested, with its event; the worker's next renewal
 -- stops it. Returns the job only when this call asked.
 WITH changed AS (
-    UPDATE jobs SET cancel_requested = true, updated_at = now()
+    UPDATE taskline.jobs SET cancel_requested = true, updated_at = now()
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor)
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor)
     SELECT id, attempts, :event, :actor FROM changed
 )
 SELECT * FROM changed;
@@ -552,11 +552,11 @@ SELECT * FROM changed;
 -- name: cancel_pending_job
 -- Cancel a job that has not started, with its event; returns it only when this call cancelled it.
 WITH changed AS (
-    UPDATE jobs SET status = :target, updated_at = now(), next_run_at = NULL, finished_at = now()
+    UPDATE taskline.jobs SET status = :target, updated_at = now(), next_run_at = NULL, finished_at = now()
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor)
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor)
     SELECT id, attempts, :event, :actor FROM changed
 )
 SELECT * FROM changed;
@@ -564,22 +564,22 @@ SELECT * FROM changed;
 -- name: requeue_dead_job
 -- Put a dead job back in the queue with a fresh retry budget; returns it only when requeued.
 WITH changed AS (
-    UPDATE jobs SET status = :target, attempts = 0, last_error = NULL, result = NULL,
+    UPDATE taskline.jobs SET status = :target, attempts = 0, last_error = NULL, result = NULL,
                     cancel_requested = false, next_run_at = now(), updated_at = now(),
                     finished_at = NULL
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), undead AS (
-    DELETE FROM dead_letter_jobs d USING changed WHERE d.job_id = changed.id
+    DELETE FROM taskline.dead_letter_jobs d USING changed WHERE d.job_id = changed.id
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
 )
 SELECT * FROM changed;
 
 -- name: list_dead
 -- Dead-lettered jobs, newest failure first, paged by (failed_at, job_id).
 SELECT j.*, d.final_error, d.attempts AS dead_attempts, d.failed_at
-FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
 WHERE (CAST(:queue AS text) IS NULL OR j.queue = :queue)
   AND (CAST(:after_failed AS timestamptz) IS NULL
        OR (d.failed_at, d.job_id) < (CAST(:after_failed AS timestamptz), CAST(:after_id AS uuid)))
@@ -592,7 +592,7 @@ LIMIT :limit;
 -- out of dead_letter_jobs, with its event. Re-checked under the row lock, so two concurrent
 -- calls requeue each job once. Returns the requeued jobs.
 WITH picked AS (
-    SELECT j.id FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+    SELECT j.id FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
     WHERE j.status = 'dead' AND d.job_id > CAST(:after AS uuid)
       AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
       AND (CAST(:type AS text) IS NULL OR j.type = :type)
@@ -601,15 +601,15 @@ WITH picked AS (
     LIMIT :limit
     FOR UPDATE OF j SKIP LOCKED
 ), changed AS (
-    UPDATE jobs j SET status = :target, attempts = 0, last_error = NULL, result = NULL,
+    UPDATE taskline.jobs j SET status = :target, attempts = 0, last_error = NULL, result = NULL,
                       cancel_requested = false, next_run_at = now(), updated_at = now(),
                       finished_at = NULL
     FROM picked WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
     RETURNING j.id, j.queue, j.priority, j.type
 ), undead AS (
-    DELETE FROM dead_letter_jobs d USING changed WHERE d.job_id = changed.id
+    DELETE FROM taskline.dead_letter_jobs d USING changed WHERE d.job_id = changed.id
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
 )
 SELECT id, queue, priority, type FROM changed ORDER BY id;
 
@@ -620,7 +620,7 @@ SELECT id, queue, priority, type FROM changed ORDER BY id;
 -- A purged workflow step can never succeed, so its waiting dependents (and theirs) are
 -- cancelled in the same statement, read from the edges before the cascade removes them.
 WITH RECURSIVE picked AS (
-    SELECT j.id FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+    SELECT j.id FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
     WHERE j.status = 'dead' AND d.job_id > CAST(:after AS uuid)
       AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
       AND (CAST(:type AS text) IS NULL OR j.type = :type)
@@ -629,27 +629,27 @@ WITH RECURSIVE picked AS (
     LIMIT :limit
     FOR UPDATE OF j SKIP LOCKED
 ), below(id) AS (
-    SELECT d.child_id FROM job_dependencies d JOIN picked p ON d.parent_id = p.id
+    SELECT d.child_id FROM taskline.job_dependencies d JOIN picked p ON d.parent_id = p.id
     UNION
-    SELECT d.child_id FROM job_dependencies d JOIN below b ON d.parent_id = b.id
+    SELECT d.child_id FROM taskline.job_dependencies d JOIN below b ON d.parent_id = b.id
 ), orphans AS (
-    UPDATE jobs c SET status = 'cancelled', next_run_at = NULL, finished_at = now(),
+    UPDATE taskline.jobs c SET status = 'cancelled', next_run_at = NULL, finished_at = now(),
                       updated_at = now()
-    FROM (SELECT id FROM jobs WHERE id IN (SELECT id FROM below) AND status = 'waiting'
+    FROM (SELECT id FROM taskline.jobs WHERE id IN (SELECT id FROM below) AND status = 'waiting'
           ORDER BY id FOR UPDATE) w
     WHERE c.id = w.id AND (c.status = 'waiting') IS TRUE
     RETURNING c.id, c.attempts
 ), orphan_events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor, detail)
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
     SELECT id, attempts, 'cancelled', :actor, '{"cause": "parent_purged"}'::jsonb FROM orphans
 )
-DELETE FROM jobs j USING picked
+DELETE FROM taskline.jobs j USING picked
 WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
 RETURNING j.id, j.queue, j.priority, j.type, j.status;
 
 -- name: count_dead_matching
 -- How many dead jobs match the filter of requeue_dead_batch / purge_dead_batch.
-SELECT count(*) AS n FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+SELECT count(*) AS n FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
 WHERE j.status = 'dead'
   AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
   AND (CAST(:type AS text) IS NULL OR j.type = :type)
@@ -658,17 +658,17 @@ WHERE j.status = 'dead'
 -- name: promote_due
 -- Move due scheduled and retrying jobs to queued, oldest due first; skips rows others hold.
 WITH due AS (
-    SELECT id FROM jobs
+    SELECT id FROM taskline.jobs
     WHERE status IN ('scheduled', 'retrying') AND next_run_at <= now()
     ORDER BY next_run_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), changed AS (
-    UPDATE jobs j SET status = :target, updated_at = now()
+    UPDATE taskline.jobs j SET status = :target, updated_at = now()
     FROM due WHERE j.id = due.id
     RETURNING j.id, j.queue, j.priority, j.attempts
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event) SELECT id, attempts, :event FROM changed
+    INSERT INTO taskline.job_events (job_id, attempt, event) SELECT id, attempts, :event FROM changed
 )
 SELECT id, queue, priority, attempts FROM changed;
 
@@ -677,7 +677,7 @@ SELECT id, queue, priority, attempts FROM changed;
 -- are skipped): what the reaper settles in the same transaction.
 SELECT l.id AS lease_id, l.worker_id, j.id, j.queue, j.priority, j.type, j.attempts,
        j.max_retries
-FROM live_leases l JOIN jobs j ON j.id = l.job_id
+FROM taskline.live_leases l JOIN taskline.jobs j ON j.id = l.job_id
 WHERE l.leased_until < now()
 ORDER BY l.leased_until
 LIMIT :limit
@@ -692,27 +692,27 @@ FOR UPDATE OF j SKIP LOCKED;
 -- updated_at); each is re-checked under its row lock, so a job requeued meanwhile stays. The
 -- literal terminal states keep an unfinished job out whatever :status says.
 WITH candidates AS (
-    (SELECT id FROM jobs
+    (SELECT id FROM taskline.jobs
      WHERE status = :status AND finished_at < now() - make_interval(secs => :retain_s)
      ORDER BY finished_at LIMIT :limit)
     UNION ALL
-    (SELECT id FROM jobs
+    (SELECT id FROM taskline.jobs
      WHERE finished_at IS NULL AND status IN ('succeeded', 'dead', 'cancelled')
        AND status = :status AND updated_at < now() - make_interval(secs => :retain_s)
      ORDER BY updated_at LIMIT :limit)
 ), doomed AS (
-    SELECT id FROM jobs
+    SELECT id FROM taskline.jobs
     WHERE id = ANY(ARRAY(SELECT id FROM candidates))
       AND status IN ('succeeded', 'dead', 'cancelled') AND status = :status
       AND COALESCE(finished_at, updated_at) < now() - make_interval(secs => :retain_s)
       -- No step of an unfinished workflow: its dependents read its result (parent_results).
       AND (workflow_id IS NULL OR NOT EXISTS (
-          SELECT 1 FROM jobs s WHERE s.workflow_id = jobs.workflow_id
+          SELECT 1 FROM taskline.jobs s WHERE s.workflow_id = jobs.workflow_id
             AND s.status NOT IN ('succeeded', 'dead', 'cancelled')))
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM jobs
+DELETE FROM taskline.jobs
 WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 RETURNING id, queue, type, status, COALESCE(finished_at, updated_at) AS finished_at;
 
@@ -721,15 +721,15 @@ RETURNING id, queue, type, status, COALESCE(finished_at, updated_at) AS finished
 -- seconds by PostgreSQL's clock (0 when none): the relay's lag, for the depth gauges.
 SELECT count(*) AS n,
        COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_s
-FROM enqueue_outbox;
+FROM taskline.enqueue_outbox;
 
 -- name: oldest_finished
 -- Age in seconds of the oldest job kept in each of :statuses (NULL when none), by the same
 -- clock and indexes as expire_finished: one index probe per status.
 SELECT s.status, extract(epoch FROM now() - LEAST(
-    (SELECT min(finished_at) FROM jobs
+    (SELECT min(finished_at) FROM taskline.jobs
      WHERE status = s.status AND finished_at IS NOT NULL),
-    (SELECT min(updated_at) FROM jobs
+    (SELECT min(updated_at) FROM taskline.jobs
      WHERE finished_at IS NULL AND status IN ('succeeded', 'dead', 'cancelled')
        AND status = s.status)))::float8 AS age_s
 FROM unnest(CAST(:statuses AS text[])) AS s(status);
@@ -740,10 +740,10 @@ FROM unnest(CAST(:statuses AS text[])) AS s(status);
 -- from Redis, so they are left out (a worker that fetched one would only ack it away again).
 SELECT id, queue, priority, status,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
-FROM jobs j
+FROM taskline.jobs j
 WHERE status IN ('queued', 'scheduled', 'retrying') AND id > :after AND updated_at < :before
   AND NOT (status = 'queued'
-           AND EXISTS (SELECT 1 FROM flow_limits f
+           AND EXISTS (SELECT 1 FROM taskline.flow_limits f
                        WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue)))
 ORDER BY id
 LIMIT :limit;
@@ -751,7 +751,7 @@ LIMIT :limit;
 -- name: dead_page
 -- One keyset page of dead jobs, for the DLQ list's reconciliation.
 SELECT d.job_id AS id, j.queue
-FROM dead_letter_jobs d JOIN jobs j ON j.id = d.job_id
+FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
 WHERE d.job_id > :after AND j.status = 'dead' AND j.updated_at < :before
 ORDER BY d.job_id
 LIMIT :limit;
@@ -759,61 +759,61 @@ LIMIT :limit;
 -- name: statuses
 -- Status, queue and open-lease worker of the given ids (absent ids are simply missing).
 SELECT j.id, j.status, j.queue, j.priority, j.updated_at,
-       (SELECT l.worker_id FROM live_leases l WHERE l.job_id = j.id
+       (SELECT l.worker_id FROM taskline.live_leases l WHERE l.job_id = j.id
         ORDER BY l.id DESC LIMIT 1) AS lease_worker
-FROM jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
+FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 
 -- name: pending_queues
 -- Queues that hold pending or running jobs.
-SELECT DISTINCT queue FROM jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running');
+SELECT DISTINCT queue FROM taskline.jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running');
 
 -- name: queue_counts
 -- Job counts per queue, priority and status (waiting steps too), for /queues and the depth gauges.
 SELECT queue, priority, status, count(*) AS n
-FROM jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running', 'dead', 'waiting')
+FROM taskline.jobs WHERE status IN ('queued', 'scheduled', 'retrying', 'running', 'dead', 'waiting')
 GROUP BY queue, priority, status;
 
 -- name: oldest_ready
 -- Age in seconds of the oldest queued job per queue.
 SELECT queue, extract(epoch FROM now() - min(updated_at)) AS age_s
-FROM jobs WHERE status = 'queued' GROUP BY queue;
+FROM taskline.jobs WHERE status = 'queued' GROUP BY queue;
 
 -- name: upsert_worker
 -- Register a worker at start-up.
-INSERT INTO workers (id, hostname, pid, queues, concurrency, started_at, last_heartbeat)
+INSERT INTO taskline.workers (id, hostname, pid, queues, concurrency, started_at, last_heartbeat)
 VALUES (:id, :hostname, :pid, CAST(:queues AS text[]), :concurrency, now(), now())
 ON CONFLICT (id) DO UPDATE SET last_heartbeat = now(), stopped_at = NULL;
 
 -- name: heartbeat_worker
 -- A worker's periodic proof of life with its busy slots.
-UPDATE workers SET last_heartbeat = now(), active_jobs = :active_jobs WHERE id = :id;
+UPDATE taskline.workers SET last_heartbeat = now(), active_jobs = :active_jobs WHERE id = :id;
 
 -- name: stop_worker
 -- Mark a worker stopped at shutdown.
-UPDATE workers SET stopped_at = now(), active_jobs = 0 WHERE id = :id;
+UPDATE taskline.workers SET stopped_at = now(), active_jobs = 0 WHERE id = :id;
 
 -- name: list_workers
 -- Workers seen within :within_s seconds and not stopped, with their running leases.
 SELECT w.*, extract(epoch FROM now() - w.last_heartbeat) AS heartbeat_age_s,
-       COALESCE((SELECT array_agg(l.job_id::text) FROM job_leases l
+       COALESCE((SELECT array_agg(l.job_id::text) FROM taskline.job_leases l
                  WHERE l.worker_id = w.id AND l.released_at IS NULL), '{}') AS job_ids
-FROM workers w
+FROM taskline.workers w
 WHERE w.stopped_at IS NULL AND w.last_heartbeat > now() - make_interval(secs => :within_s)
 ORDER BY w.started_at;
 
 -- name: next_lease_expiry
 -- Seconds (PostgreSQL time) until the earliest live lease ends; NULL if none.
-SELECT extract(epoch FROM min(leased_until) - now())::float8 AS seconds FROM live_leases;
+SELECT extract(epoch FROM min(leased_until) - now())::float8 AS seconds FROM taskline.live_leases;
 
 -- name: mark_silent_workers_stopped
 -- Close the registry rows of workers silent for longer than :silent_s seconds.
-UPDATE workers SET stopped_at = now(), active_jobs = 0
+UPDATE taskline.workers SET stopped_at = now(), active_jobs = 0
 WHERE stopped_at IS NULL AND last_heartbeat < now() - make_interval(secs => :silent_s)
 RETURNING id;
 
 -- name: acquire_leader
 -- Take or keep the named leadership lease; returns a row only when :holder holds it now.
-INSERT INTO leader_leases (name, holder, leased_until)
+INSERT INTO taskline.leader_leases (name, holder, leased_until)
 VALUES (:name, :holder, now() + make_interval(secs => :ttl_s))
 ON CONFLICT (name) DO UPDATE
     SET holder = EXCLUDED.holder, leased_until = EXCLUDED.leased_until
@@ -822,7 +822,7 @@ RETURNING holder;
 
 -- name: release_leader
 -- Give up the named leadership lease at shutdown.
-DELETE FROM leader_leases WHERE name = :name AND holder = :holder;
+DELETE FROM taskline.leader_leases WHERE name = :name AND holder = :holder;
 
 -- name: ping
 -- Readiness probe.
@@ -830,13 +830,13 @@ SELECT 1;
 
 -- name: insert_audit
 -- Append one operator action to the audit trail; returns the record as stored.
-INSERT INTO audit_log (actor, action, target, detail)
+INSERT INTO taskline.audit_log (actor, action, target, detail)
 VALUES (:actor, :action, :target, CAST(:detail AS jsonb))
 RETURNING id, at, actor, action, target, detail;
 
 -- name: list_audit
 -- Audit records newest first, optionally of one actor or action, paged by the (at, id) of the previous page's last row.
-SELECT id, at, actor, action, target, detail FROM audit_log
+SELECT id, at, actor, action, target, detail FROM taskline.audit_log
 WHERE (CAST(:actor AS text) IS NULL OR actor = :actor)
   AND (CAST(:action AS text) IS NULL OR action = :action)
   AND (CAST(:after_at AS timestamptz) IS NULL
@@ -846,8 +846,8 @@ LIMIT :limit;
 
 -- name: delete_expired_audit
 -- Delete up to :limit audit records older than :retain_s seconds, oldest first (retention).
-DELETE FROM audit_log WHERE id IN (
-    SELECT id FROM audit_log
+DELETE FROM taskline.audit_log WHERE id IN (
+    SELECT id FROM taskline.audit_log
     WHERE at < now() - make_interval(secs => :retain_s)
     ORDER BY at, id LIMIT :limit
     FOR UPDATE SKIP LOCKED)
@@ -858,14 +858,14 @@ RETURNING id;
 
 -- name: insert_workflow
 -- Insert one workflow unless its idempotency key exists; returns the row only when inserted.
-INSERT INTO workflows (id, name, idempotency_key, request_hash)
+INSERT INTO taskline.workflows (id, name, idempotency_key, request_hash)
 VALUES (:id, :name, :idempotency_key, :request_hash)
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
 -- name: get_workflow_by_key
 -- The workflow holding an idempotency key.
-SELECT * FROM workflows WHERE idempotency_key = :idempotency_key;
+SELECT * FROM taskline.workflows WHERE idempotency_key = :idempotency_key;
 
 -- name: insert_steps
 -- Insert a workflow's steps (a JSON array of jobs, each with its step id and its count of
@@ -879,7 +879,7 @@ WITH input AS MATERIALIZED (
                               timeout_s, run_at, delay_s, trace_context, actor, step,
                               pending_parents, limit_key, ord)
 ), inserted AS (
-    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+    INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, trace_context, workflow_id, step, pending_parents, limit_key)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)), t.trace_context,
@@ -888,7 +888,7 @@ WITH input AS MATERIALIZED (
     ORDER BY t.ord
     RETURNING *
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor)
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor)
     SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status, t.actor
     FROM inserted i JOIN input t ON t.id = i.id
 )
@@ -896,7 +896,7 @@ SELECT * FROM inserted;
 
 -- name: insert_dependencies
 -- Insert a workflow's edges (a JSON array of {parent_id, child_id}).
-INSERT INTO job_dependencies (parent_id, child_id)
+INSERT INTO taskline.job_dependencies (parent_id, child_id)
 SELECT parent_id, child_id
 FROM json_to_recordset(CAST(:edges AS json)) AS t(parent_id uuid, child_id uuid);
 
@@ -904,22 +904,22 @@ FROM json_to_recordset(CAST(:edges AS json)) AS t(parent_id uuid, child_id uuid)
 -- Cancel every waiting descendant of the jobs :ids (their children, their children's children
 -- ...), locked in id order, each with its event naming :actor; returns the jobs cancelled.
 WITH RECURSIVE below(id) AS (
-    SELECT child_id FROM job_dependencies WHERE parent_id = ANY(CAST(:ids AS uuid[]))
+    SELECT child_id FROM taskline.job_dependencies WHERE parent_id = ANY(CAST(:ids AS uuid[]))
     UNION
-    SELECT d.child_id FROM job_dependencies d JOIN below b ON d.parent_id = b.id
+    SELECT d.child_id FROM taskline.job_dependencies d JOIN below b ON d.parent_id = b.id
 ), doomed AS MATERIALIZED (
-    SELECT j.id FROM jobs j
+    SELECT j.id FROM taskline.jobs j
     WHERE j.id IN (SELECT id FROM below) AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
     ORDER BY j.id
     FOR UPDATE OF j
 ), changed AS (
-    UPDATE jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
+    UPDATE taskline.jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
                       updated_at = now()
     FROM doomed
     WHERE j.id = doomed.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING j.*
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor, detail)
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
     SELECT id, attempts, :event, :actor, '{"cause": "parent_cancelled"}'::jsonb FROM changed
 )
 SELECT * FROM changed;
@@ -928,18 +928,18 @@ SELECT * FROM changed;
 -- Cancel a workflow's steps that have not started (:sources), locked in id order, each with its
 -- event naming :actor; returns the jobs cancelled.
 WITH doomed AS MATERIALIZED (
-    SELECT id FROM jobs
+    SELECT id FROM taskline.jobs
     WHERE workflow_id = :workflow_id AND status = ANY(CAST(:sources AS text[]))
     ORDER BY id
     FOR UPDATE
 ), changed AS (
-    UPDATE jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
+    UPDATE taskline.jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
                       updated_at = now()
     FROM doomed
     WHERE j.id = doomed.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING j.*
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor)
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor)
     SELECT id, attempts, :event, :actor FROM changed
 )
 SELECT * FROM changed;
@@ -948,40 +948,40 @@ SELECT * FROM changed;
 -- Ask a workflow's running steps to stop (as cancel_running_job), locked in id order; returns
 -- the jobs asked.
 WITH asked AS MATERIALIZED (
-    SELECT id FROM jobs
+    SELECT id FROM taskline.jobs
     WHERE workflow_id = :workflow_id AND status = ANY(CAST(:sources AS text[]))
       AND NOT cancel_requested
     ORDER BY id
     FOR UPDATE
 ), changed AS (
-    UPDATE jobs j SET cancel_requested = true, updated_at = now()
+    UPDATE taskline.jobs j SET cancel_requested = true, updated_at = now()
     FROM asked
     WHERE j.id = asked.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING j.*
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, actor)
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor)
     SELECT id, attempts, :event, :actor FROM changed
 )
 SELECT * FROM changed;
 
 -- name: get_workflow
 -- One workflow by id.
-SELECT * FROM workflows WHERE id = :id;
+SELECT * FROM taskline.workflows WHERE id = :id;
 
 -- name: workflow_steps
 -- The steps of the workflows :ids, each with the step ids of its parents, in step order.
 SELECT j.workflow_id, j.id, j.step, j.type, j.queue, j.status, j.attempts, j.pending_parents,
        j.last_error, j.created_at, j.updated_at, j.finished_at,
        COALESCE((SELECT array_agg(p.step ORDER BY p.step)
-                 FROM job_dependencies d JOIN jobs p ON p.id = d.parent_id
+                 FROM taskline.job_dependencies d JOIN taskline.jobs p ON p.id = d.parent_id
                  WHERE d.child_id = j.id), '{}') AS after
-FROM jobs j
+FROM taskline.jobs j
 WHERE j.workflow_id = ANY(CAST(:ids AS uuid[]))
 ORDER BY j.workflow_id, j.id;
 
 -- name: list_workflows
 -- Workflows newest first, paged by the (created_at, id) of the previous page's last row.
-SELECT * FROM workflows
+SELECT * FROM taskline.workflows
 WHERE CAST(:after_created AS timestamptz) IS NULL
    OR (created_at, id) < (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
 ORDER BY created_at DESC, id DESC
@@ -990,7 +990,7 @@ LIMIT :limit;
 -- name: parent_results
 -- The step id and stored result of each parent of job :id.
 SELECT p.step, p.result
-FROM job_dependencies d JOIN jobs p ON p.id = d.parent_id
+FROM taskline.job_dependencies d JOIN taskline.jobs p ON p.id = d.parent_id
 WHERE d.child_id = :id;
 
 -- name: cancel_dependents_of_expired_dead
@@ -998,52 +998,52 @@ WHERE d.child_id = :id;
 -- than :retain_s seconds, so retention may then delete them (a purged dead step cancels its
 -- dependents); returns the jobs cancelled.
 WITH RECURSIVE roots AS (
-    SELECT id FROM jobs
+    SELECT id FROM taskline.jobs
     WHERE status = 'dead' AND finished_at < now() - make_interval(secs => :retain_s)
       AND workflow_id IS NOT NULL
-      AND EXISTS (SELECT 1 FROM job_dependencies d JOIN jobs c ON c.id = d.child_id
+      AND EXISTS (SELECT 1 FROM taskline.job_dependencies d JOIN taskline.jobs c ON c.id = d.child_id
                   WHERE d.parent_id = jobs.id AND c.status = ANY(CAST(:sources AS text[])))
     ORDER BY finished_at
     LIMIT :limit
 ), below(id) AS (
-    SELECT child_id FROM job_dependencies WHERE parent_id IN (SELECT id FROM roots)
+    SELECT child_id FROM taskline.job_dependencies WHERE parent_id IN (SELECT id FROM roots)
     UNION
-    SELECT d.child_id FROM job_dependencies d JOIN below b ON d.parent_id = b.id
+    SELECT d.child_id FROM taskline.job_dependencies d JOIN below b ON d.parent_id = b.id
 ), doomed AS MATERIALIZED (
-    SELECT j.id FROM jobs j
+    SELECT j.id FROM taskline.jobs j
     WHERE j.id IN (SELECT id FROM below) AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), changed AS (
-    UPDATE jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
+    UPDATE taskline.jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
                       updated_at = now()
     FROM doomed
     WHERE j.id = doomed.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING j.id, j.queue, j.priority, j.attempts
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, detail)
+    INSERT INTO taskline.job_events (job_id, attempt, event, detail)
     SELECT id, attempts, :event, '{"cause": "parent_expired"}'::jsonb FROM changed
 )
 SELECT id, queue, priority FROM changed;
 
 -- name: delete_empty_workflows
 -- Delete up to :limit workflows older than :retain_s seconds none of whose steps is left.
-DELETE FROM workflows WHERE id IN (
-    SELECT w.id FROM workflows w
+DELETE FROM taskline.workflows WHERE id IN (
+    SELECT w.id FROM taskline.workflows w
     WHERE w.created_at < now() - make_interval(secs => :retain_s)
-      AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.workflow_id = w.id)
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.workflow_id = w.id)
     ORDER BY w.created_at LIMIT :limit
     FOR UPDATE SKIP LOCKED)
 RETURNING id;
 
 -- name: waiting_counts
 -- Workflow steps waiting for their parents, per queue (through jobs_status_created).
-SELECT queue, count(*) AS n FROM jobs WHERE status = 'waiting' GROUP BY queue;
+SELECT queue, count(*) AS n FROM taskline.jobs WHERE status = 'waiting' GROUP BY queue;
 -- name: upsert_schedule
 -- Create or replace a schedule; `created` says which. A change of cron, time zone or a resume
 -- moves `since` to now (slots at or before it never fire); an unchanged definition keeps it, so
 -- the declarations upserted at every maintenance start lose no missed slot.
-INSERT INTO schedules (name, cron, timezone, job, paused, catch_up, since)
+INSERT INTO taskline.schedules (name, cron, timezone, job, paused, catch_up, since)
 VALUES (:name, :cron, :timezone, CAST(:job AS jsonb), :paused, :catch_up, now())
 ON CONFLICT (name) DO UPDATE SET
     cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, job = EXCLUDED.job,
@@ -1056,36 +1056,36 @@ RETURNING *, (xmax = 0) AS created, now() AS db_now;
 
 -- name: get_schedule
 -- One schedule by name, with PostgreSQL's clock.
-SELECT *, now() AS db_now FROM schedules WHERE name = :name;
+SELECT *, now() AS db_now FROM taskline.schedules WHERE name = :name;
 
 -- name: list_schedules
 -- Schedules by name, paged by the previous page's last name.
-SELECT *, now() AS db_now FROM schedules
+SELECT *, now() AS db_now FROM taskline.schedules
 WHERE CAST(:after AS text) IS NULL OR name > :after
 ORDER BY name
 LIMIT :limit;
 
 -- name: delete_schedule
 -- Remove a schedule; its fired slots keep their record and its jobs stay. Returns it if removed.
-DELETE FROM schedules WHERE name = :name RETURNING name;
+DELETE FROM taskline.schedules WHERE name = :name RETURNING name;
 
 -- name: active_schedules
 -- Every schedule that is not paused, with PostgreSQL's clock: what the scheduler judges.
 SELECT name, cron, timezone, job, catch_up, since, revision, last_slot, now() AS db_now
-FROM schedules WHERE NOT paused ORDER BY name;
+FROM taskline.schedules WHERE NOT paused ORDER BY name;
 
 -- name: fire_slot
 -- Fire one slot of a schedule still at :revision and not paused: the slot's row, its job (a
 -- new queued job carrying the schedule and the slot instant) with its first event, and the
 -- schedule's last slot, in one statement. A slot already recorded inserts nothing: no row.
 WITH slot AS (
-    INSERT INTO schedule_slots (schedule, slot, job_id)
-    SELECT name, CAST(:slot AS timestamptz), CAST(:id AS uuid) FROM schedules
+    INSERT INTO taskline.schedule_slots (schedule, slot, job_id)
+    SELECT name, CAST(:slot AS timestamptz), CAST(:id AS uuid) FROM taskline.schedules
     WHERE name = :name AND revision = :revision AND NOT paused
     ON CONFLICT (schedule, slot) DO NOTHING
     RETURNING schedule, slot, job_id
 ), job AS (
-    INSERT INTO jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+    INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, schedule, scheduled_for, limit_key)
     SELECT slot.job_id, :type, :queue, CAST(:payload AS jsonb), :priority, :status,
            :max_retries, :timeout_s, now(), slot.schedule, slot.slot,
@@ -1093,11 +1093,11 @@ WITH slot AS (
     FROM slot
     RETURNING *
 ), events AS (
-    INSERT INTO job_events (job_id, attempt, event, detail)
+    INSERT INTO taskline.job_events (job_id, attempt, event, detail)
     SELECT id, 0, :event, jsonb_build_object('schedule', schedule, 'scheduled_for', scheduled_for)
     FROM job
 ), marked AS (
-    UPDATE schedules s SET last_slot = slot.slot, last_job_id = slot.job_id
+    UPDATE taskline.schedules s SET last_slot = slot.slot, last_job_id = slot.job_id
     FROM slot WHERE s.name = slot.schedule AND (s.last_slot IS NULL OR s.last_slot < slot.slot)
 )
 SELECT * FROM job;
@@ -1106,10 +1106,10 @@ SELECT * FROM job;
 -- Owe new workflow steps (:ids, queued or scheduled) to Redis as enqueue_in_transaction owes
 -- its jobs: an outbox row each and the same signals, delivered at the caller's commit.
 WITH owed AS (
-    INSERT INTO enqueue_outbox (job_id, queue)
-    SELECT id, queue FROM jobs WHERE id = ANY(CAST(:ids AS uuid[]))
+    INSERT INTO taskline.enqueue_outbox (job_id, queue)
+    SELECT id, queue FROM taskline.jobs WHERE id = ANY(CAST(:ids AS uuid[]))
 )
 SELECT j.id, pg_notify('taskline_enqueued', j.queue) AS signal,
        pg_notify('taskline_enqueued_jobs', concat_ws(' ', j.id, j.priority, j.status,
                  round(extract(epoch FROM j.next_run_at) * 1000), j.queue)) AS announced
-FROM jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
+FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));

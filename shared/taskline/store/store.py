@@ -30,7 +30,7 @@ from taskline import flow, transitions
 from taskline.errors import StoreUnavailable
 from taskline.jobs import Job, Status, new_job_id, parse_job_id
 from taskline.store import bulk
-from taskline.store.queries import load_queries
+from taskline.store.queries import DEFAULT_SCHEMA, queries_for
 from taskline.store.rows import (
     DeadChanged,
     Deleted,
@@ -45,7 +45,8 @@ from taskline.store.rows import (
 )
 from taskline.transitions import Move
 
-QUERIES = load_queries()
+QUERIES = queries_for(DEFAULT_SCHEMA)
+"""The statements for the default schema (what tests and tools read; a Store runs its own)."""
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -185,10 +186,10 @@ and every hour (pool_recycle), and a chain's handoffs on a new worker took twice
 
 
 @functools.cache
-def driver_sql(name: str) -> str:
-    """Query `name` in psycopg's own parameter style, for statements run straight through
-    psycopg (Store._run_on_driver, Store._driver_transaction, taskline.store.caller)."""
-    return str(QUERIES[name].compile(dialect=sqlalchemy_psycopg.dialect()))
+def driver_sql(name: str, schema: str = DEFAULT_SCHEMA) -> str:
+    """Query `name` for `schema` in psycopg's own parameter style, for statements run straight
+    through psycopg (Store._run_on_driver, Store._driver_transaction, taskline.store.caller)."""
+    return str(queries_for(schema)[name].compile(dialect=sqlalchemy_psycopg.dialect()))
 
 
 def _rows_json(rows: Sequence[dict[str, Any]] | dict[str, Any]) -> str:
@@ -203,13 +204,16 @@ def _rows_json(rows: Sequence[dict[str, Any]] | dict[str, Any]) -> str:
 class Store:
     """Runs named queries; every unreachable-database error surfaces as StoreUnavailable."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, schema: str = DEFAULT_SCHEMA) -> None:
         self.engine = engine
+        self.schema = schema
+        self._queries = queries_for(schema)
 
     @classmethod
     def connect(cls, url: str, pool_size: int = 5, max_overflow: int | None = None,
-                **kwargs: Any) -> Store:
-        return cls(make_engine(url, pool_size=pool_size, max_overflow=max_overflow, **kwargs))
+                schema: str = DEFAULT_SCHEMA, **kwargs: Any) -> Store:
+        return cls(make_engine(url, pool_size=pool_size, max_overflow=max_overflow, **kwargs),
+                   schema)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -243,7 +247,7 @@ class Store:
         """
         if conn is not None:
             with translate_errors():
-                result = conn.execute(QUERIES[name], params)
+                result = conn.execute(self._queries[name], params)
                 return result.all() if result.returns_rows else []
         with translate_errors(), self.engine.connect() as own:
             return self._run(name, params, own.execution_options(isolation_level="AUTOCOMMIT"))
@@ -279,7 +283,7 @@ class Store:
             return []
         if conn is None and bulk.copyable(jobs):
             with self._driver() as driver:
-                return bulk.copy_jobs_with_events(driver, jobs)
+                return bulk.copy_jobs_with_events(driver, jobs, self.schema)
         params = {"jobs": _rows_json(jobs), "first_events": _FIRST_EVENTS}
         if conn is not None:
             return self._run("insert_jobs_with_events", params, conn)
@@ -296,7 +300,8 @@ class Store:
         with self._driver() as driver:
             driver.autocommit = True
             with driver.cursor(row_factory=namedtuple_row) as cursor:
-                rows = cursor.execute(driver_sql(name), params, prepare=PREPARE).fetchall()
+                sql = driver_sql(name, self.schema)
+                rows = cursor.execute(sql, params, prepare=PREPARE).fetchall()
             driver.autocommit = False
         return rows
 
@@ -308,7 +313,7 @@ class Store:
         with self._driver() as driver, driver.transaction(), \
                 driver.cursor(row_factory=namedtuple_row) as cursor:
             def run(name: str, params: dict[str, Any]) -> list:
-                cursor.execute(driver_sql(name), params, prepare=PREPARE)
+                cursor.execute(driver_sql(name, self.schema), params, prepare=PREPARE)
                 return cursor.fetchall() if cursor.description is not None else []
 
             yield run
