@@ -57,6 +57,18 @@ class Principal:
     scopes: frozenset[str]
     kind: str
     """`token`, `jwt`, or `anonymous` when authentication is off."""
+    issuer: str | None = None
+    """A JWT's `iss` (None for a static token)."""
+
+    @property
+    def key_scope(self) -> str | None:
+        """Whose idempotency keys this principal's are (taskline.jobs.scoped_key); None for
+        the one scope shared by the library and a deployment without authentication."""
+        if self.kind == "anonymous" or self.name is None:
+            return None
+        if self.kind == "jwt":
+            return f"jwt:{self.issuer or ''}:{self.name}"
+        return f"{self.kind}:{self.name}"
 
 
 ANONYMOUS = Principal(None, SCOPES, "anonymous")
@@ -117,7 +129,7 @@ class Authenticator:
         except JwksUnavailable as err:
             raise KeysUnavailable(str(err),
                                   headers={"Retry-After": str(JWKS_RETRY_AFTER_S)}) from None
-        return Principal(claims.subject, claims.scopes, "jwt")
+        return Principal(claims.subject, claims.scopes, "jwt", claims.issuer)
 
 
 def _presented_token() -> str | None:

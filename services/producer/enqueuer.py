@@ -29,7 +29,7 @@ from sqlalchemy import Connection
 from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, IdempotencyConflict
-from taskline.jobs import Job, Status, new_job_id
+from taskline.jobs import Job, Status, new_job_id, visible_key
 from taskline.jobspec import JobSpec
 from taskline.log import job_fields as job_log_extra
 from taskline.store.store import STATEMENT_ERRORS, Store
@@ -187,8 +187,8 @@ class Enqueuer:
             raise RuntimeError(f"idempotency key {key!r} conflicted but no job holds it")
         job, digest = found
         if digest != spec.request_hash:
-            raise IdempotencyConflict(
-                f"idempotency key {key!r} was used for job {job.id} with a different body")
+            raise IdempotencyConflict(f"idempotency key {visible_key(key)!r} was used for job "
+                                      f"{job.id} with a different body")
         return Accepted(job, created=False)
 
     def _dispatch(self, jobs: Sequence[Job]) -> None:

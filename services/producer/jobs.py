@@ -18,7 +18,7 @@ from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
-from taskline_producer import audit, auth, paging, quotas, shapes, workflows
+from taskline_producer import audit, auth, paging, quotas, replays, shapes, workflows
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.errors import (
@@ -46,9 +46,9 @@ def create_job() -> Response:
         raise _invalid(spec)
     quotas.take(1)
     with tracing.enqueue(request.headers) as trace_context:
-        accepted = b.enqueuer.enqueue(spec, trace_context, auth.principal().name)
+        accepted = b.enqueuer.enqueue(replays.scoped(spec), trace_context, auth.principal().name)
         tracing.accepted([accepted.job])
-    response = jsonify(shapes.job(accepted.job))
+    response = jsonify(replays.job_answer(shapes.job(accepted.job), accepted.created))
     response.status_code = 201 if accepted.created else 200
     response.headers["Location"] = _location(accepted.job.id)
     return response
@@ -67,12 +67,14 @@ def create_batch() -> Response:
         raise _invalid(errors)
     quotas.take(len(parsed))
     with tracing.enqueue(request.headers) as trace_context:
-        accepted = b.enqueuer.enqueue_many([s for s in parsed if isinstance(s, JobSpec)],
-                                           trace_context, auth.principal().name)
+        accepted = b.enqueuer.enqueue_many(
+            [replays.scoped(s) for s in parsed if isinstance(s, JobSpec)], trace_context,
+            auth.principal().name)
         tracing.accepted([a.job for a in accepted])
     created = sum(a.created for a in accepted)
     response = jsonify({
-        "jobs": [{"index": i, "created": a.created, "job": shapes.job(a.job)}
+        "jobs": [{"index": i, "created": a.created,
+                  "job": replays.job_answer(shapes.job(a.job), a.created)}
                  for i, a in enumerate(accepted)],
         "created": created, "replayed": len(accepted) - created})
     response.status_code = 201 if created else 200

@@ -73,6 +73,8 @@ class Claims:
 
     subject: str
     scopes: frozenset[str]
+    issuer: str | None = None
+    """`iss` when the token carries a string one: a `sub` is unique only within its issuer."""
 
 
 def _public_key(pem: str, algorithm: str) -> Any:
@@ -127,7 +129,9 @@ class JwtVerifier:
         if not isinstance(subject, str) or not 1 <= len(subject) <= MAX_SUBJECT_CHARS \
                 or not subject.isprintable():
             raise InvalidJwt(f"sub must be 1..{MAX_SUBJECT_CHARS} printable characters")
-        return Claims(subject, scopes_of_claim(claims.get("scope")))
+        issuer = claims.get("iss")
+        return Claims(subject, scopes_of_claim(claims.get("scope")),
+                      issuer if isinstance(issuer, str) else None)
 
     def _signing_key(self, token: str) -> Any:
         if self._jwks is None:

@@ -18,12 +18,12 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline import tracing, transitions
 from taskline.errors import IdempotencyConflict
-from taskline.jobs import Job
+from taskline.jobs import Job, visible_key
 from taskline.jobspec import KEY_CODE, FieldError
 from taskline.metrics import WORKFLOWS_SUBMITTED
 from taskline.transitions import CREATED, Committed
 from taskline.workflows import Submitted, insert_workflow, workflow_status
-from taskline_producer import audit, auth, paging, quotas
+from taskline_producer import audit, auth, paging, quotas, replays
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.enqueuer import due_ms
@@ -43,6 +43,7 @@ def create_workflow() -> Response:
     spec = parse_workflow(body, b.settings, request.headers.get("Idempotency-Key"))
     if not isinstance(spec, WorkflowSpec):
         raise _invalid(spec)
+    spec = replays.scoped(spec)
     quotas.take(len(spec.steps))
     with tracing.enqueue(request.headers) as trace_context, b.store.transaction() as conn:
         submitted = insert_workflow(conn, spec.name, spec.steps,
@@ -57,7 +58,8 @@ def create_workflow() -> Response:
         log.info("workflow accepted", extra={"action": "workflow_submitted",
                                              "workflow_id": str(submitted.id),
                                              "steps": len(spec.steps)})
-    response = jsonify(_view(b.store.get_workflow(submitted.id) or {}, submitted.id))
+    view = _view(b.store.get_workflow(submitted.id) or {}, submitted.id)
+    response = jsonify(replays.workflow_answer(view, submitted.created))
     response.status_code = 201 if submitted.created else 200
     response.headers["Location"] = f"/api/v1/workflows/{submitted.id}"
     return response
@@ -67,8 +69,9 @@ def _check_replay(conn: Any, spec: WorkflowSpec, submitted: Submitted) -> None:
     """The key names a workflow already: the same body gets it, another body is a 422."""
     found = backends().store.get_workflow_by_key(spec.idempotency_key or "", conn)
     if found is None or found["request_hash"] != spec.request_hash:
-        raise IdempotencyConflict(f"idempotency key {spec.idempotency_key!r} was used for "
-                                  f"workflow {submitted.id} with a different body")
+        key = visible_key(spec.idempotency_key)
+        raise IdempotencyConflict(f"idempotency key {key!r} was used for workflow "
+                                  f"{submitted.id} with a different body")
 
 
 def _invalid(errors: list[FieldError]) -> Exception:

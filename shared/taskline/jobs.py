@@ -97,6 +97,28 @@ def parse_priority(value: object) -> int:
     raise ValueError("priority must be an integer 0..9 or one of low, normal, high, critical")
 
 
+KEY_SCOPE_END = "\x1f"
+"""Ends the principal's part of a stored idempotency key: a key itself is visible ASCII
+(taskline.jobspec), so it never holds this character and a scoped key reads back unambiguously."""
+
+
+def scoped_key(key: str | None, scope: str | None) -> str | None:
+    """The idempotency key as stored for the principal whose keys are `scope` (None: the one
+    scope the library and a deployment without authentication share, stored as given).
+
+    Scoping in the stored value keeps the unique index on (queue, key) as the one arbiter of
+    concurrent duplicates, with no column or index to migrate: another principal's same key
+    is simply another key."""
+    if key is None or scope is None:
+        return key
+    return f"{scope}{KEY_SCOPE_END}{key}"
+
+
+def visible_key(stored: str | None) -> str | None:
+    """The key a client sent, from its stored (possibly scoped) form."""
+    return None if stored is None else stored.rpartition(KEY_SCOPE_END)[2]
+
+
 def new_job_id() -> uuid.UUID:
     """A fresh job id: a UUIDv7 (RFC 9562), whose leading 48 bits are the Unix time in ms.
 
@@ -196,7 +218,8 @@ class Job:
             "id": str(self.id), "type": self.type, "queue": self.queue, "payload": self.payload,
             "priority": self.priority, "status": self.status.value, "attempts": self.attempts,
             "max_retries": self.max_retries, "timeout_s": self.timeout_s,
-            "next_run_at": _iso(self.next_run_at), "idempotency_key": self.idempotency_key,
+            "next_run_at": _iso(self.next_run_at),
+            "idempotency_key": visible_key(self.idempotency_key),
             "last_error": self.last_error, "result": self.result,
             "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),

@@ -1,0 +1,48 @@
+"""Idempotency keys per principal, and what a replay may show.
+
+Invariant: with authentication on, a key names one request of one principal (a token's name,
+or a JWT's `sub` with its `iss`): another principal's same key is another key, so no answer
+ever names, refuses or returns another principal's job or workflow. Keys from the library and
+from a deployment without authentication share one scope, stored as given (as before keys were
+scoped). A replay is a write's answer, so it shows the job's `result` and `last_error` (a
+workflow's steps' `last_error`) only to a principal that may also read jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from taskline.access import READ
+from taskline.jobs import scoped_key
+from taskline_producer import auth
+
+Spec = TypeVar("Spec")
+REDACTED_JOB_FIELDS = ("result", "last_error")
+
+
+def scoped(spec: Spec) -> Spec:
+    """`spec` (a JobSpec or a WorkflowSpec) with its key in the calling principal's scope."""
+    key = getattr(spec, "idempotency_key", None)
+    scope = auth.principal().key_scope
+    if key is None or scope is None:
+        return spec
+    return dataclasses.replace(spec, idempotency_key=scoped_key(key, scope))  # type: ignore
+
+
+def may_read() -> bool:
+    return READ in auth.principal().scopes
+
+
+def job_answer(shaped: dict[str, Any], created: bool) -> dict[str, Any]:
+    """A job's answer to a write: a replay hides what only a reader may see."""
+    if created or may_read():
+        return shaped
+    return {**shaped, **dict.fromkeys(REDACTED_JOB_FIELDS)}
+
+
+def workflow_answer(shaped: dict[str, Any], created: bool) -> dict[str, Any]:
+    """A workflow's answer to a write: a replay hides its steps' errors from a non-reader."""
+    if created or may_read() or "steps" not in shaped:
+        return shaped
+    return {**shaped, "steps": [{**s, "last_error": None} for s in shaped["steps"]]}
