@@ -280,7 +280,7 @@ def reconcile(stack: Stack, jobs: int) -> dict[str, float]:
               "now() - interval '1 minute', now() - interval '1 minute', "
               "now() - interval '1 minute' FROM generate_series(1, %s) RETURNING 1", jobs)
     settings = Settings.from_env(stack.env())
-    store = Store.connect(settings.database_url)
+    store = Store.connect(settings.database_url, schema=settings.schema)
     dispatcher = Dispatcher(settings.redis_url)
     try:
         passes = {}

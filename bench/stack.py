@@ -26,6 +26,7 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from taskline.store.queries import DEFAULT_SCHEMA, in_schema
 from taskline_cli.localservers import PrivatePostgres, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +71,9 @@ class Stack:
         self.placements: list[list[int]] = []
         self.group_sizes: list[float] = []
         self._sql: psycopg.Connection | None = None
+        # The benchmark measures the installation as configured: TASKLINE_SCHEMA is passed to
+        # every process, and the benchmark's own statements (written `taskline.jobs`) follow.
+        self.schema = os.environ.get("TASKLINE_SCHEMA") or DEFAULT_SCHEMA
 
     @property
     def url(self) -> str:
@@ -77,6 +81,7 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLINE_")}
+        env["TASKLINE_SCHEMA"] = self.schema
         path = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
         env.update({"DATABASE_URL": self.url, "REDIS_URL": self.redis_url,
                     "TASKLINE_METRICS_PORT": "0", "TASKLINE_LOG_LEVEL": "WARNING",
@@ -119,7 +124,7 @@ class Stack:
         # would fork a PostgreSQL backend each time, on the CPU the measured stack needs.
         if self._sql is None or self._sql.closed:
             self._sql = psycopg.connect(self.url, autocommit=True)
-        return self._sql.execute(query, params).fetchall()
+        return self._sql.execute(in_schema(query, self.schema), params).fetchall()
 
     def close_sql(self) -> None:
         if self._sql is not None:
