@@ -59,6 +59,9 @@ def cmd_workflow_submit(args: argparse.Namespace, client: Client) -> int:
 @client_command
 def cmd_workflow_status(args: argparse.Namespace, client: Client) -> int:
     wf = client.workflow(args.id)
+    while wf.get("next_cursor"):  # every step, a page at a time
+        more = client.workflow(args.id, cursor=wf["next_cursor"])
+        wf = {**more, "steps": wf["steps"] + more["steps"]}
     _emit(args, wf, lambda: _print_workflow(wf))
     return EXIT_OK
 

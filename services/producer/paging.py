@@ -1,8 +1,8 @@
 """Query parameters of the list routes: limits, filters and opaque keyset cursors.
 
-Invariant: a cursor is base64url of the (timestamp, id) of the last row of a page, and nothing
-read from the query string reaches SQL before it is checked (a NUL or a malformed cursor is a
-400, never a driver error).
+Invariant: a cursor is base64url of the (timestamp, id), or the id alone, of the last row of a
+page, and nothing read from the query string reaches SQL before it is checked (a NUL or a
+malformed cursor is a 400, never a driver error).
 """
 
 from __future__ import annotations
@@ -51,13 +51,33 @@ def decode_cursor(text: str | None) -> Position | None:
                                {"parameter": "cursor"}) from None
 
 
-def limit(args: MultiDict[str, str]) -> int:
+def limit(args: MultiDict[str, str], default: int = DEFAULT_LIMIT,
+          most: int = MAX_LIMIT) -> int:
     raw = args.get("limit")
     if raw is None:
-        return DEFAULT_LIMIT
-    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_LIMIT:
-        raise InvalidParameter(f"limit must be an integer 1..{MAX_LIMIT}", {"parameter": "limit"})
+        return default
+    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= most:
+        raise InvalidParameter(f"limit must be an integer 1..{most}", {"parameter": "limit"})
     return int(raw)
+
+
+def encode_id_cursor(row_id: uuid.UUID) -> str:
+    """A cursor naming the last row of a page ordered by id alone."""
+    return base64.urlsafe_b64encode(str(row_id).encode()).decode().rstrip("=")
+
+
+def decode_id_cursor(text: str | None) -> uuid.UUID | None:
+    """The id an id cursor names, None when absent; InvalidParameter when it is not ours."""
+    if text is None:
+        return None
+    try:
+        if len(text) > MAX_CURSOR_CHARS:
+            raise ValueError("too long")
+        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
+        return uuid.UUID(base64.b64decode(padded, altchars=b"-_", validate=True).decode())
+    except (ValueError, binascii.Error, UnicodeError):
+        raise InvalidParameter("cursor is not a cursor this API returned",
+                               {"parameter": "cursor"}) from None
 
 
 def status(args: MultiDict[str, str]) -> str | None:

@@ -3,8 +3,10 @@
 Invariant: a workflow is validated whole before any SQL runs and inserted in one transaction
 (all steps and edges or none, taskline.workflows.insert_workflow); only after the commit are
 its first steps handed to Redis. Its status is derived from its steps on every read, never
-stored. Cancelling it cancels every step that has not started and asks running ones to stop,
-in one transaction, audited.
+stored. The list shows each workflow's step counts, never its steps; a read of one pages its
+steps (STEP_PAGE, MAX_PAGE_EDGES), so no answer grows with a workflow's size. Cancelling it
+cancels every step that has not started and asks running ones to stop, in one transaction,
+audited.
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ from taskline_producer.workflowspec import WorkflowSpec, parse_workflow
 log = logging.getLogger(__name__)
 
 bp = Blueprint("workflows", __name__, url_prefix="/api/v1/workflows")
+
+STEP_PAGE = 200
+"""Steps in one answer of GET /api/v1/workflows/{id} (and of a submit or a cancel) unless
+`limit` says otherwise."""
+MAX_STEP_PAGE = 1000
+"""Most steps `limit` may ask for in one page: a whole workflow of MAX_STEPS."""
+MAX_PAGE_EDGES = 20_000
+"""Most parent step ids (`after` entries) one page carries: a page ends early before more."""
 
 
 @bp.post("")
@@ -96,23 +106,28 @@ def _dispatch(jobs: Sequence[Job]) -> None:
 
 @bp.get("/<uuid:workflow_id>")
 def get_workflow(workflow_id: uuid.UUID) -> Response:
+    """The workflow with one page of its steps (`limit`, `cursor`: STEP_PAGE, MAX_STEP_PAGE)."""
+    size = paging.limit(request.args, STEP_PAGE, MAX_STEP_PAGE)
+    after = paging.decode_id_cursor(request.args.get("cursor"))
     row = backends().store.get_workflow(workflow_id)
     if row is None:
         raise NotFound("no workflow has this id", {"id": str(workflow_id)})
-    return jsonify(_view(row, workflow_id))
+    return jsonify(_view(row, workflow_id, after, size))
 
 
 @bp.get("")
 def list_workflows() -> Response:
+    """Workflows newest first, each with its step counts by status, never its steps: a page's
+    size is bounded by its length alone, whatever its workflows hold."""
     size = paging.limit(request.args)
     after = paging.decode_cursor(request.args.get("cursor"))
     store = backends().store
     rows = store.list_workflows(after=after, limit=size + 1)
     page = rows[:size]
-    steps = store.workflow_steps([r["id"] for r in page])
+    counts = store.workflow_step_counts([r["id"] for r in page])
     cursor = (paging.encode_cursor(page[-1]["created_at"], page[-1]["id"])
               if len(rows) > size else None)
-    return jsonify({"workflows": [_shape(r, steps.get(r["id"], [])) for r in page],
+    return jsonify({"workflows": [_summary(r, counts.get(r["id"], {})) for r in page],
                     "next_cursor": cursor})
 
 
@@ -149,16 +164,28 @@ def follow_cancelled(jobs: Sequence[Job]) -> None:
                     exc_info=True, extra={"action": "cancel", "jobs": len(jobs)})
 
 
-def _view(row: dict[str, Any], workflow_id: uuid.UUID) -> dict[str, Any]:
-    steps = backends().store.workflow_steps([workflow_id]).get(workflow_id, [])
-    return _shape(row, steps)
+def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None = None,
+          size: int = STEP_PAGE) -> dict[str, Any]:
+    """The workflow's summary with one page of its steps: at most `size` steps, fewer when
+    their `after` lists would pass MAX_PAGE_EDGES (at least one step a page)."""
+    store = backends().store
+    counts = store.workflow_step_counts([workflow_id]).get(workflow_id, {})
+    steps = store.workflow_steps_page(workflow_id, after, size + 1)
+    page, edges = [], 0
+    for step in steps[:size]:
+        edges += len(step["after"])
+        if page and edges > MAX_PAGE_EDGES:
+            break
+        page.append(step)
+    more = len(page) < len(steps)
+    return {**_summary(row, counts), "steps": [_step(s) for s in page],
+            "next_cursor": paging.encode_id_cursor(page[-1]["id"]) if more else None}
 
 
-def _shape(row: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"id": str(row["id"]), "name": row["name"],
-            "status": workflow_status(s["status"] for s in steps),
-            "created_at": plain(row["created_at"]),
-            "steps": [_step(s) for s in steps]}
+def _summary(row: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+    return {"id": str(row["id"]), "name": row["name"], "status": workflow_status(counts),
+            "created_at": plain(row["created_at"]), "steps_total": sum(counts.values()),
+            "step_counts": counts}
 
 
 def _step(s: dict[str, Any]) -> dict[str, Any]:

@@ -267,12 +267,15 @@ class Client:
                 "idempotency_key": idempotency_key or str(uuid.uuid4())}
         return self._call("POST", "/workflows", body=body)
 
-    def workflow(self, workflow_id: str | uuid.UUID) -> dict[str, Any]:
-        """A workflow's derived status and every step with its job id and status."""
-        return self._call("GET", f"/workflows/{_segment(workflow_id)}")
+    def workflow(self, workflow_id: str | uuid.UUID, limit: int | None = None,
+                 cursor: str | None = None) -> dict[str, Any]:
+        """A workflow's derived status, step counts and one page of its steps (`limit` steps
+        from `cursor`, the previous page's `next_cursor`; `next_cursor` null on the last)."""
+        return self._call("GET", f"/workflows/{_segment(workflow_id)}",
+                          params={"limit": limit, "cursor": cursor})
 
     def workflows(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
-        """One page of workflows, newest first."""
+        """One page of workflows, newest first, each with its step counts (not its steps)."""
         return self._call("GET", "/workflows", params={"limit": limit, "cursor": cursor})
 
     def cancel_workflow(self, workflow_id: str | uuid.UUID) -> dict[str, Any]:

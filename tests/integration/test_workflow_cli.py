@@ -70,3 +70,17 @@ def test_client_submits_once_under_one_key_and_reads_the_list(api_url: str) -> N
         assert client.workflow(first["id"])["status"] == "running"
         assert [w["id"] for w in client.workflows(limit=5)["workflows"]] == [first["id"]]
         assert client.cancel_workflow(first["id"])["status"] == "cancelled"
+
+
+def test_status_shows_every_step_of_a_workflow_longer_than_a_page(api_url: str,
+                                                                  tmp_path: Path) -> None:
+    steps = [{"id": f"s{i:03}", "job": {"type": "echo"}} for i in range(250)]
+    with Client(api_url) as client:
+        wf = client.submit_workflow("long", steps)
+        first = client.workflow(wf["id"], limit=100)
+        assert len(first["steps"]) == 100 and first["next_cursor"]
+        listed = client.workflows()["workflows"][0]
+        assert listed["steps_total"] == 250 and "steps" not in listed
+    shown = taskline("workflow", "status", wf["id"], "--json", url=api_url)
+    assert shown.returncode == 0, shown.stderr
+    assert sorted(s["id"] for s in json.loads(shown.stdout)["steps"]) == [s["id"] for s in steps]

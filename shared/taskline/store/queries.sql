@@ -979,6 +979,25 @@ FROM taskline.jobs j
 WHERE j.workflow_id = ANY(CAST(:ids AS uuid[]))
 ORDER BY j.workflow_id, j.id;
 
+-- name: workflow_steps_page
+-- Up to :limit steps of workflow :id after job id :after (null: from the first), in job id
+-- order, each with the step ids of its parents: one page of GET /api/v1/workflows/{id}.
+SELECT j.workflow_id, j.id, j.step, j.type, j.queue, j.status, j.attempts, j.pending_parents,
+       j.last_error, j.created_at, j.updated_at, j.finished_at,
+       COALESCE((SELECT array_agg(p.step ORDER BY p.step)
+                 FROM taskline.job_dependencies d JOIN taskline.jobs p ON p.id = d.parent_id
+                 WHERE d.child_id = j.id), '{}') AS after
+FROM taskline.jobs j
+WHERE j.workflow_id = :id AND (CAST(:after AS uuid) IS NULL OR j.id > CAST(:after AS uuid))
+ORDER BY j.id
+LIMIT :limit;
+
+-- name: workflow_step_counts
+-- How many steps of each of the workflows :ids are in each status (through jobs_workflow).
+SELECT workflow_id, status, count(*) AS n
+FROM taskline.jobs WHERE workflow_id = ANY(CAST(:ids AS uuid[]))
+GROUP BY workflow_id, status;
+
 -- name: list_workflows
 -- Workflows newest first, paged by the (created_at, id) of the previous page's last row.
 SELECT * FROM taskline.workflows

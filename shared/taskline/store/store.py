@@ -888,6 +888,22 @@ class Store:
                 steps.setdefault(r.workflow_id, []).append(dict(r._mapping))
         return steps
 
+    def workflow_steps_page(self, workflow_id: uuid.UUID, after: uuid.UUID | None,
+                            limit: int) -> list[dict]:
+        """Up to `limit` steps of a workflow after job id `after`, in job id order, each with
+        `after` (the step ids of its parents)."""
+        return [dict(r._mapping) for r in self._run("workflow_steps_page", {
+            "id": workflow_id, "after": after, "limit": limit})]
+
+    def workflow_step_counts(self, workflow_ids: Sequence[uuid.UUID]
+                             ) -> dict[uuid.UUID, dict[str, int]]:
+        """{workflow id: {status: how many of its steps are in it}}."""
+        counts: dict[uuid.UUID, dict[str, int]] = {w: {} for w in workflow_ids}
+        if workflow_ids:
+            for r in self._run("workflow_step_counts", {"ids": _uuid_array(workflow_ids)}):
+                counts.setdefault(r.workflow_id, {})[r.status] = int(r.n)
+        return counts
+
     def list_workflows(self, *, after: tuple[datetime, uuid.UUID] | None,
                        limit: int) -> list[dict]:
         params = {"limit": limit, "after_created": after[0] if after else None,
