@@ -1,4 +1,4 @@
-"""The scheduler: enqueues one job per due slot of every schedule that is not paused.
+"""The scheduler: enqueues one job per slot of every schedule that is not paused.
 
 Invariant: a slot gets at most one job, whoever fires it and however often. The slot's record
 (`schedule_slots`, keyed by schedule and slot instant, never deleted) and its job are inserted
@@ -8,11 +8,15 @@ it leads), inserts nothing. Only after that commit is the job pushed to Redis (t
 move's step, `Dispatcher.follow`); if this process dies in between, the reconciler pushes it.
 
 What is due is judged in PostgreSQL's clock (the schedules are read with `now()`), slot by
-slot as taskline.schedules computes them: the newest slot after the schedule's `since` and its
-last fired slot, within `MISSED_AFTER_S` under `catch_up = none`. A pass runs every
-`TICK_S` at most, sooner when a slot is due earlier, so a slot fires within about a second of
-its instant while this instance leads. Between slots a schedule costs nothing but the read of
-its row: the instant of its next slot is kept per (schedule, revision, last slot).
+slot as taskline.schedules computes them (`due_slots`): every slot after the schedule's
+`since` and its last fired slot, oldest first, each by its own statement, so a pass that
+falls behind (a slow database, many schedules) fires the slots late but fires every one.
+`catch_up` decides only about slots missed while no instance led: those before this
+instance's leadership began (its first pass, or its first after `idle`). A pass
+runs every `TICK_S` at most, sooner when a slot is due earlier, so a slot fires within about a
+second of its instant while this instance leads; the pass's jobs are pushed to Redis in one
+call after their commits. Between slots a schedule costs nothing but the read of its row: the
+instant of its next slot is kept per (schedule, revision, last slot).
 """
 
 from __future__ import annotations
@@ -24,15 +28,16 @@ from datetime import datetime
 from typing import Any
 
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.jobs import Job
 from taskline.metrics import LOOP_ERRORS, SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
 from taskline.schedules import (
     CATCH_UP,
+    MAX_SLOTS_PER_PASS,
     NO_SLOT,
     Cron,
     InvalidSchedule,
     declared,
-    due_slot,
-    missed,
+    due_slots,
     next_due,
 )
 from taskline.service import Periodic
@@ -84,6 +89,8 @@ class Scheduler(Periodic):
         self._known: dict[str, _Known] = {}
         self._crons: dict[tuple[str, str], Cron] = {}
         self._wait_s = TICK_S
+        self._led_from: datetime | None = None
+        """When this instance's current leadership began (PostgreSQL's clock, its first pass)."""
         for mode in CATCH_UP:  # 0, not "no data", on a dashboard before the first skip
             SCHEDULE_SKIPPED.labels(catch_up=mode)
 
@@ -94,24 +101,34 @@ class Scheduler(Periodic):
     def next_wait(self) -> float:
         return self._wait_s
 
+    def idle(self) -> None:
+        """Not leading: the next pass to lead starts a new leadership (`_led_from`)."""
+        self._led_from = None
+        self._known.clear()
+
     def run_once(self) -> SchedulerResult:
         if not self._declared:
             self._declare()
         rows = self.store.active_schedules()
+        if rows and self._led_from is None:
+            self._led_from = rows[0].db_now
         self._known = {r.name: self._known[r.name] for r in rows if r.name in self._known}
-        fired = skipped = conflicts = 0
+        total = SchedulerResult()
         wait = TICK_S
+        pushes: list[Committed] = []
         for row in rows:
-            outcome = self._judge_one(row)
+            outcome = self._judge_one(row, pushes)
             if outcome is None:
                 continue
-            f, s, c, due = outcome
-            fired, skipped, conflicts = fired + f, skipped + s, conflicts + c
+            result, due = outcome
+            total = SchedulerResult(total.fired + result.fired, total.skipped + result.skipped,
+                                    total.conflicts + result.conflicts)
             wait = min(wait, max((due - row.db_now).total_seconds(), MIN_WAIT_S))
+        self._push(pushes)
         self._wait_s = wait
-        if not fired:
+        if not total.fired:
             log.debug("scheduler pass: nothing due", extra={"action": "scheduler"})
-        return SchedulerResult(fired, skipped, conflicts)
+        return total
 
     def _cron(self, row: ScheduleRow) -> Cron:
         key = (row.cron, row.timezone)
@@ -119,23 +136,26 @@ class Scheduler(Periodic):
             self._crons[key] = Cron.parse(row.cron, row.timezone)
         return self._crons[key]
 
-    def _judge_one(self, row: ScheduleRow) -> tuple[int, int, int, datetime] | None:
+    def _judge_one(self, row: ScheduleRow, pushes: list[Committed]
+                   ) -> tuple[SchedulerResult, datetime] | None:
         """`_judge`, where a schedule PostgreSQL refuses to enqueue (or whose expression finds
         no next slot) costs that schedule's slot only; an outage still fails the pass."""
         try:
-            return self._judge(row)
+            return self._judge(row, pushes)
         except (*STATEMENT_ERRORS, *NO_SLOT) as err:
             SCHEDULE_ERRORS.inc()
             log.error("schedule %s could not be judged or fired: %s", row.name, err,
                       extra={"action": "scheduler", "schedule": row.name})
             return None
 
-    def _judge(self, row: ScheduleRow) -> tuple[int, int, int, datetime] | None:
-        """(fired, skipped, conflicts, next due) for one schedule; None when it is unusable."""
+    def _judge(self, row: ScheduleRow, pushes: list[Committed]
+               ) -> tuple[SchedulerResult, datetime] | None:
+        """Fire every slot `row` owes, oldest first; the result and when it is next due.
+        None when the schedule cannot be read."""
         known = self._known.get(row.name)
         if (known is not None and known.revision == row.revision
                 and known.last_slot == row.last_slot and row.db_now < known.next_due):
-            return 0, 0, 0, known.next_due
+            return SchedulerResult(), known.next_due
         try:
             cron = self._cron(row)
         except InvalidSchedule as err:  # written by hand past the API's validation
@@ -143,41 +163,47 @@ class Scheduler(Periodic):
                       extra={"action": "scheduler", "schedule": row.name})
             return None
         since = max(row.since, row.last_slot or row.since)
-        slot = due_slot(cron, since, row.db_now, row.catch_up)
-        fired = skipped = conflicts = 0
-        last = row.last_slot
-        if slot is not None:
-            if self._fire(row, slot):
-                fired, last = 1, slot
-                skipped = missed(cron, since, slot)
-                if skipped:
-                    SCHEDULE_SKIPPED.labels(catch_up=row.catch_up).inc(skipped)
-            else:
-                conflicts = 1
-        due = next_due(cron, since, row.db_now)
-        self._known[row.name] = _Known(row.revision, last, due)
-        return fired, skipped, conflicts, due
+        due = due_slots(cron, since, row.db_now, self._led_from or row.db_now, row.catch_up)
+        if due.skipped:
+            SCHEDULE_SKIPPED.labels(catch_up=row.catch_up).inc(due.skipped)
+        fired, last = 0, row.last_slot
+        for slot in due.slots:
+            job = self._fire(row, slot)
+            if job is None:  # fired by another instance, or the schedule changed: re-read
+                return SchedulerResult(fired, due.skipped, 1), row.db_now
+            pushes.append(Committed(ENQUEUE, str(job.id), job.queue, job.priority))
+            fired, last = fired + 1, slot
+        if len(due.slots) >= MAX_SLOTS_PER_PASS:
+            return SchedulerResult(fired, due.skipped), row.db_now
+        next_slot = next_due(cron, max(since, last or since), row.db_now)
+        self._known[row.name] = _Known(row.revision, last, next_slot)
+        return SchedulerResult(fired, due.skipped), next_slot
 
-    def _fire(self, row: ScheduleRow, slot: datetime) -> bool:
-        """Enqueue the slot's job (with the slot's record) and push it after the commit."""
+    def _fire(self, row: ScheduleRow, slot: datetime) -> Job | None:
+        """Enqueue the slot's job with the slot's record; None when it was fired already."""
         job = self.store.fire_slot(row, slot)
         if job is None:
             log.info("schedule slot already fired", extra={
                 "action": "schedule_slot_taken", "schedule": row.name,
                 "scheduled_for": slot.isoformat()})
-            return False
+            return None
         SCHEDULE_FIRED.labels(queue=job.queue).inc()
         SCHEDULE_LAG.observe(max((job.created_at - slot).total_seconds(), 0.0))
         log.info("schedule slot fired", extra={
             "action": "schedule_fired", "schedule": row.name, "scheduled_for": slot.isoformat(),
             "job_id": str(job.id), "queue": job.queue, "type": job.type})
+        return job
+
+    def _push(self, pushes: list[Committed]) -> None:
+        """Hand the pass's committed jobs to Redis in one call."""
+        if not pushes:
+            return
         try:
-            self.dispatcher.follow([Committed(ENQUEUE, str(job.id), job.queue, job.priority)])
+            self.dispatcher.follow(pushes)
         except Exception:
-            log.warning("schedule slot's job committed but not pushed; reconciliation will "
-                        "push it", exc_info=True,
-                        extra={"action": "schedule_fired", "job_id": str(job.id)})
-        return True
+            log.warning("schedule slots' jobs committed but not pushed; reconciliation will "
+                        "push them", exc_info=True,
+                        extra={"action": "schedule_fired", "jobs": len(pushes)})
 
     def _declare(self) -> None:
         """Upsert the schedules declared in code (`@periodic`), once, on the first pass this

@@ -7,8 +7,10 @@ is read as cron reads it: a slot whose wall time falls in a skipped hour is due 
 instant after the gap (several such slots become that one instant); a wall time that occurs
 twice in a repeated hour is a slot once, at its first occurrence. A slot at or before the
 schedule's `since` (when its current definition was written, or its last fired slot) is never
-due; with `catch_up = latest` the newest slot due is fired however late it is found, with
-`none` only while it is at most `MISSED_AFTER_S` old (older ones were missed and are skipped).
+due. Every later slot is due once, oldest first, while an instance leads (`due_slots`);
+`catch_up` decides only about slots missed while none led (before the current leader began):
+`latest` fires the newest of them however late, `none` only while it is at most
+`MISSED_AFTER_S` old.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -34,8 +36,8 @@ MAX_CRON_CHARS = 200
 CATCH_UP = ("latest", "none")
 NEXT_RUNS = 5
 MISSED_AFTER_S = 60.0
-"""With `catch_up = none`, a slot found later than this after its instant was missed (no
-maintenance instance was leading at the time) and is skipped, never fired."""
+"""With `catch_up = none`, a slot missed while no maintenance instance led and found later
+than this after its instant is skipped, never fired."""
 _LOOKAHEAD = 4
 """Candidates read past a skipped wall time before giving up on an expression."""
 
@@ -135,16 +137,45 @@ def _repeated(local: datetime) -> bool:
     return earlier.utcoffset() != settled.utcoffset()
 
 
-def due_slot(cron: Cron, since: datetime, now: datetime, catch_up: str) -> datetime | None:
-    """The slot to fire now: the newest slot in (since, now], or None. Under `none` a slot
-    older than MISSED_AFTER_S was missed: None (the caller records nothing; the slot stays
-    unfired and every later one is judged on its own)."""
-    slot = cron.latest(now)
-    if slot is None or slot <= since:
-        return None
-    if catch_up == "none" and (now - slot).total_seconds() > MISSED_AFTER_S:
-        return None
-    return slot
+MAX_SLOTS_PER_PASS = 1000
+"""Most slots of one schedule fired by one pass; the rest are due at once in the next."""
+
+
+@dataclass(frozen=True)
+class Due:
+    """What a schedule owes now: the slots to fire, oldest first, and how many missed slots
+    were passed over (never fired)."""
+
+    slots: list[datetime]
+    skipped: int = 0
+
+
+def due_slots(cron: Cron, since: datetime, now: datetime, led_from: datetime, catch_up: str,
+              limit: int = MAX_SLOTS_PER_PASS) -> Due:
+    """The slots in (since, now] to fire now, oldest first (at most `limit`).
+
+    Every slot at or after `led_from` (when this instance began leading, PostgreSQL's clock)
+    passed while it led and is fired, whatever `catch_up` says. The slots before it were
+    missed (no instance led, or another one did not fire them): `latest` fires the newest of
+    them however old, `none` only while it is at most MISSED_AFTER_S old; the others are
+    skipped.
+    """
+    slots: list[datetime] = []
+    skipped = 0
+    if since < led_from:
+        newest = cron.latest(min(led_from - timedelta(microseconds=1), now))
+        if newest is not None and newest > since:
+            skipped = missed(cron, since, newest)
+            if catch_up == "latest" or (now - newest).total_seconds() <= MISSED_AFTER_S:
+                slots.append(newest)
+            else:
+                skipped += 1
+            since = newest
+    for slot in cron.after(since):
+        if slot > now or len(slots) >= limit:
+            break
+        slots.append(slot)
+    return Due(slots, skipped)
 
 
 def missed(cron: Cron, since: datetime, fired: datetime) -> int:

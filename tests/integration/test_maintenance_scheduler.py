@@ -5,6 +5,7 @@ schedules, and `@periodic` declarations upserted on the first pass."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -169,3 +170,29 @@ def test_a_schedule_postgresql_refuses_costs_only_its_own_slot(store, dispatcher
     # The refused statement left no slot record behind: the slot fires once it is repaired.
     slots = sql(store, "SELECT schedule FROM taskline.schedule_slots")
     assert [r.schedule for r in slots] == ["fine"]
+
+
+def test_a_pass_that_falls_behind_fires_every_slot_it_passed(store, dispatcher, settings):
+    define(store, cron="* * * * * *")  # every second
+    scheduler = Scheduler(store, dispatcher, settings)
+    scheduler.run_once()
+    time.sleep(3.5)  # a slow pass, or a database that answered late: slots went by unjudged
+    late = scheduler.run_once()
+    assert late.fired >= 3 and late.skipped == 0
+    slots = [j.scheduled_for for j in slot_jobs(store)]
+    assert slots == [slots[0] + timedelta(seconds=i) for i in range(len(slots))]
+
+
+def test_slots_passed_while_not_leading_follow_catch_up(store, dispatcher, settings):
+    define(store, "skip", cron="* * * * * *", catch_up="none")
+    define(store, "late", cron="* * * * * *", catch_up="latest")
+    scheduler = Scheduler(store, dispatcher, settings)
+    scheduler.run_once()
+    scheduler.idle()  # leadership lost; whatever passes now passes while no instance leads
+    sql(store, "UPDATE taskline.schedules SET last_slot = last_slot - interval '2 minutes', "
+               "since = since - interval '2 minutes'")
+    before = {name: len(slot_jobs(store, name)) for name in ("skip", "late")}
+    result = scheduler.run_once()  # leads again: the slots of the last two minutes were missed
+    assert len(slot_jobs(store, "late")) - before["late"] <= 2  # the newest missed (+ now's)
+    assert len(slot_jobs(store, "skip")) - before["skip"] <= 2  # recent enough under none
+    assert result.skipped >= 2 * 100

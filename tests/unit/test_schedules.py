@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from taskline.schedules import (
+    MAX_SLOTS_PER_PASS,
     MISSED_AFTER_S,
     Cron,
     InvalidSchedule,
     declared,
-    due_slot,
+    due_slots,
     missed,
     valid_name,
 )
@@ -27,6 +28,12 @@ def utc(*args: int) -> datetime:
 
 def local(cron: Cron, slots: list[datetime]) -> list[str]:
     return [s.astimezone(cron.zone).isoformat() for s in slots]
+
+
+def due_slot(cron: Cron, since: datetime, now: datetime, catch_up: str) -> datetime | None:
+    """The newest slot a leader beginning at `now` fires (every slot before it was missed)."""
+    due = due_slots(cron, since, now, now, catch_up)
+    return due.slots[-1] if due.slots else None
 
 
 def test_a_daily_slot_in_new_yorks_skipped_hour_fires_right_after_the_gap():
@@ -104,6 +111,37 @@ def test_catch_up_none_skips_a_slot_found_too_late():
     assert due_slot(cron, last, late, "none") is None
     on_time = utc(2026, 1, 1, 13, 0, 1)
     assert due_slot(cron, last, on_time, "none") == utc(2026, 1, 1, 13, 0)
+
+
+def test_every_slot_since_the_leadership_began_is_due_oldest_first():
+    cron = Cron.parse("* * * * * *")  # every second
+    began = utc(2026, 1, 1, 12, 0, 0)
+    due = due_slots(cron, began, began + timedelta(seconds=10), began, "none")
+    assert due.slots == [began + timedelta(seconds=i) for i in range(1, 11)]
+    assert due.skipped == 0
+
+
+def test_catch_up_decides_only_about_slots_before_the_leadership_began():
+    cron = Cron.parse("* * * * *")  # every minute
+    last, began = utc(2026, 1, 1, 11, 0), utc(2026, 1, 1, 12, 0, 30)
+    now = began + timedelta(minutes=2)
+    latest = due_slots(cron, last, now, began, "latest")
+    assert latest.slots == [utc(2026, 1, 1, 12, 0), utc(2026, 1, 1, 12, 1),
+                            utc(2026, 1, 1, 12, 2)]
+    assert latest.skipped == 59
+    none = due_slots(cron, last, now, began, "none")
+    assert none.slots == [utc(2026, 1, 1, 12, 1), utc(2026, 1, 1, 12, 2)]
+    assert none.skipped == 60
+
+
+def test_a_pass_fires_at_most_its_limit_and_the_rest_next():
+    cron = Cron.parse("* * * * * *")
+    began = utc(2026, 1, 1, 12)
+    now = began + timedelta(seconds=MAX_SLOTS_PER_PASS + 500)
+    first = due_slots(cron, began, now, began, "none")
+    assert len(first.slots) == MAX_SLOTS_PER_PASS
+    rest = due_slots(cron, first.slots[-1], now, began, "none")
+    assert rest.slots[0] == first.slots[-1] + timedelta(seconds=1) and len(rest.slots) == 500
 
 
 @pytest.mark.parametrize("expression", ["", "* * * *", "* * * * * * *", "61 * * * *",
