@@ -1,4 +1,5 @@
-"""Workflow benchmarks: a fan-out into one fan-in, and the handoff along a chain.
+"""Workflow benchmarks: a fan-out into one fan-in, the handoff along a chain, and enqueues
+beside clients listing large workflows.
 
 Invariant: both time the engine's release path only, on the same host clock as the handler
 stamps (`bench.stamp` returns when its handler started). `fan_in`: from the POST of a workflow
@@ -7,14 +8,21 @@ a chain of N steps, each step's start minus its parent's start (a `bench.stamp` 
 at once, so that is the parent's completion write, its release of the child, the push and the
 child's pickup), against the same run's idle pickup of a single job (pickup_idle_worker's
 from_201_ms), the target being a median handoff at most 1.5 x the pickup median.
+`enqueue_beside_lists`: one client's single enqueues, one at a time, with nothing else running
+and then while LISTERS processes GET /api/v1/workflows in a closed loop over LISTED workflows
+of 1,000 steps each; the target being an enqueue p99 at most 1.2 x the quiet run's, and every
+list answered 2xx.
 """
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
+import multiprocessing as mp
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from clients import Connection
 from scenarios import DRAIN_CONCURRENCY, idle_workers, pickup, quantiles
@@ -30,7 +38,25 @@ def _submit(base: str, name: str, steps: list[dict[str, Any]]) -> tuple[float, d
     t0 = time.time()
     answer = conn.post("/api/v1/workflows", body)
     conn.close()
+    if answer["next_cursor"]:  # the answer holds the first page of steps: read them all
+        answer = json.loads(_get(base, f"/api/v1/workflows/{answer['id']}?limit=1000")[1])
     return t0, {s["id"]: s["job_id"] for s in answer["steps"]}
+
+
+def _get(base: str, path: str, conn: http.client.HTTPConnection | None = None
+         ) -> tuple[int, bytes]:
+    """(status, body) of one GET, on `conn` when given (kept alive), else a connection of its
+    own."""
+    own = conn is None
+    if conn is None:
+        parts = urlsplit(base)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    data = response.read()
+    if own:
+        conn.close()
+    return response.status, data
 
 
 def _started(stack: Stack, job_ids: list[str]) -> dict[str, float]:
@@ -71,3 +97,66 @@ def chain(stack: Stack, length: int = 100) -> dict[str, Any]:
             "within_1_5x": ratio is not None and ratio <= 1.5}
 
 
+
+
+LISTERS = 32
+LISTED = 5
+LISTED_STEPS = 1000
+
+
+def _lister(base: str, stop: Any, counts: Any) -> None:
+    """GET the workflow list in a closed loop until `stop`; put (answers, non-2xx answers)."""
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    answered = failed = 0
+    while not stop.is_set():
+        status, _ = _get(base, "/api/v1/workflows", conn)
+        answered += 1
+        failed += not 200 <= status < 300
+    conn.close()
+    counts.put((answered, failed))
+
+
+def _enqueue_latencies(base: str, jobs: int) -> list[float]:
+    """ms of each of `jobs` single enqueues, one at a time on one kept-alive connection."""
+    conn = Connection(base)
+    body = json.dumps(STAMP).encode()
+    for _ in range(20):  # warm-up
+        conn.send("/api/v1/jobs", body)
+    times = []
+    for _ in range(jobs):
+        started = time.perf_counter()
+        conn.send("/api/v1/jobs", body)
+        times.append((time.perf_counter() - started) * 1000)
+    conn.close()
+    return times
+
+
+def enqueue_beside_lists(stack: Stack, jobs: int = 2000) -> dict[str, Any]:
+    """Enqueue latency (ms) quiet, then while LISTERS clients list LISTED workflows of
+    LISTED_STEPS steps; the lists answered per second and how many were not 2xx."""
+    stack.reset()
+    steps = [{"id": f"s{i}", "job": STAMP} for i in range(LISTED_STEPS)]
+    ctx = mp.get_context("fork")
+    with stack.api() as base:
+        for i in range(LISTED):
+            _submit(base, f"big{i}", steps)
+        quiet = quantiles(_enqueue_latencies(base, jobs))
+        stop, counts = ctx.Event(), ctx.Queue()
+        listers = [ctx.Process(target=_lister, args=(base, stop, counts))
+                   for _ in range(LISTERS)]
+        for proc in listers:
+            proc.start()
+        time.sleep(2.0)  # every lister connected and listing
+        started = time.perf_counter()
+        loaded = quantiles(_enqueue_latencies(base, jobs))
+        seconds = time.perf_counter() - started
+        stop.set()
+        totals = [counts.get(timeout=120) for _ in listers]
+        for proc in listers:
+            proc.join()
+    ratio = loaded["p99"] / quiet["p99"]
+    return {"quiet_ms": quiet, "listing_ms": loaded, "p99_ratio": ratio,
+            "within_1_2x": ratio <= 1.2,
+            "lists_per_s": sum(a for a, _ in totals) / seconds,
+            "lists_not_2xx": sum(f for _, f in totals)}
