@@ -4,6 +4,13 @@
         conn.execute(orders.insert().values(id=order_id, ...))
         job_id = taskline.enqueue(conn, "send_receipt", {"order": order_id}, priority="high")
 
+    async with async_session.begin():                   # asyncio: the same, awaited
+        job_id = await taskline.aenqueue(async_session, "send_receipt", {"order": order_id})
+
+The sync and async calls share everything but the execution: validation and the statements
+are prepared once, as a plan (taskline.store.caller), which `drive` runs on a sync connection
+and `adrive` on an async one.
+
 Invariant: the job exists exactly when the caller's transaction commits. The job, its first
 event and its outbox row are written by one statement on the caller's connection, which also
 signals `NOTIFY taskline_enqueued, '<queue>'` (and announces each job on
@@ -35,7 +42,7 @@ from taskline.jobs import Status, new_job_id
 from taskline.jobspec import FieldError, JobSpec, parse_batch, parse_job
 from taskline.settings import Settings
 from taskline.store import caller
-from taskline.store.caller import AppConnection
+from taskline.store.caller import AppConnection, AsyncAppConnection
 from taskline.store.store import _rows_json as rows_json
 
 CHANNEL = "taskline_enqueued"
@@ -57,12 +64,16 @@ def enqueue(conn: AppConnection, type: str, payload: Any = None, *,
     max_retries, timeout_s, delay_s or run_at, idempotency_key (as POST /api/v1/jobs).
     Defaults for max_retries and timeout_s come from `settings` (the documented ones if None).
     """
-    body = _body(type, payload, fields)
-    spec = parse_job(body, settings or _DEFAULTS)
-    if isinstance(spec, list):
-        raise InvalidJob([e.to_dict() for e in spec])
-    _check_payload(body, "payload")
-    return _write(conn, [spec], (settings or _DEFAULTS).schema)[0]
+    spec, schema = _one(type, payload, fields, settings)
+    return caller.drive(conn, _write([spec]), schema)[0]
+
+
+async def aenqueue(conn: AsyncAppConnection, type: str, payload: Any = None, *,
+                   settings: Settings | None = None, **fields: Any) -> uuid.UUID:
+    """`enqueue` on an async connection (psycopg AsyncConnection, SQLAlchemy AsyncConnection,
+    AsyncSession or async_scoped_session), inside its transaction."""
+    spec, schema = _one(type, payload, fields, settings)
+    return (await caller.adrive(conn, _write([spec]), schema))[0]
 
 
 def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
@@ -72,22 +83,61 @@ def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
     Each job is a mapping of `type`, `payload` and `enqueue`'s fields. A call that raises wrote
     none of its jobs (a savepoint undoes it), whatever else the caller's transaction holds.
     """
+    specs, schema = _many(jobs, settings)
+    if not specs:
+        caller.sync_target(conn)  # a wrong object is refused even with nothing to write
+        return []
+    if not _needs_savepoint(specs):
+        return caller.drive(conn, _write(specs), schema)  # one statement: atomic by itself
+    with caller.savepoint(conn):
+        return caller.drive(conn, _write(specs), schema)
+
+
+async def aenqueue_many(conn: AsyncAppConnection, jobs: Iterable[Mapping[str, Any]], *,
+                        settings: Settings | None = None) -> list[uuid.UUID]:
+    """`enqueue_many` on an async connection, with the same all-or-none savepoint."""
+    specs, schema = _many(jobs, settings)
+    if not specs:
+        await caller.async_target(conn)
+        return []
+    if not _needs_savepoint(specs):
+        return await caller.adrive(conn, _write(specs), schema)
+    async with caller.asavepoint(conn):
+        return await caller.adrive(conn, _write(specs), schema)
+
+
+def _one(type: Any, payload: Any, fields: Mapping[str, Any],
+         settings: Settings | None) -> tuple[JobSpec, str]:
+    """One job validated as the API validates it, and the schema to write it in."""
+    body = _body(type, payload, fields)
+    spec = parse_job(body, settings or _DEFAULTS)
+    if isinstance(spec, list):
+        raise InvalidJob([e.to_dict() for e in spec])
+    _check_payload(body, "payload")
+    return spec, (settings or _DEFAULTS).schema
+
+
+def _many(jobs: Iterable[Mapping[str, Any]],
+          settings: Settings | None) -> tuple[list[JobSpec], str]:
+    """A batch validated as POST /api/v1/jobs/batch validates it, and the schema."""
     bodies = [_body(job.get("type"), job.get("payload"),
                     {k: v for k, v in job.items() if k not in ("type", "payload")})
               for job in jobs]
+    schema = (settings or _DEFAULTS).schema
     if not bodies:
-        return []
+        return [], schema
     specs = parse_batch({"jobs": bodies}, settings or _DEFAULTS)
     errors = [e for e in specs if isinstance(e, FieldError)]
     if errors:
         raise InvalidJob([e.to_dict() for e in errors])
     for index, body in enumerate(bodies):
         _check_payload(body, f"jobs[{index}].payload")
-    schema = (settings or _DEFAULTS).schema
-    if len(specs) == 1 or all(s.idempotency_key is None for s in specs):
-        return _write(conn, specs, schema)  # one statement: atomic by itself
-    with caller.savepoint(conn):
-        return _write(conn, specs, schema)
+    return [s for s in specs if isinstance(s, JobSpec)], schema
+
+
+def _needs_savepoint(specs: Sequence[JobSpec]) -> bool:
+    """A batch is one statement, atomic by itself, unless a key's replay lookup follows it."""
+    return len(specs) > 1 and any(s.idempotency_key is not None for s in specs)
 
 
 def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,7 +152,7 @@ def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _write(conn: AppConnection, specs: Sequence[JobSpec], schema: str) -> list[uuid.UUID]:
+def _write(specs: Sequence[JobSpec]) -> caller.Plan[list[uuid.UUID]]:
     """Insert `specs` in one statement; replays resolved by key. Ids in the order of `specs`.
 
     Keys are locked in one global order (queue, key), so two callers sharing keys in opposite
@@ -112,13 +162,13 @@ def _write(conn: AppConnection, specs: Sequence[JobSpec], schema: str) -> list[u
                                                      specs[i].queue,
                                                      specs[i].idempotency_key or ""))
     rows = [_row(specs[i]) for i in order]
-    inserted = {r.id for r in caller.run(conn, "enqueue_in_transaction",
-                                         {"jobs": rows_json(rows), **_STATEMENT_PARAMS},
-                                         schema)}
+    written = yield caller.Statement("enqueue_in_transaction",
+                                     {"jobs": rows_json(rows), **_STATEMENT_PARAMS})
+    inserted = {r.id for r in written}
     ids: dict[int, uuid.UUID] = {}
     for index, row in zip(order, rows, strict=True):
         ids[index] = (row["id"] if row["id"] in inserted
-                      else _replayed(conn, specs[index], schema))
+                      else (yield from _replayed(specs[index])))
     return [ids[i] for i in range(len(specs))]
 
 
@@ -130,18 +180,18 @@ def _row(spec: JobSpec) -> dict[str, Any]:
             "limit_key": spec.limit_key}
 
 
-def _replayed(conn: AppConnection, spec: JobSpec, schema: str) -> uuid.UUID:
+def _replayed(spec: JobSpec) -> caller.Plan[uuid.UUID]:
     """The job a key names in its queue: the same request gets its id, another one fails."""
     key = spec.idempotency_key or ""
-    found = caller.run(conn, "get_job_by_key", {"queue": spec.queue, "idempotency_key": key},
-                       schema)
+    found = yield caller.Statement("get_job_by_key",
+                                   {"queue": spec.queue, "idempotency_key": key})
     if not found:
         # ON CONFLICT waited for the other writer's commit, so its row is visible here.
         raise RuntimeError(f"idempotency key {key!r} conflicted but no job holds it")
     if found[0].request_hash != spec.request_hash:
         raise IdempotencyConflict(
             f"idempotency key {key!r} was used for job {found[0].id} with a different body")
-    return found[0].id
+    return found[0].id  # type: ignore[no-any-return]
 
 
 def _check_payload(body: Mapping[str, Any], field: str) -> None:

@@ -22,8 +22,11 @@ from typing import Any
 from sqlalchemy import Connection
 
 from taskline.jobs import TERMINAL, Job, Status, new_job_id
+from taskline.store import caller
 from taskline.store.queries import DEFAULT_SCHEMA
-from taskline.store.store import Store
+from taskline.store.store import _FIRST_EVENTS as FIRST_EVENTS
+from taskline.store.store import _rows_json as rows_json
+from taskline.store.store import _uuid_array as uuid_array
 
 MAX_STEPS = 1000
 MAX_STEP_ID_CHARS = 200
@@ -185,28 +188,52 @@ def insert_workflow(conn: Connection, name: str, steps: Sequence[StepSpec], *,
     not a workflow (graph_errors). A workflow whose idempotency key exists is returned as
     found (`created` False); the caller compares `request_hash`. `announce` owes the steps that
     start now to Redis through the enqueue outbox (for a caller that cannot push after its
-    commit, as `taskline.submit_workflow`); the API pushes them itself."""
+    commit, as `taskline.submit_workflow`); the API pushes them itself. `conn` is anything
+    taskline.store.caller runs on; `ainsert_workflow` is the same on an async connection."""
+    plan = insert_plan(name, steps, idempotency_key=idempotency_key, request_hash=request_hash,
+                       trace_context=trace_context, actor=actor, announce=announce)
+    return caller.drive(conn, plan, schema)
+
+
+async def ainsert_workflow(conn: Any, name: str, steps: Sequence[StepSpec], *,
+                           idempotency_key: str | None = None, announce: bool = False,
+                           schema: str = DEFAULT_SCHEMA) -> Submitted:
+    """`insert_workflow` on an async connection (taskline.store.caller.adrive)."""
+    plan = insert_plan(name, steps, idempotency_key=idempotency_key, announce=announce)
+    return await caller.adrive(conn, plan, schema)
+
+
+def insert_plan(name: str, steps: Sequence[StepSpec], *, idempotency_key: str | None = None,
+                request_hash: str | None = None, trace_context: str | None = None,
+                actor: str | None = None, announce: bool = False) -> caller.Plan[Submitted]:
+    """The statements of insert_workflow, prepared without I/O (taskline.store.caller)."""
     errors = graph_errors(steps)
     if errors:
         raise ValueError("; ".join(e.message for e in errors))
-    store = Store(conn.engine, schema)
     workflow_id = new_job_id()
-    row = store.insert_workflow(conn, id=workflow_id, name=name,
-                                idempotency_key=idempotency_key, request_hash=request_hash)
-    if row is None:
-        found = store.get_workflow_by_key(idempotency_key or "", conn)
-        if found is None:
+    inserted = yield caller.Statement("insert_workflow", {
+        "id": workflow_id, "name": name, "idempotency_key": idempotency_key,
+        "request_hash": request_hash})
+    if not inserted:
+        found = yield caller.Statement("get_workflow_by_key",
+                                       {"idempotency_key": idempotency_key or ""})
+        if not found:
             raise RuntimeError(f"workflow key {idempotency_key!r} conflicted but none holds it")
-        return Submitted(found["id"], found["name"], False, {}, found["created_at"])
-    db_now = (conn.exec_driver_sql("SELECT now()").scalar_one()
+        return Submitted(found[0].id, found[0].name, False, {}, found[0].created_at)
+    db_now = ((yield caller.Statement("database_now", {}))[0].now
               if any(s.job.run_at is not None for s in steps) else None)
     rows = step_rows(steps, db_now, trace_context=trace_context, actor=actor)
-    jobs = {job.step or "": job for job in store.insert_steps(conn, workflow_id, rows)}
-    store.insert_dependencies(conn, [(jobs[parent].id, jobs[step.id].id)
-                                     for step in steps for parent in sorted(set(step.after))])
-    if announce:
-        store.announce_steps(conn, [j.id for j in jobs.values() if j.status is not Status.WAITING])
-    return Submitted(workflow_id, name, True, jobs, row["created_at"])
+    stored = yield caller.Statement("insert_steps", {
+        "jobs": rows_json(rows), "workflow_id": workflow_id, "first_events": FIRST_EVENTS})
+    jobs = {job.step or "": job for job in (Job.from_row(r) for r in stored)}
+    edges = [{"parent_id": jobs[parent].id, "child_id": jobs[step.id].id}
+             for step in steps for parent in sorted(set(step.after))]
+    if edges:
+        yield caller.Statement("insert_dependencies", {"edges": rows_json(edges)})
+    starting = [j.id for j in jobs.values() if j.status is not Status.WAITING]
+    if announce and starting:
+        yield caller.Statement("announce_steps", {"ids": uuid_array(starting)})
+    return Submitted(workflow_id, name, True, jobs, inserted[0].created_at)
 
 
 def step_from_dict(data: Mapping[str, Any]) -> StepSpec:

@@ -828,6 +828,10 @@ DELETE FROM taskline.leader_leases WHERE name = :name AND holder = :holder;
 -- Readiness probe.
 SELECT 1;
 
+-- name: database_now
+-- PostgreSQL's time of the current transaction (a workflow step's run_at against it).
+SELECT now() AS now;
+
 -- name: insert_audit
 -- Append one operator action to the audit trail; returns the record as stored.
 INSERT INTO taskline.audit_log (actor, action, target, detail)
