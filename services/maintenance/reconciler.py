@@ -403,8 +403,11 @@ class Reconciler(Periodic):
         suspects: list[_Suspect] = []
         for queue in queues:
             keys = QueueKeys(queue)
-            for key in self.dispatcher.processing_lists(queue):
+            lists = self.dispatcher.processing_lists(queue)
+            for key in lists:
                 suspects += self._check_processing(keys, key, tally)
+            # Workers whose list is gone (emptied) leave the registry; a fetch adds them back.
+            self.dispatcher.forget_holders(queue, [keys.worker_of(key) for key in lists])
         # A live worker holds a fetched id for the milliseconds before its claim: only an id
         # still queued and still in the list after the pause is stranded.
         if suspects and not self._stop.wait(self.strand_pause_s):

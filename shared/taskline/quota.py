@@ -11,6 +11,7 @@ short timeout per process and second.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -20,10 +21,10 @@ from dataclasses import dataclass
 from importlib import resources
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from redis.exceptions import AskError, RedisClusterException
 
 from taskline.access import Quota
+from taskline.dispatch.connection import detect_cluster, make_client
 from taskline.metrics import QUOTA_DECISIONS, QUOTA_JOBS
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ REDIS_TIMEOUT_S = 0.25
 """Socket and connect timeout of a quota check: an enqueue must not wait long for Redis."""
 RETRY_REDIS_S = 1.0
 """After Redis failed, quotas stay unchecked this long before Redis is asked again."""
-_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError)
+_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError,
+                 RedisClusterException)
 
 
 def quota_key(client: str) -> str:
@@ -69,16 +71,20 @@ class EnqueueQuotas:
     def __init__(self, redis_url: str, quotas: Mapping[str, Quota],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.quotas = dict(quotas)
-        # Like the dispatcher's client (no retries behind our back), with shorter timeouts.
-        self._client = redis.Redis.from_url(
-            redis_url, decode_responses=True, retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False, socket_timeout=REDIS_TIMEOUT_S,
-            socket_connect_timeout=REDIS_TIMEOUT_S, socket_keepalive=True)
-        script = resources.files("taskline").joinpath("lua", "quota_take.lua").read_text()
-        self._take = self._client.register_script(script)
+        self._url = redis_url
+        # Unknown (the node did not answer): plain until a MOVED says otherwise.
+        self._connect(bool(detect_cluster(redis_url, REDIS_TIMEOUT_S)))
         self._clock = clock
         self._lock = threading.Lock()
         self._unchecked_until: float | None = None
+
+    def _connect(self, cluster: bool) -> None:
+        # Like the dispatcher's client (no retries behind our back), with shorter timeouts.
+        self._client = make_client(self._url, socket_timeout=REDIS_TIMEOUT_S,
+                                   connect_timeout=REDIS_TIMEOUT_S, cluster=cluster)
+        script = resources.files("taskline").joinpath("lua", "quota_take.lua").read_text()
+        self._take = self._client.register_script(script)
+        self._cluster = cluster
 
     def close(self) -> None:
         self._client.close()
@@ -117,6 +123,10 @@ class EnqueueQuotas:
             return self._unchecked_until is not None and self._clock() < self._unchecked_until
 
     def _redis_failed(self, err: Exception) -> None:
+        if isinstance(err, AskError) and not self._cluster:
+            # A MOVED: REDIS_URL names a cluster node that could not be asked at start.
+            with contextlib.suppress(redis.RedisError, RedisClusterException):
+                self._connect(True)
         with self._lock:
             first = self._unchecked_until is None
             self._unchecked_until = self._clock() + RETRY_REDIS_S

@@ -72,9 +72,20 @@ class GuardedConnection(Connection):
     """A connection that asks its breaker before connecting or sending, and reports to it every
     connection error and socket timeout."""
 
-    def __init__(self, *args: Any, breaker: Breaker, **kwargs: Any) -> None:
+    _bound: Breaker | None = None
+
+    def __init__(self, *args: Any, breaker: Breaker | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._breaker = breaker
+        found = breaker or self._bound
+        if found is None:
+            raise TypeError("GuardedConnection needs a breaker")
+        self._breaker = found
+
+    @classmethod
+    def bound(cls, breaker: Breaker) -> type[GuardedConnection]:
+        """This class with `breaker` built in: redis-py's cluster client passes no unknown
+        keyword on to the connections of its nodes, only the connection class."""
+        return type(cls.__name__, (cls,), {"_bound": breaker})
 
     def connect(self) -> None:
         self._breaker.check()

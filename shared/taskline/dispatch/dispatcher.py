@@ -3,60 +3,43 @@
 Redis moves ids only; PostgreSQL decides. The client never retries a command on its own:
 a retried LMOVE whose first reply was lost would strand an id (reconciliation repairs that,
 but we do not manufacture it). Connection errors surface as DispatchUnavailable.
+
+On Redis Cluster (detected from the URL's node, taskline.dispatch.connection) every command
+touches one slot: a Lua script runs per call (a cluster pipeline cannot carry EVALSHA), and a
+worker waits on each of its queues apart (taskline.dispatch.waits), never on keys of several.
+A plain client that meets a MOVED turns this dispatcher to cluster mode for the next call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 
 import redis
-from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
-from redis.retry import Retry
 
 from taskline.dispatch import follow
-from taskline.dispatch.breaker import Breaker, GuardedConnection
+from taskline.dispatch.breaker import Breaker
+from taskline.dispatch.connection import Client, detect_cluster, make_client, translate_errors
 from taskline.dispatch.keys import DISPATCH_MARKER, QUEUES_SET, QueueKeys, worker_key
+from taskline.dispatch.waits import QueueWaits
 from taskline.errors import DispatchUnavailable
 from taskline.transitions import Committed
+
+__all__ = ["DISCARD_MARKER", "SIGNAL_MAX", "Dispatcher", "make_client", "translate_errors"]
 
 SIGNAL_MAX = 64
 HELD_MARKER_MS = 1000
 _SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot",
-            "discard", "drop_dead", "renew_marker")
+            "discard", "drop_dead", "renew_marker", "forget_holders")
 PROBE_TIMEOUT_S = 1.0
 """Connect and reply timeout of the breaker's probe, seconds."""
 # Stands in for an entry being discarded; job ids are UUIDs, so no id can equal it.
 DISCARD_MARKER = "taskline:discarded"
-
-
-def make_client(url: str, socket_timeout: float | None = 5.0, *,
-                breaker: Breaker | None = None, connect_timeout: float = 5.0) -> redis.Redis:
-    """A Redis client that fails fast and never retries a command behind our back; with a
-    `breaker`, its connections ask it before every call and report every failure to it."""
-    guarded = {} if breaker is None else {"connection_class": GuardedConnection,
-                                          "breaker": breaker}
-    return redis.Redis.from_url(
-        url, decode_responses=True, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-        socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
-        socket_keepalive=True, health_check_interval=0, **guarded,
-    )
-
-
-@contextlib.contextmanager
-def translate_errors() -> Iterator[None]:
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError) as err:
-        # The driver's error stays the cause, for logs (taskline.errors.detail).
-        raise DispatchUnavailable(f"Redis unavailable: {type(err).__name__}") from err
-    except redis.ResponseError as err:
-        if "LOADING" in str(err) or "MASTERDOWN" in str(err):
-            raise DispatchUnavailable(f"Redis not ready: {err}") from None
-        raise
 
 
 class Dispatcher:
@@ -68,22 +51,56 @@ class Dispatcher:
         link is noticed within it. With `breaker`, a failure makes every call of this
         dispatcher fail at once until Redis answers a probe again (taskline.dispatch.breaker).
         """
-        self.breaker: Breaker | None = None
-        if breaker:
-            probe = make_client(url, socket_timeout=PROBE_TIMEOUT_S,
-                                connect_timeout=PROBE_TIMEOUT_S)
-            self._probe_client: redis.Redis | None = probe
-            self.breaker = Breaker(probe.ping)
-        else:
-            self._probe_client = None
-        self.client = make_client(url, socket_timeout=timeout_s, breaker=self.breaker,
-                                  connect_timeout=min(timeout_s, 5.0))
-        # Blocking waits need a socket timeout longer than the block itself.
-        self.blocking_client = make_client(url, socket_timeout=block_timeout_s + timeout_s,
-                                           breaker=self.breaker,
-                                           connect_timeout=min(timeout_s, 5.0))
+        self._url = url
+        self._timeout_s = timeout_s
         self.block_timeout_s = block_timeout_s
+        self._switch = threading.Lock()
+        self.breaker = Breaker(self._probe) if breaker else None
+        # Unknown (the node did not answer): plain until a MOVED says otherwise.
+        self._build(bool(detect_cluster(url, PROBE_TIMEOUT_S)))
+
+    def _build(self, cluster: bool) -> None:
+        """(Re)build this dispatcher's clients; cluster clients need a node that answers."""
+        connect = min(self._timeout_s, 5.0)
+        self._probe_client: Client | None = None if self.breaker is None else make_client(
+            self._url, socket_timeout=PROBE_TIMEOUT_S, connect_timeout=PROBE_TIMEOUT_S,
+            cluster=cluster)
+        self.client: Client = make_client(self._url, socket_timeout=self._timeout_s,
+                                          breaker=self.breaker, connect_timeout=connect,
+                                          cluster=cluster)
+        # Blocking waits need a socket timeout longer than the block itself.
+        self.blocking_client: Client = make_client(
+            self._url, socket_timeout=self.block_timeout_s + self._timeout_s,
+            breaker=self.breaker, connect_timeout=connect, cluster=cluster)
         self._scripts = {name: self.client.register_script(_lua(name)) for name in _SCRIPTS}
+        self._waits = QueueWaits(self._blpop) if cluster else None
+        self.cluster = cluster
+
+    def _became_cluster(self) -> None:
+        """A MOVED reached a plain client: REDIS_URL names a cluster node that could not be
+        asked at start. The call that met it fails (counted unavailable); the next goes to
+        the cluster client built here."""
+        with self._switch:
+            if self.cluster:
+                return
+            try:
+                self._build(True)
+            except (redis.RedisError, redis.cluster.RedisClusterException):
+                return  # the next MOVED tries again
+
+    def _guard(self) -> contextlib.AbstractContextManager[None]:
+        return translate_errors(None if self.cluster else self._became_cluster)
+
+    def _probe(self) -> object:
+        probe = self._probe_client
+        if probe is None:
+            return None
+        if isinstance(probe, RedisCluster):
+            # Every master must answer; a dead one is dropped from the slot map by the
+            # failed ping (the client reads the map again), so the next probe sees the
+            # promoted replica.
+            return probe.execute_command("PING", target_nodes=RedisCluster.PRIMARIES)
+        return probe.ping()
 
     @property
     def redis_down(self) -> bool:
@@ -94,14 +111,19 @@ class Dispatcher:
     def close(self) -> None:
         if self.breaker is not None:
             self.breaker.close()
+        if self._waits is not None:
+            self._waits.close()
         if self._probe_client is not None:
             self._probe_client.close()
         self.client.close()
         self.blocking_client.close()
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[object]) -> object:
-        with translate_errors():
+        with self._guard():
             return self._scripts[name](keys=list(keys), args=list(args))
+
+    def _blpop(self, key: str, timeout_s: float) -> object:
+        return self.blocking_client.blpop([key], timeout=timeout_s)
 
     def follow(self, changes: Iterable[Committed]) -> None:
         """Mirror committed transitions: each move's Redis step (taskline.dispatch.follow)."""
@@ -122,12 +144,24 @@ class Dispatcher:
             groups[(queue, priority)].append(str(job_id))
         if not groups:
             return 0
-        with translate_errors():
+        if self.cluster:
+            return self._push_per_group(groups)
+        with self._guard():
             missed = self._push_groups(list(groups.items()), register=True)
             if missed:
                 self.client.script_load(self._scripts["push"].script)
                 if self._push_groups(missed, register=False):
                     raise DispatchUnavailable("Redis lost the push script while pushing")
+        return sum(len(ids) for ids in groups.values())
+
+    def _push_per_group(self, groups: dict[tuple[str, int], list[str]]) -> int:
+        """Cluster mode: one script call per group (each group is one slot), in order, then
+        the queues' registration (the Script object reloads a script a node lacks)."""
+        for (queue, priority), ids in groups.items():
+            keys = QueueKeys(queue)
+            self._script("push", [keys.ready(priority), keys.signal], [SIGNAL_MAX, *ids])
+        with self._guard():
+            self.client.sadd(QUEUES_SET, *{queue for queue, _ in groups})
         return sum(len(ids) for ids in groups.values())
 
     def _push_groups(self, groups: list[tuple[tuple[str, int], list[str]]], *,
@@ -152,7 +186,7 @@ class Dispatcher:
     def schedule(self, queue: str, job_id: str, due_ms: int, *, retry: bool = False) -> None:
         """Hold a job in the scheduled (delayed first run) or retry set until it is due."""
         keys = QueueKeys(queue)
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.zadd(keys.retry if retry else keys.scheduled, {str(job_id): due_ms})
             pipe.sadd(QUEUES_SET, queue)
             pipe.execute()
@@ -165,13 +199,13 @@ class Dispatcher:
     def unschedule(self, queue: str, job_id: str) -> None:
         """Forget a cancelled job's delayed or retry entry (ready-list copies die at claim)."""
         keys = QueueKeys(queue)
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.zrem(keys.retry, str(job_id))
             pipe.zrem(keys.scheduled, str(job_id))
             pipe.execute()
 
     def remove_from_dlq(self, queue: str, job_id: str) -> None:
-        with translate_errors():
+        with self._guard():
             self.client.lrem(QueueKeys(queue).dlq, 0, str(job_id))
 
     def drop_dead(self, queue: str, ids: Sequence[str]) -> int:
@@ -198,9 +232,15 @@ class Dispatcher:
         third of a millisecond on a VM whose cores have gone idle). The other queues' ids are
         left to the next `fetch`.
         """
+        wait = self.block_timeout_s if timeout_s is None else max(timeout_s, 0.01)
+        if self._waits is not None:
+            # Cluster mode: each queue's signal is waited on apart (their slots differ), and
+            # the fetch follows the wake in a call of its own.
+            with self._guard():
+                self._waits.wait([QueueKeys(q).signal for q in queues], wait)
+            return self.fetch(queues[0], worker_id, count)
         keys, args = _fetch_call(queues[0], worker_id, count)
-        with translate_errors(), self.blocking_client.pipeline(transaction=False) as pipe:
-            wait = self.block_timeout_s if timeout_s is None else max(timeout_s, 0.01)
+        with self._guard(), self.blocking_client.pipeline(transaction=False) as pipe:
             pipe.blpop([QueueKeys(q).signal for q in queues], timeout=wait)
             pipe.evalsha(self._scripts["fetch"].sha, len(keys), *keys, *args)
             woken, moved = pipe.execute(raise_on_error=False)
@@ -223,7 +263,7 @@ class Dispatcher:
         items = list(items)
         if not items:
             return
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for queue, job_id in items:
                 pipe.lrem(QueueKeys(queue).processing(worker_id), -1, str(job_id))
             pipe.execute()
@@ -249,7 +289,7 @@ class Dispatcher:
         """Put ids a claim refused because their queue is paused back where they were fetched
         from, in the order given (most urgent first), and mark their queues paused, so no
         worker fetches them again until the queue resumes."""
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for queue in {queue for queue, _, _ in held}:
                 # Expiring and never replacing an operator's marker: a resume racing this
                 # claim is at most HELD_MARKER_MS late, and maintenance restores the lasting one.
@@ -261,7 +301,7 @@ class Dispatcher:
     def mark_paused(self, queue: str, paused: bool) -> None:
         """Set or clear a queue's pause marker; clearing also wakes the queue's idle workers."""
         keys = QueueKeys(queue)
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             if paused:
                 pipe.set(keys.paused, "1")
             else:
@@ -272,7 +312,7 @@ class Dispatcher:
 
     def wake(self, queues: Iterable[str]) -> None:
         """Signal each queue once, waking a worker blocked on it (budget freed for held work)."""
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for queue in queues:
                 keys = QueueKeys(queue)
                 pipe.lpush(keys.signal, "1")
@@ -282,32 +322,46 @@ class Dispatcher:
     def paused_markers(self, queues: Iterable[str]) -> set[str]:
         """The queues among `queues` whose pause marker is set."""
         queues = list(queues)
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for queue in queues:
                 pipe.exists(QueueKeys(queue).paused)
             return {q for q, present in zip(queues, pipe.execute(), strict=True) if present}
 
     def heartbeat(self, worker_id: str, ttl_s: float) -> None:
-        with translate_errors():
+        with self._guard():
             self.client.set(worker_key(worker_id), "1", px=max(int(ttl_s * 1000), 1))
 
     def forget_worker(self, worker_id: str) -> None:
-        with translate_errors():
+        with self._guard():
             self.client.delete(worker_key(worker_id))
 
     # --- maintenance and queries ---------------------------------------------------------
 
     def known_queues(self) -> set[str]:
-        with translate_errors():
+        with self._guard():
             return set(self.client.smembers(QUEUES_SET))
 
     def processing_lists(self, queue: str) -> list[str]:
-        with translate_errors():
-            return list(self.client.scan_iter(match=QueueKeys(queue).processing_pattern,
-                                              count=1000))
+        """Every processing list of `queue`: those of its registered holders and, on a single
+        Redis, any SCAN finds (lists fetched into before workers registered themselves)."""
+        keys = QueueKeys(queue)
+        with self._guard():
+            found = {keys.processing(w) for w in self.client.smembers(keys.holders)}
+            if not self.cluster:
+                found.update(self.client.scan_iter(match=keys.processing_pattern, count=1000))
+        return sorted(found)
+
+    def forget_holders(self, queue: str, worker_ids: Sequence[str]) -> int:
+        """Unregister those of `worker_ids` whose processing list of `queue` is gone."""
+        if not worker_ids:
+            return 0
+        keys = QueueKeys(queue)
+        return int(self._script("forget_holders",
+                                [keys.holders, *(keys.processing(w) for w in worker_ids)],
+                                list(worker_ids)))
 
     def list_range(self, key: str, start: int, stop: int) -> list[str]:
-        with translate_errors():
+        with self._guard():
             return self.client.lrange(key, start, stop)
 
     def snapshot(self, dest: str, sources: Sequence[str], ttl_s: int) -> int:
@@ -317,7 +371,7 @@ class Dispatcher:
         """Yield a set's members in chunks (SSCAN), so memory stays bounded."""
         cursor = 0
         while True:
-            with translate_errors():
+            with self._guard():
                 cursor, members = self.client.sscan(key, cursor, count=count)
             if members:
                 yield list(members)
@@ -327,14 +381,14 @@ class Dispatcher:
     def members(self, key: str, ids: Sequence[str]) -> list[bool]:
         if not ids:
             return []
-        with translate_errors():
+        with self._guard():
             return [bool(x) for x in self.client.smismember(key, list(ids))]
 
     def take(self, key: str, ids: Sequence[str]) -> list[bool]:
         """Which of `ids` the set `key` holds, removing them from it, in one round trip."""
         if not ids:
             return []
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.smismember(key, list(ids))
             pipe.srem(key, *ids)
             present, _ = pipe.execute()
@@ -346,7 +400,7 @@ class Dispatcher:
         if not entries:
             return
         keys = QueueKeys(queue)
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.zadd(keys.retry if retry else keys.scheduled,
                       {str(job_id): due_ms for job_id, due_ms in entries})
             pipe.sadd(QUEUES_SET, queue)
@@ -356,7 +410,7 @@ class Dispatcher:
         """Put dead jobs' ids back in the queue's DLQ list (after Redis lost them)."""
         if not ids:
             return
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.lpush(QueueKeys(queue).dlq, *map(str, ids))
             pipe.sadd(QUEUES_SET, queue)
             pipe.execute()
@@ -366,7 +420,7 @@ class Dispatcher:
         if not ids:
             return 0, 0
         keys = QueueKeys(queue)
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.zrem(keys.retry, *map(str, ids))
             pipe.zrem(keys.scheduled, *map(str, ids))
             retry, scheduled = pipe.execute()
@@ -376,7 +430,7 @@ class Dispatcher:
         """Add ids to a temporary working set that expires after ttl_s seconds."""
         if not ids:
             return
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.sadd(key, *map(str, ids))
             pipe.expire(key, ttl_s)
             pipe.execute()
@@ -392,21 +446,21 @@ class Dispatcher:
         """Remove every copy of `ids` from one short list (a processing list); returns the count."""
         if not ids:
             return 0
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for job_id in ids:
                 pipe.lrem(key, 0, str(job_id))
             return sum(int(n) for n in pipe.execute())
 
     def delete(self, keys: Sequence[str]) -> None:
         if keys:
-            with translate_errors():
+            with self._guard():
                 self.client.delete(*keys)
 
     def depths(self, queue: str) -> dict[str, object]:
         """Lengths of a queue's ready (per priority), processing, retry, scheduled and DLQ."""
         keys = QueueKeys(queue)
         processing = self.processing_lists(queue)
-        with translate_errors(), self.client.pipeline(transaction=False) as pipe:
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for key in keys.ready_by_urgency:
                 pipe.llen(key)
             for key in processing:
@@ -420,18 +474,21 @@ class Dispatcher:
                 "retry": values[-3], "scheduled": values[-2], "dlq": values[-1]}
 
     def ping(self) -> None:
-        with translate_errors():
-            self.client.ping()
+        with self._guard():
+            if isinstance(self.client, RedisCluster):
+                self.client.execute_command("PING", target_nodes=RedisCluster.PRIMARIES)
+            else:
+                self.client.ping()
 
     # --- the rebuild marker (dispatch from PostgreSQL ends when it is fresh) ---------------
 
     def dispatch_marker(self) -> str | None:
         """The rebuild marker, `<writer token>:<epoch ms>`, or None when Redis lacks it."""
-        with translate_errors():
+        with self._guard():
             return self.client.get(DISPATCH_MARKER)
 
     def set_dispatch_marker(self, value: str) -> None:
-        with translate_errors():
+        with self._guard():
             self.client.set(DISPATCH_MARKER, value)
 
     def renew_dispatch_marker(self, expected: str, value: str) -> bool:
@@ -442,8 +499,8 @@ class Dispatcher:
 def _fetch_call(queue: str, worker_id: str, count: int) -> tuple[list[str], list[object]]:
     """KEYS and ARGV of the fetch script for `count` ids of `queue` (see lua/fetch.lua)."""
     keys = QueueKeys(queue)
-    return ([keys.processing(worker_id), keys.signal, keys.paused, *keys.ready_by_urgency],
-            [count, SIGNAL_MAX])
+    return ([keys.processing(worker_id), keys.signal, keys.paused, keys.holders,
+             *keys.ready_by_urgency], [count, SIGNAL_MAX, worker_id])
 
 
 def _lua(name: str) -> str:

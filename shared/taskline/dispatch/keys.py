@@ -64,6 +64,13 @@ class QueueKeys:
         return f"{self.base}:processing:{worker_id}"
 
     @property
+    def holders(self) -> str:
+        """Set of the workers that may hold a processing list of this queue: the fetch script
+        adds a worker as it moves ids into its list, reconciliation forgets one whose list is
+        gone. Found without SCAN, which on Redis Cluster would have to visit every node."""
+        return f"{self.base}:holders"
+
+    @property
     def processing_pattern(self) -> str:
         return f"{self.base}:processing:*"
 

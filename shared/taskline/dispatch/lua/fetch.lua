@@ -5,14 +5,16 @@
 -- KEYS[1]     processing list of the fetching worker
 -- KEYS[2]     signal list of the queue (idle workers block on it)
 -- KEYS[3]     the queue's pause marker
--- KEYS[4..13] ready lists, most urgent first (priority 9 .. 0)
+-- KEYS[4]     set of the workers holding a processing list of the queue
+-- KEYS[5..14] ready lists, most urgent first (priority 9 .. 0)
 -- ARGV[1]     maximum number of ids to move
 -- ARGV[2]     maximum length of the signal list
+-- ARGV[3]     the fetching worker's id (its processing list is KEYS[1])
 -- returns     the moved ids, in the order they were taken
 local want = tonumber(ARGV[1])
 local moved = {}
 if redis.call('EXISTS', KEYS[3]) == 1 then return moved end
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   while #moved < want do
     local id = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
     if not id then break end
@@ -29,4 +31,6 @@ for i = 4, #KEYS do
     break
   end
 end
+-- Registered with the list it creates, so reconciliation finds every list without SCAN.
+if #moved > 0 then redis.call('SADD', KEYS[4], ARGV[3]) end
 return moved
