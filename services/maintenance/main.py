@@ -131,6 +131,7 @@ def run(settings: Settings, metrics_port: int) -> int:
     _stop_on_signals(stop)
     store = Store.connect(settings.database_url, pool_size=4, schema=settings.schema,
                           application_name="taskline-maintenance")
+    store.max_queues = settings.max_queues  # the scheduler's jobs count against it
     # The breaker keeps a Redis outage from costing every pass a timeout (promoter, reaper).
     dispatcher = Dispatcher(settings.redis_url, breaker=True)
     readiness = Readiness(degraded=lambda: "Redis unreachable" if dispatcher.redis_down else None)

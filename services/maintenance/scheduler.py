@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.errors import QueueLimitReached
 from taskline.jobs import Job
 from taskline.metrics import LOOP_ERRORS, SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
 from taskline.schedules import (
@@ -139,10 +140,11 @@ class Scheduler(Periodic):
     def _judge_one(self, row: ScheduleRow, pushes: list[Committed]
                    ) -> tuple[SchedulerResult, datetime] | None:
         """`_judge`, where a schedule PostgreSQL refuses to enqueue (or whose expression finds
-        no next slot) costs that schedule's slot only; an outage still fails the pass."""
+        no next slot, or whose queue would pass TASKLINE_MAX_QUEUES) costs that schedule's
+        slot only, which stays due; an outage still fails the pass."""
         try:
             return self._judge(row, pushes)
-        except (*STATEMENT_ERRORS, *NO_SLOT) as err:
+        except (*STATEMENT_ERRORS, *NO_SLOT, QueueLimitReached) as err:
             SCHEDULE_ERRORS.inc()
             log.error("schedule %s could not be judged or fired: %s", row.name, err,
                       extra={"action": "scheduler", "schedule": row.name})

@@ -61,6 +61,7 @@ class Backends:
                 store = self._given_store or Store.connect(
                     self.settings.database_url, pool_size=POOL_SIZE, max_overflow=0,
                     schema=self.settings.schema, application_name="taskline-api")
+                store.max_queues = self.settings.max_queues
                 # The breaker skips pushes while Redis is known down: an enqueue then costs
                 # no connect or socket timeout (the job is durable; workers are notified).
                 dispatcher = self._given_dispatcher or Dispatcher(self.settings.redis_url,

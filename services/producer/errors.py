@@ -18,7 +18,12 @@ from typing import Any
 from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from taskline.errors import DispatchUnavailable, IdempotencyConflict, StoreUnavailable
+from taskline.errors import (
+    DispatchUnavailable,
+    IdempotencyConflict,
+    QueueLimitReached,
+    StoreUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +187,12 @@ def _idempotency_conflict(err: IdempotencyConflict) -> Response:
     return error_response(422, "idempotency_key_reused", str(err))
 
 
+def _queue_limit(err: QueueLimitReached) -> Response:
+    """A job for one queue more than TASKLINE_MAX_QUEUES allows: nothing was written."""
+    return error_response(422, "queue_limit", err.errors[0]["message"],
+                          {"limit": err.limit, "queues": err.queues})
+
+
 def _unavailable(err: Exception) -> Response:
     code = "store_unavailable" if isinstance(err, StoreUnavailable) else "dispatch_unavailable"
     log.warning("answering 503", extra={"path": request.path, "error": str(err)})
@@ -199,6 +210,7 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(IdempotencyConflict, _idempotency_conflict)
+    app.register_error_handler(QueueLimitReached, _queue_limit)
     app.register_error_handler(StoreUnavailable, _unavailable)
     app.register_error_handler(DispatchUnavailable, _unavailable)
     app.register_error_handler(Exception, _unexpected)

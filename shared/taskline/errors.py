@@ -64,6 +64,19 @@ class InvalidJob(TasklineError, ValueError):
         """Each invalid field as {"field", "message"}, as the API's 422 details list them."""
 
 
+class QueueLimitReached(InvalidJob):
+    """Writing the jobs would make more queues hold unfinished jobs than TASKLINE_MAX_QUEUES
+    allows; nothing was written (the API answers 422 `queue_limit`)."""
+
+    def __init__(self, queues: list[str], limit: int) -> None:
+        shown = ", ".join(queues[:5]) + (" ..." if len(queues) > 5 else "")
+        super().__init__([{"field": "queue", "message": (
+            f"more than {limit} queues would hold unfinished jobs (TASKLINE_MAX_QUEUES); "
+            f"new queues refused: {shown}")}])
+        self.queues = queues
+        self.limit = limit
+
+
 def detail(err: BaseException) -> str:
     """`err`'s message followed by its driver's own (psycopg's or redis-py's), on one line and
     without passwords: what a log says about an outage.

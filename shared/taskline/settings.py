@@ -58,6 +58,14 @@ class Settings:
     """Cap of the retry delay, seconds; >= backoff_base_s."""
     max_payload_bytes: int = 1_048_576
     """Largest accepted request body, bytes; larger bodies get 413."""
+    max_queues: int = 1000
+    """Most distinct queues holding unfinished jobs; a job for one more queue is refused
+    (`queue_limit`); >= 1."""
+    max_schedules: int = 1000
+    """Most schedules; creating one more is refused (422 `schedule_limit`); >= 1."""
+    min_schedule_period_s: float = 1.0
+    """Shortest time between two slots of a schedule, seconds; a cron expression firing more
+    often is refused (422); >= 1 (slots are whole seconds)."""
     http_header_timeout_s: float = 10.0
     """Seconds the API waits for a request's line and headers (from the connection's opening,
     or from a kept-alive request's first byte); a connection that misses it gets 408 and is
@@ -159,6 +167,9 @@ class Settings:
             (self.backoff_max_s >= self.backoff_base_s,
              "TASKLINE_BACKOFF_MAX_S must be >= TASKLINE_BACKOFF_BASE_S"),
             (self.max_payload_bytes >= 1024, "TASKLINE_MAX_PAYLOAD_BYTES must be >= 1024"),
+            (self.max_queues >= 1, "TASKLINE_MAX_QUEUES must be >= 1"),
+            (self.max_schedules >= 1, "TASKLINE_MAX_SCHEDULES must be >= 1"),
+            (self.min_schedule_period_s >= 1, "TASKLINE_MIN_SCHEDULE_PERIOD_S must be >= 1"),
             (0 < self.http_header_timeout_s <= 3600,
              "TASKLINE_HTTP_HEADER_TIMEOUT_S must be > 0 and <= 3600"),
             (0 < self.http_body_timeout_s <= 3600,

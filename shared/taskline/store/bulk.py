@@ -9,14 +9,15 @@ batches, hence COPY_MIN_JOBS (docs/performance.md).
 
 Invariant: every row and value equals what the statement writes; created_at and updated_at
 are the transaction's now(), and a job's next_run_at is its run_at or now() plus its delay, by
-PostgreSQL's clock read in the same transaction.
+PostgreSQL's clock read in the same transaction. The queue limit (TASKLINE_MAX_QUEUES) is
+checked in that transaction before anything is written, as the statement checks it.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -56,10 +57,15 @@ def copyable(jobs: Sequence[dict[str, Any]]) -> bool:
 
 
 def copy_jobs_with_events(driver: psycopg.Connection, jobs: Sequence[dict[str, Any]],
-                          schema: str = DEFAULT_SCHEMA) -> list[Inserted]:
+                          schema: str = DEFAULT_SCHEMA,
+                          gate: Callable[[psycopg.Cursor, set[str]], None] | None = None
+                          ) -> list[Inserted]:
     """Write `jobs` (insert_job's fields each, no idempotency key) and each one's first event in
-    one transaction on `driver`, a connection outside any transaction; committed on return."""
+    one transaction on `driver`, a connection outside any transaction; committed on return.
+    `gate(cursor, queues)` runs first in that transaction and may raise to write nothing."""
     with driver.transaction(), driver.cursor() as cursor:
+        if gate is not None:
+            gate(cursor, {job["queue"] for job in jobs})
         set_json_dumps(_dumps, cursor)
         now = cursor.execute("SELECT now()").fetchone()[0]
         inserted = [_inserted(job, now) for job in jobs]

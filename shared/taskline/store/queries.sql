@@ -38,6 +38,8 @@ VALUES (:job_id, :attempt, :event, :worker_id, CAST(:detail AS jsonb));
 -- JSON rather than one array per column: psycopg dumps lists value by value in Python.
 -- Each row's `actor` (who asked, or null) goes on its first event: the input is kept
 -- (MATERIALIZED) because an INSERT's RETURNING cannot carry a column it did not insert.
+-- Over the queue limit (see `fresh`) it inserts nothing and returns one row: `refused`, the
+-- input's queues without unfinished jobs (every other row has `refused` null).
 WITH input AS MATERIALIZED (
     SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
@@ -47,6 +49,23 @@ WITH input AS MATERIALIZED (
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, idempotency_key, request_hash,
                               trace_context, actor, limit_key, ord)
+), fresh AS MATERIALIZED (
+    -- The queue limit (TASKLINE_MAX_QUEUES: a job for one queue more than :max_queues
+    -- holding unfinished jobs is refused, and nothing of the input is written): the input's queues without a queued or running
+    -- job (a probe of jobs_claimable, and of the few running jobs) are the only ones that may
+    -- add a queue, so only then are the queues holding unfinished jobs counted.
+    SELECT DISTINCT t.queue FROM input t
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued')
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running')
+), refused AS MATERIALIZED (
+    SELECT f.queues
+    FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
+         LATERAL (SELECT count(DISTINCT j.queue) AS active,
+                         count(DISTINCT j.queue) FILTER (WHERE j.queue = ANY(f.queues)) AS present
+                  FROM taskline.jobs j
+                  WHERE f.n > 0
+                    AND j.status IN ('queued', 'scheduled', 'retrying', 'running', 'waiting')) a
+    WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, trace_context, limit_key)
@@ -54,6 +73,7 @@ WITH input AS MATERIALIZED (
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
            t.idempotency_key, t.request_hash, t.trace_context, t.limit_key
     FROM input t
+    WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, status, payload, next_run_at, created_at, updated_at
@@ -62,7 +82,9 @@ WITH input AS MATERIALIZED (
     SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status, t.actor
     FROM inserted i JOIN input t ON t.id = i.id
 )
-SELECT id, payload, next_run_at, created_at, updated_at FROM inserted;
+SELECT id, payload, next_run_at, created_at, updated_at, NULL AS refused FROM inserted
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 
 -- name: enqueue_in_transaction
 -- Insert jobs with their first events and outbox rows on the caller's connection, in its transaction; NOTIFY each queue and job.
@@ -103,6 +125,29 @@ SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
        pg_notify('taskline_enqueued_jobs', concat_ws(' ', i.id, i.priority, i.status,
                  round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced
 FROM inserted i;
+
+-- name: queue_limit_refused
+-- The queue limit of insert_jobs_with_events for a write that does not go through it (a large
+-- batch written by COPY): one row with `refused` (the queues :queues holding no queued or
+-- running job) when writing to :queues would hold more than :max_queues queues with unfinished
+-- jobs, else none. Run in the writing transaction, before the COPY.
+WITH input AS (
+    SELECT DISTINCT queue FROM unnest(CAST(:queues AS text[])) AS q(queue)
+), fresh AS MATERIALIZED (
+    SELECT q.queue FROM input q
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = q.queue AND j.status = 'queued')
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = q.queue AND j.status = 'running')
+), refused AS MATERIALIZED (
+    SELECT f.queues
+    FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
+         LATERAL (SELECT count(DISTINCT j.queue) AS active,
+                         count(DISTINCT j.queue) FILTER (WHERE j.queue = ANY(f.queues)) AS present
+                  FROM taskline.jobs j
+                  WHERE f.n > 0
+                    AND j.status IN ('queued', 'scheduled', 'retrying', 'running', 'waiting')) a
+    WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
+)
+SELECT queues AS refused FROM refused;
 
 -- name: outbox_page
 -- The oldest :limit outbox rows with their job's queue, priority, status and due time (status null: the job is gone).
@@ -1101,10 +1146,28 @@ FROM taskline.schedules WHERE NOT paused ORDER BY name;
 -- Fire one slot of a schedule still at :revision and not paused: the slot's row, its job (a
 -- new queued job carrying the schedule and the slot instant) with its first event, and the
 -- schedule's last slot, in one statement. A slot already recorded inserts nothing: no row.
-WITH slot AS (
+WITH input AS (
+    SELECT CAST(:queue AS text) AS queue
+), fresh AS MATERIALIZED (
+    -- The queue limit, as in insert_jobs_with_events: a slot whose job would add a queue past
+    -- :max_queues inserts nothing, and returns one row with `refused`.
+    SELECT i.queue FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = i.queue AND j.status = 'queued')
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = i.queue AND j.status = 'running')
+), refused AS MATERIALIZED (
+    SELECT f.queues
+    FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
+         LATERAL (SELECT count(DISTINCT j.queue) AS active,
+                         count(DISTINCT j.queue) FILTER (WHERE j.queue = ANY(f.queues)) AS present
+                  FROM taskline.jobs j
+                  WHERE f.n > 0
+                    AND j.status IN ('queued', 'scheduled', 'retrying', 'running', 'waiting')) a
+    WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
+), slot AS (
     INSERT INTO taskline.schedule_slots (schedule, slot, job_id)
     SELECT name, CAST(:slot AS timestamptz), CAST(:id AS uuid) FROM taskline.schedules
     WHERE name = :name AND revision = :revision AND NOT paused
+      AND NOT EXISTS (SELECT 1 FROM refused)
     ON CONFLICT (schedule, slot) DO NOTHING
     RETURNING schedule, slot, job_id
 ), job AS (
@@ -1123,7 +1186,9 @@ WITH slot AS (
     UPDATE taskline.schedules s SET last_slot = slot.slot, last_job_id = slot.job_id
     FROM slot WHERE s.name = slot.schedule AND (s.last_slot IS NULL OR s.last_slot < slot.slot)
 )
-SELECT * FROM job;
+SELECT j.*, NULL AS refused FROM job j
+UNION ALL
+SELECT j.*, r.queues FROM refused r LEFT JOIN job j ON false;
 
 -- name: announce_steps
 -- Owe new workflow steps (:ids, queued or scheduled) to Redis as enqueue_in_transaction owes

@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import psycopg as sqlalchemy_psycopg
 from sqlalchemy.engine import ExceptionContext
 
 from taskline import flow, transitions
-from taskline.errors import StoreUnavailable
+from taskline.errors import QueueLimitReached, StoreUnavailable
 from taskline.jobs import Job, Status, new_job_id, parse_job_id
 from taskline.store import bulk
 from taskline.store.queries import DEFAULT_SCHEMA, queries_for
@@ -204,6 +204,10 @@ def _rows_json(rows: Sequence[dict[str, Any]] | dict[str, Any]) -> str:
 class Store:
     """Runs named queries; every unreachable-database error surfaces as StoreUnavailable."""
 
+    max_queues: int = 1000
+    """TASKLINE_MAX_QUEUES (its default until a service sets it), which every insert of new
+    jobs enforces: QueueLimitReached, nothing written."""
+
     def __init__(self, engine: Engine, schema: str = DEFAULT_SCHEMA) -> None:
         self.engine = engine
         self.schema = schema
@@ -283,11 +287,27 @@ class Store:
             return []
         if conn is None and bulk.copyable(jobs):
             with self._driver() as driver:
-                return bulk.copy_jobs_with_events(driver, jobs, self.schema)
-        params = {"jobs": _rows_json(jobs), "first_events": _FIRST_EVENTS}
+                return bulk.copy_jobs_with_events(driver, jobs, self.schema, self._queue_gate)
+        params = {"jobs": _rows_json(jobs), "first_events": _FIRST_EVENTS,
+                  "max_queues": self.max_queues}
         if conn is not None:
-            return self._run("insert_jobs_with_events", params, conn)
-        return self._run_on_driver("insert_jobs_with_events", params)
+            return self._refusing(self._run("insert_jobs_with_events", params, conn))
+        return self._refusing(self._run_on_driver("insert_jobs_with_events", params))
+
+    def _refusing(self, rows: list) -> list:
+        """`rows` of an insert, or QueueLimitReached when it refused them (one `refused` row:
+        nothing was written)."""
+        if rows and rows[0].refused is not None:
+            raise QueueLimitReached(list(rows[0].refused), self.max_queues)
+        return rows
+
+    def _queue_gate(self, cursor: Any, queues: set[str]) -> None:
+        """The queue limit of a COPY's jobs, checked on its transaction before it writes."""
+        rows = cursor.execute(driver_sql("queue_limit_refused", self.schema),
+                              {"queues": sorted(queues), "max_queues": self.max_queues}
+                              ).fetchall()
+        if rows:
+            raise QueueLimitReached(list(rows[0][0]), self.max_queues)
 
     def _run_on_driver(self, name: str, params: dict[str, Any]) -> list:
         """Run query `name` alone in autocommit on a pooled connection, straight through psycopg.
@@ -468,7 +488,7 @@ class Store:
                   "limit_key": job.get("limit_key"),
                   "status": transitions.ENQUEUE.target.value,
                   "event": transitions.ENQUEUE.event.value}
-        rows = self._run("fire_slot", params)
+        rows = self._refusing(self._run("fire_slot", params | {"max_queues": self.max_queues}))
         return Job.from_row(rows[0]) if rows else None
 
     # --- worker side ---------------------------------------------------------------------

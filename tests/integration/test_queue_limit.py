@@ -1,0 +1,105 @@
+"""TASKLINE_MAX_QUEUES against real PostgreSQL: a job for one queue more than the limit allows
+(queues holding unfinished jobs) is refused whole and writes nothing, through the API's single
+and batch enqueues (the one-statement insert and the COPY of a large batch) and the scheduler;
+a job for a queue that already holds unfinished jobs (queued, running, scheduled) is accepted
+at the limit, and a queue whose jobs finished no longer counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import text
+
+from taskline.errors import QueueLimitReached
+from taskline.jobs import new_job_id
+from taskline.settings import Settings
+from taskline.store.bulk import COPY_MIN_JOBS
+from taskline.store.store import Store
+from taskline_maintenance.scheduler import Scheduler
+from taskline_producer.app import close_app, create_app
+
+LIMIT = 3
+
+
+@pytest.fixture
+def limited(settings: Settings) -> Iterator[FlaskClient]:
+    app = create_app(settings.replace(max_queues=LIMIT))
+    yield app.test_client()
+    close_app(app)
+
+
+def enqueue(client: FlaskClient, queue: str, **fields: object):
+    return client.post("/api/v1/jobs", json={"type": "echo", "queue": queue, **fields})
+
+
+def jobs(store: Store) -> int:
+    with store.transaction() as conn:
+        return conn.execute(text("SELECT count(*) FROM taskline.jobs")).scalar_one()
+
+
+def test_a_job_for_one_queue_too_many_is_a_422_and_writes_nothing(limited, store):
+    for queue in ("q1", "q2"):
+        assert enqueue(limited, queue).status_code == 201
+    assert enqueue(limited, "q3", delay_s=3600).status_code == 201  # scheduled counts too
+    before = jobs(store)
+    refused = enqueue(limited, "q4")
+    assert refused.status_code == 422
+    error = refused.get_json()["error"]
+    assert error["code"] == "queue_limit"
+    assert error["details"] == {"limit": LIMIT, "queues": ["q4"]}
+    batch = limited.post("/api/v1/jobs/batch", json={"jobs": [
+        {"type": "echo", "queue": "q1"}, {"type": "echo", "queue": "q5"}]})
+    assert batch.status_code == 422 and batch.get_json()["error"]["code"] == "queue_limit"
+    assert jobs(store) == before
+    # Queues that hold unfinished jobs take more at the limit.
+    for queue in ("q1", "q2", "q3"):
+        assert enqueue(limited, queue).status_code == 201
+
+
+def test_a_queue_whose_jobs_finished_no_longer_counts(limited, store):
+    for queue in ("q1", "q2", "q3"):
+        assert enqueue(limited, queue).status_code == 201
+    assert enqueue(limited, "q4").status_code == 422
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE taskline.jobs SET status = 'running' WHERE queue = 'q2'"))
+        conn.execute(text("UPDATE taskline.jobs SET status = 'succeeded', "
+                          "finished_at = now() WHERE queue = 'q1'"))
+    assert enqueue(limited, "q2").status_code == 201  # running: still a queue of its own
+    assert enqueue(limited, "q4").status_code == 201
+    assert enqueue(limited, "q1").status_code == 422
+
+
+def test_a_large_batch_written_by_copy_is_refused_whole(limited, store):
+    for queue in ("q1", "q2", "q3"):
+        assert enqueue(limited, queue).status_code == 201
+    before = jobs(store)
+    body = {"jobs": [{"type": "echo", "queue": "q1"}] * (COPY_MIN_JOBS - 1)
+            + [{"type": "echo", "queue": "new"}]}
+    refused = limited.post("/api/v1/jobs/batch", json=body)
+    assert refused.status_code == 422
+    assert refused.get_json()["error"]["details"]["queues"] == ["new"]
+    assert jobs(store) == before
+    body = {"jobs": [{"type": "echo", "queue": "q2"}] * COPY_MIN_JOBS}
+    assert limited.post("/api/v1/jobs/batch", json=body).status_code == 201
+
+
+def test_a_schedule_s_slot_over_the_limit_writes_nothing(store, dispatcher, settings):
+    store.max_queues = 1
+    store.insert_jobs_with_events([{
+        "id": new_job_id(), "type": "echo", "queue": "full", "payload": {}, "priority": 5,
+        "status": "queued", "max_retries": 0, "timeout_s": 30.0, "run_at": None,
+        "delay_s": 0.0, "idempotency_key": None, "request_hash": None, "trace_context": None,
+        "actor": None, "limit_key": None}])
+    store.upsert_schedule(name="s", cron="* * * * * *", timezone="UTC", paused=False,
+                          catch_up="latest", job={"type": "echo", "payload": {},
+                                                  "queue": "other", "priority": 5,
+                                                  "max_retries": 0, "timeout_s": 30.0})
+    row = store.get_schedule("s")
+    with pytest.raises(QueueLimitReached):
+        store.fire_slot(row, row.db_now.replace(microsecond=0))
+    assert Scheduler(store, dispatcher, settings).run_once().fired == 0
+    with store.transaction() as conn:
+        assert conn.execute(text("SELECT count(*) FROM taskline.schedule_slots")).scalar() == 0
+    assert jobs(store) == 1
