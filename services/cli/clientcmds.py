@@ -21,6 +21,7 @@ from typing import Any
 
 from taskline.client import Client, ClientError
 from taskline.settings import Settings
+from taskline_cli.auditcmds import add_verify_command
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 EXIT_OK, EXIT_API, EXIT_USAGE = 0, 1, 2
@@ -481,6 +482,7 @@ def _audit_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPars
     audit.add_argument("--limit", type=int, help="at most N records")
     audit.add_argument("--cursor", help="continue after a previous page")
     audit.set_defaults(fn=cmd_audit)
+    add_verify_command(audit)
     sub.add_parser("whoami", parents=[common],
                    help="the name and scopes of the token").set_defaults(fn=cmd_whoami)
 

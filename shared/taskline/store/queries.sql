@@ -1201,3 +1201,61 @@ SELECT j.id, pg_notify('taskline_enqueued', j.queue) AS signal,
        pg_notify('taskline_enqueued_jobs', concat_ws(' ', j.id, j.priority, j.status,
                  round(extract(epoch FROM j.next_run_at) * 1000), j.queue)) AS announced
 FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
+
+-- Auditing the recorded history (taskline.audit_verify, `taskline audit verify`): read only,
+-- each a bounded page along an index.
+
+-- name: audit_jobs_page
+-- Up to :limit jobs created at or after :since, after (:after_created, :after_id) in
+-- (created_at, id) order (index jobs_created).
+SELECT id, type, queue, status, attempts, limit_key, created_at FROM taskline.jobs
+WHERE created_at >= CAST(:since AS timestamptz)
+  AND (created_at, id) > (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
+ORDER BY created_at, id
+LIMIT :limit;
+
+-- name: audit_events_of
+-- The events of the jobs :ids in id order, each with the transaction that wrote it.
+SELECT job_id, id, attempt, event, detail, created_at, xmin::text AS xid
+FROM taskline.job_events WHERE job_id = ANY(CAST(:ids AS uuid[]))
+ORDER BY job_id, id;
+
+-- name: audit_leases_of
+-- The leases of the jobs :ids in id order.
+SELECT job_id, id, attempt, worker_id, leased_at, leased_until, released_at, outcome
+FROM taskline.job_leases WHERE job_id = ANY(CAST(:ids AS uuid[]))
+ORDER BY job_id, id;
+
+-- name: audit_parents_of
+-- The parents of those of the jobs :ids that are workflow steps with parents.
+SELECT child_id, parent_id FROM taskline.job_dependencies
+WHERE child_id = ANY(CAST(:ids AS uuid[]));
+
+-- name: audit_successes_of
+-- The success events of the jobs :ids, each with the transaction that wrote it.
+SELECT job_id, id, created_at, xmin::text AS xid FROM taskline.job_events
+WHERE job_id = ANY(CAST(:ids AS uuid[])) AND event = 'succeeded';
+
+-- name: audit_limit_changes
+-- Up to :limit flow limit changes in the audit trail after (:after_at, :after_id), oldest first.
+SELECT id, at, action, target, detail FROM taskline.audit_log
+WHERE action IN ('limit.set', 'limit.delete')
+  AND (at, id) > (CAST(:after_at AS timestamptz), CAST(:after_id AS uuid))
+ORDER BY at, id
+LIMIT :limit;
+
+-- name: audit_flow_limits
+-- The flow limits in force now, each since its updated_at.
+SELECT scope, concurrency, rate_limit, period_s, per_key, updated_at FROM taskline.flow_limits;
+
+-- name: audit_scope_leases
+-- Up to :limit leases after lease :after (id order) of jobs of the type or queue :name
+-- (:kind) that were open at some time in [:start, :end).
+SELECT l.id, l.job_id, l.leased_at, l.released_at, coalesce(j.limit_key, '') AS limit_key
+FROM taskline.job_leases l JOIN taskline.jobs j ON j.id = l.job_id
+WHERE l.id > :after
+  AND CASE WHEN :kind = 'type' THEN j.type ELSE j.queue END = :name
+  AND l.leased_at < CAST(:end AS timestamptz)
+  AND (l.released_at IS NULL OR l.released_at > CAST(:start AS timestamptz))
+ORDER BY l.id
+LIMIT :limit;

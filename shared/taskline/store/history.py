@@ -1,0 +1,111 @@
+"""Reads the recorded history for the audit (taskline.audit_verify), page by page.
+
+Invariant: it only reads, and each page of jobs is read in one REPEATABLE READ, READ ONLY
+transaction, so a page's jobs, events and leases are one consistent snapshot while the system
+runs on (a job is never judged by a row newer than its events); every statement walks an index
+for at most one page (jobs by (created_at, id), their events and leases by job, the audit
+trail by (at, id), leases by id), so no pass holds more than a page in memory.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from taskline.audit_verify import Page, Setting, settings_over_time
+from taskline.store.queries import DEFAULT_SCHEMA, queries_for
+from taskline.store.store import translate_errors
+
+FAR_PAST = datetime(1970, 1, 1, tzinfo=UTC)
+FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
+NIL = str(uuid.UUID(int=0))
+LEASE_PAGE = 10_000
+
+
+def _by_job(rows: list[Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        out[str(row.job_id)].append(dict(row._mapping))
+    return out
+
+
+class HistoryReader:
+    """The audit's reader (taskline.audit_verify.Reader) over one installation's tables."""
+
+    def __init__(self, engine: Engine, schema: str = DEFAULT_SCHEMA) -> None:
+        self.engine = engine
+        self._queries = queries_for(schema)
+
+    def _run(self, conn: Connection, query: str, **params: Any) -> list[Any]:
+        return conn.execute(self._queries[query], params).all()
+
+    def _snapshot(self) -> Any:
+        return self.engine.connect().execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True)
+
+    def pages(self, since: datetime | None, size: int) -> Iterator[Page]:
+        """Pages of up to `size` jobs created since `since`, oldest first."""
+        after: tuple[datetime, str] = (since or FAR_PAST, NIL)
+        while True:
+            with translate_errors(), self._snapshot() as conn, conn.begin():
+                page = self._page(conn, since or FAR_PAST, after, size)
+            if not page.jobs:
+                return
+            yield page
+            last = page.jobs[-1]
+            after = (last["created_at"], str(last["id"]))
+
+    def _page(self, conn: Connection, since: datetime, after: tuple[datetime, str],
+              size: int) -> Page:
+        jobs = [dict(r._mapping) for r in self._run(
+            conn, "audit_jobs_page", since=since, after_created=after[0], after_id=after[1],
+            limit=size)]
+        ids = [str(job["id"]) for job in jobs]
+        if not ids:
+            return Page(jobs=[])
+        parents: dict[str, list[str]] = defaultdict(list)
+        for row in self._run(conn, "audit_parents_of", ids=ids):
+            parents[str(row.child_id)].append(str(row.parent_id))
+        every_parent = sorted({p for ps in parents.values() for p in ps})
+        successes = _by_job(self._run(conn, "audit_successes_of", ids=every_parent)
+                            if every_parent else [])
+        return Page(jobs=jobs, events=_by_job(self._run(conn, "audit_events_of", ids=ids)),
+                    leases=_by_job(self._run(conn, "audit_leases_of", ids=ids)),
+                    parents=parents, successes=successes)
+
+    def limit_settings(self, since: datetime | None) -> list[Setting]:
+        """Every flow limit setting in force at some time since `since`."""
+        with translate_errors(), self.engine.connect() as conn:
+            changes = list(self._changes(conn))
+            current = [dict(r._mapping) for r in self._run(conn, "audit_flow_limits")]
+        settings = settings_over_time(changes, current)
+        return [s for s in settings if since is None or s.end is None or s.end > since]
+
+    def _changes(self, conn: Connection, size: int = 1000) -> Iterator[Mapping[str, Any]]:
+        after: tuple[datetime, str] = (FAR_PAST, NIL)
+        while True:
+            rows = self._run(conn, "audit_limit_changes", after_at=after[0], after_id=after[1],
+                             limit=size)
+            yield from (dict(r._mapping) for r in rows)
+            if len(rows) < size:
+                return
+            after = (rows[-1].at, str(rows[-1].id))
+
+    def scope_leases(self, setting: Setting) -> Iterator[Mapping[str, Any]]:
+        """The leases of the setting's scope open at some time while it was in force."""
+        kind, name = setting.scope.split(":", 1)
+        after = 0
+        while True:
+            with translate_errors(), self.engine.connect() as conn:
+                rows = self._run(conn, "audit_scope_leases", after=after, kind=kind, name=name,
+                                 start=setting.start, end=setting.end or FAR_FUTURE,
+                                 limit=LEASE_PAGE)
+            yield from (dict(r._mapping) for r in rows)
+            if len(rows) < LEASE_PAGE:
+                return
+            after = rows[-1].id

@@ -1,0 +1,222 @@
+"""`taskline audit verify` against real PostgreSQL: a history written by the engine itself (a
+worker, the API, a workflow, a flow limit, a dead job requeued) holds no violation, and each
+invariant broken by hand-written rows (plain SQL into taskline.job_events / job_leases) is
+reported with the job's id and exit 1."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from taskline.audit_verify import verify
+from taskline.store.history import HistoryReader
+from taskline.workflows import StepJob, StepSpec, insert_workflow
+from taskline_cli.main import main
+from taskline_maintenance.promoter import Promoter
+from tests.helpers import enqueue, succeed, wait_for
+from tests.integration.worker_handlers import running_worker
+
+
+def audit(capsys, monkeypatch, settings, *args: str) -> tuple[int, dict]:
+    monkeypatch.setenv("DATABASE_URL", settings.database_url)
+    capsys.readouterr()
+    code = main(["audit", "verify", "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def found(report: dict) -> set[tuple[str, str | None]]:
+    return {(v["rule"], v["job_id"]) for v in report["violations"]}
+
+
+def run_one(store, dispatcher, job_type: str = "echo", **options) -> uuid.UUID:
+    """A job enqueued, claimed and succeeded as a worker records it."""
+    job = enqueue(store, dispatcher, job_type, push=False, **options)
+    (claimed,) = store.claim_jobs([job.id], "w1", 30.0)
+    assert succeed(store, claimed.lease_id, "w1")
+    return job.id
+
+
+def sql(store, statement: str, **params) -> list:
+    with store.transaction() as conn:
+        result = conn.execute(text(statement), params)
+        return result.all() if result.returns_rows else []
+
+
+def wait_done(client, job_id: str, status: str) -> None:
+    wait_for(lambda: client.get(f"/api/v1/jobs/{job_id}").get_json()["status"] == status,
+             timeout=30, message=f"job {job_id} {status}")
+
+
+def test_a_history_the_engine_wrote_passes(client, settings, store, dispatcher, capsys,
+                                           monkeypatch):
+    assert client.put("/api/v1/limits/type:simulate", json={"concurrency": 2}).status_code == 201
+    ids = {name: client.post("/api/v1/jobs", json=body).get_json()["id"] for name, body in {
+        "ok": {"type": "echo"},
+        "retried": {"type": "simulate", "payload": {"fail_first": 1}, "max_retries": 2},
+        "dead": {"type": "simulate", "payload": {"fail_first": 1, "non_retryable": True}},
+        "later": {"type": "echo", "run_at": "2100-01-01T00:00:00Z"},
+    }.items()}
+    assert client.delete(f"/api/v1/jobs/{ids['later']}").status_code == 200
+    wf = client.post("/api/v1/workflows", json={"name": "d", "steps": [
+        {"id": "a", "job": {"type": "echo"}}, {"id": "b", "job": {"type": "echo"}, "after": ["a"]},
+        {"id": "c", "job": {"type": "echo"}, "after": ["a"]},
+        {"id": "d", "job": {"type": "echo"}, "after": ["b", "c"]}]}).get_json()
+    with running_worker(settings, concurrency=4):
+        wait_done(client, ids["dead"], "dead")
+        assert client.post(f"/api/v1/jobs/{ids['dead']}/retry").status_code == 200
+        promoter = Promoter(store, dispatcher, settings)
+        expected = {"ok": "succeeded", "retried": "succeeded", "dead": "dead"}
+
+        def settled() -> bool:
+            promoter.run_once()  # the retry, once it is due
+            jobs = {n: client.get(f"/api/v1/jobs/{ids[n]}").get_json() for n in expected}
+            return ({n: j["status"] for n, j in jobs.items()} == expected
+                    and jobs["dead"]["attempts"] == 1 and jobs["retried"]["attempts"] == 2)
+
+        wait_for(settled, timeout=30, message="every job finished")
+        wait_for(lambda: client.get(f"/api/v1/workflows/{wf['id']}").get_json()["status"]
+                 == "succeeded", timeout=30, message="workflow succeeded")
+    code, report = audit(capsys, monkeypatch, settings)
+    assert report["violations"] == []
+    assert (code, report["ok"], report["jobs"], report["limit_settings"]) == (0, True, 8, 1)
+
+
+def test_two_overlapping_leases_are_reported(store, dispatcher, settings, capsys, monkeypatch):
+    clean = run_one(store, dispatcher)
+    job_id = run_one(store, dispatcher)
+    sql(store, "INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, "
+               "leased_until, released_at, outcome) SELECT job_id, attempt, 'w2', leased_at, "
+               "leased_until, released_at, 'lost' FROM taskline.job_leases WHERE job_id = :id",
+        id=job_id)
+    code, report = audit(capsys, monkeypatch, settings)
+    assert code == 1 and not report["ok"]
+    assert ("lease_overlap", str(job_id)) in found(report)
+    assert str(clean) not in {v["job_id"] for v in report["violations"]}
+
+
+def test_a_finished_job_whose_lease_recorded_another_end_is_reported(
+        store, dispatcher, settings, capsys, monkeypatch):
+    job_id = run_one(store, dispatcher)
+    sql(store, "INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, "
+               "leased_until, released_at, outcome) VALUES (:id, 1, 'w2', "
+               "clock_timestamp() + interval '1 s', clock_timestamp() + interval '30 s', "
+               "clock_timestamp() + interval '2 s', 'failed')", id=job_id)
+    code, report = audit(capsys, monkeypatch, settings)
+    assert code == 1
+    assert found(report) == {("terminal_outcome", str(job_id))}
+
+
+def test_a_second_terminal_event_is_reported(store, dispatcher, settings, capsys, monkeypatch):
+    job_id = run_one(store, dispatcher)
+    sql(store, "INSERT INTO taskline.job_events (job_id, attempt, event) "
+               "VALUES (:id, 1, 'cancelled')", id=job_id)
+    code, report = audit(capsys, monkeypatch, settings)
+    assert code == 1
+    assert ("terminal_outcome", str(job_id)) in found(report)
+    assert ("illegal_sequence", str(job_id)) in found(report)
+
+
+def test_an_illegal_event_sequence_is_reported(store, dispatcher, settings, capsys, monkeypatch):
+    job_id = run_one(store, dispatcher)
+    sql(store, "INSERT INTO taskline.job_events (job_id, attempt, event) "
+               "VALUES (:id, 1, 'promoted')", id=job_id)
+    code, report = audit(capsys, monkeypatch, settings)
+    assert code == 1
+    assert found(report) == {("illegal_sequence", str(job_id))}
+    lines = [v["message"] for v in report["violations"]]
+    assert "promoted is not a move from succeeded" in lines[0]
+
+
+def test_a_step_released_before_its_parent_succeeded_is_reported(
+        store, settings, capsys, monkeypatch):
+    with store.transaction() as conn:
+        submitted = insert_workflow(conn, "early", [
+            StepSpec("a", StepJob("echo")), StepSpec("b", StepJob("echo"), ("a",))])
+    child = submitted.jobs["b"].id
+    sql(store, "UPDATE taskline.jobs SET status = 'queued', pending_parents = 0 WHERE id = :id",
+        id=child)
+    sql(store, "INSERT INTO taskline.job_events (job_id, attempt, event) "
+               "VALUES (:id, 0, 'unblocked')", id=child)
+    code, report = audit(capsys, monkeypatch, settings)
+    assert code == 1
+    assert found(report) == {("step_before_parents", str(child))}
+    assert "before parent" in report["violations"][0]["message"]
+
+
+def _overlapping_leases(store, job_ids, start, step=timedelta(milliseconds=10),
+                        until=None) -> None:
+    """Leases of `job_ids` starting `step` apart from `start`, open until `until` (or open)."""
+    for n, job_id in enumerate(job_ids):
+        sql(store, "UPDATE taskline.jobs SET status = 'running', attempts = 1 WHERE id = :id",
+            id=job_id)
+        sql(store, "INSERT INTO taskline.job_events (job_id, attempt, event) "
+                   "VALUES (:id, 1, 'claimed')", id=job_id)
+        sql(store, "INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, "
+                   "leased_until, released_at, outcome) VALUES (:id, 1, 'w', :at, "
+                   ":at + interval '1 hour', CAST(:until AS timestamptz), "
+                   "CASE WHEN CAST(:until AS timestamptz) IS NULL THEN NULL "
+                   "ELSE 'lost' END)", id=job_id, at=start + step * n, until=until)
+
+
+def test_a_start_beyond_a_concurrency_limit_in_force_is_reported(
+        client, store, dispatcher, settings, capsys, monkeypatch):
+    assert client.put("/api/v1/limits/type:mail", json={"concurrency": 1}).status_code == 201
+    (set_at,) = sql(store, "SELECT at FROM taskline.audit_log WHERE action = 'limit.set'")
+    jobs = [enqueue(store, dispatcher, "mail", push=False).id for _ in range(2)]
+    _overlapping_leases(store, jobs, set_at[0] + timedelta(seconds=1))
+    code, report = audit(capsys, monkeypatch, settings)
+    assert code == 1
+    assert found(report) == {("flow_limit", str(jobs[1]))}
+    assert "type:mail: started as lease 2 of 1" in report["violations"][0]["message"]
+
+
+def test_a_limit_is_judged_by_its_setting_of_the_time(
+        client, store, dispatcher, settings, capsys, monkeypatch):
+    """Two leases at once under concurrency 1 is a violation; the same after the limit was
+    raised to 2 is not, and neither is anything after the limit was removed."""
+    assert client.put("/api/v1/limits/type:mail", json={"concurrency": 1}).status_code == 201
+    assert client.put("/api/v1/limits/type:mail", json={"concurrency": 2}).status_code == 200
+    assert client.delete("/api/v1/limits/type:mail").status_code == 200
+    changes = [r[0] for r in sql(store, "SELECT at FROM taskline.audit_log "
+                                        "WHERE action LIKE 'limit.%' ORDER BY at, id")]
+    assert len(changes) == 3
+    early = [enqueue(store, dispatcher, "mail", push=False).id for _ in range(2)]
+    later = [enqueue(store, dispatcher, "mail", push=False).id for _ in range(2)]
+    span = changes[1] - changes[0]
+    _overlapping_leases(store, early, changes[0], span / 3, until=changes[0] + span * 0.9)
+    _overlapping_leases(store, later, changes[1] + timedelta(microseconds=1))
+    reader = HistoryReader(store.engine)
+    flows = [v for v in verify(reader) if v.rule == "flow_limit"]
+    assert [v.job_id for v in flows] == [str(early[1])]
+
+
+def test_since_limits_the_audit_to_newer_jobs(store, dispatcher, settings, capsys,
+                                               monkeypatch):
+    old = run_one(store, dispatcher)
+    sql(store, "UPDATE taskline.jobs SET created_at = now() - interval '2 days' WHERE id = :id",
+        id=old)
+    sql(store, "INSERT INTO taskline.job_events (job_id, attempt, event) "
+               "VALUES (:id, 1, 'promoted')", id=old)
+    run_one(store, dispatcher)
+    code, report = audit(capsys, monkeypatch, settings, "--since", "1d")
+    assert (code, report["jobs"]) == (0, 1)
+    code, report = audit(capsys, monkeypatch, settings)
+    assert (code, report["jobs"], found(report)) == (1, 2, {("illegal_sequence", str(old))})
+
+
+def test_pages_cover_every_job_once(store, dispatcher):
+    ids = {run_one(store, dispatcher) for _ in range(7)}
+    pages = list(HistoryReader(store.engine).pages(None, 3))
+    assert [len(p.jobs) for p in pages] == [3, 3, 1]
+    assert {j["id"] for p in pages for j in p.jobs} == ids
+
+
+@pytest.mark.parametrize("since", ["yesterday", "3w"])
+def test_a_bad_since_is_a_usage_error(since, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "verify", "--since", since])
+    assert exited.value.code == 2
