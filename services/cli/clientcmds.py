@@ -297,7 +297,8 @@ DLQ_COLUMNS = (("ID", "job.id"), ("TYPE", "job.type"), ("QUEUE", "job.queue"),
                ("ATTEMPTS", "attempts"), ("FAILED AT", "failed_at"), ("ERROR", "final_error"))
 WORKER_COLUMNS = (("ID", "id"), ("HOST", "hostname"), ("PID", "pid"), ("QUEUES", "queues"),
                   ("CONCURRENCY", "concurrency"), ("ACTIVE", "active_jobs"),
-                  ("HEARTBEAT AGE S", "heartbeat_age_s"), ("STARTED", "started_at"))
+                  ("HEARTBEAT AGE S", "heartbeat_age_s"), ("METRICS PORT", "metrics_port"),
+                  ("STARTED", "started_at"))
 QUEUE_COLUMNS = (("QUEUE", "name"), ("PAUSED", "paused"), ("SCHEDULED", "counts.scheduled"),
                  ("QUEUED", "counts.queued"), ("RETRYING", "counts.retrying"),
                  ("RUNNING", "counts.running"), ("DEAD", "counts.dead"),

@@ -6,6 +6,7 @@ command runs, so the client commands start fast and need no server dependencies.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -36,13 +37,21 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from taskline_worker.main import run
     port = settings.metrics_port if args.metrics_port is None else args.metrics_port
-    return run(settings, queues=args.queues, concurrency=args.concurrency, metrics_port=port)
+    if args.handlers is not None:
+        settings = dataclasses.replace(settings, handlers=tuple(args.handlers))
+    return run(settings, queues=args.queues, concurrency=args.concurrency, metrics_port=port,
+               fallback=args.metrics_port is None)
 
 
 def cmd_maintenance(args: argparse.Namespace, settings: Settings) -> int:
     from taskline_maintenance.main import run
     port = settings.metrics_port if args.metrics_port is None else args.metrics_port
-    return run(settings, metrics_port=port)
+    return run(settings, metrics_port=port, fallback=args.metrics_port is None)
+
+
+METRICS_PORT_HELP = ("port of /metrics and /readyz (default TASKLINE_METRICS_PORT, 9100, or "
+                     "the next free port when that one is taken; given, a taken port is an "
+                     "error; 0 = off)")
 
 
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
@@ -60,17 +69,21 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
     api.add_argument("--bind", default="0.0.0.0:8000", help="HOST:PORT (default 0.0.0.0:8000)")
     api.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
     api.set_defaults(fn=cmd_api)
-    worker = sub.add_parser("worker", help="run jobs")
+    worker = sub.add_parser(
+        "worker", help="run jobs",
+        description="Run jobs of the handlers registered by the modules in TASKLINE_HANDLERS "
+                    "(or --handlers), and of the built-in types (echo, simulate, webhook).")
     worker.add_argument("--queues", type=_csv, default=["default"],
                         help="comma-separated queues, taken in this order (default: default)")
     worker.add_argument("--concurrency", type=int, default=16,
                         help="handler threads (default 16: docs/performance.md, concurrency sweep)")
-    worker.add_argument("--metrics-port", type=int, default=None,
-                        help="port of /metrics (default TASKLINE_METRICS_PORT; 0 = off)")
+    worker.add_argument("--metrics-port", type=int, default=None, help=METRICS_PORT_HELP)
+    worker.add_argument("--handlers", type=_csv, default=None, metavar="MOD1,MOD2",
+                        help="comma-separated modules imported for their @handler "
+                             "registrations (default TASKLINE_HANDLERS; given, it replaces it)")
     worker.set_defaults(fn=cmd_worker)
     maint = sub.add_parser("maintenance", help="reaper, promoter and reconciliation")
-    maint.add_argument("--metrics-port", type=int, default=None,
-                       help="port of /metrics (default TASKLINE_METRICS_PORT; 0 = off)")
+    maint.add_argument("--metrics-port", type=int, default=None, help=METRICS_PORT_HELP)
     maint.set_defaults(fn=cmd_maintenance)
     dev = sub.add_parser("dev", help="run api + worker + maintenance in the foreground")
     dev.add_argument("--bind", default="127.0.0.1:8000", help="API HOST:PORT")

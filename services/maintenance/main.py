@@ -125,8 +125,10 @@ def _stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handle)
 
 
-def run(settings: Settings, metrics_port: int) -> int:
-    """Run maintenance until SIGTERM or SIGINT; returns the exit status."""
+def run(settings: Settings, metrics_port: int, *, fallback: bool = False) -> int:
+    """Run maintenance until SIGTERM or SIGINT; returns the exit status. `fallback`:
+    `metrics_port` is the default one, not given, so a taken one moves on to the next free
+    port (taskline.metrics.serve), and several instances share a host."""
     stop = threading.Event()
     _stop_on_signals(stop)
     store = Store.connect(settings.database_url, pool_size=4, schema=settings.schema,
@@ -135,7 +137,13 @@ def run(settings: Settings, metrics_port: int) -> int:
     # The breaker keeps a Redis outage from costing every pass a timeout (promoter, reaper).
     dispatcher = Dispatcher(settings.redis_url, breaker=True)
     readiness = Readiness(degraded=lambda: "Redis unreachable" if dispatcher.redis_down else None)
-    metrics.serve(metrics_port, ready=readiness.answer)
+    try:
+        metrics_port = metrics.serve(metrics_port, ready=readiness.answer,
+                                     fallback=fallback) or 0
+    except OSError as err:
+        log.error("cannot serve /metrics", extra={"action": "start", "port": metrics_port,
+                                                  "error": str(err)})
+        return 2
     service = Maintenance(store, dispatcher, settings, types=type_labels(settings))
     # Started before PostgreSQL answers, every component would fail its passes: wait instead.
     if not startup.wait_for("PostgreSQL", store.ping, stop, readiness):

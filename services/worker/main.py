@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 JOIN_POLL_S = 0.5
 
 
-def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_port: int) -> int:
-    """Run a worker until it is signalled to stop; returns the process exit code."""
+def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_port: int, *,
+        fallback: bool = False) -> int:
+    """Run a worker until it is signalled to stop; returns the process exit code.
+    `fallback`: `metrics_port` is the default one, not given, so a taken one moves on to the
+    next free port (taskline.metrics.serve); the port bound is recorded in `workers`."""
     try:
         worker = Worker(settings, queues, concurrency)
     except (ConfigError, ImportError) as err:
@@ -38,7 +41,8 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
         return 2
     readiness = worker_readiness(worker)
     try:
-        metrics.serve(metrics_port, ready=readiness.answer)
+        worker.metrics_port = metrics.serve(metrics_port, ready=readiness.answer,
+                                            fallback=fallback)
     except OSError as err:
         log.error("cannot serve /metrics", extra={"action": "start", "port": metrics_port,
                                                   "error": str(err)})
@@ -52,7 +56,7 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     if outcome is None:
         return 1
     if outcome is Exit.RECYCLE:
-        reexec(queues, concurrency, metrics_port)
+        reexec(queues, concurrency, None if fallback else metrics_port, settings.handlers)
     return 0
 
 
@@ -115,14 +119,20 @@ def install_signal_handlers(worker: Worker, readiness: Readiness) -> None:
     signal.signal(signal.SIGINT, handle)
 
 
-def reexec(queues: Sequence[str], concurrency: int, metrics_port: int) -> None:
+def reexec(queues: Sequence[str], concurrency: int, metrics_port: int | None,
+           handlers: Sequence[str] = ()) -> None:
     """Replace this process with a fresh `taskline worker` with the same options.
 
-    The environment (and so the settings) is inherited unchanged; the options are rebuilt from
-    what `run` received, which is what the original command line said.
+    The environment (and so the settings, TASKLINE_HANDLERS with them) is inherited unchanged;
+    the options are rebuilt from what `run` received, which is what the original command line
+    said: a metrics port only when one was given (None: the default, free to move again), and
+    the handler modules, which `--handlers` may have named instead of the environment.
     """
-    args = ["worker", "--queues", ",".join(queues), "--concurrency", str(concurrency),
-            "--metrics-port", str(metrics_port)]
+    args = ["worker", "--queues", ",".join(queues), "--concurrency", str(concurrency)]
+    if metrics_port is not None:
+        args += ["--metrics-port", str(metrics_port)]
+    if handlers:
+        args += ["--handlers", ",".join(handlers)]
     log.warning("re-executing the worker", extra={"action": "recycle", "argv": args})
     for handler in logging.getLogger().handlers:
         handler.flush()

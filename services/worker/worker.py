@@ -90,6 +90,10 @@ def check_options(queues: Sequence[str], concurrency: int) -> None:
 class Worker:
     """One worker process's engine; `run()` blocks until `stop()` (or a recycle) completes."""
 
+    metrics_port: int | None = None
+    """The port its /metrics is served on (None: off), recorded in `workers` at registration;
+    set by `taskline worker` once the port is bound."""
+
     def __init__(self, settings: Settings, queues: Sequence[str], concurrency: int, *,
                  block_timeout_s: float = 1.0) -> None:
         check_options(queues, concurrency)
@@ -150,7 +154,7 @@ class Worker:
         connections opened. StoreUnavailable while PostgreSQL is unreachable; `taskline
         worker` retries it until PostgreSQL answers (taskline.startup)."""
         self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
-                                 self.queues, self.concurrency)
+                                 self.queues, self.concurrency, self.metrics_port)
         # One connection for each thread that talks to PostgreSQL by itself (and one for a
         # step's success written on its handler thread), opened now: opened on first use, its
         # set-up would delay that claim or renewal, by seconds on a slow link.

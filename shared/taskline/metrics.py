@@ -9,8 +9,10 @@ workers, leader flag, reconciliation duration) exist only in maintenance: see `m
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -25,6 +27,8 @@ from prometheus_client import (
     Histogram,
     make_wsgi_app,
 )
+
+log = logging.getLogger(__name__)
 
 OTHER = "other"
 MAX_QUEUE_LABELS = 50
@@ -248,18 +252,45 @@ Ready = Callable[[], tuple[int, dict[str, Any]]]
 """A readiness answer: (HTTP status, JSON body)."""
 
 
-def serve(port: int, addr: str = "0.0.0.0", ready: Ready | None = None) -> None:
-    """Serve /metrics on `port` (0 turns it off), on a daemon thread; with `ready`, also
-    /readyz, which answers what `ready()` returns.
+PORT_SEARCH = 100
+"""How many ports past a taken default one a process started without `--metrics-port` tries."""
 
-    Every other path is the scrape too, as with prometheus-client's own server, so health
-    checks that ask any path keep working.
+
+def serve(port: int, addr: str = "0.0.0.0", ready: Ready | None = None, *,
+          fallback: bool = False) -> int | None:
+    """Serve /metrics on `port` (0 turns it off), on a daemon thread; with `ready`, also
+    /readyz, which answers what `ready()` returns. The port bound (None when off).
+
+    With `fallback` (the port is the default, not one the operator chose), a taken port moves
+    to the next free one, up to PORT_SEARCH ports on, so several processes share a host;
+    without it a taken port is the OSError. Every other path is the scrape too, as with
+    prometheus-client's own server, so health checks that ask any path keep working.
     """
     if not port:
-        return
-    server = make_server(addr, port, _app(make_wsgi_app(_registry()), ready),
-                         _ThreadingServer, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="taskline-metrics", daemon=True).start()
+        return None
+    app = _app(make_wsgi_app(_registry()), ready)
+    last = min(port + PORT_SEARCH, 65535) if fallback else port
+    for candidate in range(port, last + 1):
+        try:
+            server = make_server(addr, candidate, app, _ThreadingServer,
+                                 handler_class=_QuietHandler)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE or candidate == last:
+                raise
+            continue
+        threading.Thread(target=server.serve_forever, name="taskline-metrics",
+                         daemon=True).start()
+        _log_port(port, candidate)
+        return candidate
+    raise AssertionError("unreachable: the last candidate returns or raises")
+
+
+def _log_port(wanted: int, bound: int) -> None:
+    if bound == wanted:
+        log.info("serving /metrics on port %d", bound, extra={"action": "start", "port": bound})
+    else:
+        log.warning("metrics port %d is taken: serving /metrics on port %d", wanted, bound,
+                    extra={"action": "start", "port": bound, "taken": wanted})
 
 
 def _app(scrape: Callable[..., Any], ready: Ready | None) -> Callable[..., Any]:

@@ -824,10 +824,12 @@ SELECT queue, extract(epoch FROM now() - min(updated_at)) AS age_s
 FROM taskline.jobs WHERE status = 'queued' GROUP BY queue;
 
 -- name: upsert_worker
--- Register a worker at start-up.
-INSERT INTO taskline.workers (id, hostname, pid, queues, concurrency, started_at, last_heartbeat)
-VALUES (:id, :hostname, :pid, CAST(:queues AS text[]), :concurrency, now(), now())
-ON CONFLICT (id) DO UPDATE SET last_heartbeat = now(), stopped_at = NULL;
+-- Register a worker at start-up, with the port its metrics are served on (NULL: off).
+INSERT INTO taskline.workers (id, hostname, pid, queues, concurrency, started_at, last_heartbeat,
+                              metrics_port)
+VALUES (:id, :hostname, :pid, CAST(:queues AS text[]), :concurrency, now(), now(), :metrics_port)
+ON CONFLICT (id) DO UPDATE SET last_heartbeat = now(), stopped_at = NULL,
+                               metrics_port = EXCLUDED.metrics_port;
 
 -- name: heartbeat_worker
 -- A worker's periodic proof of life with its busy slots.

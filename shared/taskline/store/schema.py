@@ -151,6 +151,9 @@ workers = Table(
     Column("last_heartbeat", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("active_jobs", Integer, nullable=False, server_default=text("0")),
     Column("stopped_at", DateTime(timezone=True), nullable=True),
+    # The port of its /metrics and /readyz (NULL: off); the next free one when the default
+    # was taken (migration 0014).
+    Column("metrics_port", Integer, nullable=True),
 )
 
 leader_leases = Table(

@@ -703,9 +703,10 @@ class Store:
         return settled
 
     def upsert_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str],
-                      concurrency: int) -> None:
+                      concurrency: int, metrics_port: int | None = None) -> None:
         self._run("upsert_worker", {"id": worker_id, "hostname": hostname, "pid": pid,
-                                    "queues": list(queues), "concurrency": concurrency})
+                                    "queues": list(queues), "concurrency": concurrency,
+                                    "metrics_port": metrics_port})
 
     def heartbeat_worker(self, worker_id: str, active_jobs: int) -> None:
         self._run("heartbeat_worker", {"id": worker_id, "active_jobs": active_jobs})
