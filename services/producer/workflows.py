@@ -59,7 +59,8 @@ def create_workflow() -> Response:
         submitted = insert_workflow(conn, spec.name, spec.steps,
                                     idempotency_key=spec.idempotency_key,
                                     request_hash=spec.request_hash, trace_context=trace_context,
-                                    actor=auth.principal().name, schema=b.store.schema)
+                                    actor=auth.principal().name, schema=b.store.schema,
+                                    max_queues=b.settings.max_queues)
         if not submitted.created:
             _check_replay(conn, spec, submitted)
     if submitted.created:

@@ -23,12 +23,14 @@ def submit_workflow(conn, name, steps, *, idempotency_key=None,  # type: ignore[
     if that transaction commits. Returns the workflow's id. Its first steps are owed to Redis
     through the enqueue outbox, as `enqueue` owes a job, so a worker starts them right after
     the commit (docs/workflows.md). `settings` names the installation's schema
-    (TASKLINE_SCHEMA; the default one if None)."""
+    (TASKLINE_SCHEMA) and its queue limit (TASKLINE_MAX_QUEUES: QueueLimitReached); the
+    default ones if None."""
     from taskline.workflows import insert_workflow, step_from_dict
 
     return insert_workflow(conn, name, [step_from_dict(s) for s in steps],
                            idempotency_key=idempotency_key, announce=True,
-                           schema=settings.schema if settings is not None else "taskline").id
+                           schema=settings.schema if settings is not None else "taskline",
+                           max_queues=settings.max_queues if settings is not None else 1000).id
 
 
 async def asubmit_workflow(conn, name, steps, *,  # type: ignore[no-untyped-def]
@@ -38,5 +40,6 @@ async def asubmit_workflow(conn, name, steps, *,  # type: ignore[no-untyped-def]
 
     submitted = await ainsert_workflow(
         conn, name, [step_from_dict(s) for s in steps], idempotency_key=idempotency_key,
-        announce=True, schema=settings.schema if settings is not None else "taskline")
+        announce=True, schema=settings.schema if settings is not None else "taskline",
+        max_queues=settings.max_queues if settings is not None else 1000)
     return submitted.id

@@ -24,7 +24,9 @@ whatever was listening at the commit.
 Validation is the API's own (taskline.jobspec): `fields` are those of POST /api/v1/jobs, and
 what the API answers 422 raises InvalidJob here, with the same field errors. An idempotency
 key names one request per queue as in the API: the same request again returns the first job's
-id, another request with the key raises IdempotencyConflict.
+id, another request with the key raises IdempotencyConflict. A job for one queue more than
+`settings.max_queues` (TASKLINE_MAX_QUEUES) hold unfinished jobs raises QueueLimitReached (an
+InvalidJob), the API's 422 `queue_limit`, and the statement writes nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from datetime import datetime
 from typing import Any
 
 from taskline import transitions
-from taskline.errors import IdempotencyConflict, InvalidJob
+from taskline.errors import IdempotencyConflict, InvalidJob, QueueLimitReached
 from taskline.jobs import Status, new_job_id
 from taskline.jobspec import FieldError, JobSpec, parse_batch, parse_job
 from taskline.settings import Settings
@@ -65,7 +67,7 @@ def enqueue(conn: AppConnection, type: str, payload: Any = None, *,
     Defaults for max_retries and timeout_s come from `settings` (the documented ones if None).
     """
     spec, schema = _one(type, payload, fields, settings)
-    return caller.drive(conn, _write([spec]), schema)[0]
+    return caller.drive(conn, _write([spec], _limit(settings)), schema)[0]
 
 
 async def aenqueue(conn: AsyncAppConnection, type: str, payload: Any = None, *,
@@ -73,7 +75,7 @@ async def aenqueue(conn: AsyncAppConnection, type: str, payload: Any = None, *,
     """`enqueue` on an async connection (psycopg AsyncConnection, SQLAlchemy AsyncConnection,
     AsyncSession or async_scoped_session), inside its transaction."""
     spec, schema = _one(type, payload, fields, settings)
-    return (await caller.adrive(conn, _write([spec]), schema))[0]
+    return (await caller.adrive(conn, _write([spec], _limit(settings)), schema))[0]
 
 
 def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
@@ -88,9 +90,10 @@ def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
         caller.sync_target(conn)  # a wrong object is refused even with nothing to write
         return []
     if not _needs_savepoint(specs):
-        return caller.drive(conn, _write(specs), schema)  # one statement: atomic by itself
+        # One statement: atomic by itself.
+        return caller.drive(conn, _write(specs, _limit(settings)), schema)
     with caller.savepoint(conn):
-        return caller.drive(conn, _write(specs), schema)
+        return caller.drive(conn, _write(specs, _limit(settings)), schema)
 
 
 async def aenqueue_many(conn: AsyncAppConnection, jobs: Iterable[Mapping[str, Any]], *,
@@ -101,9 +104,9 @@ async def aenqueue_many(conn: AsyncAppConnection, jobs: Iterable[Mapping[str, An
         await caller.async_target(conn)
         return []
     if not _needs_savepoint(specs):
-        return await caller.adrive(conn, _write(specs), schema)
+        return await caller.adrive(conn, _write(specs, _limit(settings)), schema)
     async with caller.asavepoint(conn):
-        return await caller.adrive(conn, _write(specs), schema)
+        return await caller.adrive(conn, _write(specs, _limit(settings)), schema)
 
 
 def _one(type: Any, payload: Any, fields: Mapping[str, Any],
@@ -152,18 +155,27 @@ def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _write(specs: Sequence[JobSpec]) -> caller.Plan[list[uuid.UUID]]:
+def _limit(settings: Settings | None) -> int:
+    """TASKLINE_MAX_QUEUES of `settings` (the documented default if None)."""
+    return (settings or _DEFAULTS).max_queues
+
+
+def _write(specs: Sequence[JobSpec], max_queues: int) -> caller.Plan[list[uuid.UUID]]:
     """Insert `specs` in one statement; replays resolved by key. Ids in the order of `specs`.
 
     Keys are locked in one global order (queue, key), so two callers sharing keys in opposite
-    orders wait for each other instead of deadlocking.
+    orders wait for each other instead of deadlocking. A job for a queue past `max_queues`
+    raises QueueLimitReached, and the statement wrote nothing.
     """
     order = sorted(range(len(specs)), key=lambda i: (specs[i].idempotency_key is not None,
                                                      specs[i].queue,
                                                      specs[i].idempotency_key or ""))
     rows = [_row(specs[i]) for i in order]
     written = yield caller.Statement("enqueue_in_transaction",
-                                     {"jobs": rows_json(rows), **_STATEMENT_PARAMS})
+                                     {"jobs": rows_json(rows), **_STATEMENT_PARAMS,
+                                      "max_queues": max_queues})
+    if written and written[0].refused is not None:
+        raise QueueLimitReached(list(written[0].refused), max_queues)
     inserted = {r.id for r in written}
     ids: dict[int, uuid.UUID] = {}
     for index, row in zip(order, rows, strict=True):

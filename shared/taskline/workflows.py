@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from taskline.errors import QueueLimitReached
 from taskline.jobs import TERMINAL, Job, Status, new_job_id
 from taskline.store import caller
 from taskline.store.queries import DEFAULT_SCHEMA
@@ -29,6 +30,8 @@ from taskline.store.store import _rows_json as rows_json
 from taskline.store.store import _uuid_array as uuid_array
 
 MAX_STEPS = 1000
+MAX_QUEUES = 1000
+"""TASKLINE_MAX_QUEUES's default, for a caller that passes no settings."""
 MAX_STEP_ID_CHARS = 200
 
 
@@ -182,30 +185,37 @@ def step_rows(steps: Sequence[StepSpec], db_now: datetime | None, *,
 def insert_workflow(conn: Connection, name: str, steps: Sequence[StepSpec], *,
                     idempotency_key: str | None = None, request_hash: str | None = None,
                     trace_context: str | None = None, actor: str | None = None,
-                    announce: bool = False, schema: str = DEFAULT_SCHEMA) -> Submitted:
+                    announce: bool = False, schema: str = DEFAULT_SCHEMA,
+                    max_queues: int = MAX_QUEUES) -> Submitted:
     """Insert a workflow, its steps and their edges on `conn`, inside its transaction: all of
     it commits with the caller's transaction or none of it does. ValueError when `steps` is
     not a workflow (graph_errors). A workflow whose idempotency key exists is returned as
     found (`created` False); the caller compares `request_hash`. `announce` owes the steps that
     start now to Redis through the enqueue outbox (for a caller that cannot push after its
     commit, as `taskline.submit_workflow`); the API pushes them itself. `conn` is anything
-    taskline.store.caller runs on; `ainsert_workflow` is the same on an async connection."""
+    taskline.store.caller runs on; `ainsert_workflow` is the same on an async connection.
+    Steps for a queue past `max_queues` (TASKLINE_MAX_QUEUES) raise QueueLimitReached: no step
+    is written, and the caller's rollback undoes the workflow's row."""
     plan = insert_plan(name, steps, idempotency_key=idempotency_key, request_hash=request_hash,
-                       trace_context=trace_context, actor=actor, announce=announce)
+                       trace_context=trace_context, actor=actor, announce=announce,
+                       max_queues=max_queues)
     return caller.drive(conn, plan, schema)
 
 
 async def ainsert_workflow(conn: Any, name: str, steps: Sequence[StepSpec], *,
                            idempotency_key: str | None = None, announce: bool = False,
-                           schema: str = DEFAULT_SCHEMA) -> Submitted:
+                           schema: str = DEFAULT_SCHEMA,
+                           max_queues: int = MAX_QUEUES) -> Submitted:
     """`insert_workflow` on an async connection (taskline.store.caller.adrive)."""
-    plan = insert_plan(name, steps, idempotency_key=idempotency_key, announce=announce)
+    plan = insert_plan(name, steps, idempotency_key=idempotency_key, announce=announce,
+                       max_queues=max_queues)
     return await caller.adrive(conn, plan, schema)
 
 
 def insert_plan(name: str, steps: Sequence[StepSpec], *, idempotency_key: str | None = None,
                 request_hash: str | None = None, trace_context: str | None = None,
-                actor: str | None = None, announce: bool = False) -> caller.Plan[Submitted]:
+                actor: str | None = None, announce: bool = False,
+                max_queues: int = MAX_QUEUES) -> caller.Plan[Submitted]:
     """The statements of insert_workflow, prepared without I/O (taskline.store.caller)."""
     errors = graph_errors(steps)
     if errors:
@@ -224,7 +234,10 @@ def insert_plan(name: str, steps: Sequence[StepSpec], *, idempotency_key: str | 
               if any(s.job.run_at is not None for s in steps) else None)
     rows = step_rows(steps, db_now, trace_context=trace_context, actor=actor)
     stored = yield caller.Statement("insert_steps", {
-        "jobs": rows_json(rows), "workflow_id": workflow_id, "first_events": FIRST_EVENTS})
+        "jobs": rows_json(rows), "workflow_id": workflow_id, "first_events": FIRST_EVENTS,
+        "max_queues": max_queues})
+    if stored and stored[0].refused is not None:
+        raise QueueLimitReached(list(stored[0].refused), max_queues)
     jobs = {job.step or "": job for job in (Job.from_row(r) for r in stored)}
     edges = [{"parent_id": jobs[parent].id, "child_id": jobs[step.id].id}
              for step in steps for parent in sorted(set(step.after))]

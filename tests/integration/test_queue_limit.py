@@ -1,6 +1,7 @@
 """TASKLINE_MAX_QUEUES against real PostgreSQL: a job for one queue more than the limit allows
 (queues holding unfinished jobs) is refused whole and writes nothing, through the API's single
-and batch enqueues (the one-statement insert and the COPY of a large batch) and the scheduler;
+and batch enqueues (the one-statement insert and the COPY of a large batch), workflows, the
+library's enqueue in the caller's transaction and the scheduler;
 a job for a queue that already holds unfinished jobs (queued, running, scheduled) is accepted
 at the limit, and a queue whose jobs finished no longer counts."""
 
@@ -8,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from flask.testing import FlaskClient
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
-from taskline.errors import QueueLimitReached
+import taskline
+from taskline.errors import InvalidJob, QueueLimitReached
 from taskline.jobs import new_job_id
 from taskline.settings import Settings
 from taskline.store.bulk import COPY_MIN_JOBS
-from taskline.store.store import Store
+from taskline.store.store import Store, sqlalchemy_url
 from taskline_maintenance.scheduler import Scheduler
 from taskline_producer.app import close_app, create_app
 
@@ -103,3 +106,36 @@ def test_a_schedule_s_slot_over_the_limit_writes_nothing(store, dispatcher, sett
     with store.transaction() as conn:
         assert conn.execute(text("SELECT count(*) FROM taskline.schedule_slots")).scalar() == 0
     assert jobs(store) == 1
+
+
+def test_the_library_enqueue_refuses_a_queue_too_many_and_writes_nothing(database_url,
+                                                                         settings, store):
+    limited = settings.replace(max_queues=2)
+    engine = create_engine(sqlalchemy_url(database_url))
+    try:
+        with engine.begin() as conn:
+            taskline.enqueue(conn, "echo", queue="a", settings=limited)
+            taskline.enqueue(conn, "echo", queue="b", settings=limited)
+        with engine.begin() as conn:
+            with pytest.raises(QueueLimitReached) as refused:
+                taskline.enqueue_many(conn, [{"type": "echo", "queue": "a"},
+                                             {"type": "echo", "queue": "c"}], settings=limited)
+            assert isinstance(refused.value, InvalidJob) and refused.value.queues == ["c"]
+            taskline.enqueue(conn, "echo", queue="a", settings=limited)  # goes on
+        with psycopg.connect(database_url) as conn, pytest.raises(QueueLimitReached):
+            taskline.enqueue(conn, "echo", queue="c", settings=limited)
+    finally:
+        engine.dispose()
+    assert jobs(store) == 3
+
+
+def test_a_workflow_with_a_step_for_a_queue_too_many_is_refused_whole(limited, store):
+    for queue in ("q1", "q2", "q3"):
+        assert enqueue(limited, queue).status_code == 201
+    steps = [{"id": "a", "job": {"type": "echo", "queue": "q1"}},
+             {"id": "b", "job": {"type": "echo", "queue": "new"}, "after": ["a"]}]
+    refused = limited.post("/api/v1/workflows", json={"name": "wf", "steps": steps})
+    assert refused.status_code == 422
+    assert refused.get_json()["error"]["code"] == "queue_limit"
+    assert jobs(store) == 3
+    assert limited.get("/api/v1/workflows").get_json()["workflows"] == []

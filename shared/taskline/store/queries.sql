@@ -96,6 +96,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 -- A job's status is decided here, by PostgreSQL's clock: :scheduled when its first run lies
 -- ahead, else :queued. A job whose (queue, idempotency key) exists, or comes earlier in the
 -- array, is skipped (no event, no outbox row, no signal), as in insert_jobs_with_events.
+-- Over the queue limit it writes nothing and returns one row with `refused`, as that one does.
 WITH input AS MATERIALIZED (
     SELECT t.*, COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)) AS due
     FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
@@ -104,6 +105,22 @@ WITH input AS MATERIALIZED (
             idempotency_key text, request_hash text, limit_key text))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
                               run_at, delay_s, idempotency_key, request_hash, limit_key, ord)
+), fresh AS MATERIALIZED (
+    -- The queue limit (as in insert_jobs_with_events): the input's queues without a queued or running
+    -- job (a probe of jobs_claimable, and of the few running jobs) are the only ones that may
+    -- add a queue, so only then are the queues holding unfinished jobs counted.
+    SELECT DISTINCT t.queue FROM input t
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued')
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running')
+), refused AS MATERIALIZED (
+    SELECT f.queues
+    FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
+         LATERAL (SELECT count(DISTINCT j.queue) AS active,
+                         count(DISTINCT j.queue) FILTER (WHERE j.queue = ANY(f.queues)) AS present
+                  FROM taskline.jobs j
+                  WHERE f.n > 0
+                    AND j.status IN ('queued', 'scheduled', 'retrying', 'running', 'waiting')) a
+    WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, limit_key)
@@ -111,6 +128,7 @@ WITH input AS MATERIALIZED (
            CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
            t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key
     FROM input t
+    WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, status, priority, next_run_at
@@ -123,8 +141,11 @@ WITH input AS MATERIALIZED (
 -- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
 SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
        pg_notify('taskline_enqueued_jobs', concat_ws(' ', i.id, i.priority, i.status,
-                 round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced
-FROM inserted i;
+                 round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced,
+       NULL AS refused
+FROM inserted i
+UNION ALL
+SELECT NULL, NULL, NULL, queues FROM refused;
 
 -- name: queue_limit_refused
 -- The queue limit of insert_jobs_with_events for a write that does not go through it (a large
@@ -921,6 +942,7 @@ SELECT * FROM taskline.workflows WHERE idempotency_key = :idempotency_key;
 -- name: insert_steps
 -- Insert a workflow's steps (a JSON array of jobs, each with its step id and its count of
 -- parents) in input order, each with its first event (:first_events, as insert_jobs_with_events).
+-- Over the queue limit it writes nothing and returns one row with `refused`, as that one does.
 WITH input AS MATERIALIZED (
     SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
@@ -929,6 +951,22 @@ WITH input AS MATERIALIZED (
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, trace_context, actor, step,
                               pending_parents, limit_key, ord)
+), fresh AS MATERIALIZED (
+    -- The queue limit (as in insert_jobs_with_events): the input's queues without a queued or running
+    -- job (a probe of jobs_claimable, and of the few running jobs) are the only ones that may
+    -- add a queue, so only then are the queues holding unfinished jobs counted.
+    SELECT DISTINCT t.queue FROM input t
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued')
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running')
+), refused AS MATERIALIZED (
+    SELECT f.queues
+    FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
+         LATERAL (SELECT count(DISTINCT j.queue) AS active,
+                         count(DISTINCT j.queue) FILTER (WHERE j.queue = ANY(f.queues)) AS present
+                  FROM taskline.jobs j
+                  WHERE f.n > 0
+                    AND j.status IN ('queued', 'scheduled', 'retrying', 'running', 'waiting')) a
+    WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, trace_context, workflow_id, step, pending_parents, limit_key)
@@ -936,6 +974,7 @@ WITH input AS MATERIALIZED (
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)), t.trace_context,
            :workflow_id, t.step, t.pending_parents, t.limit_key
     FROM input t
+    WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
     RETURNING *
 ), events AS (
@@ -943,7 +982,9 @@ WITH input AS MATERIALIZED (
     SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status, t.actor
     FROM inserted i JOIN input t ON t.id = i.id
 )
-SELECT * FROM inserted;
+SELECT i.*, NULL AS refused FROM inserted i
+UNION ALL
+SELECT i.*, r.queues FROM refused r LEFT JOIN inserted i ON false;
 
 -- name: insert_dependencies
 -- Insert a workflow's edges (a JSON array of {parent_id, child_id}).

@@ -840,9 +840,9 @@ class Store:
                      jobs: Sequence[dict[str, Any]]) -> list[Job]:
         """Insert a workflow's steps (insert_job's fields with `step` and `pending_parents`),
         each with its first event; returns them as stored."""
-        rows = self._run("insert_steps", {"jobs": _rows_json(list(jobs)),
-                                          "workflow_id": workflow_id,
-                                          "first_events": _FIRST_EVENTS}, conn)
+        rows = self._refusing(self._run("insert_steps", {
+            "jobs": _rows_json(list(jobs)), "workflow_id": workflow_id,
+            "first_events": _FIRST_EVENTS, "max_queues": self.max_queues}, conn))
         return [Job.from_row(r) for r in rows]
 
     def insert_dependencies(self, conn: Connection,
