@@ -167,3 +167,15 @@ def cluster_redis_url(redis_cluster: RedisClusterServers) -> Iterator[str]:
     yield redis_cluster.url
     redis_cluster.wait_healthy()
     redis_cluster.flush()
+
+
+@pytest.fixture
+def fresh_redis_cluster() -> Iterator[RedisClusterServers]:
+    """A cluster for this test alone (its nodes may be failed over or killed)."""
+    with scratch_dir("taskline-redis-cluster-") as root:
+        cluster = RedisClusterServers(root)
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.close()

@@ -11,12 +11,15 @@ one blocked connection per queue.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 
 MAX_THREADS = 64
 """Queues waited on at once by one worker; more queues wait in turn for a free thread."""
+MIN_BLOCK_S = 0.01
+"""The shortest block a BLPOP is sent with, seconds."""
 MARGIN_S = 1.0
 """How much longer than its block a wait gives its BLPOPs to answer (their socket timeout
 ends one that never does)."""
@@ -33,16 +36,22 @@ class QueueWaits:
         self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="taskline-wait")
 
     def wait(self, keys: Sequence[str], timeout_s: float) -> bool:
-        with self._lock:
-            if self._collect():
-                return True  # a signal taken after the last wait ended
-            for key in keys:
-                if key not in self._pending:
-                    self._pending[key] = self._pool.submit(self._blpop, key, timeout_s)
-            running = list(self._pending.values())
-        wait_for(running, timeout=timeout_s + MARGIN_S, return_when=FIRST_COMPLETED)
-        with self._lock:
-            return self._collect()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self._collect():
+                    return True  # also a signal taken after the last wait ended
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                for key in keys:
+                    if key not in self._pending:
+                        # Never 0: BLPOP would block for ever.
+                        self._pending[key] = self._pool.submit(self._blpop, key,
+                                                               max(left, MIN_BLOCK_S))
+                running = list(self._pending.values())
+            # A BLPOP of an earlier, shorter wait may end first: then wait on for the rest.
+            wait_for(running, timeout=left + MARGIN_S, return_when=FIRST_COMPLETED)
 
     def _collect(self) -> bool:
         """Forget the finished BLPOPs; whether one took a signal. A failed one raises its
