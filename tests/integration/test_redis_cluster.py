@@ -127,3 +127,18 @@ def test_api_worker_and_maintenance_run_jobs_on_the_cluster(fresh_postgres, redi
                     if r.get("action") == "dispatch_mode"]
         assert switched == []  # no worker ever claimed from PostgreSQL
         assert services.dispatcher.cluster
+
+
+def test_a_cluster_url_naming_another_database_is_refused_at_start(cluster_redis_url):
+    with pytest.raises(ValueError, match="only database 0"):
+        Dispatcher(cluster_redis_url.rsplit("/", 1)[0] + "/3")
+
+
+def test_a_cluster_scheme_while_no_node_answers_starts_and_counts_unavailable(unused_port):
+    dispatcher = Dispatcher(f"redis+cluster://127.0.0.1:{unused_port}/0", timeout_s=0.5)
+    try:
+        assert not dispatcher.cluster
+        with pytest.raises(DispatchUnavailable):
+            dispatcher.push([("default", 5, str(uuid.uuid4()))])
+    finally:
+        dispatcher.close()

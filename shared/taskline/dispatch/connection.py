@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -56,13 +57,23 @@ def detect_cluster(url: str, timeout_s: float = DETECT_TIMEOUT_S) -> bool | None
     """Whether the node at `url` runs in cluster mode; None when it cannot be asked now."""
     if cluster_scheme(url):
         return True
-    client = _plain(url, socket_timeout=timeout_s, connect_timeout=timeout_s)
+    # Database 0: a cluster node refuses SELECT of any other, and the URL may name one.
+    node = urlunsplit(urlsplit(plain_url(url))._replace(path="/0"))
+    client = _plain(node, socket_timeout=timeout_s, connect_timeout=timeout_s)
     try:
         return bool(client.info("cluster").get("cluster_enabled"))
     except (redis.ConnectionError, redis.TimeoutError):
         return None
     finally:
         client.close()
+
+
+def check_cluster_url(url: str) -> None:
+    """Refuse, with a message an operator can act on, a URL a cluster cannot serve."""
+    db = urlsplit(plain_url(url)).path.strip("/")
+    if db not in ("", "0"):
+        raise ValueError(f"REDIS_URL names database {db}, but a Redis Cluster has only "
+                         "database 0: end the URL with /0 or with no database")
 
 
 def make_client(url: str, socket_timeout: float | None = 5.0, *, cluster: bool = False,
@@ -75,6 +86,7 @@ def make_client(url: str, socket_timeout: float | None = 5.0, *, cluster: bool =
     if not cluster:
         return _plain(url, socket_timeout=socket_timeout, connect_timeout=connect_timeout,
                       **guarded)
+    check_cluster_url(url)
     return RedisCluster.from_url(
         plain_url(url), decode_responses=True, retry=Retry(NoBackoff(), 0),
         socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,

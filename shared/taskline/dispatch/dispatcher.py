@@ -20,11 +20,17 @@ from importlib import resources
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 
 from taskline.dispatch import follow
 from taskline.dispatch.breaker import Breaker
-from taskline.dispatch.connection import Client, detect_cluster, make_client, translate_errors
+from taskline.dispatch.connection import (
+    Client,
+    check_cluster_url,
+    detect_cluster,
+    make_client,
+    translate_errors,
+)
 from taskline.dispatch.keys import DISPATCH_MARKER, QUEUES_SET, QueueKeys, worker_key
 from taskline.dispatch.waits import QueueWaits
 from taskline.errors import DispatchUnavailable
@@ -56,8 +62,15 @@ class Dispatcher:
         self.block_timeout_s = block_timeout_s
         self._switch = threading.Lock()
         self.breaker = Breaker(self._probe) if breaker else None
-        # Unknown (the node did not answer): plain until a MOVED says otherwise.
-        self._build(bool(detect_cluster(url, PROBE_TIMEOUT_S)))
+        cluster = bool(detect_cluster(url, PROBE_TIMEOUT_S))
+        if cluster:
+            check_cluster_url(url)  # a clear error at start, not a failure per call
+        try:
+            self._build(cluster)
+        except RedisClusterException:
+            # No node answers now (a redis+cluster:// URL while the cluster is down): plain
+            # until Redis answers, and a MOVED then turns this dispatcher to cluster mode.
+            self._build(False)
 
     def _build(self, cluster: bool) -> None:
         """(Re)build this dispatcher's clients; cluster clients need a node that answers."""
@@ -85,7 +98,7 @@ class Dispatcher:
                 return
             try:
                 self._build(True)
-            except (redis.RedisError, redis.cluster.RedisClusterException):
+            except (redis.RedisError, RedisClusterException):
                 return  # the next MOVED tries again
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
