@@ -191,6 +191,9 @@ def cmd_workers(args: argparse.Namespace, client: Client) -> int:
 @client_command
 def cmd_queues(args: argparse.Namespace, client: Client) -> int:
     data = client.queues()
+    while data.get("next_cursor"):  # every queue, a page at a time
+        more = client.queues(cursor=data["next_cursor"])
+        data = {**more, "queues": data["queues"] + more["queues"]}
     _emit(args, data, lambda: _print_queues(data))
     return EXIT_OK
 

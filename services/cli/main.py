@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -30,8 +31,19 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    if not _api_installed("api"):
+        return 2
     from taskline_producer.serve import run
     return run(settings, bind=args.bind, workers=args.workers)
+
+
+def _api_installed(command: str) -> bool:
+    """Whether the `api` extra (Flask, gunicorn) is installed; says how to get it if not."""
+    missing = [m for m in ("flask", "gunicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"taskline: `taskline {command}` serves the API, which needs "
+              f"{' and '.join(missing)}: pip install 'taskline[api]'", file=sys.stderr)
+    return not missing
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -55,6 +67,8 @@ METRICS_PORT_HELP = ("port of /metrics and /readyz (default TASKLINE_METRICS_POR
 
 
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
+    if not _api_installed("dev"):
+        return 2
     from taskline_cli.devstack import run_dev
     return run_dev(settings, api_bind=args.bind)
 

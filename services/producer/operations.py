@@ -8,6 +8,8 @@ so an operator sees drift between the two at a glance, and are null (with the di
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import Blueprint, Response, jsonify, request
 
 from taskline.dispatch.keys import valid_queue_name
@@ -41,18 +43,45 @@ def list_workers() -> Response:
 
 @bp.get("/queues")
 def list_queues() -> Response:
-    """Counts from PostgreSQL always; Redis depths and the dispatch mode beside them, which
-    say `postgres` rather than fail while Redis is unreachable."""
+    """One page of queues by name (`limit` 1..500, default QUEUE_PAGE; `cursor`), with the
+    totals over every queue. Counts from PostgreSQL always; Redis depths (asked for the
+    page's queues only) and the dispatch mode beside them, which say `postgres` rather than
+    fail while Redis is unreachable."""
     b = backends()
+    size = paging.limit(request.args, QUEUE_PAGE)
+    after = paging.decode_name_cursor(request.args.get("cursor"), valid_queue_name)
     counts = list(b.store.queue_counts())
     paused = b.store.paused_queues()
     dispatch = dispatch_state(b.store, b.dispatcher)
-    depths = None
+    known: set[str] = set()
     if dispatch["redis"] == "ok":
         try:
-            names = b.dispatcher.known_queues() | {row.queue for row in counts} | set(paused)
-            depths = {name: b.dispatcher.depths(name) for name in sorted(names)
-                      if valid_queue_name(name)}
+            known = b.dispatcher.known_queues()
         except DispatchUnavailable:
             dispatch = unreachable()
-    return jsonify({"queues": shapes.queues(counts, depths, paused), "dispatch": dispatch})
+    names = sorted(n for n in known | {row.queue for row in counts} | set(paused)
+                   if valid_queue_name(n) and (after is None or n > after))
+    page = names[:size]
+    depths = _depths(b.dispatcher, page) if dispatch["redis"] == "ok" else None
+    if depths is None and dispatch["redis"] == "ok":
+        dispatch = unreachable()
+    shown = set(page)
+    return jsonify({"queues": shapes.queues([r for r in counts if r.queue in shown], depths,
+                                            {n: p for n, p in paused.items() if n in shown},
+                                            names=page),
+                    "totals": shapes.queue_totals(counts),
+                    "next_cursor": paging.encode_name_cursor(page[-1])
+                    if len(names) > size else None,
+                    "dispatch": dispatch})
+
+
+QUEUE_PAGE = 100
+"""Queues in one answer of GET /api/v1/queues unless `limit` says otherwise."""
+
+
+def _depths(dispatcher: Any, names: list[str]) -> dict[str, Any] | None:
+    """Redis depths of the queues `names`; None when Redis stops answering."""
+    try:
+        return {name: dispatcher.depths(name) for name in names}
+    except DispatchUnavailable:
+        return None

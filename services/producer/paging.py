@@ -1,7 +1,7 @@
 """Query parameters of the list routes: limits, filters and opaque keyset cursors.
 
-Invariant: a cursor is base64url of the (timestamp, id), or the id alone, of the last row of a
-page, and nothing read from the query string reaches SQL before it is checked (a NUL or a
+Invariant: a cursor is base64url of the (timestamp, id), the id or the name alone, of the last
+row of a page, and nothing read from the query string reaches SQL before it is checked (a NUL or a
 malformed cursor is a 400, never a driver error).
 """
 
@@ -12,6 +12,7 @@ import binascii
 import json
 import re
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 from werkzeug.datastructures import MultiDict
@@ -64,6 +65,29 @@ def limit(args: MultiDict[str, str], default: int = DEFAULT_LIMIT,
 def encode_id_cursor(row_id: uuid.UUID) -> str:
     """A cursor naming the last row of a page ordered by id alone."""
     return base64.urlsafe_b64encode(str(row_id).encode()).decode().rstrip("=")
+
+
+def encode_name_cursor(name: str) -> str:
+    """A cursor naming the last row of a page ordered by name (a queue's)."""
+    return base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
+
+
+def decode_name_cursor(text: str | None, valid: Callable[[str], bool]) -> str | None:
+    """The name a name cursor names, None when absent; InvalidParameter when it is not ours
+    (not base64url of a name `valid` accepts)."""
+    if text is None:
+        return None
+    try:
+        if len(text) > MAX_CURSOR_CHARS:
+            raise ValueError("too long")
+        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
+        name = base64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")
+        if not valid(name):
+            raise ValueError("not a name")
+        return name
+    except (ValueError, binascii.Error, UnicodeError):
+        raise InvalidParameter("cursor is not a cursor this API returned",
+                               {"parameter": "cursor"}) from None
 
 
 def decode_id_cursor(text: str | None) -> uuid.UUID | None:

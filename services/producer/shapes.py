@@ -65,12 +65,16 @@ def worker(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]] | None,
-           paused: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict]:
-    """Per queue: whether it is paused, PostgreSQL counts by status and by priority, and Redis
-    depths (None: Redis unreachable, so `redis` is null)."""
+           paused: Mapping[str, Mapping[str, Any]] | None = None,
+           names: Iterable[str] | None = None) -> list[dict]:
+    """Per queue (`names`, or every queue the other arguments name): whether it is paused,
+    PostgreSQL counts by status and by priority, and Redis depths (None: Redis unreachable, so
+    `redis` is null)."""
     counts = list(counts)
     paused = paused or {}
-    names = sorted(set(depths or ()) | {row.queue for row in counts} | set(paused))
+    if names is None:
+        names = set(depths or ()) | {row.queue for row in counts} | set(paused)
+    names = sorted(names)
     by_queue: dict[str, dict[str, Any]] = {
         name: {"name": name, **pause_state(paused.get(name)), "counts": dict.fromkeys(STATUSES, 0),
                "priorities": {},
@@ -82,6 +86,16 @@ def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]] | None
         level = entry["priorities"].setdefault(str(row.priority), dict.fromkeys(STATUSES, 0))
         level[row.status] += row.n
     return [by_queue[name] for name in names]
+
+
+def queue_totals(counts: Iterable[Any]) -> dict[str, Any]:
+    """PostgreSQL counts by status, and by priority and status, summed over every queue."""
+    totals: dict[str, Any] = {"counts": dict.fromkeys(STATUSES, 0), "priorities": {}}
+    for row in counts:
+        totals["counts"][row.status] += row.n
+        level = totals["priorities"].setdefault(str(row.priority), dict.fromkeys(STATUSES, 0))
+        level[row.status] += row.n
+    return totals
 
 
 def pause_state(row: Mapping[str, Any] | None) -> dict[str, Any]:

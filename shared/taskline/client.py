@@ -203,9 +203,11 @@ class Client:
         """The live worker registry: heartbeats and active jobs."""
         return self._call("GET", "/workers")
 
-    def queues(self) -> dict[str, Any]:
-        """Depth per queue, priority and state."""
-        return self._call("GET", "/queues")
+    def queues(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
+        """One page of queues by name (`limit`, from `cursor`, the previous page's
+        `next_cursor`) with their depths per priority and state, the totals over every queue,
+        and the dispatch mode."""
+        return self._call("GET", "/queues", params={"limit": limit, "cursor": cursor})
 
     def audit(self, actor: str | None = None, action: str | None = None,
               limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ OTLP/HTTP from a background thread, once per process.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -29,6 +30,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from taskline.jobs import Job
 from taskline.settings import Settings
+
+log = logging.getLogger(__name__)
 
 TRACES_PATH = "/v1/traces"
 """Where OTLP/HTTP takes spans, below the base URL OTEL_EXPORTER_OTLP_ENDPOINT names."""
@@ -53,11 +56,18 @@ def setup(service: str, settings: Settings) -> bool:
     """
     if _State.exporting or not settings.otlp_endpoint:
         return _State.exporting
-    # Imported here: a process that does not trace never loads the SDK.
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    # Imported here: a process that does not trace never loads the SDK, which a light install
+    # (no `otel` extra) does not have; tracing is no reason to stop running jobs.
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as err:
+        log.error("OTEL_EXPORTER_OTLP_ENDPOINT is set but the OpenTelemetry SDK is not "
+                  "installed (pip install 'taskline[otel]'): running untraced",
+                  extra={"action": "start", "error": str(err)})
+        return False
 
     provider = TracerProvider(resource=Resource.create({"service.name": f"taskline-{service}"}))
     exporter = OTLPSpanExporter(endpoint=traces_url(settings.otlp_endpoint))

@@ -97,6 +97,12 @@ def test_builder_installs_binary_wheels_only_and_drops_pip(builder):
     assert "pip uninstall --yes pip" in runs
 
 
+def test_image_installs_the_api_extra_its_default_command_needs(builder, final):
+    runs = " ".join(_args(builder, "RUN"))
+    assert re.search(r"\.whl\)?\[api(,otel)?\]", runs), "the core install has no Flask"
+    assert json.loads(_args(final, "CMD")[0])[0] == "api"
+
+
 def test_runs_as_a_non_root_user(final):
     users = _args(final, "USER")
     assert users and users[-1].split(":")[0] not in ("root", "0")

@@ -302,13 +302,13 @@
 
   // --- pipeline ---------------------------------------------------------------------------
 
+  // The list is one page of queues (the first 100 by name); the pipeline shows the totals
+  // over every queue, which the answer carries beside the page.
   function applyQueues(data) {
     const totals = Object.fromEntries(STAGES.map((s) => [s, 0]));
     const byPriority = Array(10).fill(0);
-    for (const queue of data.queues) {
-      for (const [status, n] of Object.entries(queue.counts)) totals[status] = (totals[status] || 0) + n;
-      for (const [level, counts] of Object.entries(queue.priorities)) byPriority[Number(level)] += counts.queued || 0;
-    }
+    for (const [status, n] of Object.entries(data.totals.counts)) totals[status] = (totals[status] || 0) + n;
+    for (const [level, counts] of Object.entries(data.totals.priorities)) byPriority[Number(level)] += counts.queued || 0;
     for (const stage of ["scheduled", "waiting", "queued", "running", "retrying", "dead"]) setCount(stage, totals[stage] || 0);
     renderPriorities(byPriority);
     renderQueues(data.queues);
