@@ -78,13 +78,17 @@ class Dispatcher:
         self._probe_client: Client | None = None if self.breaker is None else make_client(
             self._url, socket_timeout=PROBE_TIMEOUT_S, connect_timeout=PROBE_TIMEOUT_S,
             cluster=cluster)
+        # In cluster mode the breaker guards each call instead (_cluster_guard): the cluster
+        # client reads the slot map again after a failure, which guarded connections would
+        # refuse while the breaker is open, leaving it with a dead master for good.
+        guard = None if cluster else self.breaker
         self.client: Client = make_client(self._url, socket_timeout=self._timeout_s,
-                                          breaker=self.breaker, connect_timeout=connect,
+                                          breaker=guard, connect_timeout=connect,
                                           cluster=cluster)
         # Blocking waits need a socket timeout longer than the block itself.
         self.blocking_client: Client = make_client(
             self._url, socket_timeout=self.block_timeout_s + self._timeout_s,
-            breaker=self.breaker, connect_timeout=connect, cluster=cluster)
+            breaker=guard, connect_timeout=connect, cluster=cluster)
         self._scripts = {name: self.client.register_script(_lua(name)) for name in _SCRIPTS}
         self._waits = QueueWaits(self._blpop) if cluster else None
         self.cluster = cluster
@@ -102,7 +106,22 @@ class Dispatcher:
                 return  # the next MOVED tries again
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
-        return translate_errors(None if self.cluster else self._became_cluster)
+        if self.cluster:
+            return self._cluster_guard()
+        return translate_errors(self._became_cluster)
+
+    @contextlib.contextmanager
+    def _cluster_guard(self) -> Iterator[None]:
+        """translate_errors, asking the breaker first and telling it of every failure."""
+        with translate_errors():
+            try:
+                if self.breaker is not None:
+                    self.breaker.check()
+                yield
+            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException):
+                if self.breaker is not None:
+                    self.breaker.failed()
+                raise
 
     def _probe(self) -> object:
         probe = self._probe_client

@@ -1,0 +1,110 @@
+"""Redis Cluster faults under load: a master of the queue's slot fails over during a drain,
+coordinated (`CLUSTER FAILOVER`) or because it was SIGKILLed, while producers enqueue through
+the API and workers drain; judged by the offline checker.
+
+Invariant under test: a failover the cluster client can follow (MOVED after the switch) is
+followed; one it cannot (a dead master until its replica is promoted) counts as Redis
+unavailable, so dispatch goes on from PostgreSQL and comes back to the cluster once it was
+rebuilt. Either way nothing acknowledged is lost and nothing runs twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.dispatch.keys import QueueKeys
+from tests.faults.cluster import Cluster
+from tests.faults.conftest import FaultRun
+from tests.faults.history import History
+from tests.faults.nemesis import Nemesis
+from tests.faults.report import FaultReport
+from tests.faults.test_redis_down_faults import load, switch_counts
+from tests.faults.test_server_faults import acked, assert_ran_once, wait_acked
+from tests.faults.workload import Workload
+from tests.helpers import wait_for
+from tests.redis_cluster import RedisClusterServers
+
+pytestmark = pytest.mark.faults
+
+QUEUE_KEY = QueueKeys("default").signal
+"""A key of the loaded queue: its slot's master is the one failed over."""
+
+
+@pytest.fixture
+def cluster_fault_run(fresh_postgres, fresh_redis_cluster: RedisClusterServers, tmp_path: Path,
+                      fault_report: FaultReport) -> Iterator[Callable[..., FaultRun]]:
+    """`fault_run` (tests.faults.conftest) with every service's REDIS_URL at one node of a
+    fresh 3-master, 3-replica Redis Cluster."""
+    made: list[FaultRun] = []
+
+    def make(name: str, **options: Any) -> FaultRun:
+        workdir = tmp_path / "scenario"
+        cluster = Cluster(fresh_postgres, fresh_redis_cluster, workdir,  # type: ignore[arg-type]
+                          **options)
+        history = History(workdir / "history.jsonl")
+        run = FaultRun(name, cluster, history, Nemesis(cluster, history),
+                       Workload("", history), fault_report)
+        made.append(run)
+        cluster.on_restart = run.nemesis.supervised_restart
+        cluster.start()
+        run.workload.api_url = cluster.api_url
+        return run
+
+    yield make
+    for run in made:
+        run.cluster.close()
+        run.history.close()
+
+
+def wait_back_on_redis(run: FaultRun) -> None:
+    """Until every worker that went to postgres dispatch came back to Redis: a failover the
+    dispatcher could not follow must not leave it off the cluster for good."""
+    wait_for(lambda: switch_counts(run, "redis") == switch_counts(run, "postgres"),
+             timeout=60, interval=0.2, message="every worker back on Redis dispatch")
+
+
+@pytest.mark.timeout(240)
+def test_cluster_failover_of_the_queues_master_during_a_drain(
+        cluster_fault_run, fresh_redis_cluster: RedisClusterServers):
+    run = cluster_fault_run("Redis Cluster: CLUSTER FAILOVER of the queue's master mid-drain",
+                            workers=2, concurrency=4)
+    servers = fresh_redis_cluster
+    with load(run, sleep_s=0.05) as answers:
+        wait_acked(answers, 40)
+        old = servers.master_of(QUEUE_KEY)
+        new = servers.failover(old)
+        run.nemesis.fault("cluster_failover", "redis", old_port=old.port, new_port=new.port)
+        assert servers.master_of(QUEUE_KEY) is new
+        wait_acked(answers, acked(answers) + 60)
+        wait_back_on_redis(run)
+    result = run.check(wait_s=90)
+    assert_ran_once(run, result)
+
+
+@pytest.mark.timeout(240)
+def test_sigkilled_master_of_the_queue_during_a_drain(
+        cluster_fault_run, fresh_redis_cluster: RedisClusterServers):
+    run = cluster_fault_run("Redis Cluster: SIGKILL of the queue's master mid-drain",
+                            workers=2, concurrency=4)
+    servers = fresh_redis_cluster
+    with load(run, sleep_s=0.05) as answers:
+        wait_acked(answers, 40)
+        old = servers.master_of(QUEUE_KEY)
+        pid = old.pid
+        old.kill()
+        run.nemesis.fault("sigkill", "redis", port=old.port, pid=pid)
+        servers.wait_healthy()  # a replica took the slots over
+        run.nemesis.heal("promoted", "redis", port=servers.master_of(QUEUE_KEY).port)
+        wait_acked(answers, acked(answers) + 60)
+        wait_back_on_redis(run)
+    # The checker's own client may still hold the dead node in its slot map: one at a live
+    # master reads the cluster as it is now.
+    run.cluster.dispatcher.close()
+    run.cluster.dispatcher = Dispatcher(servers.masters()[0].url, block_timeout_s=0.2)
+    result = run.check(wait_s=90)
+    assert_ran_once(run, result)
