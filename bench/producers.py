@@ -1,7 +1,7 @@
 """The producer's ways in, measured on the real stack: the library's in-transaction enqueue
-(`taskline.enqueue` on an autocommit psycopg connection) and the Python `Client`, single and
-bulk, and the enqueue call to handler start through each; beside pgqueuer in bench/run.py's
-`producers_side_by_side`.
+(`taskline.enqueue` on an autocommit psycopg connection, and `taskline.aenqueue` on an async
+one) and the Python `Client`, single and bulk, and the enqueue call to handler start through
+each; beside pgqueuer in bench/run.py's `producers_side_by_side`.
 
 Invariant: as in bench/clients.py, every producer is its own process, connected and warmed up
 before the clock starts, and the clock stops when the last one is done. Maintenance runs
@@ -12,6 +12,7 @@ CPU time (user and system, `time.process_time`) over its timed calls, divided by
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import time
 from contextlib import ExitStack, contextmanager
@@ -55,6 +56,29 @@ def library_single(stack: Stack, jobs: int) -> float:
     stack.reset()
     with _maintenance(stack):
         seconds, finished = run_together(_library_producer, (stack.url, jobs), 1)
+    return finished / seconds
+
+
+def _async_library_producer(url: str, calls: int, go: Any, ready: Any, done: Any) -> None:
+    async def enqueue_all() -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            for _ in range(WARMUP):
+                await taskline.aenqueue(conn, NOOP)
+            ready.put(True)
+            go.wait()  # blocks the loop before the clock starts: nothing else runs on it
+            for _ in range(calls):
+                await taskline.aenqueue(conn, NOOP)
+
+    asyncio.run(enqueue_all())
+    done.put(calls)
+
+
+def library_async_single(stack: Stack, jobs: int) -> float:
+    """Jobs/s of one process awaiting `taskline.aenqueue` once per job on a psycopg
+    AsyncConnection, autocommit: the sync path's statement through the async driver."""
+    stack.reset()
+    with _maintenance(stack):
+        seconds, finished = run_together(_async_library_producer, (stack.url, jobs), 1)
     return finished / seconds
 
 
@@ -140,6 +164,7 @@ def side_by_side_once(stack: Stack, jobs: int, peers: Any | None) -> dict[str, f
     single, bulk = min(jobs, 2000), max(jobs, 2000)
     client = client_enqueue(stack, single)
     out = {"library_single_jobs_per_s": library_single(stack, single),
+           "library_async_single_jobs_per_s": library_async_single(stack, single),
            "client_single_jobs_per_s": client["jobs_per_s"],
            "client_cpu_ms_per_enqueue": client["client_cpu_ms_per_call"],
            "client_bulk_jobs_per_s": client_enqueue(stack, bulk, 1000, 2)["jobs_per_s"],
