@@ -119,8 +119,15 @@ def cmd_dlq_list(args: argparse.Namespace, client: Client) -> int:
 
 
 @client_command
+def cmd_dlq_groups(args: argparse.Namespace, client: Client) -> int:
+    groups = client.dlq_groups(queue=args.queue, limit=args.limit)
+    _emit(args, groups, lambda: _print_page(groups, DLQ_GROUP_COLUMNS))
+    return EXIT_OK
+
+
+@client_command
 def cmd_dlq_retry(args: argparse.Namespace, client: Client) -> int:
-    if args.id is None or args.queue or args.type or args.ids or args.limit:
+    if args.id is None or args.queue or args.type or args.ids or args.limit or args.fingerprint:
         return _dlq_bulk(args, client.retry_dead, "requeued")
     job = client.retry(args.id)
     _emit(args, job, lambda: print(f"{job.get('id', args.id)}  {job.get('status', 'queued')}"))
@@ -133,12 +140,14 @@ def cmd_dlq_purge(args: argparse.Namespace, client: Client) -> int:
 
 
 def _bulk_filter(args: argparse.Namespace) -> dict[str, Any]:
-    """--queue, --type, --id (repeatable; a positional id counts as one) and --limit."""
+    """--queue, --type, --id (repeatable; a positional id counts as one), --fingerprint and
+    --limit."""
     ids = [*(args.ids or []), *([args.id] if getattr(args, "id", None) else [])]
-    found = {"queue": args.queue, "type": args.type, "ids": ids or None}
+    found = {"queue": args.queue, "type": args.type, "ids": ids or None,
+             "fingerprint": args.fingerprint}
     found = {k: v for k, v in found.items() if v is not None}
     if not found:
-        raise UsageError("give at least one of --queue, --type, --id")
+        raise UsageError("give at least one of --queue, --type, --id, --fingerprint")
     return found
 
 
@@ -308,6 +317,9 @@ QUEUE_COLUMNS = (("QUEUE", "name"), ("PAUSED", "paused"), ("SCHEDULED", "counts.
                  ("REDIS READY", "redis.ready_total"), ("REDIS PROCESSING", "redis.processing"))
 LIMIT_COLUMNS = (("SCOPE", "scope"), ("LIMITS", "limits"), ("RUNNING", "running"),
                  ("STARTED", "started"), ("HELD", "held"))
+DLQ_GROUP_COLUMNS = (("FINGERPRINT", "fingerprint"), ("COUNT", "count"), ("TYPES", "types"),
+                     ("QUEUES", "queues"), ("FIRST SEEN", "first_seen"),
+                     ("LAST SEEN", "last_seen"), ("SAMPLE ERROR", "sample_error"))
 AUDIT_COLUMNS = (("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGET", "target"),
                  ("DETAIL", "detail"))
 SCHEDULE_COLUMNS = (("NAME", "name"), ("CRON", "cron"), ("TIMEZONE", "timezone"),
@@ -430,6 +442,11 @@ def _dlq_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     listing.add_argument("--limit", type=int, help="at most N jobs")
     listing.add_argument("--cursor", help="continue after a previous page")
     listing.set_defaults(fn=cmd_dlq_list)
+    groups = dlq_sub.add_parser("groups", parents=[common],
+                                help="dead jobs grouped by the cause of their final error")
+    groups.add_argument("--queue", help="only this queue")
+    groups.add_argument("--limit", type=int, help="at most N groups (default 50)")
+    groups.set_defaults(fn=cmd_dlq_groups)
     retry = dlq_sub.add_parser("retry", parents=[common],
                                help="requeue a dead-lettered job, or every one matching filters")
     retry.add_argument("id", nargs="?", type=entity_id,
@@ -447,6 +464,7 @@ def _bulk_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--type", help="only jobs of this type")
     p.add_argument("--id", dest="ids", action="append", metavar="ID", type=entity_id,
                    help="only this job (repeatable)")
+    p.add_argument("--fingerprint", help="only the jobs of this cause (taskline dlq groups)")
     p.add_argument("--limit", type=int, help="at most N jobs per call (1..10000, default 10000)")
 
 

@@ -1,13 +1,14 @@
 """Bulk dead-letter requests: a POST /api/v1/dlq/retry or /purge body as a filter and a limit.
 
-Invariant: a BulkRequest matches at least one of queue, type and ids (combined with AND), every
-value one PostgreSQL accepts as it is (a valid queue name, a type of 1..200 characters, 1..MAX
-UUIDs), and a limit of 1..MAX_LIMIT; anything else is a list of field errors and nothing runs.
-No I/O happens here.
+Invariant: a BulkRequest matches at least one of queue, type, ids and fingerprint (combined
+with AND), every value one PostgreSQL accepts as it is (a valid queue name, a type of 1..200
+characters, 1..MAX UUIDs, a fingerprint of 16 hex digits), and a limit of 1..MAX_LIMIT;
+anything else is a list of field errors and nothing runs. No I/O happens here.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -16,7 +17,9 @@ from taskline.jobspec import MAX_TYPE_CHARS, FieldError
 from taskline.store.store import DeadFilter
 
 MAX_LIMIT = 10_000
-FIELDS = frozenset({"queue", "type", "ids", "limit"})
+FILTERS = ("queue", "type", "ids", "fingerprint")
+FIELDS = frozenset({*FILTERS, "limit"})
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)
@@ -30,17 +33,18 @@ class BulkRequest:
         """The filter as the audit trail records it (ids counted, not listed)."""
         m = self.match
         return {"queue": m.queue, "type": m.type,
-                "ids": None if m.ids is None else len(m.ids), "limit": self.limit}
+                "ids": None if m.ids is None else len(m.ids), "fingerprint": m.fingerprint,
+                "limit": self.limit}
 
 
 def parse_bulk(body: object) -> BulkRequest | list[FieldError]:
     if not isinstance(body, dict):
         return [FieldError("$", "the request body must be a JSON object")]
     errors = [FieldError(name, "unknown field") for name in body if name not in FIELDS]
-    if not any(name in body for name in ("queue", "type", "ids")):
-        errors.append(FieldError("$", "give at least one of queue, type, ids"))
+    if not any(name in body for name in FILTERS):
+        errors.append(FieldError("$", "give at least one of queue, type, ids, fingerprint"))
     errors += [FieldError(name, "must not be null; leave the field out to match any")
-               for name in ("queue", "type", "ids") if name in body and body[name] is None]
+               for name in FILTERS if name in body and body[name] is None]
     queue, job_type, ids = body.get("queue"), body.get("type"), body.get("ids")
     if queue is not None and not valid_queue_name(queue):
         errors.append(FieldError("queue", "must be 1..64 characters of A-Z a-z 0-9 _ . : -"))
@@ -50,10 +54,18 @@ def parse_bulk(body: object) -> BulkRequest | list[FieldError]:
         errors.append(FieldError("type", f"must be a string of 1..{MAX_TYPE_CHARS} characters"))
     parsed_ids, id_errors = _ids(ids)
     limit, limit_errors = _limit(body.get("limit", MAX_LIMIT))
-    errors += id_errors + limit_errors
+    cause = body.get("fingerprint")
+    errors += id_errors + limit_errors + _fingerprint_errors(cause)
     if errors:
         return errors
-    return BulkRequest(DeadFilter(queue, job_type, parsed_ids), limit)
+    return BulkRequest(DeadFilter(queue, job_type, parsed_ids, cause), limit)
+
+
+def _fingerprint_errors(value: object) -> list[FieldError]:
+    if value is None or (isinstance(value, str) and _FINGERPRINT.fullmatch(value)):
+        return []
+    return [FieldError("fingerprint", "must be a group's fingerprint: 16 hex digits "
+                                      "(GET /api/v1/dlq/groups)")]
 
 
 def _ids(value: object) -> tuple[tuple[uuid.UUID, ...] | None, list[FieldError]]:

@@ -34,6 +34,20 @@ def list_dead() -> Response:
     return jsonify({"jobs": [shapes.dead(row) for row in page], "next_cursor": cursor})
 
 
+GROUPS_DEFAULT, GROUPS_MAX = 50, 500
+
+
+@bp.get("/dlq/groups")
+def dead_groups() -> Response:
+    """Dead jobs grouped by the cause of their final error (taskline.fingerprint), most
+    jobs first; a group's fingerprint selects its jobs in POST /dlq/retry and /dlq/purge."""
+    args = request.args
+    queue = paging.queue(args)
+    size = paging.limit(args, default=GROUPS_DEFAULT, most=GROUPS_MAX)
+    rows = backends().store.dlq_groups(queue=queue, limit=size)
+    return jsonify({"groups": [shapes.dead_group(row) for row in rows]})
+
+
 @bp.get("/workers")
 def list_workers() -> Response:
     b = backends()

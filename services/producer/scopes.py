@@ -21,6 +21,7 @@ ROUTE_SCOPES: dict[str, str] = {
     "jobs.cancel_job": OPERATE,
     "jobs.retry_job": OPERATE,
     "operations.list_dead": READ,
+    "operations.dead_groups": READ,
     "operations.list_workers": READ,
     "operations.list_queues": READ,
     "events.stream": READ,

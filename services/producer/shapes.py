@@ -55,7 +55,15 @@ def job_detail(j: Job, events: list[Mapping[str, Any]],
 
 def dead(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"job": job(entry["job"]), "final_error": entry["final_error"],
-            "attempts": entry["attempts"], "failed_at": plain(entry["failed_at"])}
+            "fingerprint": entry.get("fingerprint"), "attempts": entry["attempts"],
+            "failed_at": plain(entry["failed_at"])}
+
+
+def dead_group(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"fingerprint": row["fingerprint"], "count": int(row["count"]),
+            "types": sorted(row["types"] or []), "queues": sorted(row["queues"] or []),
+            "sample_error": row["sample_error"], "first_seen": plain(row["first_seen"]),
+            "last_seen": plain(row["last_seen"])}
 
 
 def worker(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -199,6 +199,12 @@ class Client:
         return self._call("GET", "/dlq", params={"queue": queue, "limit": limit,
                                                  "cursor": cursor})
 
+    def dlq_groups(self, queue: str | None = None, limit: int | None = None) -> dict[str, Any]:
+        """Dead jobs grouped by the cause of their final error, most jobs first: {"groups":
+        [{"fingerprint", "count", "types", "queues", "sample_error", "first_seen",
+        "last_seen"}]}; pass a group's fingerprint to retry_dead or purge_dead."""
+        return self._call("GET", "/dlq/groups", params={"queue": queue, "limit": limit})
+
     def workers(self) -> dict[str, Any]:
         """The live worker registry: heartbeats and active jobs."""
         return self._call("GET", "/workers")
@@ -350,17 +356,21 @@ class Client:
         return self._call("DELETE", f"/schedules/{_segment(name)}", replay_safe=False)
 
     def retry_dead(self, *, queue: str | None = None, type: str | None = None,
-                   ids: Iterable[str | uuid.UUID] | None = None,
-                   limit: int | None = None) -> dict[str, Any]:
-        """Requeue dead jobs matching every given filter: {"requeued": n, "remaining": m}."""
-        return self._call("POST", "/dlq/retry", body=_dead_filter(queue, type, ids, limit),
+                   ids: Iterable[str | uuid.UUID] | None = None, limit: int | None = None,
+                   fingerprint: str | None = None) -> dict[str, Any]:
+        """Requeue dead jobs matching every given filter (`fingerprint`: a group of
+        dlq_groups): {"requeued": n, "remaining": m}."""
+        return self._call("POST", "/dlq/retry",
+                          body=_dead_filter(queue, type, ids, limit, fingerprint),
                           replay_safe=False)
 
     def purge_dead(self, *, queue: str | None = None, type: str | None = None,
-                   ids: Iterable[str | uuid.UUID] | None = None,
-                   limit: int | None = None) -> dict[str, Any]:
-        """Delete dead jobs matching every given filter: {"purged": n, "remaining": m}."""
-        return self._call("POST", "/dlq/purge", body=_dead_filter(queue, type, ids, limit),
+                   ids: Iterable[str | uuid.UUID] | None = None, limit: int | None = None,
+                   fingerprint: str | None = None) -> dict[str, Any]:
+        """Delete dead jobs matching every given filter (`fingerprint`: a group of
+        dlq_groups): {"purged": n, "remaining": m}."""
+        return self._call("POST", "/dlq/purge",
+                          body=_dead_filter(queue, type, ids, limit, fingerprint),
                           replay_safe=False)
 
 
@@ -429,9 +439,9 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
     return {k: v for k, v in spec.items() if v is not None}
 
 
-def _dead_filter(queue: str | None, type: str | None,
-                 ids: Iterable[str | uuid.UUID] | None, limit: int | None) -> dict[str, Any]:
-    body = {"queue": queue, "type": type, "limit": limit,
+def _dead_filter(queue: str | None, type: str | None, ids: Iterable[str | uuid.UUID] | None,
+                 limit: int | None, fingerprint: str | None = None) -> dict[str, Any]:
+    body = {"queue": queue, "type": type, "limit": limit, "fingerprint": fingerprint,
             "ids": None if ids is None else [str(i) for i in ids]}
     return {k: v for k, v in body.items() if v is not None}
 

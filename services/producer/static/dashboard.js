@@ -1,8 +1,8 @@
 // taskline dashboard: plain JavaScript, no dependency, no build step.
 //
 // Truth comes from the API: pipeline totals from GET /api/v1/queues, workers from
-// GET /api/v1/workers, dead jobs from GET /api/v1/dlq, a job from GET /api/v1/jobs/<id>,
-// workflows from GET /api/v1/workflows.
+// GET /api/v1/workers, dead jobs from GET /api/v1/dlq (grouped by cause: /api/v1/dlq/groups),
+// a job from GET /api/v1/jobs/<id>, workflows from GET /api/v1/workflows.
 // The live stream (GET /api/v1/events, Server-Sent Events) makes it move: every change
 // re-reads the affected totals (at most once a second), feeds the chart and the event list,
 // and counts succeeded/cancelled since the page opened. Actions are the CLI's API calls.
@@ -42,8 +42,8 @@
     feed: [],
     historyId: null,
     dirty: { queues: true, workers: true, dead: true, limits: true, history: false, workflows: true,
-             view: true },
-    lastFetch: { queues: 0, workers: 0, dead: 0, limits: 0, history: 0, workflows: 0 },
+             causes: true, view: true },
+    lastFetch: { queues: 0, workers: 0, dead: 0, limits: 0, history: 0, workflows: 0, causes: 0 },
     inflight: {},
     principal: null,                    // GET /api/v1/whoami; null until it answered
   };
@@ -217,7 +217,7 @@
     state.dirty.queues = true;
     state.dirty.workers = true;
     state.dirty.limits = true;
-    if (change.status === "dead" || change.event === "requeued") state.dirty.dead = true;
+    if (change.status === "dead" || change.event === "requeued") state.dirty.dead = state.dirty.causes = true;
     if (change.job_id === state.historyId) state.dirty.history = true;
     if (change.event === "waiting" || change.event === "unblocked") state.dirty.workflows = true;
     state.dirty.view = true;
@@ -539,12 +539,39 @@
     }));
   }
 
+  function applyCauses(data) {
+    const body = $("causes-body");
+    if (!data.groups.length) { emptyRow(body, 6, "No dead job."); return; }
+    body.replaceChildren(...data.groups.map((group) => {
+      const tr = document.createElement("tr");
+      tr.dataset.fingerprint = group.fingerprint || "";
+      const actions = document.createElement("span");
+      if (group.fingerprint) {
+        for (const action of ["retry", "purge"]) {
+          const button = document.createElement("button");
+          button.type = "button";
+          button.textContent = BULK[action].verb;
+          if (action === "purge") button.className = "danger";
+          button.setAttribute("aria-label", `${BULK[action].verb} the ${group.count} dead jobs of this cause`);
+          button.addEventListener("click", () => askBulk(action, { fingerprint: group.fingerprint },
+            `the cause "${group.sample_error || "no error"}"`));
+          guard(button, OPERATE);
+          actions.append(button);
+        }
+      }
+      tr.append(cell(group.sample_error || "(no error)", "error-text"), cell(String(group.count)),
+        cell(group.types.join(", ")), cell(group.queues.join(", ")), cell(ago(group.last_seen)),
+        cell(actions));
+      return tr;
+    }));
+  }
+
   async function requeueJob(id, button) {
     if (button) button.disabled = true;
     try {
       await api("POST", `/jobs/${id}/retry`);
       notify(`Job ${id} requeued.`);
-      state.dirty.dead = true;
+      state.dirty.dead = state.dirty.causes = true;
       if (state.historyId === id) state.dirty.history = true;
     } catch (err) {
       notify(`Could not requeue ${id}: ${err.message}`, "error");
@@ -760,23 +787,24 @@
     return filter;
   }
 
-  function describeFilter(filter) {
+  function describeFilter(filter, label) {
+    if (label) return label;
     const parts = [];
     if (filter.queue) parts.push(`queue ${filter.queue}`);
     if (filter.type) parts.push(`type ${filter.type}`);
     return parts.join(" and ");
   }
 
-  function askBulk(action) {
-    const filter = bulkFilter();
-    if (!filter.queue && !filter.type) {
+  function askBulk(action, given, label) {
+    const filter = given || bulkFilter();
+    if (!filter.queue && !filter.type && !filter.fingerprint) {
       $("bulk-status").textContent = "Give a queue or a type first.";
       return;
     }
     const bulk = BULK[action];
     $("bulk-dialog-title").textContent = `${bulk.verb} matching dead jobs?`;
     $("bulk-question").textContent =
-      `Every dead job of ${describeFilter(filter)} (at most 10,000) will be ${bulk.what}.`;
+      `Every dead job of ${describeFilter(filter, label)} (at most 10,000) will be ${bulk.what}.`;
     $("bulk-confirm").textContent = bulk.verb;
     const dialog = $("bulk-dialog");
     dialog.returnValue = "";
@@ -792,7 +820,7 @@
     try {
       const data = await api("POST", `/dlq/${action}`, filter);
       status.textContent = `${data[BULK[action].done]} ${BULK[action].done}, ${data.remaining} still matching.`;
-      state.dirty.dead = true;
+      state.dirty.dead = state.dirty.causes = true;
       state.dirty.queues = true;
     } catch (err) {
       status.textContent = `${BULK[action].verb} failed: ${err.message}`;
@@ -830,6 +858,7 @@
     queues: { path: () => "/queues", apply: applyQueues, every: 5000, min: 1000 },
     workers: { path: () => "/workers", apply: applyWorkers, every: 3000, min: 1000 },
     dead: { path: () => "/dlq?limit=10", apply: applyDead, every: 10000, min: 1000 },
+    causes: { path: () => "/dlq/groups?limit=10", apply: applyCauses, every: 10000, min: 1000 },
     workflows: { path: () => "/workflows?limit=10", apply: applyWorkflows, every: 5000, min: 1000 },
     limits: { path: () => "/limits", apply: applyLimits, every: 5000, min: 1000 },
     history: { path: () => `/jobs/${state.historyId}`, apply: applyHistory, every: 0, min: 500 },

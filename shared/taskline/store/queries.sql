@@ -497,12 +497,12 @@ WITH input AS MATERIALIZED (
     RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, leases.lease_id,
               leases.attempt, leases.worker_id, leases.s
 ), dead AS (
-    INSERT INTO taskline.dead_letter_jobs (job_id, final_error, attempts, failed_at)
-    SELECT id, s ->> 'error', attempts, now() FROM changed
+    INSERT INTO taskline.dead_letter_jobs (job_id, final_error, fingerprint, attempts, failed_at)
+    SELECT id, s ->> 'error', s ->> 'fingerprint', attempts, now() FROM changed
     WHERE CAST(s ->> 'dead_letter' AS boolean)
     ON CONFLICT (job_id) DO UPDATE
-        SET final_error = EXCLUDED.final_error, attempts = EXCLUDED.attempts,
-            failed_at = EXCLUDED.failed_at
+        SET final_error = EXCLUDED.final_error, fingerprint = EXCLUDED.fingerprint,
+            attempts = EXCLUDED.attempts, failed_at = EXCLUDED.failed_at
 ), events AS (
     INSERT INTO taskline.job_events (job_id, attempt, event, worker_id, detail)
     SELECT id, attempt, s ->> 'event', worker_id, NULLIF(s -> 'detail', 'null'::jsonb)
@@ -644,7 +644,7 @@ SELECT * FROM changed;
 
 -- name: list_dead
 -- Dead-lettered jobs, newest failure first, paged by (failed_at, job_id).
-SELECT j.*, d.final_error, d.attempts AS dead_attempts, d.failed_at
+SELECT j.*, d.final_error, d.fingerprint, d.attempts AS dead_attempts, d.failed_at
 FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
 WHERE (CAST(:queue AS text) IS NULL OR j.queue = :queue)
   AND (CAST(:after_failed AS timestamptz) IS NULL
@@ -653,9 +653,9 @@ ORDER BY d.failed_at DESC, d.job_id DESC
 LIMIT :limit;
 
 -- name: requeue_dead_batch
--- Requeue up to :limit dead jobs matching the filter (:queue, :type, :ids; NULL matches all),
--- job ids above :after, in id order, skipping rows others hold: each with a fresh retry budget,
--- out of dead_letter_jobs, with its event. Re-checked under the row lock, so two concurrent
+-- Requeue up to :limit dead jobs matching the filter (:queue, :type, :ids, :fingerprint; NULL
+-- matches all), job ids above :after, in id order, skipping rows others hold: each with a fresh
+-- retry budget, out of dead_letter_jobs, with its event. Re-checked under the row lock, so two concurrent
 -- calls requeue each job once. Returns the requeued jobs.
 WITH picked AS (
     SELECT j.id FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
@@ -663,6 +663,7 @@ WITH picked AS (
       AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
       AND (CAST(:type AS text) IS NULL OR j.type = :type)
       AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])))
+      AND (CAST(:fingerprint AS text) IS NULL OR d.fingerprint = :fingerprint)
     ORDER BY d.job_id
     LIMIT :limit
     FOR UPDATE OF j SKIP LOCKED
@@ -691,6 +692,7 @@ WITH RECURSIVE picked AS (
       AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
       AND (CAST(:type AS text) IS NULL OR j.type = :type)
       AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])))
+      AND (CAST(:fingerprint AS text) IS NULL OR d.fingerprint = :fingerprint)
     ORDER BY d.job_id
     LIMIT :limit
     FOR UPDATE OF j SKIP LOCKED
@@ -719,7 +721,8 @@ SELECT count(*) AS n FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.
 WHERE j.status = 'dead'
   AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
   AND (CAST(:type AS text) IS NULL OR j.type = :type)
-  AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])));
+  AND (CAST(:ids AS uuid[]) IS NULL OR d.job_id = ANY(CAST(:ids AS uuid[])))
+  AND (CAST(:fingerprint AS text) IS NULL OR d.fingerprint = :fingerprint);
 
 -- name: promote_due
 -- Move due scheduled and retrying jobs to queued, oldest due first; skips rows others hold.
@@ -813,6 +816,37 @@ WHERE status IN ('queued', 'scheduled', 'retrying') AND id > :after AND updated_
                        WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue)))
 ORDER BY id
 LIMIT :limit;
+
+-- name: dlq_groups
+-- Dead jobs grouped by the fingerprint of their final error, most jobs first, at most :limit
+-- groups, optionally of one :queue: per group its count, first and last failure, its newest
+-- error as a sample, and its job types and queues (at most 20 each). Counted from
+-- dead_letter_jobs through its index on (fingerprint, failed_at); the rows a deploy of the
+-- earlier release dead-lettered without a fingerprint form one group, fingerprint NULL.
+WITH groups AS MATERIALIZED (
+    SELECT d.fingerprint, count(*) AS count, min(d.failed_at) AS first_seen,
+           max(d.failed_at) AS last_seen
+    FROM taskline.dead_letter_jobs d
+    WHERE CAST(:queue AS text) IS NULL
+       OR EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.id = d.job_id AND j.queue = :queue)
+    GROUP BY d.fingerprint
+    ORDER BY count(*) DESC, max(d.failed_at) DESC, d.fingerprint
+    LIMIT :limit
+)
+SELECT g.fingerprint, g.count, g.first_seen, g.last_seen, s.final_error AS sample_error,
+       k.types, k.queues
+FROM groups g
+CROSS JOIN LATERAL (
+    SELECT d.final_error FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
+    WHERE (d.fingerprint = g.fingerprint OR (g.fingerprint IS NULL AND d.fingerprint IS NULL))
+      AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)
+    ORDER BY d.failed_at DESC LIMIT 1) s
+CROSS JOIN LATERAL (
+    SELECT (array_agg(DISTINCT j.type))[1:20] AS types, (array_agg(DISTINCT j.queue))[1:20] AS queues
+    FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
+    WHERE (d.fingerprint = g.fingerprint OR (g.fingerprint IS NULL AND d.fingerprint IS NULL))
+      AND (CAST(:queue AS text) IS NULL OR j.queue = :queue)) k
+ORDER BY g.count DESC, g.last_seen DESC, g.fingerprint;
 
 -- name: dead_page
 -- One keyset page of dead jobs, for the DLQ list's reconciliation.

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from taskline import transitions
+from taskline.fingerprint import fingerprint
 from taskline.jobs import Status
 from taskline.transitions import Committed, Move, Transition
 
@@ -37,6 +38,7 @@ class Settlement:
                 "writes_result": move.writes_result, "writes_error": move.writes_error,
                 "delay_s": t.delay_s, "detail": dict(t.detail) if t.detail else None,
                 "refund": int(move.refunds_attempt), "dead_letter": move.dead_letter,
+                "fingerprint": fingerprint(t.error) if move.dead_letter else None,
                 "finishes": move.finishes, "lapsed": lapsed, "releases": self.releases}
 
 

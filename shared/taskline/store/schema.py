@@ -136,8 +136,13 @@ dead_letter_jobs = Table(
     Column("final_error", Text, nullable=True),
     Column("attempts", Integer, nullable=False),
     Column("failed_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # The cause of final_error (taskline.fingerprint): the DLQ's groups. NULL only on a row the
+    # earlier release dead-lettered during a rolling deploy (migration 0015).
+    Column("fingerprint", Text, nullable=True),
 )
 Index("dead_letter_jobs_failed", dead_letter_jobs.c.failed_at, dead_letter_jobs.c.job_id)
+Index("dead_letter_jobs_fingerprint", dead_letter_jobs.c.fingerprint,
+      dead_letter_jobs.c.failed_at)
 
 workers = Table(
     "workers",

@@ -131,10 +131,13 @@ class DeadFilter:
     queue: str | None = None
     type: str | None = None
     ids: tuple[uuid.UUID, ...] | None = None
+    fingerprint: str | None = None
+    """The cause (taskline.fingerprint) of their final error."""
 
     def params(self) -> dict[str, Any]:
         return {"queue": self.queue, "type": self.type,
-                "ids": None if self.ids is None else _uuid_array(self.ids)}
+                "ids": None if self.ids is None else _uuid_array(self.ids),
+                "fingerprint": self.fingerprint}
 
 
 @dataclass(frozen=True)
@@ -426,8 +429,14 @@ class Store:
         params = {"queue": queue, "limit": limit, "after_failed": after[0] if after else None,
                   "after_id": after[1] if after else None}
         return [{"job": Job.from_row(r), "final_error": r.final_error,
-                 "attempts": r.dead_attempts, "failed_at": r.failed_at}
+                 "fingerprint": r.fingerprint, "attempts": r.dead_attempts,
+                 "failed_at": r.failed_at}
                 for r in self._run("list_dead", params)]
+
+    def dlq_groups(self, *, queue: str | None, limit: int) -> list[dict]:
+        """Dead jobs grouped by the cause of their final error, most jobs first."""
+        return [dict(r._mapping) for r in self._run("dlq_groups", {"queue": queue,
+                                                                   "limit": limit})]
 
     def requeue_dead_batch(self, match: DeadFilter, after: uuid.UUID, limit: int,
                            actor: str | None = None,
