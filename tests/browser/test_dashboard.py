@@ -61,7 +61,8 @@ def api_port(settings: Settings, tmp_path: Path) -> Iterator[int]:
     with ExitStack() as stack:
         api = stack.enter_context(service(
             ["api", "--bind", f"127.0.0.1:{port}", "--workers", "1"], env, logs))
-        stack.enter_context(service(["worker", "--concurrency", "4"], env, logs))
+        stack.enter_context(service(["worker", "--concurrency", "4", "--metrics-port",
+                                     str(free_port())], env, logs))
         stack.enter_context(service(["maintenance"], env, logs))
         wait_for(lambda: ready(port) or api.poll() is not None, timeout=20, message="api up")
         assert api.poll() is None, f"taskline api exited; see {logs}"
@@ -131,6 +132,8 @@ def sign_in(page: Page, port: int) -> None:
 def test_flood_watch_requeue_and_history(api_port: int, page: Page) -> None:
     sign_in(page, api_port)
     expect(page.locator("#workers-body tr[data-worker]")).to_have_count(1)
+    # Which port its /metrics took, for an operator running several on one host.
+    expect(page.locator("#workers-body")).to_contain_text(" · metrics :")
 
     flood(page, FLOOD, failure_pct=0, duration_ms=100)
     seen = watch_succeeded(page, FLOOD)

@@ -454,6 +454,8 @@
       const name = document.createElement("span");
       name.textContent = `${w.hostname}:${w.pid}`;
       name.title = w.id;
+      // Several processes share a host: which port this one's /metrics took (null: off).
+      if (w.metrics_port) name.append(` · metrics :${w.metrics_port}`);
       const age = Number(w.heartbeat_age_s || 0);
       const beat = cell(`${age.toFixed(1)} s ago`, age > 10 ? "stale" : "");
       const meter = document.createElement("meter");
