@@ -27,14 +27,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from taskline.access import parse_quotas
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import QueueLimitReached
 from taskline.jobs import Job
 from taskline.metrics import LOOP_ERRORS, SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
+from taskline.quota import EnqueueQuotas
 from taskline.schedules import (
     CATCH_UP,
     MAX_SLOTS_PER_PASS,
     NO_SLOT,
+    QUOTA_CLIENT,
     Cron,
     InvalidSchedule,
     declared,
@@ -92,6 +95,10 @@ class Scheduler(Periodic):
         self._wait_s = TICK_S
         self._led_from: datetime | None = None
         """When this instance's current leadership began (PostgreSQL's clock, its first pass)."""
+        self._passed: dict[str, datetime] = {}
+        """Per schedule, the newest slot passed over by its client's quota (never fired)."""
+        quotas = parse_quotas(settings.enqueue_quotas)
+        self._quotas = EnqueueQuotas(settings.redis_url, quotas) if quotas else None
         for mode in CATCH_UP:  # 0, not "no data", on a dashboard before the first skip
             SCHEDULE_SKIPPED.labels(catch_up=mode)
 
@@ -106,6 +113,7 @@ class Scheduler(Periodic):
         """Not leading: the next pass to lead starts a new leadership (`_led_from`)."""
         self._led_from = None
         self._known.clear()
+        self._passed.clear()
 
     def run_once(self) -> SchedulerResult:
         if not self._declared:
@@ -164,22 +172,47 @@ class Scheduler(Periodic):
             log.error("schedule %s cannot be read: %s", row.name, err,
                       extra={"action": "scheduler", "schedule": row.name})
             return None
-        since = max(row.since, row.last_slot or row.since)
+        since = max(row.since, row.last_slot or row.since, self._passed.get(row.name, row.since))
         due = due_slots(cron, since, row.db_now, self._led_from or row.db_now, row.catch_up)
         if due.skipped:
             SCHEDULE_SKIPPED.labels(catch_up=row.catch_up).inc(due.skipped)
-        fired, last = 0, row.last_slot
-        for slot in due.slots:
+        fired, over, last, newest = self._fire_all(row, due.slots, pushes)
+        if last is None or len(due.slots) >= MAX_SLOTS_PER_PASS:  # re-read, or more due now
+            return SchedulerResult(fired, due.skipped + over, int(last is None)), row.db_now
+        next_slot = next_due(cron, max(since, last), row.db_now)
+        self._known[row.name] = _Known(row.revision, newest, next_slot)
+        return SchedulerResult(fired, due.skipped + over), next_slot
+
+    def _fire_all(self, row: ScheduleRow, slots: list[datetime], pushes: list[Committed]
+                  ) -> tuple[int, int, datetime | None, datetime | None]:
+        """Fire `slots` in order: (fired, passed over by the creator's quota, the last slot
+        judged or None when one was fired already (the schedule is re-read next pass), the
+        schedule's last fired slot)."""
+        fired = over = 0
+        last, newest = max(row.since, row.last_slot or row.since), row.last_slot
+        for slot in slots:
+            if not self._within_quota(row, slot):
+                over, last = over + 1, slot
+                self._passed[row.name] = slot
+                continue
             job = self._fire(row, slot)
-            if job is None:  # fired by another instance, or the schedule changed: re-read
-                return SchedulerResult(fired, due.skipped, 1), row.db_now
+            if job is None:  # fired by another instance, or the schedule changed
+                return fired, over, None, newest
             pushes.append(Committed(ENQUEUE, str(job.id), job.queue, job.priority))
-            fired, last = fired + 1, slot
-        if len(due.slots) >= MAX_SLOTS_PER_PASS:
-            return SchedulerResult(fired, due.skipped), row.db_now
-        next_slot = next_due(cron, max(since, last or since), row.db_now)
-        self._known[row.name] = _Known(row.revision, last, next_slot)
-        return SchedulerResult(fired, due.skipped), next_slot
+            fired, last, newest = fired + 1, slot, slot
+        return fired, over, last, newest
+
+    def _within_quota(self, row: ScheduleRow, slot: datetime) -> bool:
+        """Whether the enqueue quota of the client that wrote the schedule through the API
+        takes the slot's job (taskline.schedules.QUOTA_CLIENT; none for `@periodic`). A
+        slot it refuses is passed over, never fired: logged and counted as refused."""
+        client = row.job.get(QUOTA_CLIENT)
+        if self._quotas is None or client is None or self._quotas.take(client, 1).taken:
+            return True
+        log.warning("schedule slot passed over: its client's enqueue quota is used up", extra={
+            "action": "schedule_quota", "schedule": row.name, "client": client,
+            "scheduled_for": slot.isoformat()})
+        return False
 
     def _fire(self, row: ScheduleRow, slot: datetime) -> Job | None:
         """Enqueue the slot's job with the slot's record; None when it was fired already."""

@@ -1,10 +1,13 @@
 """The schedules blueprint: create or replace, read, list and remove periodic jobs.
 
 Invariant: a body is validated whole (taskline_producer.schedulespec) before any SQL runs, and
-a change and its audit record commit in one transaction. A name outside the name rule names
-no schedule: GET and DELETE answer 404 before any SQL. `next_runs` are computed from the
-stored definition in PostgreSQL's clock; a paused schedule has none. Removing a schedule
-leaves its jobs and the record of its fired slots where they are.
+a change and its audit record commit in one transaction; a creation that would make more than
+TASKLINE_MAX_SCHEDULES schedules rolls back (422; concurrent creations may pass it by at most
+their number). The schedule records the principal that wrote it, whose enqueue quota its
+slots' jobs count against (taskline.schedules.QUOTA_CLIENT); it is never shown. A name outside
+the name rule names no schedule: GET and DELETE answer 404 before any SQL. `next_runs` are
+computed from the stored definition in PostgreSQL's clock; a paused schedule has none.
+Removing a schedule leaves its jobs and the record of its fired slots where they are.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline.schedules import NO_SLOT, Cron, InvalidSchedule, next_due, valid_name
+from taskline.schedules import NO_SLOT, QUOTA_CLIENT, Cron, InvalidSchedule, next_due, valid_name
 from taskline.store.rows import ScheduleRow
-from taskline_producer import audit, paging
+from taskline_producer import audit, auth, paging
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
-from taskline_producer.errors import InvalidParameter, NotFound, ValidationFailed
+from taskline_producer.errors import ApiError, InvalidParameter, NotFound, ValidationFailed
 from taskline_producer.schedulespec import ScheduleSpec, parse_schedule
 from taskline_producer.shapes import plain
 
@@ -29,7 +32,8 @@ bp = Blueprint("schedules", __name__, url_prefix="/api/v1/schedules")
 
 def view(row: ScheduleRow) -> dict[str, Any]:
     """A schedule as the API shows it, with its next five slots."""
-    return {"name": row.name, "cron": row.cron, "timezone": row.timezone, "job": row.job,
+    job = {k: v for k, v in row.job.items() if k != QUOTA_CLIENT}
+    return {"name": row.name, "cron": row.cron, "timezone": row.timezone, "job": job,
             "paused": row.paused, "catch_up": row.catch_up, "next_runs": _next_runs(row),
             "last_slot": plain(row.last_slot), "last_job_id": plain(row.last_job_id),
             "created_at": plain(row.created_at), "updated_at": plain(row.updated_at)}
@@ -57,8 +61,12 @@ def put_schedule(name: str) -> Response:
         raise ValidationFailed(details=[e.to_dict() for e in spec])
     with b.store.transaction() as conn:
         row, created = b.store.upsert_schedule(
-            name=spec.name, cron=spec.cron, timezone=spec.timezone, job=spec.job,
+            name=spec.name, cron=spec.cron, timezone=spec.timezone, job=_owned(spec.job),
             paused=spec.paused, catch_up=spec.catch_up, conn=conn)
+        if created and b.store.count_schedules(conn) > b.settings.max_schedules:
+            raise ScheduleLimit(f"there are {b.settings.max_schedules} schedules already "
+                                "(TASKLINE_MAX_SCHEDULES); remove one first",
+                                {"limit": b.settings.max_schedules})
         audit.record_in(conn, "schedule.create" if created else "schedule.replace", spec.name,
                         {"cron": spec.cron, "timezone": spec.timezone,
                          "paused": spec.paused, "catch_up": spec.catch_up,
@@ -67,6 +75,20 @@ def put_schedule(name: str) -> Response:
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/api/v1/schedules/{spec.name}"
     return response
+
+
+class ScheduleLimit(ApiError):
+    """Creating one more schedule would pass TASKLINE_MAX_SCHEDULES."""
+
+    status = 422
+    code = "schedule_limit"
+
+
+def _owned(job: dict[str, Any]) -> dict[str, Any]:
+    """The job to store: its slots' jobs count against the quota of the calling principal
+    (taskline.schedules.QUOTA_CLIENT), when it has a name."""
+    client = auth.principal().name
+    return job if client is None else {**job, QUOTA_CLIENT: client}
 
 
 @bp.get("/<name>")

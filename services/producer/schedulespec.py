@@ -1,6 +1,7 @@
 """Schedule specs: a PUT /api/v1/schedules/{name} body turned into a validated spec or errors.
 
 Invariant: a ScheduleSpec holds a cron expression and time zone taskline.schedules can read,
+whose slots are at least TASKLINE_MIN_SCHEDULE_PERIOD_S apart (judged over its next slots),
 `catch_up` latest or none, and a job body validated by taskline.schedules.schedule_job (the
 rules of POST /api/v1/jobs minus what a slot decides for itself), which `@periodic`
 declarations go through too. No I/O happens here.
@@ -9,6 +10,7 @@ declarations go through too. No I/O happens here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from taskline.jobspec import FieldError
@@ -18,6 +20,7 @@ from taskline.schedules import (
     Cron,
     InvalidSchedule,
     schedule_job,
+    too_frequent,
     valid_name,
 )
 from taskline.settings import Settings
@@ -44,6 +47,12 @@ def parse_schedule(name: str, body: object, settings: Settings) -> ScheduleSpec 
     if not valid_name(name):
         errors.append(FieldError("name", f"must be {NAME_RULE}"))
     cron, cron_errors = _cron(body)
+    if cron is not None:
+        gap = too_frequent(cron, datetime.now(UTC), settings.min_schedule_period_s)
+        if gap is not None:
+            cron_errors.append(FieldError("cron", (
+                f"fires {gap:g} s apart at times; at least "
+                f"{settings.min_schedule_period_s:g} s (TASKLINE_MIN_SCHEDULE_PERIOD_S)")))
     job, job_errors = schedule_job(body.get("job"), settings)
     errors += cron_errors + job_errors
     paused = body.get("paused", False)

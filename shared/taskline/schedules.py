@@ -188,6 +188,36 @@ def missed(cron: Cron, since: datetime, fired: datetime) -> int:
     return count
 
 
+PERIOD_SAMPLE = 200
+"""Slots read to judge a cron expression's shortest period (TASKLINE_MIN_SCHEDULE_PERIOD_S)."""
+
+
+def too_frequent(cron: Cron, after: datetime, min_period_s: float) -> float | None:
+    """The shortest gap, in seconds, between two of the PERIOD_SAMPLE slots after `after` when
+    it is shorter than `min_period_s`; None when none is (slots are whole seconds apart, so a
+    minimum of 1 s holds for every expression and nothing is read)."""
+    if min_period_s <= 1:
+        return None
+    slots = cron.after(after)
+    try:
+        previous = next(slots)
+        for _ in range(PERIOD_SAMPLE - 1):
+            slot = next(slots)
+            gap = (slot - previous).total_seconds()
+            if gap < min_period_s:
+                return gap
+            previous = slot
+    except NO_SLOT:  # slots years apart: croniter gives up before it finds the next one
+        return None
+    return None
+
+
+QUOTA_CLIENT = "quota_client"
+"""The key of a schedule's stored job naming the client whose enqueue quota its slots' jobs
+count against: the principal that created or last replaced it through the API. Declarations
+in code (`@periodic`) have none, and their jobs count against no quota."""
+
+
 def next_due(cron: Cron, since: datetime, now: datetime) -> datetime:
     """The first slot after both `since` and `now`: nothing is due before it."""
     return next(cron.after(max(since, now)))
@@ -227,7 +257,11 @@ def declared(name: str, spec: dict[str, Any], settings: Settings) -> dict[str, A
     wrong."""
     if not valid_name(name):
         raise InvalidSchedule(f"schedule name {name!r}: must be {NAME_RULE}")
-    Cron.parse(spec["cron"], spec["timezone"])
+    cron = Cron.parse(spec["cron"], spec["timezone"])
+    gap = too_frequent(cron, datetime.now(UTC), settings.min_schedule_period_s)
+    if gap is not None:
+        raise InvalidSchedule(f"schedule {name}: slots {gap:g} s apart, less than "
+                              f"TASKLINE_MIN_SCHEDULE_PERIOD_S={settings.min_schedule_period_s:g}")
     if spec["catch_up"] not in CATCH_UP:
         raise InvalidSchedule(f"schedule {name}: catch_up must be latest or none")
     job, errors = schedule_job(spec["job"], settings)

@@ -1210,6 +1210,10 @@ WHERE CAST(:after AS text) IS NULL OR name > :after
 ORDER BY name
 LIMIT :limit;
 
+-- name: count_schedules
+-- How many schedules there are (TASKLINE_MAX_SCHEDULES), as the caller's transaction sees them.
+SELECT count(*) AS n FROM taskline.schedules;
+
 -- name: delete_schedule
 -- Remove a schedule; its fired slots keep their record and its jobs stay. Returns it if removed.
 DELETE FROM taskline.schedules WHERE name = :name RETURNING name;

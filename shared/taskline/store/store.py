@@ -480,6 +480,9 @@ class Store:
         return [ScheduleRow.from_row(r)
                 for r in self._run("list_schedules", {"after": after, "limit": limit})]
 
+    def count_schedules(self, conn: Connection | None = None) -> int:
+        return int(self._run("count_schedules", {}, conn)[0].n)
+
     def delete_schedule(self, name: str, conn: Connection | None = None) -> bool:
         return bool(self._run("delete_schedule", {"name": name}, conn))
 
