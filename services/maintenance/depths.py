@@ -4,7 +4,9 @@ Invariant: exactly one process exports the depth gauges at a time, so Prometheus
 duplicates: workers and the API never set them, and a maintenance instance clears them as soon
 as it is not the leader. Depths are read from Redis (what is dispatchable now), the age of the
 oldest queued job, the outbox relay's backlog and the live-worker count from PostgreSQL (in
-its own clock).
+its own clock). The Redis depths of every queue are read together (Dispatcher.depths_of: one
+walk of the keyspace and one pipeline), so a pass costs the keys and the pending jobs, not one
+round of Redis calls per queue name.
 
 Interval: every `TASKLINE_REAPER_INTERVAL_S` seconds (5 by default), as often as the reaper.
 """
@@ -85,7 +87,8 @@ class DepthGauges(Periodic):
         for q in sorted(set(waiting) | set(queues)):
             if valid_queue_name(q):
                 WAITING_DEPTH.labels(queue=self.queue_label(q)).set(waiting.get(q, 0))
-        totals = [self._export(q, oldest.get(q, 0.0)) for q in queues]
+        depths = self.dispatcher.depths_of(queues)  # a few round trips for every queue
+        totals = [self._export(q, depths[q], oldest.get(q, 0.0)) for q in queues]
         pending, oldest_owed_s = self.store.outbox_backlog()
         OUTBOX_PENDING.set(pending)
         OUTBOX_OLDEST.set(oldest_owed_s)
@@ -96,8 +99,8 @@ class DepthGauges(Periodic):
         log.debug("depth gauges updated", extra={"action": "depths", "queues": len(queues)})
         return result
 
-    def _export(self, queue: str, oldest_s: float) -> tuple[int, int, int, int, int]:
-        depths = self.dispatcher.depths(queue)
+    def _export(self, queue: str, depths: dict[str, object],
+                oldest_s: float) -> tuple[int, int, int, int, int]:
         label = self.queue_label(queue)
         ready: dict[int, int] = depths["ready"]  # type: ignore[assignment]
         for priority, n in ready.items():

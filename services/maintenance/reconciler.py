@@ -223,6 +223,8 @@ class Reconciler(Periodic):
         self.queue_label = queues or LabelGuard()
         self._stop = threading.Event()
         self._passing = threading.Lock()  # the periodic pass and a rebuild never overlap
+        self._lists: dict[str, list[str]] = {}
+        """The pass's processing lists per queue (Dispatcher.processing_lists_of)."""
 
     @property
     def interval_s(self) -> float:
@@ -280,12 +282,22 @@ class Reconciler(Periodic):
         return result
 
     def _queues(self) -> list[str]:
-        names = set(self.store.pending_queues()) | self.dispatcher.known_queues()
+        """The queues to snapshot: those holding pending jobs in PostgreSQL, and those Redis
+        knows that hold anything there. A queue known to Redis but empty in both costs only
+        its share of one pipeline (a queue found later, among the dead jobs, is snapshotted
+        then), so a pass grows with the jobs, not with every queue name ever used."""
+        pending = set(self.store.pending_queues())
+        names = pending | self.dispatcher.known_queues()
         invalid = sorted(n for n in names if not valid_queue_name(n))
         if invalid:
             log.warning("ignoring invalid queue names found in Redis: %s", invalid[:10],
                         extra={"action": "reconcile"})
-        return sorted(n for n in names if valid_queue_name(n))
+        valid = sorted(n for n in names if valid_queue_name(n))
+        self._lists = self.dispatcher.processing_lists_of(valid)
+        idle = [q for q in valid if q not in pending and not self._lists[q]]
+        depths = self.dispatcher.depths_of(idle, self._lists)
+        empty = {q for q, d in depths.items() if not _holds_any(d)}
+        return [q for q in valid if q not in empty]
 
     # --- a. snapshot ---------------------------------------------------------------------
 
@@ -295,12 +307,18 @@ class Reconciler(Periodic):
             return snaps[queue]
         snap = snaps[queue] = _Snapshot(QueueKeys(queue), token)
         keys = snap.keys
-        processing = self.dispatcher.processing_lists(queue)
+        processing = self._processing_lists(queue)
         for dest, sources in ((snap.ready, [*keys.ready_by_urgency, *processing]),
                               (snap.delayed, [keys.retry, keys.scheduled]),
                               (snap.dlq, [keys.dlq])):
             snap.sizes[dest] = self.dispatcher.snapshot(dest, sources, SNAPSHOT_TTL_S)
         return snap
+
+    def _processing_lists(self, queue: str) -> list[str]:
+        """A queue's processing lists, as found for every queue at the pass's start."""
+        if queue not in self._lists:
+            self._lists[queue] = self.dispatcher.processing_lists(queue)
+        return self._lists[queue]
 
     # --- b. missing ----------------------------------------------------------------------
 
@@ -403,7 +421,7 @@ class Reconciler(Periodic):
         suspects: list[_Suspect] = []
         for queue in queues:
             keys = QueueKeys(queue)
-            lists = self.dispatcher.processing_lists(queue)
+            lists = self._processing_lists(queue)
             for key in lists:
                 suspects += self._check_processing(keys, key, tally)
             # Workers whose list is gone (emptied) leave the registry; a fetch adds them back.
@@ -440,6 +458,13 @@ class Reconciler(Periodic):
                 log.warning("stranded id returned to ready", extra={
                     "action": "reconcile", "job_id": s.job_id, "queue": s.queue,
                     "worker": s.owner})
+
+
+def _holds_any(depths: dict[str, object]) -> bool:
+    """Whether a queue's Redis structures hold anything (Dispatcher.depths)."""
+    ready: dict[int, int] = depths["ready"]  # type: ignore[assignment]
+    return bool(sum(ready.values()) or depths["processing"] or depths["retry"]
+                or depths["scheduled"] or depths["dlq"])
 
 
 def _by_queue(rows: Sequence) -> dict[str, list]:

@@ -96,6 +96,6 @@ QUEUE_PAGE = 100
 def _depths(dispatcher: Any, names: list[str]) -> dict[str, Any] | None:
     """Redis depths of the queues `names`; None when Redis stops answering."""
     try:
-        return {name: dispatcher.depths(name) for name in names}
+        return dispatcher.depths_of(names)
     except DispatchUnavailable:
         return None

@@ -235,3 +235,19 @@ def test_wait_and_fetch_after_a_script_flush_still_fetches_in_that_call(private_
         assert dispatcher.client.script_exists(dispatcher._scripts["fetch"].sha) == [True]
     finally:
         dispatcher.close()
+
+
+def test_depths_of_many_queues_equal_each_one_s_depths(dispatcher: Dispatcher):
+    dispatcher.push([("default", 9, j) for j in ids(2)] + [("mail", 3, j) for j in ids(3)])
+    dispatcher.fetch("default", "w1", 1)
+    dispatcher.fetch("mail", "w2", 2)
+    dispatcher.schedule("mail", "x", 5)
+    # A processing list of a worker the registry does not know (fetched before it registered):
+    dispatcher.client.rpush(QueueKeys("mail").processing("w-unregistered"), "y")
+    queues = ["default", "mail", "empty"]
+    assert dispatcher.processing_lists_of(queues) == {
+        q: dispatcher.processing_lists(q) for q in queues}
+    assert dispatcher.processing_lists_of(queues)["mail"] == [
+        QueueKeys("mail").processing("w-unregistered"), QueueKeys("mail").processing("w2")]
+    assert dispatcher.depths_of(queues) == {q: dispatcher.depths(q) for q in queues}
+    assert dispatcher.depths_of(queues)["mail"]["processing"] == 3

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.dispatch.keys import QueueKeys
+from taskline.dispatch.keys import QUEUES_SET, QueueKeys
 from taskline.jobs import Job
 from taskline.store.store import Store
 from taskline_maintenance.reconciler import Reconciler
@@ -234,3 +234,22 @@ def test_a_cancelled_jobs_ready_entry_is_stale_not_drift(store, dispatcher, sett
     assert all_ready(dispatcher, DEFAULT) == []
     after = REGISTRY.get_sample_value("reconciliation_stale_ids_total", {"queue": "default"})
     assert after == (before or 0) + 1
+
+
+def test_a_pass_skips_queue_names_empty_in_redis_and_postgresql(store, dispatcher, settings):
+    # Names left in Redis's queue registry by queues long drained: 300 of them, all empty.
+    dispatcher.client.sadd(QUEUES_SET, *(f"drained-{i:03}" for i in range(300)))
+    stale = str(uuid.uuid4())  # an id of no job, left in a ready list of a queue Redis knows
+    dispatcher.push([("leftover", 5, stale)])
+    snapshotted: list[str] = []
+    real = dispatcher.snapshot
+
+    def recording(dest: str, sources: list[str], ttl_s: int) -> int:
+        snapshotted.append(dest)
+        return real(dest, sources, ttl_s)
+
+    dispatcher.snapshot = recording  # type: ignore[method-assign]
+    result = reconciler(store, dispatcher, settings).run_once()
+    assert result.corrupted.get("ready") == 1
+    assert all_ready(dispatcher, QueueKeys("leftover")) == []
+    assert snapshotted and not any("drained-" in key for key in snapshotted)

@@ -31,7 +31,14 @@ from taskline.dispatch.connection import (
     make_client,
     translate_errors,
 )
-from taskline.dispatch.keys import DISPATCH_MARKER, QUEUES_SET, QueueKeys, worker_key
+from taskline.dispatch.keys import (
+    DISPATCH_MARKER,
+    PREFIX,
+    PROCESSING_PATTERN,
+    QUEUES_SET,
+    QueueKeys,
+    worker_key,
+)
 from taskline.dispatch.waits import QueueWaits
 from taskline.errors import DispatchUnavailable
 from taskline.transitions import Committed
@@ -504,6 +511,47 @@ class Dispatcher:
         ready = dict(zip(range(9, -1, -1), values[:10], strict=True))
         return {"ready": ready, "processing": sum(values[10:10 + len(processing)]),
                 "retry": values[-3], "scheduled": values[-2], "dlq": values[-1]}
+
+    def processing_lists_of(self, queues: Sequence[str]) -> dict[str, list[str]]:
+        """`processing_lists` of many queues at once: their holders in one pipeline and, on a
+        single Redis, one SCAN for all of them, so the cost grows with the keys, not with
+        the queues times the keys."""
+        found: dict[str, set[str]] = {}
+        with self._guard():
+            with self.client.pipeline(transaction=False) as pipe:
+                for queue in queues:
+                    pipe.smembers(QueueKeys(queue).holders)
+                for queue, holders in zip(queues, pipe.execute(), strict=True):
+                    found[queue] = {QueueKeys(queue).processing(w) for w in holders}
+            if not self.cluster:
+                for key in self.client.scan_iter(match=PROCESSING_PATTERN, count=1000):
+                    queue = key[len(PREFIX) + 2:key.find("}:processing:")]
+                    if queue in found:
+                        found[queue].add(key)
+        return {queue: sorted(keys) for queue, keys in found.items()}
+
+    def depths_of(self, queues: Sequence[str], lists: dict[str, list[str]] | None = None
+                  ) -> dict[str, dict[str, object]]:
+        """`depths` of many queues in a few round trips, whatever their number (`lists`: their
+        processing_lists_of, when the caller has them)."""
+        queues = list(queues)
+        lists = self.processing_lists_of(queues) if lists is None else lists
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                keys = QueueKeys(queue)
+                for key in [*keys.ready_by_urgency, *lists[queue]]:
+                    pipe.llen(key)
+                pipe.zcard(keys.retry)
+                pipe.zcard(keys.scheduled)
+                pipe.llen(keys.dlq)
+            values = iter(pipe.execute())
+        out: dict[str, dict[str, object]] = {}
+        for queue in queues:
+            ready = {p: next(values) for p in range(9, -1, -1)}
+            processing = sum(next(values) for _ in lists[queue])
+            out[queue] = {"ready": ready, "processing": processing, "retry": next(values),
+                          "scheduled": next(values), "dlq": next(values)}
+        return out
 
     def ping(self) -> None:
         with self._guard():

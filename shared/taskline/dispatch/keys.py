@@ -14,6 +14,8 @@ from taskline.jobs import MAX_PRIORITY, MIN_PRIORITY
 PREFIX = "taskline"
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 QUEUES_SET = f"{PREFIX}:queues"
+PROCESSING_PATTERN = f"{PREFIX}:{{*}}:processing:*"
+"""Every queue's processing lists (QueueKeys.processing): one SCAN finds those of all queues."""
 DISPATCH_MARKER = f"{PREFIX}:dispatch:rebuilt"
 """`<writer token>:<epoch ms>`: the ready lists hold every job queued in PostgreSQL as of that
 instant (PostgreSQL's clock). Written last by the rebuild after Redis returns, then renewed by
