@@ -25,6 +25,7 @@ from taskline.settings import Settings
 from taskline.startup import Readiness
 from taskline.store.store import Store
 from taskline_maintenance.audit_retention import AuditRetention
+from taskline_maintenance.auditor import Auditor
 from taskline_maintenance.depths import DepthGauges
 from taskline_maintenance.leader import Leader, leader_ttl
 from taskline_maintenance.limits import LimitGauges
@@ -58,6 +59,7 @@ class Maintenance:
         self.pauses = PauseMarkers(store, dispatcher, queues=queues)
         self.limits = LimitGauges(store, settings)
         self.audit_retention = AuditRetention(store, settings)
+        self.auditor = Auditor(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
         self.retention = Retention(store, dispatcher, settings, active=self.leader.holds)
         # The @periodic declarations of the handler modules loaded so far (type_labels).
@@ -74,6 +76,7 @@ class Maintenance:
                                 ("depths", self.depths), ("pauses", self.pauses),
                                 ("limits", self.limits),
                                 ("audit_retention", self.audit_retention),
+                                ("audit", self.auditor),
                                 ("retention", self.retention),
                                 ("scheduler", self.scheduler), ("outbox", self.outbox)):
             self._spawn(name, lambda c=component: c.run(self._stop, self.leader.holds))

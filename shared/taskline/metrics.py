@@ -101,6 +101,10 @@ LIMIT_CONCURRENCY = Gauge("taskline_limit_concurrency", "A scope's concurrency l
                           ["scope"], multiprocess_mode="livemax")
 LIMIT_RATE = Gauge("taskline_limit_rate", "A scope's rate limit (starts per period)",
                    ["scope"], multiprocess_mode="livemax")
+# The audit of the recorded history (maintenance's leader, every TASKLINE_AUDIT_INTERVAL_S).
+AUDIT_VIOLATIONS = Gauge("taskline_audit_violations",
+                         "Violations of an invariant found by the newest audit pass",
+                         ["rule"], multiprocess_mode="livemax")
 # Retention (maintenance only; `status` is succeeded, cancelled or dead). The retention gauge
 # carries the setting so an alert can compare the oldest age with it.
 RETENTION_DELETED = Counter("taskline_retention_deleted_total",

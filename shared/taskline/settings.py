@@ -125,6 +125,9 @@ class Settings:
     """Per-client enqueue quotas, `client=N/s` (or /m, /h) by token name or JWT `sub`."""
     retain_audit_s: int = 31_536_000
     """Whole seconds audit records are kept (365 days); 0 keeps them forever."""
+    audit_interval_s: float = 0.0
+    """Seconds between maintenance's audits of the last day of recorded history (the rules of
+    `taskline audit verify`, metric taskline_audit_violations); 0 (default): never."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -182,6 +185,7 @@ class Settings:
             (0 <= self.claim_batch <= 1000, "TASKLINE_CLAIM_BATCH must be 0..1000"),
             (0 <= self.jwt_leeway_s <= 300, "TASKLINE_JWT_LEEWAY_S must be 0..300"),
             (self.retain_audit_s >= 0, "TASKLINE_RETAIN_AUDIT_S must be >= 0"),
+            (self.audit_interval_s >= 0, "TASKLINE_AUDIT_INTERVAL_S must be >= 0 (0 = off)"),
             (all(map(allowed_host_entry, self.allowed_hosts)),
              "TASKLINE_ALLOWED_HOSTS holds host names (no scheme, port or path), IP literals "
              "or *, comma-separated"),

@@ -49,7 +49,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from taskline.audit_verify import verify
 from taskline.dispatch.keys import QUEUES_SET, QueueKeys
+from taskline.store.history import HistoryReader
+from taskline.store.store import make_engine
 from tests.faults.cluster import Cluster
 from tests.faults.history import History
 from tests.faults.workflowcheck import workflow_violations
@@ -188,6 +191,7 @@ class Checker:
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
         result.violations += workflow_violations(self._query, snap)
         result.violations += self.schedule_violations()
+        result.violations += self.audit_violations()
         if not self.redis_gone:
             result.violations += self.redis_violations()
         result.stale = stale_rejections(self.cluster.log_events(("worker",)))
@@ -285,6 +289,19 @@ class Checker:
         fired = [r for r in self.cluster.log_events(("maintenance",))
                  if r.get("action") == FIRED_ACTION]
         return slot_violations(jobs, slots, fired)
+
+    # --- the product's own audit --------------------------------------------------------
+
+    def audit_violations(self) -> list[str]:
+        """`taskline audit verify` over this history (taskline.audit_verify, the product's
+        rules, the lifecycle by its own table): it must find nothing where the checker, with
+        its own model, finds nothing; a false alarm of the audit is a violation too."""
+        engine = make_engine(self.url, pool_size=1, max_overflow=0)
+        try:
+            reader = HistoryReader(engine, self.cluster.settings.schema)
+            return [f"audit: {v.line()}" for v in verify(reader)][:50]
+        finally:
+            engine.dispose()
 
     # --- Redis ---------------------------------------------------------------------------
 

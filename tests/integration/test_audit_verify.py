@@ -10,12 +10,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from taskline.audit_verify import verify
 from taskline.store.history import HistoryReader
 from taskline.workflows import StepJob, StepSpec, insert_workflow
 from taskline_cli.main import main
+from taskline_maintenance.auditor import Auditor
 from taskline_maintenance.promoter import Promoter
 from tests.helpers import enqueue, succeed, wait_for
 from tests.integration.worker_handlers import running_worker
@@ -220,3 +222,23 @@ def test_a_bad_since_is_a_usage_error(since, capsys):
     with pytest.raises(SystemExit) as exited:
         main(["audit", "verify", "--since", since])
     assert exited.value.code == 2
+
+
+def test_maintenance_audits_the_last_day_when_asked(store, dispatcher, settings):
+    def gauge(rule: str) -> float | None:
+        return REGISTRY.get_sample_value("taskline_audit_violations", {"rule": rule})
+
+    job_id = run_one(store, dispatcher)
+    assert Auditor(store, settings).run_once().jobs == 0  # TASKLINE_AUDIT_INTERVAL_S 0: off
+    auditor = Auditor(store, settings.replace(audit_interval_s=60.0))
+    assert auditor.run_once().violations == {}
+    assert [gauge(rule) for rule in ("lease_overlap", "illegal_sequence")] == [0.0, 0.0]
+    sql(store, "INSERT INTO taskline.job_events (job_id, attempt, event) "
+               "VALUES (:id, 1, 'promoted')", id=job_id)
+    result = auditor.run_once()
+    assert (result.jobs, dict(result.violations)) == (1, {"illegal_sequence": 1})
+    assert gauge("illegal_sequence") == 1.0
+    sql(store, "UPDATE taskline.jobs SET created_at = now() - interval '2 days' WHERE id = :id",
+        id=job_id)
+    assert auditor.run_once().jobs == 0  # older than the day a pass looks at
+    assert gauge("illegal_sequence") == 0.0

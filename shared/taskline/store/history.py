@@ -48,6 +48,11 @@ class HistoryReader:
         return self.engine.connect().execution_options(
             isolation_level="REPEATABLE READ", postgresql_readonly=True)
 
+    def now(self) -> datetime:
+        """PostgreSQL's time, which every recorded instant is in."""
+        with translate_errors(), self.engine.connect() as conn:
+            return self._run(conn, "database_now")[0].now
+
     def pages(self, since: datetime | None, size: int) -> Iterator[Page]:
         """Pages of up to `size` jobs created since `since`, oldest first."""
         after: tuple[datetime, str] = (since or FAR_PAST, NIL)
