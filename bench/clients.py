@@ -87,6 +87,9 @@ def post_concurrently(base: str, path: str, body: Any, requests: int, clients: i
     """Seconds for `clients` processes to POST `body` `requests` times in all; each first
     posts `warmup` requests before the clock starts, which are not counted. `on_ready` runs
     once every client is connected and warmed up, before the clock starts."""
+    if requests % clients:
+        # A remainder would be posted by no one, and a drain would wait for it for ever.
+        raise ValueError(f"{requests} requests do not share evenly among {clients} clients")
     data = json.dumps(body, separators=(",", ":")).encode()
     share = requests // clients
     elapsed, finished = run_together(_client, (base, path, data, share, warmup), clients,

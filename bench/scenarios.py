@@ -80,7 +80,7 @@ def _backlog(stack: Stack, jobs: int, failing_per_1000: int = 0,
     batches = jobs // 1000
     with stack.api() as base:  # one client when one batch: two would share it as 0 and 0
         post_concurrently(base, "/api/v1/jobs/batch", {"jobs": batch}, batches,
-                          min(2, batches))
+                          2 if batches % 2 == 0 else 1)
 
 
 def steady_rate(stack: Stack) -> float:
