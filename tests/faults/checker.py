@@ -20,7 +20,9 @@ PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After.
 limit in `flow_limits` (scope `type:<t>` or `queue:<q>`, per `limit_key` when `per_key`), judged
 from `job_leases` alone: at no instant were more leases of the scope open (from `leased_at`
 until `released_at`) than its `concurrency`, and no sliding window of `period_s` holds more
-`leased_at` than its `rate_limit`.
+`leased_at` than its `rate_limit`. Last, the product's own audit (`taskline audit verify`,
+taskline.audit_verify, which judges the lifecycle by the product's table) must find nothing
+either: a false alarm of the audit fails a scenario as a real violation does.
 
 Retention deletes finished jobs, so an acknowledged job may be absent. It counts as `expired`
 (an ok outcome) only when maintenance's log records its deletion (`action: expired`, with the
