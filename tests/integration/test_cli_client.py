@@ -167,12 +167,13 @@ def test_cancel(api_url: str) -> None:
 
 def test_workers_and_queues_tables(api_url: str, store: Store) -> None:
     taskline("enqueue", "echo", "--queue", "reports", url=api_url)
-    store.upsert_worker(WORKER, "host-a", 4242, ["reports", "mail"], 3)
+    store.upsert_worker(WORKER, "host-a", 4242, ["reports", "mail"], 3, metrics_port=9107)
     workers = taskline("workers", url=api_url)
     assert workers.returncode == 0, workers.stderr
     header, row = workers.stdout.splitlines()
     assert header.split()[:4] == ["ID", "HOST", "PID", "QUEUES"]
     assert row.split()[:5] == [WORKER, "host-a", "4242", "reports,mail", "3"]
+    assert "METRICS PORT" in header and "9107" in row.split()
     queues = taskline("queues", url=api_url)
     assert queues.returncode == 0, queues.stderr
     rows = [line.split() for line in queues.stdout.splitlines()]
