@@ -27,14 +27,22 @@ over): short, so a failover in a test takes about a second or two."""
 READY_TIMEOUT_S = 60.0
 
 
+def distinct_free_ports(n: int) -> list[int]:
+    """`n` different ports nothing listens on now."""
+    ports: set[int] = set()
+    while len(ports) < n:
+        ports.add(free_port())
+    return sorted(ports)
+
+
 class ClusterNode(PrivateRedis):
     """One node of the cluster: cluster mode on, its own bus port, no persistence."""
 
     name = "redis-cluster-node"
 
-    def __init__(self, workdir: Path) -> None:
-        super().__init__(workdir)
-        self.bus_port = free_port()
+    def __init__(self, workdir: Path, port: int, bus_port: int) -> None:
+        super().__init__(workdir, port=port)
+        self.bus_port = bus_port
 
     def _argv(self) -> list[str]:
         return [*super()._argv(), "--cluster-enabled", "yes", "--cluster-port",
@@ -58,7 +66,10 @@ class RedisClusterServers:
     """The cluster: start, flush, fail a master over, stop (only its own nodes)."""
 
     def __init__(self, root: Path, masters: int = 3, replicas: int = 1) -> None:
-        self.nodes = [ClusterNode(root / f"node{i}") for i in range(masters * (1 + replicas))]
+        count = masters * (1 + replicas)
+        ports = distinct_free_ports(2 * count)  # a bus port taken by a node to come hangs it
+        self.nodes = [ClusterNode(root / f"node{i}", ports[2 * i], ports[2 * i + 1])
+                      for i in range(count)]
         self.replicas = replicas
 
     @property
