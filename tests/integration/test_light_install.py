@@ -135,7 +135,9 @@ def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
 
 def test_worker_maintenance_enqueue_and_clients(light: Path, settings: Settings, store: Store,
                                                 api_url: str, tmp_path: Path) -> None:
-    env = light_env(settings, TASKLINE_METRICS_PORT=str(free_port()))
+    # Tracing asked for without the otel extra: the processes say so and run untraced.
+    env = light_env(settings, TASKLINE_METRICS_PORT=str(free_port()),
+                    OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318")
     with light_service(light, ["worker"], env, tmp_path / "worker.log") as worker, \
             light_service(light, ["maintenance"], env, tmp_path / "maintenance.log") as maint:
         script = tmp_path / "enqueue.py"
@@ -149,4 +151,5 @@ def test_worker_maintenance_enqueue_and_clients(light: Path, settings: Settings,
         assert [store.get_job(i).result["via"] for i in ids] == [
             "library", "aenqueue", "AsyncClient", "Client"]
         assert worker.poll() is None and maint.poll() is None, f"see {tmp_path}"
+    assert "pip install 'taskline[otel]'" in (tmp_path / "worker.log").read_text()
 
