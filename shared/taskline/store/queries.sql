@@ -50,13 +50,16 @@ WITH input AS MATERIALIZED (
                               timeout_s, run_at, delay_s, idempotency_key, request_hash,
                               trace_context, actor, limit_key, ord)
 ), fresh AS MATERIALIZED (
-    -- The queue limit (TASKLINE_MAX_QUEUES: a job for one queue more than :max_queues
-    -- holding unfinished jobs is refused, and nothing of the input is written): the input's queues without a queued or running
-    -- job (a probe of jobs_claimable, and of the few running jobs) are the only ones that may
-    -- add a queue, so only then are the queues holding unfinished jobs counted.
-    SELECT DISTINCT t.queue FROM input t
-    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued')
-      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running')
+    -- The queue limit (TASKLINE_MAX_QUEUES): a job for one queue more than :max_queues holding
+    -- unfinished jobs is refused, and nothing of the input is written. Only the input's queues
+    -- without a queued or running job (a probe of jobs_claimable, and of the few running jobs)
+    -- may add a queue, so only then are the queues holding unfinished jobs counted. OFFSET 0
+    -- keeps each probe a lookup per queue: as an anti-join it could hash every queued job.
+    SELECT t.queue FROM (SELECT DISTINCT queue FROM input OFFSET 0) t  -- each queue once
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued'
+                      OFFSET 0)
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
+                      OFFSET 0)
 ), refused AS MATERIALIZED (
     SELECT f.queues
     FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
@@ -106,12 +109,13 @@ WITH input AS MATERIALIZED (
          WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
                               run_at, delay_s, idempotency_key, request_hash, limit_key, ord)
 ), fresh AS MATERIALIZED (
-    -- The queue limit (as in insert_jobs_with_events): the input's queues without a queued or running
-    -- job (a probe of jobs_claimable, and of the few running jobs) are the only ones that may
-    -- add a queue, so only then are the queues holding unfinished jobs counted.
-    SELECT DISTINCT t.queue FROM input t
-    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued')
-      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running')
+    -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
+    -- queued or running job may add a queue, so only then are the queues counted.
+    SELECT t.queue FROM (SELECT DISTINCT queue FROM input OFFSET 0) t  -- each queue once
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued'
+                      OFFSET 0)
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
+                      OFFSET 0)
 ), refused AS MATERIALIZED (
     SELECT f.queues
     FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
@@ -156,8 +160,10 @@ WITH input AS (
     SELECT DISTINCT queue FROM unnest(CAST(:queues AS text[])) AS q(queue)
 ), fresh AS MATERIALIZED (
     SELECT q.queue FROM input q
-    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = q.queue AND j.status = 'queued')
-      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = q.queue AND j.status = 'running')
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = q.queue AND j.status = 'queued'
+                      OFFSET 0)
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = q.queue AND j.status = 'running'
+                      OFFSET 0)
 ), refused AS MATERIALIZED (
     SELECT f.queues
     FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
@@ -986,12 +992,13 @@ WITH input AS MATERIALIZED (
                               timeout_s, run_at, delay_s, trace_context, actor, step,
                               pending_parents, limit_key, ord)
 ), fresh AS MATERIALIZED (
-    -- The queue limit (as in insert_jobs_with_events): the input's queues without a queued or running
-    -- job (a probe of jobs_claimable, and of the few running jobs) are the only ones that may
-    -- add a queue, so only then are the queues holding unfinished jobs counted.
-    SELECT DISTINCT t.queue FROM input t
-    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued')
-      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running')
+    -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
+    -- queued or running job may add a queue, so only then are the queues counted.
+    SELECT t.queue FROM (SELECT DISTINCT queue FROM input OFFSET 0) t  -- each queue once
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued'
+                      OFFSET 0)
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
+                      OFFSET 0)
 ), refused AS MATERIALIZED (
     SELECT f.queues
     FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
@@ -1233,8 +1240,10 @@ WITH input AS (
     -- The queue limit, as in insert_jobs_with_events: a slot whose job would add a queue past
     -- :max_queues inserts nothing, and returns one row with `refused`.
     SELECT i.queue FROM input i
-    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = i.queue AND j.status = 'queued')
-      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = i.queue AND j.status = 'running')
+    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = i.queue AND j.status = 'queued'
+                      OFFSET 0)
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = i.queue AND j.status = 'running'
+                      OFFSET 0)
 ), refused AS MATERIALIZED (
     SELECT f.queues
     FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
