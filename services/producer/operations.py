@@ -20,6 +20,9 @@ from taskline_producer.dispatch_state import dispatch_state, unreachable
 
 bp = Blueprint("operations", __name__, url_prefix="/api/v1")
 
+QUEUE_PAGE = 100
+"""Queues in one answer of GET /api/v1/queues unless `limit` says otherwise."""
+
 
 @bp.get("/dlq")
 def list_dead() -> Response:
@@ -87,10 +90,6 @@ def list_queues() -> Response:
                     "next_cursor": paging.encode_name_cursor(page[-1])
                     if len(names) > size else None,
                     "dispatch": dispatch})
-
-
-QUEUE_PAGE = 100
-"""Queues in one answer of GET /api/v1/queues unless `limit` says otherwise."""
 
 
 def _depths(dispatcher: Any, names: list[str]) -> dict[str, Any] | None:
