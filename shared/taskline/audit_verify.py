@@ -16,6 +16,7 @@ paged by creation time and id), so its memory is a page's and its work linear in
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,7 +112,7 @@ def sequence_problems(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]
         allowed = TABLE.get((state, event["event"]))  # type: ignore[call-overload]
         if allowed is None:
             return [f"event {event['id']} {event['event']} is not a move from {state}"]
-        after = status_after(event["event"], (event.get("detail") or {}).get("status"))
+        after = _after(event)
         if after is None and state is not None and state in allowed:
             after = state  # a move that leaves the state as it was (cancel_requested)
         if after not in allowed:
@@ -123,8 +124,25 @@ def sequence_problems(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]
     return []
 
 
+def _recorded(event: Mapping[str, Any]) -> str | None:
+    """The state the event's row names: `recorded` as the reader selects it, else its detail."""
+    if "recorded" in event:
+        return event["recorded"]
+    return (event.get("detail") or {}).get("status")
+
+
+@functools.lru_cache(maxsize=256)
+def _status_after(event: str, recorded: str | None) -> str | None:
+    return status_after(event, recorded)
+
+
+def _after(event: Mapping[str, Any]) -> str | None:
+    """The job's state right after `event` (None: a move to nowhere, or no move)."""
+    return _status_after(event["event"], _recorded(event))
+
+
 def _is_terminal(event: Mapping[str, Any]) -> bool:
-    return status_after(event["event"], (event.get("detail") or {}).get("status")) in TERMINAL
+    return _after(event) in TERMINAL
 
 
 def terminal_problems(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]],

@@ -1298,32 +1298,35 @@ FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 -- name: audit_jobs_page
 -- Up to :limit jobs created at or after :since, after (:after_created, :after_id) in
 -- (created_at, id) order (index jobs_created).
-SELECT id, type, queue, status, attempts, limit_key, created_at FROM taskline.jobs
+SELECT id::text AS id, type, queue, status, attempts, limit_key, created_at FROM taskline.jobs
 WHERE created_at >= CAST(:since AS timestamptz)
   AND (created_at, id) > (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
 ORDER BY created_at, id
 LIMIT :limit;
 
 -- name: audit_events_of
--- The events of the jobs :ids in id order, each with the transaction that wrote it.
-SELECT job_id, id, attempt, event, detail, created_at, xmin::text AS xid
+-- The events of the jobs :ids in id order, each with the state its row records (`recorded`,
+-- detail.status) and the transaction that wrote it.
+SELECT job_id::text AS job_id, id, attempt, event, detail ->> 'status' AS recorded, created_at,
+       xmin::text AS xid
 FROM taskline.job_events WHERE job_id = ANY(CAST(:ids AS uuid[]))
 ORDER BY job_id, id;
 
 -- name: audit_leases_of
 -- The leases of the jobs :ids in id order.
-SELECT job_id, id, attempt, worker_id, leased_at, leased_until, released_at, outcome
+SELECT job_id::text AS job_id, id, attempt, worker_id, leased_at, leased_until, released_at,
+       outcome
 FROM taskline.job_leases WHERE job_id = ANY(CAST(:ids AS uuid[]))
 ORDER BY job_id, id;
 
 -- name: audit_parents_of
 -- The parents of those of the jobs :ids that are workflow steps with parents.
-SELECT child_id, parent_id FROM taskline.job_dependencies
+SELECT child_id::text AS child_id, parent_id::text AS parent_id FROM taskline.job_dependencies
 WHERE child_id = ANY(CAST(:ids AS uuid[]));
 
 -- name: audit_successes_of
 -- The success events of the jobs :ids, each with the transaction that wrote it.
-SELECT job_id, id, created_at, xmin::text AS xid FROM taskline.job_events
+SELECT job_id::text AS job_id, id, created_at, xmin::text AS xid FROM taskline.job_events
 WHERE job_id = ANY(CAST(:ids AS uuid[])) AND event = 'succeeded';
 
 -- name: audit_limit_changes
