@@ -1,6 +1,7 @@
 """Redis Cluster faults under load: a master of the queue's slot fails over during a drain,
-coordinated (`CLUSTER FAILOVER`) or because it was SIGKILLed, while producers enqueue through
-the API and workers drain; judged by the offline checker.
+coordinated (`CLUSTER FAILOVER`) or because it was SIGKILLed, or every node goes down and comes
+back empty, while producers enqueue through the API and workers drain; judged by the offline
+checker.
 
 Invariant under test: a failover the cluster client can follow (MOVED after the switch) is
 followed; one it cannot (a dead master until its replica is promoted) counts as Redis
@@ -23,7 +24,7 @@ from tests.faults.conftest import FaultRun
 from tests.faults.history import History
 from tests.faults.nemesis import Nemesis
 from tests.faults.report import FaultReport
-from tests.faults.test_redis_down_faults import load, switch_counts
+from tests.faults.test_redis_down_faults import load, switch_counts, wait_switched
 from tests.faults.test_server_faults import acked, assert_ran_once, wait_acked
 from tests.faults.workload import Workload
 from tests.helpers import wait_for
@@ -106,5 +107,31 @@ def test_sigkilled_master_of_the_queue_during_a_drain(
     # master reads the cluster as it is now.
     run.cluster.dispatcher.close()
     run.cluster.dispatcher = Dispatcher(servers.masters()[0].url, block_timeout_s=0.2)
+    result = run.check(wait_s=90)
+    assert_ran_once(run, result)
+
+
+@pytest.mark.timeout(300)
+def test_whole_cluster_down_then_back_during_a_drain(
+        cluster_fault_run, fresh_redis_cluster: RedisClusterServers):
+    """Every node SIGKILLed: workers claim from PostgreSQL; the nodes come back empty (with
+    their cluster config) and are rebuilt, and workers return to the cluster."""
+    run = cluster_fault_run("Redis Cluster: every node down, then back empty, mid-drain",
+                            workers=2, concurrency=4)
+    servers = fresh_redis_cluster
+    with load(run, sleep_s=0.05) as answers:
+        wait_acked(answers, 40)
+        for node in servers.nodes:
+            node.kill()
+        run.nemesis.fault("sigkill", "redis", nodes=len(servers.nodes))
+        down_from = acked(answers)
+        wait_switched(run, "postgres")
+        wait_acked(answers, down_from + 40)  # accepted and run while the cluster is down
+        for node in servers.nodes:
+            node.start()
+        servers.wait_healthy()
+        run.nemesis.heal("start", "redis", nodes=len(servers.nodes))
+        wait_back_on_redis(run)
+        wait_acked(answers, acked(answers) + 40)
     result = run.check(wait_s=90)
     assert_ran_once(run, result)

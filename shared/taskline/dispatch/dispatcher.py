@@ -137,8 +137,11 @@ class Dispatcher:
         if isinstance(probe, RedisCluster):
             # Every master must answer; a dead one is dropped from the slot map by the
             # failed ping (the client reads the map again), so the next probe sees the
-            # promoted replica.
-            return probe.execute_command("PING", target_nodes=RedisCluster.PRIMARIES)
+            # promoted replica. No node known at all is an unanswered probe too.
+            try:
+                return probe.execute_command("PING", target_nodes=RedisCluster.PRIMARIES)
+            except RedisClusterException as err:
+                raise redis.ConnectionError(str(err)) from err
         return probe.ping()
 
     @property
@@ -381,14 +384,14 @@ class Dispatcher:
             return set(self.client.smembers(QUEUES_SET))
 
     def processing_lists(self, queue: str) -> list[str]:
-        """Every processing list of `queue`: those of its registered holders and, on a single
-        Redis, any SCAN finds (lists fetched into before workers registered themselves)."""
+        """Every processing list of `queue`: on a single Redis those SCAN finds (as before
+        workers registered themselves), on a cluster those of its registered holders."""
         keys = QueueKeys(queue)
         with self._guard():
-            found = {keys.processing(w) for w in self.client.smembers(keys.holders)}
-            if not self.cluster:
-                found.update(self.client.scan_iter(match=keys.processing_pattern, count=1000))
-        return sorted(found)
+            if not self.cluster:  # SCAN finds the registered lists too, and older ones
+                return sorted(set(self.client.scan_iter(match=keys.processing_pattern,
+                                                        count=1000)))
+            return sorted({keys.processing(w) for w in self.client.smembers(keys.holders)})
 
     def forget_holders(self, queue: str, worker_ids: Sequence[str]) -> int:
         """Unregister those of `worker_ids` whose processing list of `queue` is gone."""
