@@ -4,7 +4,7 @@ listing of operator actions.
 Invariant: it reads PostgreSQL only (DATABASE_URL, TASKLINE_SCHEMA), never the API or Redis,
 and writes nothing; it prints one line per violation (or, with --json, one document) and exits
 0 when the history holds none, 1 when it holds any, 2 when it could not audit (a bad --since,
-PostgreSQL unreachable).
+PostgreSQL unreachable, DATABASE_URL not a PostgreSQL URL).
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ def cmd_audit_verify(args: argparse.Namespace, settings: Settings) -> int:
     from taskline.store.history import HistoryReader
     from taskline.store.store import make_engine
 
-    engine = make_engine(settings.database_url, pool_size=1, max_overflow=0,
-                         application_name="taskline-audit")
+    try:
+        engine = make_engine(settings.database_url, pool_size=1, max_overflow=0,
+                             application_name="taskline-audit")
+    except ValueError as err:  # not a PostgreSQL URL
+        print(f"taskline audit verify: {err}", file=sys.stderr)
+        return EXIT_UNAUDITED
     stats: dict[str, int] = {}
     found = []
     try:

@@ -242,3 +242,10 @@ def test_maintenance_audits_the_last_day_when_asked(store, dispatcher, settings)
         id=job_id)
     assert auditor.run_once().jobs == 0  # older than the day a pass looks at
     assert gauge("illegal_sequence") == 0.0
+
+
+@pytest.mark.parametrize("url", ["postgresql://root@127.0.0.1:1/none", "mysql://x/y"])
+def test_an_unreachable_or_foreign_database_is_exit_2(url, capsys, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", url)
+    assert main(["audit", "verify"]) == 2
+    assert capsys.readouterr().err.startswith("taskline audit verify: ")
