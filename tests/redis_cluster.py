@@ -146,6 +146,23 @@ class RedisClusterServers:
             time.sleep(0.05)
         return replica
 
+    def migrate_slot(self, key: str, to: ClusterNode, pause_s: float = 0.05) -> None:
+        """Move `key`'s slot to the master `to` as `redis-cli --cluster reshard` does (IMPORTING,
+        MIGRATING, MIGRATE key by key, then the new owner told to every master), a pause
+        between keys so clients meet the slot half moved (ASK, TRYAGAIN)."""
+        source = self.master_of(key)
+        with source.client() as src, to.client() as dst:
+            slot = int(src.cluster("keyslot", key))
+            src_id, dst_id = src.cluster("myid"), dst.cluster("myid")
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1):
+                src.execute_command("MIGRATE", LOOPBACK, to.port, "", 0, 5000, "KEYS", *keys)
+                time.sleep(pause_s)
+        for node in self.masters():
+            with node.client() as c:
+                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
     def flush(self) -> None:
         client = RedisCluster(host=LOOPBACK, port=self.masters()[0].port, socket_timeout=5)
         try:

@@ -1,7 +1,7 @@
 """Redis Cluster faults under load: a master of the queue's slot fails over during a drain,
-coordinated (`CLUSTER FAILOVER`) or because it was SIGKILLed, or every node goes down and comes
-back empty, while producers enqueue through the API and workers drain; judged by the offline
-checker.
+coordinated (`CLUSTER FAILOVER`) or because it was SIGKILLed, the queue's slot migrates to
+another master, or every node goes down and comes back empty, while producers enqueue
+through the API and workers drain; judged by the offline checker.
 
 Invariant under test: a failover the cluster client can follow (MOVED after the switch) is
 followed; one it cannot (a dead master until its replica is promoted) counts as Redis
@@ -107,6 +107,27 @@ def test_sigkilled_master_of_the_queue_during_a_drain(
     # master reads the cluster as it is now.
     run.cluster.dispatcher.close()
     run.cluster.dispatcher = Dispatcher(servers.masters()[0].url, block_timeout_s=0.2)
+    result = run.check(wait_s=90)
+    assert_ran_once(run, result)
+
+
+@pytest.mark.timeout(240)
+def test_slot_migration_of_the_queue_during_a_drain(
+        cluster_fault_run, fresh_redis_cluster: RedisClusterServers):
+    """The queue's slot moves to another master key by key while workers fetch and ack: a
+    client meets ASK (key moved) and TRYAGAIN (a script's keys on both sides)."""
+    run = cluster_fault_run("Redis Cluster: the queue's slot migrated mid-drain", workers=2,
+                            concurrency=4)
+    servers = fresh_redis_cluster
+    with load(run, sleep_s=0.05) as answers:
+        wait_acked(answers, 40)
+        old = servers.master_of(QUEUE_KEY)
+        to = next(m for m in servers.masters() if m is not old)
+        servers.migrate_slot(QUEUE_KEY, to)
+        run.nemesis.fault("migrate_slot", "redis", from_port=old.port, to_port=to.port)
+        assert servers.master_of(QUEUE_KEY) is to
+        wait_acked(answers, acked(answers) + 60)
+        wait_back_on_redis(run)
     result = run.check(wait_s=90)
     assert_ran_once(run, result)
 
