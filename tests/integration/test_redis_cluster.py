@@ -101,6 +101,9 @@ def test_processing_lists_are_found_through_their_registry(request, target):
         dispatcher.ack([("default", jobs[0])], "w1")  # w1's list is gone
         assert dispatcher.forget_holders("default", ["w1", "w2"]) == 1
         assert dispatcher.processing_lists("default") == [keys.processing("w2")]
+        assert dispatcher.processing_lists_of(["default", "empty"]) == {
+            "default": [keys.processing("w2")], "empty": []}
+        assert dispatcher.depths_of(["default"])["default"]["processing"] == 2
         assert dispatcher.fetch("default", "w1", 1) == []  # nothing moved: not registered
         assert dispatcher.client.smembers(keys.holders) == {"w2"}
     finally:

@@ -33,8 +33,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_handlers")]
 
 # Fixtures these tests ask for that a single Redis of their own provides.
 _SINGLE_ONLY = {"private_redis", "fresh_redis", "private_settings"}
-# Tests that look at a single Redis's connections (CLIENT LIST of its logical database).
-_SINGLE_CLIENT = {"test_an_idle_worker_picks_up_a_pushed_job_at_once"}
+# Tests of what only a single Redis does: its connections (CLIENT LIST of its logical
+# database), and a processing list no worker registered found by SCAN (a cluster's lists are
+# found through their registry: test_redis_cluster.py).
+_SINGLE_CLIENT = {"test_an_idle_worker_picks_up_a_pushed_job_at_once",
+                  "test_depths_of_many_queues_equal_each_one_s_depths"}
 
 
 def _adopt(module: ModuleType) -> None:
