@@ -15,10 +15,12 @@ import pytest
 import requests
 from redis.cluster import RedisCluster, key_slot
 
+from taskline.access import Quota
 from taskline.dispatch.connection import detect_cluster
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.errors import DispatchUnavailable
+from taskline.quota import RETRY_REDIS_S, EnqueueQuotas, quota_key
 from tests.faults.cluster import Cluster
 from tests.helpers import wait_for
 from tests.redis_cluster import RedisClusterServers
@@ -145,3 +147,20 @@ def test_a_cluster_scheme_while_no_node_answers_starts_and_counts_unavailable(un
             dispatcher.push([("default", 5, str(uuid.uuid4()))])
     finally:
         dispatcher.close()
+
+
+def test_quotas_met_by_a_move_turn_to_the_cluster(redis_cluster, cluster_redis_url):
+    """As when the node could not be asked at start: unchecked once (fail open), then checked."""
+    name = next(f"client{i}" for i in range(1000)
+                if redis_cluster.master_of(quota_key(f"client{i}")).port
+                != redis_cluster.nodes[0].port)
+    now = [0.0]
+    quotas = EnqueueQuotas(cluster_redis_url, {name: Quota(5, 60.0)}, clock=lambda: now[0])
+    try:
+        quotas._connect(cluster=False)
+        assert not quotas.take(name, 1).checked
+        now[0] += RETRY_REDIS_S + 0.1
+        assert quotas.take(name, 5).checked
+        assert not quotas.take(name, 1).taken  # the window holds 5
+    finally:
+        quotas.close()
