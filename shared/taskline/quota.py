@@ -125,7 +125,7 @@ class EnqueueQuotas:
     def _redis_failed(self, err: Exception) -> None:
         if isinstance(err, AskError) and not self._cluster:
             # A MOVED: REDIS_URL names a cluster node that could not be asked at start.
-            with contextlib.suppress(redis.RedisError, RedisClusterException):
+            with contextlib.suppress(redis.RedisError, RedisClusterException, ValueError):
                 self._connect(True)
         with self._lock:
             first = self._unchecked_until is None

@@ -109,8 +109,8 @@ class Dispatcher:
                 return
             try:
                 self._build(True)
-            except (redis.RedisError, RedisClusterException):
-                return  # the next MOVED tries again
+            except (redis.RedisError, RedisClusterException, ValueError):
+                return  # the next MOVED tries again (ValueError: a database other than 0)
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
         if self.cluster:
