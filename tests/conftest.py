@@ -23,9 +23,9 @@ from taskline.settings import Settings
 from taskline.store.migrate import upgrade
 from taskline.store.store import Store
 
-# Private-server fixtures (private_postgres, private_redis, fresh_*, private_settings), and
-# a private Redis Cluster (redis_cluster, cluster_redis_url).
-pytest_plugins = ["tests.servers", "tests.redis_cluster"]
+# Private-server fixtures (private_postgres, private_redis, fresh_*, private_settings), and a
+# private PgBouncer (pgbouncer), and a private Redis Cluster (redis_cluster, cluster_redis_url).
+pytest_plugins = ["tests.servers", "tests.pgbouncer", "tests.redis_cluster"]
 
 ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://root@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")

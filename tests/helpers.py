@@ -84,6 +84,8 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         "TASKLINE_LOG_FORMAT": "json",
         "TASKLINE_HANDLERS": ",".join(settings.handlers),
         "TASKLINE_SCHEMA": settings.schema,
+        "TASKLINE_DATABASE_POOLING": settings.database_pooling,
+        "TASKLINE_DATABASE_DIRECT_URL": settings.database_direct_url,
         "PYTHONUNBUFFERED": "1",
     })
     env.update(extra)

@@ -85,7 +85,7 @@ def run_dev(settings: Settings, api_bind: str, *, data_dir: Path | None = None) 
                 try:
                     settings = LocalServers.discover(data_dir or default_data_dir(),
                                                      console).ensure(settings, started)
-                    prepare_database(settings.database_url, console, settings.schema)
+                    prepare_database(migration_url(settings), console, settings.schema)
                 except (SetupFailed, ServerError) as err:
                     for line in str(err).splitlines():
                         console.line(LABEL, line)
@@ -144,6 +144,15 @@ def _metrics_port(preferred: int, avoid: tuple[int, ...]) -> int:
     while port in avoid:
         port = free_port("0.0.0.0")
     return port
+
+
+def migration_url(settings: Settings) -> str:
+    """Where migrations run: a session of their own (their lock is a session's), so never
+    through a transaction pooler."""
+    if settings.session_url is None:
+        raise SetupFailed("migrations need a session of their own, which a transaction pooler "
+                          "does not keep: set TASKLINE_DATABASE_DIRECT_URL")
+    return settings.session_url
 
 
 def prepare_database(database_url: str, console: Console, schema: str = "taskline") -> None:

@@ -22,10 +22,17 @@ def _csv(value: str) -> list[str]:
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from taskline.store.migrate import finish_move, upgrade
-    upgrade(settings.database_url, schema=settings.schema)
+    # Its lock and search_path are a session's: never through a transaction pooler.
+    url = settings.session_url
+    if url is None:
+        print("taskline: migrate needs a session of its own, which a transaction pooler does "
+              "not keep: set TASKLINE_DATABASE_DIRECT_URL to PostgreSQL itself",
+              file=sys.stderr)
+        return 2
+    upgrade(url, schema=settings.schema)
     print(f"schema {settings.schema} is at the newest revision")
     if args.finish_move:
-        dropped = finish_move(settings.database_url, settings.schema)
+        dropped = finish_move(url, settings.schema)
         print(f"dropped {len(dropped)} compatibility views in public")
     return 0
 
@@ -73,6 +80,41 @@ def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     return run_dev(settings, api_bind=args.bind)
 
 
+def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from taskline import doctor
+    plan = doctor.Plan(workers=args.workers, concurrency=args.concurrency,
+                       api_processes=args.api_processes, maintenance=args.maintenance)
+    checks = doctor.run_checks(settings, plan)
+    if args.json:
+        print(json.dumps({"ok": not doctor.failed(checks),
+                          "checks": [c.as_dict() for c in checks]}, indent=2))
+    else:
+        for check in checks:
+            print(check.line())
+    return 1 if doctor.failed(checks) else 0
+
+
+def _doctor_command(sub: argparse._SubParsersAction) -> None:
+    doctor = sub.add_parser("doctor", help="check the servers and settings taskline runs on")
+    doctor.add_argument("--json", action="store_true", help="one JSON document for machines")
+    plan = doctor.add_argument_group("the deployment the connection check adds up")
+    for flag, default, what in (("--workers", 1, "worker processes"),
+                                ("--concurrency", 16, "each worker's --concurrency"),
+                                ("--api-processes", 2, "API processes (all gunicorn workers)"),
+                                ("--maintenance", 1, "maintenance processes")):
+        plan.add_argument(flag, type=_count, default=default, help=f"{what} (default {default})")
+    doctor.set_defaults(fn=cmd_doctor)
+
+
+def _count(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a count (>= 0)")
+    return number
+
+
 def _server_commands(sub: argparse._SubParsersAction) -> None:
     migrate = sub.add_parser("migrate", help="create or upgrade the schema (TASKLINE_SCHEMA)")
     migrate.add_argument("--finish-move", action="store_true",
@@ -102,6 +144,7 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
     dev = sub.add_parser("dev", help="run api + worker + maintenance in the foreground")
     dev.add_argument("--bind", default="127.0.0.1:8000", help="API HOST:PORT")
     dev.set_defaults(fn=cmd_dev)
+    _doctor_command(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"taskline: {err}", file=sys.stderr)
         return 2
-    if args.command not in ("dev",):
+    if args.command not in ("dev", "doctor"):
         log.setup(args.command, settings.log_format, settings.log_level)
     return int(args.fn(args, settings) or 0)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from taskline import metrics, startup
+from taskline import doctor, metrics, startup
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.handlers import registry
 from taskline.metrics import LOOP_ERRORS, LabelGuard, TypeLabels
@@ -65,7 +65,8 @@ class Maintenance:
         # The @periodic declarations of the handler modules loaded so far (type_labels).
         self.scheduler = Scheduler(store, dispatcher, settings,
                                    declarations=registry.periodic_declarations())
-        self.outbox = OutboxRelay(store, dispatcher, settings.database_url, queues=queues)
+        # LISTEN needs a session: none behind a transaction pooler without a direct URL.
+        self.outbox = OutboxRelay(store, dispatcher, settings.session_url, queues=queues)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -134,8 +135,10 @@ def run(settings: Settings, metrics_port: int, *, fallback: bool = False) -> int
     port (taskline.metrics.serve), and several instances share a host."""
     stop = threading.Event()
     _stop_on_signals(stop)
-    store = Store.connect(settings.database_url, pool_size=4, schema=settings.schema,
-                          application_name="taskline-maintenance")
+    store = Store.connect(settings.database_url, pool_size=doctor.MAINTENANCE_POOL_SIZE,
+                          schema=settings.schema,
+                          application_name="taskline-maintenance",
+                          transaction_pooled=settings.transaction_pooled)
     store.max_queues = settings.max_queues  # the scheduler's jobs count against it
     # The breaker keeps a Redis outage from costing every pass a timeout (promoter, reaper).
     dispatcher = Dispatcher(settings.redis_url, breaker=True)
@@ -154,6 +157,8 @@ def run(settings: Settings, metrics_port: int, *, fallback: bool = False) -> int
         return 0
     service.start()
     readiness.working()
+    # What an operator got wrong (autovacuum off, an evicting Redis ...), logged beside the work.
+    doctor.warn_at_start(settings, doctor.Plan(workers=0, api_processes=0, maintenance=1))
     log.info("maintenance started", extra={"action": "startup", "holder": service.leader.holder,
                                            "metrics_port": metrics_port})
     while not stop.wait(0.5):

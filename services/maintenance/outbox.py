@@ -20,6 +20,10 @@ the drain after every LISTEN finds them, so a job waits at most about
 `backstop_s` when the listener was down, restarting or taken over by another instance; a
 transaction that stayed open for minutes is signalled at its commit like any other (rows, not a
 created_at watermark, say what is owed). Only the active maintenance instance relays.
+
+LISTEN needs a session of its own: behind a transaction-pooling PgBouncer without
+TASKLINE_DATABASE_DIRECT_URL there is none (`database_url` None), and the relay drains every
+`backstop_s` instead (a job then waits for Redis at most that long, not milliseconds).
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ class OutboxRelay(Periodic):
 
     name = "outbox"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, database_url: str, *,
+    def __init__(self, store: Store, dispatcher: Dispatcher, database_url: str | None, *,
                  backstop_s: float = BACKSTOP_S, page_size: int = PAGE_SIZE,
                  forget_after_s: float = FORGET_AFTER_S,
                  queues: Callable[[str], str] | None = None) -> None:
@@ -89,6 +93,7 @@ class OutboxRelay(Periodic):
         self._jobs_channel = channel(store.schema, "enqueued_jobs")
         self.dispatcher = dispatcher
         self.database_url = database_url
+        """Where to LISTEN (a session of its own); None: drain every backstop_s instead."""
         self.backstop_s = backstop_s
         self.page_size = page_size
         self.forget_after_s = forget_after_s
@@ -143,6 +148,9 @@ class OutboxRelay(Periodic):
 
     def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
         """Listen while active, drain on each signal and backstop; stop listening when not."""
+        if self.database_url is None:
+            log.info("no session to LISTEN on (a transaction pooler and no direct URL): the "
+                     "outbox is drained every %g s", self.backstop_s, extra={"action": "outbox"})
         try:
             while not stop.is_set():
                 if not active():
@@ -165,6 +173,8 @@ class OutboxRelay(Periodic):
     def _turn(self) -> RelayResult | None:
         """One turn: listen if not yet (then drain), else wait briefly for signals and answer
         them, or drain when the backstop is due. None when there was nothing to do."""
+        if self.database_url is None:
+            return self._poll()
         if self._listener is None:
             self._listener = self._listen()
             return self.run_once()
@@ -181,6 +191,15 @@ class OutboxRelay(Periodic):
         if time.monotonic() - self._last_drain >= self.backstop_s:
             return self.run_once()
         return None
+
+    def _poll(self) -> RelayResult | None:
+        """A turn without a listener: drain when the backstop is due, else sleep towards it
+        (at most WAKE_S, so stop and leadership are noticed as promptly as when listening)."""
+        wait_s = self.backstop_s - (time.monotonic() - self._last_drain)
+        if wait_s > 0:
+            time.sleep(min(wait_s, WAKE_S))
+            return None
+        return self.run_once()
 
     def _answer(self, signals: list[psycopg.Notify]) -> RelayResult:
         """Push the jobs the signals announce, then forget their rows: no outbox read on the
@@ -224,6 +243,7 @@ class OutboxRelay(Periodic):
             OUTBOX_RELAYED.labels(queue=self.queue_label(queue)).inc(count)
 
     def _listen(self) -> psycopg.Connection:
+        assert self.database_url is not None
         with self._translated():
             conn = psycopg.connect(self.database_url, autocommit=True, connect_timeout=5,
                                    keepalives=1, keepalives_idle=5, keepalives_interval=2,

@@ -60,7 +60,8 @@ class Backends:
                 # A forked child drops its parent's objects without closing their sockets.
                 store = self._given_store or Store.connect(
                     self.settings.database_url, pool_size=POOL_SIZE, max_overflow=0,
-                    schema=self.settings.schema, application_name="taskline-api")
+                    schema=self.settings.schema, application_name="taskline-api",
+                    transaction_pooled=self.settings.transaction_pooled)
                 store.max_queues = self.settings.max_queues
                 # The breaker skips pushes while Redis is known down: an enqueue then costs
                 # no connect or socket timeout (the job is durable; workers are notified).

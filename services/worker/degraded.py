@@ -11,6 +11,10 @@ back empty, or restored from an old snapshot, lacks one, so no job queued meanwh
 behind in PostgreSQL while the worker waits on empty ready lists. Either way PostgreSQL's
 claim admits one winner per job, so an id claimed here and still present in a rebuilt list is
 refused when it is fetched.
+
+LISTEN needs a session of its own: behind a transaction-pooling PgBouncer without
+TASKLINE_DATABASE_DIRECT_URL there is none (`database_url` None), and an idle loop in postgres
+mode claims every `BACKSTOP_S` instead.
 """
 
 from __future__ import annotations
@@ -113,7 +117,7 @@ class Listener:
 class DispatchMode:
     """The worker's dispatch mode, switched by its fetch loops and its return probe."""
 
-    def __init__(self, *, store: Store, dispatcher: Dispatcher, database_url: str,
+    def __init__(self, *, store: Store, dispatcher: Dispatcher, database_url: str | None,
                  worker_id: str, queues: Sequence[str], on_return: Callable[[], object],
                  stop: threading.Event) -> None:
         self._store = store
@@ -143,9 +147,10 @@ class DispatchMode:
                 return
             self._since_ms = self._now_ms()
             self.mode = Mode.POSTGRES
-            self._listener = Listener(self._url, self._queues, self.waker,
-                                      channel(self._store.schema, "enqueued"))
-            self._listener.start()
+            if self._url is not None:  # else the idle loops' sleeps end at BACKSTOP_S
+                self._listener = Listener(self._url, self._queues, self.waker,
+                                          channel(self._store.schema, "enqueued"))
+                self._listener.start()
         self._switched(Mode.POSTGRES, f"Redis unreachable ({reason})")
         threading.Thread(target=self._watch_return, name="taskline-dispatch-return",
                          daemon=True).start()

@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from taskline import heap, metrics, startup, tracing
+from taskline import doctor, heap, metrics, startup, tracing
 from taskline.errors import ConfigError
 from taskline.settings import Settings
 from taskline.startup import Readiness
@@ -52,6 +52,9 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     if not registered(worker, readiness):
         return 0 if worker.stopping.is_set() else 1
     heap.settle_after_start()
+    # What an operator got wrong (autovacuum off, an evicting Redis ...), logged beside the work.
+    doctor.warn_at_start(settings, doctor.Plan(workers=1, concurrency=concurrency,
+                                               api_processes=0, maintenance=0))
     outcome = run_in_thread(worker)
     if outcome is None:
         return 1

@@ -104,7 +104,8 @@ class Worker:
         self.types = TypeLabels(registry.load(settings.handlers))
         webhook.configure(settings)  # the built-in webhook handler's address allow-list
         self.store = Store.connect(settings.database_url, pool_size=concurrency + EXTRA_CONNECTIONS,
-                                   schema=settings.schema, application_name="taskline-worker")
+                                   schema=settings.schema, application_name="taskline-worker",
+                                   transaction_pooled=settings.transaction_pooled)
         self.dispatcher = Dispatcher(settings.redis_url, block_timeout_s=block_timeout_s,
                                      timeout_s=REDIS_TIMEOUT_S, breaker=True)
         self.stopping = threading.Event()
@@ -137,7 +138,7 @@ class Worker:
                                    worker_id=self.worker_id, period_s=s.heartbeat_s,
                                    attempts=self.attempts)
         self.mode = DispatchMode(store=self.store, dispatcher=self.dispatcher,
-                                 database_url=s.database_url, worker_id=self.worker_id,
+                                 database_url=s.session_url, worker_id=self.worker_id,
                                  queues=self.queues, on_return=self.handback.sweep,
                                  stop=self._background_stop)
         self.loop = FetchLoop(store=self.store, dispatcher=self.dispatcher,

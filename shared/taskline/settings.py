@@ -21,6 +21,7 @@ from taskline.errors import ConfigError
 ENV_PREFIX = "TASKLINE_"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 JWT_ALGORITHMS = ("HS256", "RS256", "ES256")
+POOLING_MODES = ("session", "transaction")
 # A DNS name as Host headers carry it: labels of letters, digits, `-` and `_` (container and
 # service names use it), at most 253 characters, an optional root dot.
 _HOST_NAME = re.compile(r"(?=.{1,254}$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\.)*"
@@ -35,6 +36,15 @@ class Settings:
     """PostgreSQL DSN (env DATABASE_URL)."""
     redis_url: str = "redis://localhost:6379/0"
     """Redis URL (env REDIS_URL)."""
+    database_pooling: str = "session"
+    """What stands at DATABASE_URL: `session` (PostgreSQL itself, or a pooler that gives each
+    client a session of its own) or `transaction` (a transaction-pooling PgBouncer: nothing is
+    prepared on its connections and no session state is kept between transactions)."""
+    database_direct_url: str = ""
+    """A DSN of PostgreSQL itself (or of a session pool) for what needs a session of its own:
+    LISTEN and `taskline migrate`'s lock; empty means DATABASE_URL. Only read when
+    TASKLINE_DATABASE_POOLING is `transaction`; without it LISTEN-based wake-ups poll instead
+    (at most 1 s apart) and `taskline migrate` refuses to run."""
     schema: str = "taskline"
     """The PostgreSQL schema holding every table, view and function of taskline and its own
     migration version table; a lowercase identifier (letters, digits, `_`), at most 63 bytes,
@@ -160,6 +170,8 @@ class Settings:
             (valid_schema(self.schema),
              "TASKLINE_SCHEMA must be a lowercase identifier: a letter or _, then letters, "
              "digits or _, at most 63 bytes, not starting with pg_ (PostgreSQL's own)"),
+            (self.database_pooling in POOLING_MODES,
+             "TASKLINE_DATABASE_POOLING must be session or transaction"),
             (self.lease_s > 0, "TASKLINE_LEASE_S must be > 0"),
             (0 < self.heartbeat_s < self.lease_s,
              "TASKLINE_HEARTBEAT_S must be > 0 and shorter than TASKLINE_LEASE_S"),
@@ -238,6 +250,20 @@ class Settings:
              f"TASKLINE_ENQUEUE_QUOTAS names {unknown!r}, which no TASKLINE_API_TOKENS entry "
              "names (and no JWT is accepted)"),
         ]
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """DATABASE_URL is a transaction pooler: its connections keep no session."""
+        return self.database_pooling == "transaction"
+
+    @property
+    def session_url(self) -> str | None:
+        """The DSN of a connection that keeps its session (LISTEN, session locks): DATABASE_URL
+        unless it is transaction-pooled, then TASKLINE_DATABASE_DIRECT_URL; None when there is
+        none (LISTEN falls back to polling)."""
+        if not self.transaction_pooled:
+            return self.database_url
+        return self.database_direct_url or None
 
     @property
     def renew_every_s(self) -> float:

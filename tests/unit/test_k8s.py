@@ -265,7 +265,8 @@ def test_termination_grace_covers_the_shutdown_grace(base):
 
 def test_settings_come_from_the_configmap_and_the_secret(base):
     secret = _one(base, "Secret", "taskline-secrets")["stringData"]
-    assert {"DATABASE_URL", "REDIS_URL", "TASKLINE_API_TOKENS", "TASKLINE_JWT_KEY"} == set(secret)
+    assert {"DATABASE_URL", "REDIS_URL", "TASKLINE_API_TOKENS", "TASKLINE_JWT_KEY",
+            "TASKLINE_DATABASE_DIRECT_URL"} == set(secret)
     for name in (*SERVICES, "migrate"):
         sources = _container(base, name)["envFrom"]
         assert {"configMapRef": {"name": "taskline-config"}} in sources, name

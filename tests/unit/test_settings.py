@@ -83,3 +83,18 @@ def test_retention_defaults_zero_and_bounds():
                  "TASKLINE_RETAIN_DEAD_S"):
         with pytest.raises(ConfigError, match=name):
             Settings.from_env(env={name: "-1"})
+
+
+def test_pooling_decides_where_a_session_is_found():
+    direct = Settings.from_env(env={"DATABASE_URL": "postgresql://db/app"})
+    assert not direct.transaction_pooled and direct.session_url == "postgresql://db/app"
+    pooled = Settings.from_env(env={"DATABASE_URL": "postgresql://bouncer/app",
+                                    "TASKLINE_DATABASE_POOLING": "transaction"})
+    assert pooled.transaction_pooled and pooled.session_url is None
+    both = pooled.replace(database_direct_url="postgresql://db/app")
+    assert both.session_url == "postgresql://db/app"
+    # The direct URL is for a pooled DATABASE_URL only: a session URL is DATABASE_URL itself.
+    assert direct.replace(database_direct_url="postgresql://other/x").session_url == \
+        "postgresql://db/app"
+    with pytest.raises(ConfigError, match="TASKLINE_DATABASE_POOLING"):
+        Settings.from_env(env={"TASKLINE_DATABASE_POOLING": "statement"})

@@ -57,14 +57,18 @@ def sqlalchemy_url(url: str) -> str:
     raise ValueError("DATABASE_URL must start with postgresql://")
 
 
-def make_engine(url: str, pool_size: int = 5, max_overflow: int | None = None,
-                **kwargs: Any) -> Engine:
+def make_engine(url: str, pool_size: int = 5, max_overflow: int | None = None, *,
+                transaction_pooled: bool = False, **kwargs: Any) -> Engine:
     """An engine with a fixed pool and TCP keepalives, so a dead link is noticed in seconds.
 
     `max_overflow` (default: `pool_size` again) connections beyond the pool are opened when all
     of it is in use and closed as soon as they are returned to a full pool.
+    `transaction_pooled`: `url` is a transaction pooler (PgBouncer's pool_mode=transaction),
+    whose server connections pass from client to client between transactions, so psycopg
+    prepares nothing there (a statement prepared on one server connection is missing on the
+    next, and its name taken on it by another client).
     """
-    connect_args = {
+    connect_args: dict[str, Any] = {
         "connect_timeout": 5,
         "keepalives": 1,
         "keepalives_idle": 5,
@@ -72,6 +76,8 @@ def make_engine(url: str, pool_size: int = 5, max_overflow: int | None = None,
         "keepalives_count": 3,
         "application_name": kwargs.pop("application_name", "taskline"),
     }
+    if transaction_pooled:
+        connect_args["prepare_threshold"] = None
     engine = create_engine(
         sqlalchemy_url(url), pool_size=pool_size,
         max_overflow=pool_size if max_overflow is None else max_overflow, pool_timeout=10,
@@ -211,16 +217,23 @@ class Store:
     """TASKLINE_MAX_QUEUES (its default until a service sets it), which every insert of new
     jobs enforces: QueueLimitReached, nothing written."""
 
-    def __init__(self, engine: Engine, schema: str = DEFAULT_SCHEMA) -> None:
+    def __init__(self, engine: Engine, schema: str = DEFAULT_SCHEMA, *,
+                 prepare: bool = PREPARE) -> None:
         self.engine = engine
         self.schema = schema
         self._queries = queries_for(schema)
+        self._prepare = prepare
+        """Whether the statements run straight through psycopg are prepared (see PREPARE):
+        never on a transaction pooler's connections."""
 
     @classmethod
     def connect(cls, url: str, pool_size: int = 5, max_overflow: int | None = None,
-                schema: str = DEFAULT_SCHEMA, **kwargs: Any) -> Store:
-        return cls(make_engine(url, pool_size=pool_size, max_overflow=max_overflow, **kwargs),
-                   schema)
+                schema: str = DEFAULT_SCHEMA, *, transaction_pooled: bool = False,
+                **kwargs: Any) -> Store:
+        """A store on its own engine; `transaction_pooled` as in make_engine."""
+        engine = make_engine(url, pool_size=pool_size, max_overflow=max_overflow,
+                             transaction_pooled=transaction_pooled, **kwargs)
+        return cls(engine, schema, prepare=PREPARE and not transaction_pooled)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -324,7 +337,7 @@ class Store:
             driver.autocommit = True
             with driver.cursor(row_factory=namedtuple_row) as cursor:
                 sql = driver_sql(name, self.schema)
-                rows = cursor.execute(sql, params, prepare=PREPARE).fetchall()
+                rows = cursor.execute(sql, params, prepare=self._prepare).fetchall()
             driver.autocommit = False
         return rows
 
@@ -336,7 +349,7 @@ class Store:
         with self._driver() as driver, driver.transaction(), \
                 driver.cursor(row_factory=namedtuple_row) as cursor:
             def run(name: str, params: dict[str, Any]) -> list:
-                cursor.execute(driver_sql(name, self.schema), params, prepare=PREPARE)
+                cursor.execute(driver_sql(name, self.schema), params, prepare=self._prepare)
                 return cursor.fetchall() if cursor.description is not None else []
 
             yield run
