@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BIND ?= 127.0.0.1:8000
-# Every fault scenario is marked `faults` (run by `make faults`); the quick ones are also
+# Every fault scenario is marked `faults` (run by `make faults`, with the Redis Cluster matrix
+# of tests/integration/test_redis_cluster_paths.py); the quick ones are also
 # marked `fast`, and `make test` runs those too. A missing folder is skipped (git keeps none empty).
 TEST_DIRS := $(wildcard tests/unit tests/integration tests/browser tests/faults)
 
@@ -32,7 +33,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 faults: venv
-	$(BIN)/pytest -q -m faults tests/faults
+	$(BIN)/pytest -q -m faults tests/faults tests/integration/test_redis_cluster_paths.py
 
 bench: venv
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'

@@ -9,6 +9,7 @@ downgrades alone, and the application's autogenerate sees no table of taskline.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,23 @@ def downgrade():
 
 
 TASKLINE_HEAD = ScriptDirectory.from_config(alembic_config("postgresql://x/y")).get_current_head()
+
+
+@pytest.fixture(autouse=True)
+def logging_kept() -> Iterator[None]:
+    """Alembic's and Flask-Migrate's generated env.py run `fileConfig`, which disables every
+    logger that exists and replaces the root's handlers: put them back for the tests after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    loggers = {name: (lg.disabled, lg.level, lg.handlers[:], lg.propagate)
+               for name, lg in logging.root.manager.loggerDict.items()
+               if isinstance(lg, logging.Logger)}
+    yield
+    root.handlers[:], root.level = handlers, level
+    for name, lg in logging.root.manager.loggerDict.items():
+        if isinstance(lg, logging.Logger):
+            lg.disabled, lg.level, lg.handlers[:], lg.propagate = loggers.get(
+                name, (False, logging.NOTSET, [], True))
 
 
 @pytest.fixture

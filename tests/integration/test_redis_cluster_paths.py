@@ -5,6 +5,9 @@ node of the private cluster (tests.redis_cluster): push, fetch, ack, retry, sche
 pause, limits, quotas, heartbeats, rebuild, reconcile and processing-list recovery then run
 through redis-py's cluster client, chosen by detection alone. Tests that need a private
 single Redis (killed, flushed of scripts, counted round trips) stay where they are.
+Marked `faults`: the whole matrix runs in `make faults`; `make test` keeps
+tests/integration/test_redis_cluster.py (detection, MOVED, waits across slots, registry, and a
+stack running jobs on the cluster).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from tests.integration import (
 )
 
 # As their own modules mark them (handlers' records are reset around each test).
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_handlers")]
+pytestmark = [pytest.mark.slow, pytest.mark.faults, pytest.mark.usefixtures("clean_handlers")]
 
 # Fixtures these tests ask for that a single Redis of their own provides.
 _SINGLE_ONLY = {"private_redis", "fresh_redis", "private_settings"}
