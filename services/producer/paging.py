@@ -64,21 +64,22 @@ def limit(args: MultiDict[str, str], default: int = DEFAULT_LIMIT,
 
 def encode_id_cursor(row_id: uuid.UUID) -> str:
     """A cursor naming the last row of a page ordered by id alone."""
-    return base64.urlsafe_b64encode(str(row_id).encode()).decode().rstrip("=")
+    return encode_name_cursor(str(row_id))
 
 
 def encode_name_cursor(name: str) -> str:
-    """A cursor naming the last row of a page ordered by name (a queue's)."""
+    """A cursor naming the last row of a page ordered by name (a queue's, a schedule's)."""
     return base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
 
 
-def decode_name_cursor(text: str | None, valid: Callable[[str], bool]) -> str | None:
+def decode_name_cursor(text: str | None, valid: Callable[[str], bool],
+                       most_chars: int = MAX_CURSOR_CHARS) -> str | None:
     """The name a name cursor names, None when absent; InvalidParameter when it is not ours
-    (not base64url of a name `valid` accepts)."""
+    (longer than `most_chars`, or not base64url of a name `valid` accepts)."""
     if text is None:
         return None
     try:
-        if len(text) > MAX_CURSOR_CHARS:
+        if len(text) > most_chars:
             raise ValueError("too long")
         padded = text.encode("ascii") + b"=" * (-len(text) % 4)
         name = base64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")
@@ -92,16 +93,16 @@ def decode_name_cursor(text: str | None, valid: Callable[[str], bool]) -> str | 
 
 def decode_id_cursor(text: str | None) -> uuid.UUID | None:
     """The id an id cursor names, None when absent; InvalidParameter when it is not ours."""
-    if text is None:
-        return None
+    name = decode_name_cursor(text, _is_uuid)
+    return None if name is None else uuid.UUID(name)
+
+
+def _is_uuid(text: str) -> bool:
     try:
-        if len(text) > MAX_CURSOR_CHARS:
-            raise ValueError("too long")
-        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
-        return uuid.UUID(base64.b64decode(padded, altchars=b"-_", validate=True).decode())
-    except (ValueError, binascii.Error, UnicodeError):
-        raise InvalidParameter("cursor is not a cursor this API returned",
-                               {"parameter": "cursor"}) from None
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def status(args: MultiDict[str, str]) -> str | None:

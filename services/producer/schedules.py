@@ -12,8 +12,6 @@ Removing a schedule leaves its jobs and the record of its fired slots where they
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -23,7 +21,7 @@ from taskline.store.rows import ScheduleRow
 from taskline_producer import audit, auth, paging
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
-from taskline_producer.errors import ApiError, InvalidParameter, NotFound, ValidationFailed
+from taskline_producer.errors import ApiError, NotFound, ValidationFailed
 from taskline_producer.schedulespec import ScheduleSpec, parse_schedule
 from taskline_producer.shapes import plain
 
@@ -103,10 +101,12 @@ def get_schedule(name: str) -> Response:
 def list_schedules() -> Response:
     args = request.args
     size = paging.limit(args)
-    after = decode_cursor(args.get("cursor"))
+    # A schedule name of MAX_NAME_CHARS characters takes more than the time cursors' bound.
+    after = paging.decode_name_cursor(args.get("cursor"), valid_name,
+                                      2 * paging.MAX_CURSOR_CHARS)
     rows = backends().store.list_schedules(after, size + 1)
     page = rows[:size]
-    cursor = encode_cursor(page[-1].name) if len(rows) > size else None
+    cursor = paging.encode_name_cursor(page[-1].name) if len(rows) > size else None
     return jsonify({"schedules": [view(r) for r in page], "next_cursor": cursor})
 
 
@@ -120,24 +120,3 @@ def delete_schedule(name: str) -> Response:
             raise NotFound("no schedule has this name", {"name": name})
         audit.record_in(conn, "schedule.delete", name)
     return jsonify({"name": name, "deleted": True})
-
-
-def encode_cursor(name: str) -> str:
-    return base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
-
-
-def decode_cursor(text: str | None) -> str | None:
-    """The name a cursor names; InvalidParameter when it is not one this API returned."""
-    if text is None:
-        return None
-    try:
-        if len(text) > paging.MAX_CURSOR_CHARS * 2:
-            raise ValueError("too long")
-        padded = text.encode("ascii") + b"=" * (-len(text) % 4)
-        name = base64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")
-        if not valid_name(name):
-            raise ValueError("not a name")
-        return name
-    except (ValueError, binascii.Error, UnicodeError):
-        raise InvalidParameter("cursor is not a cursor this API returned",
-                               {"parameter": "cursor"}) from None
