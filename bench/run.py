@@ -20,6 +20,9 @@ Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--
 the 1,000 steps one workflow may hold: submit to the fan-in's start; a chain of 100: median
 handoff against the idle pickup; single enqueues' p99 while 32 clients list five 1,000-step
 workflows, against a quiet run).
+`pgbouncer_pairs` (part of a full run where Debian's pgbouncer is installed) runs the 2-worker
+drain and 8 clients' single enqueues directly and through a transaction-pooling PgBouncer in
+interleaved pairs, with the machine's CPU per job (bench/pooled.py).
 `drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
 PostgreSQL) in interleaved pairs and prints the share; `pickup_redis_down` is an idle worker's
 pickup while neither it nor the API reaches Redis.
@@ -54,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import degraded
 import limits
 import peers
+import pooled
 import producers
 import scenarios as sc
 import workflows as wfb
@@ -332,6 +336,7 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
             results[name + "_mean_group_size"] = list(stack.group_sizes)
             show(name + "_mean_group_size", stack.group_sizes)
     redis_down(stack, args, only, results)
+    behind_pgbouncer(stack, args, only, results)
     peak = results.get("side_by_side", {}).get("taskline", {}).get("median")
     if peak and (not only or "steady_latency" in only):
         results["steady_latency_50pct"] = measure(
@@ -354,6 +359,17 @@ def redis_down(stack: Stack, args: argparse.Namespace, only: set[str],
         results["drain_redis_down"] = degraded.drain_pairs(stack, args.jobs, args.repeat)
         for name, value in results["drain_redis_down"].items():
             show(f"drain_redis_down {name}", value)
+
+
+def behind_pgbouncer(stack: Stack, args: argparse.Namespace, only: set[str],
+                     results: dict[str, Any]) -> None:
+    """Interleaved pairs: the 2-worker drain and 8 clients' single enqueues, directly and
+    through a transaction-pooling PgBouncer (bench/pooled.py), with CPU per job."""
+    if (not only and pooled.available()) or "pgbouncer_pairs" in only:
+        results["pgbouncer_pairs"] = pooled.pairs(stack, args.jobs, args.repeat)
+        for case, values in results["pgbouncer_pairs"].items():
+            for name, value in values.items():
+                show(f"pgbouncer {case} {name}", value)
 
 
 def retention(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
