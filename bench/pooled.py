@@ -91,26 +91,29 @@ def enqueue(stack: Stack, jobs: int, clients: int = ENQUEUE_CLIENTS) -> tuple[fl
     return jobs // clients * clients / seconds, cpu_ms
 
 
-def pairs(stack: Stack, jobs: int, repeat: int) -> dict[str, Any]:
-    """Direct then pooled, `repeat` interleaved pairs of each scenario; pooled / direct ratios
-    of the rate and of the CPU per job."""
+def pairs(stack: Stack, jobs: int, repeat: int,
+          arm: Callable[[Stack], contextlib.AbstractContextManager[None]] | None = None,
+          label: str = "pgbouncer", base: str = "direct") -> dict[str, Any]:
+    """Plain then `arm` (through PgBouncer unless given), `repeat` interleaved pairs of each
+    scenario; arm / plain ratios of the rate and of the CPU per job."""
+    arm = arm or through_pgbouncer
     out: dict[str, Any] = {}
     for name, scenario in (("drain_2_workers", drain),
                            ("enqueue_single_8_clients", lambda s, n: enqueue(s, min(n, 4000)))):
-        direct, pooled = [], []
+        plain, armed = [], []
         for _ in range(repeat):
-            direct.append(scenario(stack, jobs))
-            with through_pgbouncer(stack):
-                pooled.append(scenario(stack, jobs))
+            plain.append(scenario(stack, jobs))
+            with arm(stack):
+                armed.append(scenario(stack, jobs))
         out[name] = {
-            "direct_jobs_per_s": _summary([d[0] for d in direct]),
-            "pgbouncer_jobs_per_s": _summary([p[0] for p in pooled]),
-            "direct_cpu_ms_per_job": _summary([d[1] for d in direct]),
-            "pgbouncer_cpu_ms_per_job": _summary([p[1] for p in pooled]),
-            "rate_pgbouncer_over_direct": _summary(
-                [p[0] / d[0] for p, d in zip(pooled, direct, strict=True)]),
-            "cpu_pgbouncer_over_direct": _summary(
-                [p[1] / d[1] for p, d in zip(pooled, direct, strict=True)]),
+            f"{base}_jobs_per_s": _summary([d[0] for d in plain]),
+            f"{label}_jobs_per_s": _summary([p[0] for p in armed]),
+            f"{base}_cpu_ms_per_job": _summary([d[1] for d in plain]),
+            f"{label}_cpu_ms_per_job": _summary([p[1] for p in armed]),
+            f"rate_{label}_over_{base}": _summary(
+                [p[0] / d[0] for p, d in zip(armed, plain, strict=True)]),
+            f"cpu_{label}_over_{base}": _summary(
+                [p[1] / d[1] for p, d in zip(armed, plain, strict=True)]),
         }
     return out
 

@@ -23,6 +23,8 @@ workflows, against a quiet run).
 `pgbouncer_pairs` (part of a full run where Debian's pgbouncer is installed) runs the 2-worker
 drain and 8 clients' single enqueues directly and through a transaction-pooling PgBouncer in
 interleaved pairs, with the machine's CPU per job (bench/pooled.py).
+`cluster_pairs` runs the same two scenarios on the single Redis and on a 3-master, 3-replica
+Redis Cluster it starts from `redis-server` (bench/clustered.py), in interleaved pairs.
 `drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
 PostgreSQL) in interleaved pairs and prints the share; `pickup_redis_down` is an idle worker's
 pickup while neither it nor the API reaches Redis.
@@ -54,6 +56,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # bench/ is put on the path first: its modules import each other by name.
+import clustered
 import degraded
 import limits
 import peers
@@ -364,12 +367,18 @@ def redis_down(stack: Stack, args: argparse.Namespace, only: set[str],
 def behind_pgbouncer(stack: Stack, args: argparse.Namespace, only: set[str],
                      results: dict[str, Any]) -> None:
     """Interleaved pairs: the 2-worker drain and 8 clients' single enqueues, directly and
-    through a transaction-pooling PgBouncer (bench/pooled.py), with CPU per job."""
+    through a transaction-pooling PgBouncer (bench/pooled.py), then on the single Redis and on
+    a Redis Cluster (bench/clustered.py), with CPU per job."""
     if (not only and pooled.available()) or "pgbouncer_pairs" in only:
         results["pgbouncer_pairs"] = pooled.pairs(stack, args.jobs, args.repeat)
         for case, values in results["pgbouncer_pairs"].items():
             for name, value in values.items():
                 show(f"pgbouncer {case} {name}", value)
+    if not only or "cluster_pairs" in only:
+        results["cluster_pairs"] = clustered.pairs(stack, args.jobs, args.repeat)
+        for case, values in results["cluster_pairs"].items():
+            for name, value in values.items():
+                show(f"redis cluster {case} {name}", value)
 
 
 def retention(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
