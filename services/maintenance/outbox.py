@@ -42,6 +42,7 @@ import psycopg
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import StoreUnavailable
 from taskline.metrics import OUTBOX_RELAYED, LabelGuard
+from taskline.mirror import Mirror
 from taskline.service import IDLE_POLL_S, Periodic, always, guarded
 from taskline.store import caller
 from taskline.store.queries import channel
@@ -92,6 +93,7 @@ class OutboxRelay(Periodic):
         self._channel = channel(store.schema, "enqueued")
         self._jobs_channel = channel(store.schema, "enqueued_jobs")
         self.dispatcher = dispatcher
+        self.mirror = Mirror.of(dispatcher, store)
         self.database_url = database_url
         """Where to LISTEN (a session of its own); None: drain every backstop_s instead."""
         self.backstop_s = backstop_s
@@ -116,7 +118,8 @@ class OutboxRelay(Periodic):
         while True:
             page = self._page()
             changes = [c for c in (owed.committed() for owed in page) if c is not None]
-            self.dispatcher.follow(changes)
+            # Strict: an owed row is forgotten only once its id is in Redis.
+            self.mirror.follow(changes, action="outbox_relay", strict=True)
             self._forget([owed.job_id for owed in page])
             self._count(changes)
             pushed, forgotten = pushed + len(changes), forgotten + len(page) - len(changes)
@@ -212,7 +215,7 @@ class OutboxRelay(Periodic):
         if any(n.channel == self._channel and n.payload not in queues for n in signals):
             return self.run_once()
         changes = [c for c in (owed.committed() for owed in announced) if c is not None]
-        self.dispatcher.follow(changes)
+        self.mirror.follow(changes, action="outbox_relay", strict=True)
         if announced and not self._pushed:
             self._forget_by = time.monotonic() + self.forget_after_s
         self._pushed += [owed.job_id for owed in announced]

@@ -27,10 +27,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.errors import DispatchUnavailable
 from taskline.metrics import PROMOTED, LabelGuard
+from taskline.mirror import Mirror
 from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.rows import Promoted
@@ -69,6 +68,7 @@ class Promoter(Periodic):
         super().__init__()
         self.store = store
         self.dispatcher = dispatcher
+        self.mirror = Mirror.of(dispatcher, store)
         self.settings = settings
         self.page_size = page_size
         self.queue_label = queues or LabelGuard()
@@ -89,13 +89,9 @@ class Promoter(Periodic):
         return PromoteResult(promoted)
 
     def _push(self, rows: list[Promoted]) -> int:
-        try:
-            readiness.follow(self.dispatcher, self.store, [row.committed() for row in rows])
-        except DispatchUnavailable as err:
-            # Committed: workers claiming from PostgreSQL were notified, and the rebuild after
-            # Redis returns pushes the ids. Later pages are promoted all the same.
-            log.warning("promoted jobs not pushed: Redis is unreachable",
-                        extra={"action": "promote", "jobs": len(rows), "error": str(err)})
+        # Committed: when Redis is unreachable, workers claiming from PostgreSQL are notified
+        # and the rebuild after Redis returns pushes the ids. Later pages are promoted the same.
+        self.mirror.follow([row.committed() for row in rows], action="promote")
         for queue, count in Counter(row.queue for row in rows).items():
             PROMOTED.labels(queue=self.queue_label(queue)).inc(count)
         for row in rows:

@@ -30,10 +30,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.errors import DispatchUnavailable
 from taskline.metrics import JOB_DLQ, JOB_RECOVERED, LabelGuard, TypeLabels
+from taskline.mirror import Mirror
 from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.rows import Recovered
@@ -75,6 +74,7 @@ class Reaper(Periodic):
         super().__init__()
         self.store = store
         self.dispatcher = dispatcher
+        self.mirror = Mirror.of(dispatcher, store)
         self.settings = settings
         self.page_size = page_size
         self.type_label = types or TypeLabels(())
@@ -125,10 +125,6 @@ class Reaper(Periodic):
                 log.error("lease expired on the last attempt: job dead-lettered", extra=extra)
             else:
                 log.warning("lease expired: job requeued", extra=extra)
-        try:
-            readiness.follow(self.dispatcher, self.store, [r.committed() for r in recovered])
-        except DispatchUnavailable as err:
-            # Committed: requeued jobs reach the workers claiming from PostgreSQL by a
-            # notification, and Redis is rebuilt when it returns. The pass goes on.
-            log.warning("recovered jobs not moved in Redis: Redis is unreachable",
-                        extra={"action": "reap", "jobs": len(recovered), "error": str(err)})
+        # Committed: when Redis is unreachable, requeued jobs reach the workers claiming from
+        # PostgreSQL by a notification, and Redis is rebuilt when it returns. The pass goes on.
+        self.mirror.follow([r.committed() for r in recovered], action="reap")

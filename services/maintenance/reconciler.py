@@ -59,7 +59,7 @@ from datetime import datetime, timedelta
 from taskline import metrics
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys, valid_queue_name
-from taskline.jobs import TERMINAL, Status
+from taskline.jobs import REDIS_HOME, RedisHome, Status
 from taskline.metrics import (
     RECONCILE_CORRUPTED,
     RECONCILE_MISSING,
@@ -80,7 +80,6 @@ SNAPSHOT_TTL_S = 600
 """Lifetime of a pass's working sets, seconds, in case the pass dies before deleting them."""
 MAX_STRAND_PAUSE_S = 1.0
 """Longest wait before a queued id found in a processing list is judged stranded, seconds."""
-WAITING = frozenset({Status.RETRYING, Status.SCHEDULED})
 _FIRST_ID = uuid.UUID(int=0)
 
 
@@ -178,14 +177,15 @@ class _Suspect:
     job_id: str
 
 
-def _finished(row) -> bool:
-    return row is None or row.status in TERMINAL
+def _home(row) -> RedisHome:
+    """Where Redis should hold this job's id (taskline.jobs.REDIS_HOME); absent: nowhere."""
+    return RedisHome.NONE if row is None else REDIS_HOME[row.status]
 
 
 def _unready(row) -> bool:
-    """Finished, absent, or a workflow step still waiting for its parents: no Redis structure
-    may hold it (its release pushes it)."""
-    return _finished(row) or row.status == Status.WAITING
+    """Absent, finished, or a workflow step still waiting for its parents: no ready or
+    processing list may hold it (a waiting step's release pushes it)."""
+    return _home(row) in (RedisHome.NONE, RedisHome.DLQ)
 
 
 def _cancelled(row) -> bool:
@@ -194,7 +194,7 @@ def _cancelled(row) -> bool:
 
 def _processing_verdict(row, owner: str) -> str | None:
     """What an id in `owner`'s processing list is: a kind to remove, 'stranded', or None."""
-    if _unready(row) or row.status in WAITING:
+    if _home(row) not in (RedisHome.READY, RedisHome.PROCESSING):
         return "processing"
     if row.status == Status.RUNNING and row.lease_worker not in (None, owner):
         return "duplicate"
@@ -383,8 +383,7 @@ class Reconciler(Periodic):
             tally.stale[queue] += self.dispatcher.discard(snap.stale_drop, keys.ready_by_urgency)
         for ids in self.dispatcher.scan_set(snap.delayed):
             found = self.store.statuses(ids)
-            stale = [i for i in ids if _finished(found.get(i))
-                     or found[i].status not in WAITING]
+            stale = [i for i in ids if _home(found.get(i)) is not RedisHome.DELAYED]
             retry, scheduled = self.dispatcher.unschedule_many(queue, stale)
             tally.corrupted[(queue, "retry")] += retry
             tally.corrupted[(queue, "scheduled")] += scheduled

@@ -39,6 +39,7 @@ from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.jobs import Status
 from taskline.metrics import RETENTION_DELETED, RETENTION_OLDEST, RETENTION_SECONDS
+from taskline.mirror import Mirror
 from taskline.service import Periodic, always
 from taskline.settings import Settings
 from taskline.store.rows import Deleted
@@ -79,6 +80,7 @@ class Retention(Periodic):
         self.rest = rest
         self.store = store
         self.dispatcher = dispatcher
+        self.mirror = Mirror.of(dispatcher, store)
         self.settings = settings
         self.batch_size = batch_size
         self.active = active
@@ -144,8 +146,8 @@ class Retention(Periodic):
                 log.info("waiting step cancelled: its dead parent expired",
                          extra={"action": "cancelled", "job_id": str(row.id),
                                 "queue": row.queue, "cause": "parent_expired"})
-            self.dispatcher.follow([Committed(transitions.CANCEL, str(r.id), r.queue, r.priority)
-                                    for r in cancelled])
+            self.mirror.follow([Committed(transitions.CANCEL, str(r.id), r.queue, r.priority)
+                                for r in cancelled], action="cancelled", strict=True)
             if len(cancelled) < self.batch_size or not self.active():
                 break
 
@@ -167,7 +169,7 @@ class Retention(Periodic):
                                            "queue": row.queue, "type": row.type,
                                            "status": row.status.value,
                                            "finished_at": row.finished_at.isoformat()})
-        self.dispatcher.follow([row.committed() for row in batch])
+        self.mirror.follow([row.committed() for row in batch], action="expired", strict=True)
 
     def _export_ages(self) -> None:
         ages = self.store.oldest_finished(STATUSES)

@@ -32,6 +32,7 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import QueueLimitReached
 from taskline.jobs import Job
 from taskline.metrics import LOOP_ERRORS, SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
+from taskline.mirror import Mirror
 from taskline.quota import EnqueueQuotas
 from taskline.schedules import (
     CATCH_UP,
@@ -87,6 +88,7 @@ class Scheduler(Periodic):
         super().__init__()
         self.store = store
         self.dispatcher = dispatcher
+        self.mirror = Mirror.of(dispatcher, store)
         self.settings = settings
         self._declarations = list(declarations)
         self._declared = not self._declarations
@@ -233,12 +235,7 @@ class Scheduler(Periodic):
         """Hand the pass's committed jobs to Redis in one call."""
         if not pushes:
             return
-        try:
-            self.dispatcher.follow(pushes)
-        except Exception:
-            log.warning("schedule slots' jobs committed but not pushed; reconciliation will "
-                        "push them", exc_info=True,
-                        extra={"action": "schedule_fired", "jobs": len(pushes)})
+        self.mirror.follow(pushes, action="schedule_fired")
 
     def _declare(self) -> None:
         """Upsert the schedules declared in code (`@periodic`), once, on the first pass this

@@ -16,6 +16,7 @@ from flask import current_app
 
 from taskline.access import parse_quotas
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.mirror import Mirror
 from taskline.quota import EnqueueQuotas
 from taskline.settings import Settings
 from taskline.store.store import Store
@@ -81,6 +82,12 @@ class Backends:
     @property
     def dispatcher(self) -> Dispatcher:
         return self._current().dispatcher
+
+    @property
+    def mirror(self) -> Mirror:
+        """The process's Redis step after each commit (taskline.mirror)."""
+        live = self._current()
+        return Mirror.of(live.dispatcher, live.store)
 
     @property
     def enqueuer(self) -> Enqueuer:

@@ -26,12 +26,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from taskline import readiness
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.errors import DispatchUnavailable, IdempotencyConflict
+from taskline.errors import IdempotencyConflict
 from taskline.jobs import Job, Status, new_job_id, visible_key
 from taskline.jobspec import JobSpec
 from taskline.log import job_fields as job_log_extra
+from taskline.mirror import Mirror
 from taskline.store.store import STATEMENT_ERRORS, Store
 from taskline.transitions import CREATED, Committed
 from taskline_producer.grouping import GroupWriter
@@ -113,6 +113,7 @@ class Enqueuer:
     def __init__(self, store: Store, dispatcher: Dispatcher, metrics: JobMetrics) -> None:
         self._store = store
         self._dispatcher = dispatcher
+        self._mirror = Mirror.of(dispatcher, store)
         self._metrics = metrics
         self.group: GroupWriter[dict[str, Any], Job] = GroupWriter(
             self._write_group, item_errors=STATEMENT_ERRORS,
@@ -195,21 +196,6 @@ class Enqueuer:
         committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
                                due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
                      for j in jobs]
-        breaker = self._dispatcher.breaker
-        known_down = breaker is not None and breaker.open
-        try:
-            readiness.follow(self._dispatcher, self._store, committed)
-        except DispatchUnavailable as err:
-            # Committed, and the workers claiming from PostgreSQL were notified; the rebuild
-            # after Redis returns pushes the ids. While the breaker is open (Redis known
-            # down) the push was not even tried: one line per request would flood the log.
-            log.log(logging.DEBUG if known_down else logging.WARNING,
-                    "jobs accepted but not pushed to Redis; workers claim them from PostgreSQL "
-                    "and reconciliation pushes them when Redis returns",
-                    extra={"action": "enqueue", "jobs": len(jobs),
-                           "job_id": str(jobs[0].id) if jobs else None, "error": str(err)})
-        except Exception:
-            # Whatever Redis said, the jobs are committed; reconciliation restores them.
-            log.warning("jobs accepted but not pushed to Redis; reconciliation will push them",
-                        exc_info=True, extra={"action": "enqueue", "jobs": len(jobs),
-                                              "job_id": str(jobs[0].id) if jobs else None})
+        # Committed: when Redis cannot take the ids, workers claiming from PostgreSQL are
+        # notified and the rebuild after Redis returns pushes them.
+        self._mirror.follow(committed, action="enqueue")

@@ -13,7 +13,7 @@ import uuid
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline import readiness, tracing, transitions
+from taskline import tracing, transitions
 from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline.log import job_fields as job_log_extra
@@ -161,10 +161,5 @@ def _not_in_state(job: Job | None, job_id: uuid.UUID, action: str) -> Exception:
 
 def _follow_in_redis(move: Move, job: Job) -> None:
     """Mirror a committed move in Redis; on failure, reconciliation repairs Redis later."""
-    b = backends()
-    try:
-        readiness.follow(b.dispatcher, b.store,
-                         [Committed(move, str(job.id), job.queue, job.priority)])
-    except Exception:
-        log.warning("Redis not updated after a committed change; reconciliation will repair it",
-                    exc_info=True, extra={"action": move.name, "job_id": str(job.id)})
+    backends().mirror.follow([Committed(move, str(job.id), job.queue, job.priority)],
+                             action=move.name)

@@ -97,12 +97,7 @@ def _dispatch(jobs: Sequence[Job]) -> None:
     committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
                            due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
                  for j in jobs]
-    try:
-        backends().dispatcher.follow(committed)
-    except Exception:
-        log.warning("workflow accepted but its first steps not pushed to Redis; "
-                    "reconciliation will push them", exc_info=True,
-                    extra={"action": "workflow_submitted", "jobs": len(jobs)})
+    backends().mirror.follow(committed, action="workflow_submitted")
 
 
 @bp.get("/<uuid:workflow_id>")
@@ -157,12 +152,8 @@ def follow_cancelled(jobs: Sequence[Job]) -> None:
     """Redis after PostgreSQL: cancelled steps leave the retry and scheduled sets."""
     if not jobs:
         return
-    try:
-        backends().dispatcher.follow([Committed(transitions.CANCEL, str(j.id), j.queue,
-                                                j.priority) for j in jobs])
-    except Exception:
-        log.warning("Redis not updated after cancelling steps; reconciliation will repair it",
-                    exc_info=True, extra={"action": "cancel", "jobs": len(jobs)})
+    backends().mirror.follow([Committed(transitions.CANCEL, str(j.id), j.queue, j.priority)
+                              for j in jobs], action="cancel")
 
 
 def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None = None,

@@ -13,10 +13,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from taskline import readiness, transitions
+from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.jobs import Status, parse_job_id
+from taskline.mirror import Mirror
 from taskline.store.rows import Settlement
 from taskline.store.store import Store
 from taskline_worker.attempts import Attempt
@@ -31,6 +32,7 @@ class Handback:
                  queues: Sequence[str]) -> None:
         self._store = store
         self._dispatcher = dispatcher
+        self._mirror = Mirror.of(dispatcher, store)
         self._worker_id = worker_id
         self._queues = list(queues)
 
@@ -39,8 +41,8 @@ class Handback:
         rows = self._store.settle([Settlement(a.lease_id, self._worker_id,
                                               transitions.handed_back()) for a in attempts])
         # Workers claiming from PostgreSQL are notified when Redis cannot take the ids.
-        readiness.follow(self._dispatcher, self._store,
-                         [row.committed(transitions.HAND_BACK) for row in rows])
+        self._mirror.follow([row.committed(transitions.HAND_BACK) for row in rows],
+                            action="hand_back")
         by_id = {a.job_id: a for a in attempts}
         for row in rows:
             log.info("job handed back", extra=by_id[str(row.id)].log_extra("released"))

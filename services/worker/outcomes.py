@@ -38,6 +38,7 @@ from taskline.metrics import (
     CachedLabels,
     TypeLabels,
 )
+from taskline.mirror import Mirror
 from taskline.service import guarded
 from taskline.settings import Settings
 from taskline.store.rows import Settled, Settlement
@@ -193,6 +194,7 @@ class Recorder:
         self._lease_s = settings.lease_s
         self._on_settled = on_settled
         self._dispatcher = dispatcher
+        self._mirror = Mirror.of(dispatcher, store)
         self._worker_id = worker_id
         self._attempts = attempts
         self._types = types
@@ -487,7 +489,8 @@ class Recorder:
         if committed and self._on_settled is not None:
             self._on_settled(committed)  # leases released: flow budget freed
         if committed:
-            self._redis(lambda: self._dispatcher.follow(committed), committed[0].job_id)
+            # An unblocked workflow step is announced through PostgreSQL when Redis is down.
+            self._mirror.follow(committed, action="redis_after_record")
         if stale:
             items = [(r.attempt.queue, r.attempt.job_id) for r in stale]
             self._redis(lambda: self._dispatcher.ack(items, self._worker_id),

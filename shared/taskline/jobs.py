@@ -12,8 +12,10 @@ import enum
 import functools
 import random
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from uuid_utils.compat import uuid7
@@ -40,10 +42,36 @@ class Status(enum.StrEnum):
         return self in PENDING
 
 
+class RedisHome(enum.StrEnum):
+    """Where Redis holds the id of a job in a state (taskline.dispatch.keys names the keys)."""
+
+    READY = "ready"  # a ready list of its priority (a worker's processing list once fetched)
+    PROCESSING = "processing"  # the processing list of the worker holding its lease
+    DELAYED = "delayed"  # its queue's retry or scheduled set, scored by its due time
+    DLQ = "dlq"  # its queue's dead-letter list
+    NONE = "none"  # nowhere: finished, or waiting in PostgreSQL only
+
+
+REDIS_HOME: Mapping[Status, RedisHome] = MappingProxyType({
+    Status.SCHEDULED: RedisHome.DELAYED,
+    Status.QUEUED: RedisHome.READY,
+    Status.RUNNING: RedisHome.PROCESSING,
+    Status.RETRYING: RedisHome.DELAYED,
+    Status.SUCCEEDED: RedisHome.NONE,
+    Status.DEAD: RedisHome.DLQ,
+    Status.CANCELLED: RedisHome.NONE,
+    # A waiting step is in no Redis structure until its release (taskline.transitions.UNBLOCK).
+    Status.WAITING: RedisHome.NONE,
+})
+"""The one map from state to Redis home: taskline.mirror follows it, the reconciler's verdicts
+and the pending-state SQL (taskline.store.schema.PENDING_SQL) are derived from it."""
+
 TERMINAL = frozenset({Status.SUCCEEDED, Status.DEAD, Status.CANCELLED})
-PENDING = frozenset({Status.SCHEDULED, Status.QUEUED, Status.RETRYING})
-"""The states whose ids Redis holds. Not `waiting`: a waiting step is in no Redis structure
-until its last parent's success releases it (taskline.transitions.UNBLOCK)."""
+DELAYED = frozenset(s for s, home in REDIS_HOME.items() if home is RedisHome.DELAYED)
+"""The states waiting for a due time in a Redis set (retrying, scheduled)."""
+PENDING = frozenset(s for s, home in REDIS_HOME.items()
+                    if home in (RedisHome.READY, RedisHome.DELAYED))
+"""The states whose ids Redis holds until a worker takes them (queued, scheduled, retrying)."""
 CANCELLABLE = PENDING | {Status.RUNNING, Status.WAITING}
 
 MIN_PRIORITY = 0

@@ -3,9 +3,9 @@
 Invariant: a committed transition that makes a job queued reaches the workers either by its
 Redis step (the id pushed to a ready list) or, when that step fails because Redis is
 unreachable, by a notification on the PostgreSQL channel `taskline_enqueued` (payload: the
-queue's name), which wakes the workers dispatching from PostgreSQL. Nothing is notified while
-Redis answers, so the Redis path pays nothing for it; a lost notification costs at most the
-workers' backstop poll, never a job.
+queue's name; sent by taskline.mirror, which every service commits through), which wakes the
+workers dispatching from PostgreSQL. Nothing is notified while Redis answers, so the Redis path
+pays nothing for it; a lost notification costs at most the workers' backstop poll, never a job.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from taskline.dispatch.dispatcher import Dispatcher
 from taskline.enqueuing import CHANNEL
-from taskline.errors import DispatchUnavailable, StoreUnavailable
+from taskline.errors import StoreUnavailable
 from taskline.jobs import Status
 from taskline.store.store import Store
 from taskline.transitions import Committed
@@ -24,18 +23,7 @@ log = logging.getLogger(__name__)
 
 # The one channel that says "jobs of this queue became queued" (queries.sql `notify_ready`
 # and the in-transaction enqueue's insert name it too).
-__all__ = ["CHANNEL", "follow", "notify"]
-
-
-def follow(dispatcher: Dispatcher, store: Store, changes: Iterable[Committed]) -> None:
-    """`Dispatcher.follow`; when Redis is unreachable, notify the queues whose jobs became
-    queued, then re-raise DispatchUnavailable (the caller decides how loudly to say so)."""
-    changes = list(changes)
-    try:
-        dispatcher.follow(changes)
-    except DispatchUnavailable:
-        notify(store, changes)
-        raise
+__all__ = ["CHANNEL", "notify"]
 
 
 def notify(store: Store, changes: Iterable[Committed]) -> None:

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from taskline import flow, readiness, transitions
+from taskline import flow, transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys, dispatch_marker_ms
 from taskline.errors import DispatchUnavailable
+from taskline.mirror import Mirror
 from taskline.readiness import CHANNEL
 from taskline.store.store import Store
 from taskline.transitions import Committed
@@ -199,7 +200,7 @@ def test_a_failed_follow_notifies_the_queues_of_jobs_made_queued(settings, store
         listen.execute(f"LISTEN {CHANNEL}")
         try:
             with pytest.raises(DispatchUnavailable):
-                readiness.follow(dead, store, changes)
+                Mirror(dead, store).follow(changes, action="test", strict=True)
         finally:
             dead.close()
         notes = list(listen.notifies(timeout=1, stop_after=2))

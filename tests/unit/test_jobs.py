@@ -69,3 +69,19 @@ def test_backoff_follows_the_documented_schedule_within_jitter():
 
 def test_backoff_caps_huge_exponents():
     assert Backoff(10, 4, 60).delay(10_000, random.Random(1)) <= 60
+
+
+def test_every_state_has_one_redis_home_and_the_state_sets_follow_from_it():
+    from taskline.jobs import DELAYED, PENDING, REDIS_HOME, TERMINAL, RedisHome, Status
+    from taskline.store.schema import PENDING_SQL, TERMINAL_SQL
+
+    assert set(REDIS_HOME) == set(Status)
+    assert {Status.QUEUED, Status.SCHEDULED, Status.RETRYING} == PENDING
+    assert {Status.SCHEDULED, Status.RETRYING} == DELAYED
+    assert {s for s in Status if REDIS_HOME[s] is RedisHome.NONE} - TERMINAL == {Status.WAITING}
+
+    def quoted(text: str) -> set[str]:
+        return {part.strip(" ()'") for part in text.split("IN", 1)[-1].split(",")}
+
+    assert quoted(PENDING_SQL) == {s.value for s in PENDING}
+    assert quoted(TERMINAL_SQL) == {s.value for s in TERMINAL}

@@ -29,6 +29,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 metadata = MetaData()
 
 NOW = text("now()")
+# The predicate of the partial index jobs_pending_id, in its migration's words (the planner
+# matches predicates by text, so the order is kept); its states are jobs.PENDING (a unit test).
 PENDING_SQL = "status IN ('queued', 'scheduled', 'retrying')"
 TERMINAL_SQL = "('succeeded', 'dead', 'cancelled')"
 
