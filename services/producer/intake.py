@@ -37,6 +37,7 @@ from taskline.settings import Settings
 from taskline_producer.balancer import BalancedThreadWorker
 from taskline_producer.errors import CLOSE_CONNECTION, error_bytes
 from taskline_producer.framing import Framed, Refused, RequestFramer
+from taskline_producer.lanes import ListLane, is_list_read
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class IntakeWorker(BalancedThreadWorker):
         self._reading: dict[Any, _Reading] = {}
         self._deadlines: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
+        self._lane = ListLane(settings.api_list_threads)
 
     def run(self) -> None:
         # After post_worker_init, which needs the Flask app itself as worker.wsgi.
@@ -138,7 +140,8 @@ class IntakeWorker(BalancedThreadWorker):
         if isinstance(outcome, Framed):
             self._unwatch(conn)
             conn.framed = outcome
-            super().enqueue_req(conn)
+            if not is_list_read(outcome.message) or self._lane.admit(conn):
+                super().enqueue_req(conn)
         elif isinstance(outcome, Refused):
             self._answer_and_close(conn, outcome.status, outcome.code, outcome.message)
         else:
@@ -204,6 +207,9 @@ class IntakeWorker(BalancedThreadWorker):
         # Called on every turn of gthread's loop, while serving and while stopping.
         super().murder_pending()
         self._expire()
+        if not self.alive:
+            for conn in self._lane.release_all():  # answered before the worker exits
+                super().enqueue_req(conn)
 
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         if self._deadlines:
@@ -212,6 +218,9 @@ class IntakeWorker(BalancedThreadWorker):
 
     def finish_request(self, conn: Any, fs: Any) -> None:
         """Back from its thread: read the next request, or close the connection."""
+        following = self._lane.done(conn)
+        if following is not None:
+            super().enqueue_req(following)
         framed = getattr(conn, "framed", None)
         if framed is None:
             super().finish_request(conn, fs)

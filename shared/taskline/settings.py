@@ -76,6 +76,11 @@ class Settings:
     min_schedule_period_s: float = 1.0
     """Shortest time between two slots of a schedule, seconds; a cron expression firing more
     often is refused (422); >= 1 (slots are whole seconds)."""
+    api_list_threads: int = 2
+    """Of each API process's request threads, how many may serve list and page reads (GET of
+    the job, workflow, DLQ, audit, queue and schedule lists, and a workflow's steps) at once;
+    more such reads wait for one without holding a thread, so a storm of them never leaves
+    enqueues waiting for a thread; 1 <= value <= 1024."""
     http_header_timeout_s: float = 10.0
     """Seconds the API waits for a request's line and headers (from the connection's opening,
     or from a kept-alive request's first byte); a connection that misses it gets 408 and is
@@ -185,6 +190,7 @@ class Settings:
             (self.max_queues >= 1, "TASKLINE_MAX_QUEUES must be >= 1"),
             (self.max_schedules >= 1, "TASKLINE_MAX_SCHEDULES must be >= 1"),
             (self.min_schedule_period_s >= 1, "TASKLINE_MIN_SCHEDULE_PERIOD_S must be >= 1"),
+            (1 <= self.api_list_threads <= 1024, "TASKLINE_API_LIST_THREADS must be 1..1024"),
             (0 < self.http_header_timeout_s <= 3600,
              "TASKLINE_HTTP_HEADER_TIMEOUT_S must be > 0 and <= 3600"),
             (0 < self.http_body_timeout_s <= 3600,

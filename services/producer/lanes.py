@@ -1,0 +1,65 @@
+"""The list lane: how many of an API process's request threads may serve list reads at once.
+
+A list or page read (the job, workflow, DLQ, audit, queue and schedule lists, a workflow's
+steps) costs tens of times a single enqueue. Without a bound, 32 clients listing in a loop hold
+every request thread, and an enqueue waits behind them for a thread: measured, its p50 went from
+5 ms to 90 ms. Here a framed request is classified on the event loop from its request line; at
+most `limit` list reads run at once per process (`TASKLINE_API_LIST_THREADS`), and the others
+wait in arrival order, holding a connection and its read bytes but no thread, so every other
+request always finds a thread. Listing clients are answered, later, never refused.
+
+Invariant: every admitted list read is matched by one `done`, which hands its slot to the
+oldest waiting one; nothing waits once the worker stops (`release_all`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any
+
+# A GET of a collection (its query string, if any, follows) or of one workflow (its steps).
+_LIST_READ = re.compile(
+    rb"GET /api/v1/(?:jobs|dlq|dlq/groups|audit|queues|schedules|workflows"
+    rb"|workflows/[^/?\s]+)(?:\?[^\s]*)? ")
+
+
+def is_list_read(message: bytes) -> bool:
+    """Whether the framed request `message` (its head first) is a list or page read."""
+    return _LIST_READ.match(message, 0, 512) is not None
+
+
+class ListLane:
+    """Admission of list reads to request threads, on the worker's event loop (one thread)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.running = 0
+        self.waiting: deque[Any] = deque()
+
+    def admit(self, conn: Any) -> bool:
+        """True: run `conn`'s list read now; False: it waits for a slot (kept here)."""
+        conn.in_list_lane = True
+        if self.running < self.limit:
+            self.running += 1
+            return True
+        self.waiting.append(conn)
+        return False
+
+    def done(self, conn: Any) -> Any | None:
+        """`conn`'s list read finished: the waiting connection to run next, if any."""
+        if not getattr(conn, "in_list_lane", False):
+            return None
+        conn.in_list_lane = False
+        if self.waiting:
+            nxt = self.waiting.popleft()
+            return nxt
+        self.running -= 1
+        return None
+
+    def release_all(self) -> list[Any]:
+        """Every waiting connection, to run at once (the worker is stopping)."""
+        released = list(self.waiting)
+        self.waiting.clear()
+        self.running += len(released)
+        return released
