@@ -80,7 +80,7 @@ def _purge(store: Store, match: DeadFilter, after: uuid.UUID, size: int,
 def _follow(rows: Sequence[DeadChanged]) -> None:
     """Mirror a committed batch in Redis; on failure reconciliation repairs Redis later."""
     try:
-        backends().dispatcher.follow([row.committed() for row in rows])
+        backends().dispatcher.follow([step for row in rows for step in row.follows()])
     except Exception:
         log.warning("Redis not updated after a committed bulk DLQ batch; reconciliation will "
                     "repair it", exc_info=True, extra={"action": "dlq_bulk", "jobs": len(rows)})

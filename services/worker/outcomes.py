@@ -409,6 +409,7 @@ class Recorder:
         JOB_CANCELLED.labels(attempt.queue).inc()
         log.info("job cancelled while running", extra=attempt.log_extra("cancelled"))
         self._traced(report, "cancelled")
+        self._follow(released_steps([row]), [])  # `when` dependents it decided
         self._follow([row.committed(transition.move)], [])
 
     def _fail(self, report: Report) -> None:
@@ -436,6 +437,7 @@ class Recorder:
                 "dead_lettered", error=text, reason=transition.reason,
                 outcome=report.outcome.value))
         self._traced(report, transition.event.value, text)
+        self._follow(released_steps([row]), [])  # `when` dependents a death decided
         self._follow([row.committed(transition.move)], [])
 
     def _settle_one(self, report: Report, transition: Transition) -> Settled | None:
