@@ -564,8 +564,10 @@ FROM changed;
     GROUP BY e.child_id
 ), locked AS MATERIALIZED (
     SELECT j.id, j.queue, j.priority, f.n,
-           j.pending_parents - f.n <= 0 OR (j.run_when = 'any_failed' AND f.failed) AS frees,
-           j.run_when = 'any_failed' AND NOT f.failed AND j.pending_parents - f.n <= 0 AS unmet
+           j.pending_parents - f.n <= 0 OR (j.run_when = 'any_failed' AND f.failed) IS TRUE
+               AS frees,
+           (j.run_when = 'any_failed' AND NOT f.failed AND j.pending_parents - f.n <= 0) IS TRUE
+               AS unmet
     FROM taskline.jobs j JOIN tally f ON f.child_id = j.id
     WHERE (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
     ORDER BY j.id
@@ -1072,17 +1074,20 @@ FROM json_to_recordset(CAST(:edges AS json)) AS t(parent_id uuid, child_id uuid)
 -- step it changes is locked first, in id order, as settle_releasing locks, so the two never
 -- deadlock. A `when` step is never cancelled here: its children wait for it in their turn.
 , below(id) AS (
-    SELECT d.child_id FROM taskline.job_dependencies d JOIN taskline.jobs k ON k.id = d.child_id
-    WHERE d.parent_id IN (SELECT id FROM roots) AND k.run_when IS NULL
+    -- Each child's condition is looked up by primary key (a scalar subquery), never by
+    -- joining jobs, which the planner may hash over the whole table.
+    SELECT d.child_id FROM taskline.job_dependencies d
+    WHERE d.parent_id IN (SELECT id FROM roots)
+      AND (SELECT k.run_when FROM taskline.jobs k WHERE k.id = d.child_id) IS NULL
     UNION
     SELECT d.child_id FROM taskline.job_dependencies d JOIN below b ON d.parent_id = b.id
-    JOIN taskline.jobs k ON k.id = d.child_id WHERE k.run_when IS NULL
+    WHERE (SELECT k.run_when FROM taskline.jobs k WHERE k.id = d.child_id) IS NULL
 ), reached AS (
     SELECT id FROM below
     UNION
-    SELECT d.child_id FROM taskline.job_dependencies d JOIN taskline.jobs k ON k.id = d.child_id
-    WHERE k.run_when IS NOT NULL
-      AND (d.parent_id IN (SELECT id FROM below) OR d.parent_id IN (SELECT id FROM ended))
+    SELECT d.child_id FROM taskline.job_dependencies d
+    WHERE d.parent_id IN (SELECT id FROM below UNION ALL SELECT id FROM ended)
+      AND (SELECT k.run_when FROM taskline.jobs k WHERE k.id = d.child_id) IS NOT NULL
 ), held AS MATERIALIZED (
     SELECT j.id, j.run_when FROM taskline.jobs j
     WHERE j.id IN (SELECT id FROM reached) AND (j.status = 'waiting') IS TRUE
