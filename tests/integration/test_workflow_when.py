@@ -303,3 +303,19 @@ def test_submit_workflow_in_the_callers_transaction_takes_when(store):
     with pytest.raises(ValueError, match="no parents"), store.transaction() as conn:
         taskline.submit_workflow(conn, "lib", [{"id": "a", "when": "always",
                                                 "job": {"type": "wfw.step"}}])
+
+
+def test_the_workflow_views_with_when_steps_match_the_document(client, store):
+    from tests.integration.test_api_ops import _validator
+
+    doc = client.get("/api/v1/openapi.json").get_json()
+    jobs = insert(store, spec("a"), spec("on_fail", ("a",), "any_failed"),
+                  spec("finally", ("a",), "always"))
+    run(store, jobs["a"], SUCCESS)
+    workflow_id = store.get_job(jobs["a"]).workflow_id
+    checks = [("Workflow", client.get(f"/api/v1/workflows/{workflow_id}").get_json()),
+              ("WorkflowPage", client.get("/api/v1/workflows").get_json())]
+    for name, instance in checks:
+        assert [e.message for e in _validator(doc, name).iter_errors(instance)] == [], name
+    when = doc["components"]["schemas"]["WorkflowStepCreate"]["properties"]["when"]
+    assert when["enum"] == ["all_succeeded", "any_failed", "always"]
