@@ -319,3 +319,73 @@ def test_the_workflow_views_with_when_steps_match_the_document(client, store):
         assert [e.message for e in _validator(doc, name).iter_errors(instance)] == [], name
     when = doc["components"]["schemas"]["WorkflowStepCreate"]["properties"]["when"]
     assert when["enum"] == ["all_succeeded", "any_failed", "always"]
+
+
+# --- audit verify's step_before_parents rule, with when ------------------------------------
+
+def _audit(capsys, monkeypatch, settings) -> tuple[int, set[tuple[str, str | None]], dict]:
+    from tests.integration.test_audit_verify import audit, found
+
+    code, report = audit(capsys, monkeypatch, settings)
+    return code, found(report), report
+
+
+def test_a_history_of_when_steps_the_engine_wrote_passes_the_audit(store, settings, capsys,
+                                                                   monkeypatch):
+    jobs = insert(store, spec("a"), spec("b"), spec("on_fail", ("a", "b"), "any_failed"),
+                  spec("finally", ("a", "b"), "always"), spec("next", ("a",)))
+    run(store, jobs["a"], DEATH)
+    run(store, jobs["on_fail"], SUCCESS)
+    run(store, jobs["b"], SUCCESS)
+    run(store, jobs["finally"], SUCCESS)
+    store.requeue_dead_job(jobs["a"], "ops")
+    run(store, jobs["a"], SUCCESS)
+    run(store, jobs["next"], SUCCESS)
+    unmet = insert(store, spec("a"), spec("on_fail", ("a",), "any_failed"))
+    run(store, unmet["a"], SUCCESS)
+    assert status(store, unmet)["on_fail"] is Status.CANCELLED
+    code, violations, _ = _audit(capsys, monkeypatch, settings)
+    assert (code, violations) == (0, set())
+
+
+def _plant_release(store, job_id: uuid.UUID) -> None:
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE taskline.jobs SET status = 'queued' WHERE id = :id"),
+                     {"id": job_id})
+        conn.execute(text("INSERT INTO taskline.job_events (job_id, attempt, event) "
+                          "VALUES (:id, 0, 'unblocked')"), {"id": job_id})
+
+
+def test_an_any_failed_step_released_though_no_parent_failed_is_reported(
+        store, settings, capsys, monkeypatch):
+    jobs = insert(store, spec("a"), spec("b"), spec("on_fail", ("a", "b"), "any_failed"))
+    run(store, jobs["a"], SUCCESS)
+    _plant_release(store, jobs["on_fail"])
+    code, violations, report = _audit(capsys, monkeypatch, settings)
+    assert (code, violations) == (1, {("step_before_parents", str(jobs["on_fail"]))})
+    assert "any_failed" in report["violations"][0]["message"]
+
+
+def test_an_always_step_released_before_a_parent_finished_is_reported(
+        store, settings, capsys, monkeypatch):
+    jobs = insert(store, spec("a"), spec("b"), spec("finally", ("a", "b"), "always"))
+    run(store, jobs["a"], DEATH)
+    _plant_release(store, jobs["finally"])
+    code, violations, report = _audit(capsys, monkeypatch, settings)
+    assert (code, violations) == (1, {("step_before_parents", str(jobs["finally"]))})
+    assert f"before parent {jobs['b']} finished" in report["violations"][0]["message"]
+
+
+def test_a_condition_unmet_before_every_parent_succeeded_is_reported(
+        store, settings, capsys, monkeypatch):
+    jobs = insert(store, spec("a"), spec("b"), spec("on_fail", ("a", "b"), "any_failed"))
+    run(store, jobs["a"], SUCCESS)
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE taskline.jobs SET status = 'cancelled', finished_at = now() "
+                          "WHERE id = :id"), {"id": jobs["on_fail"]})
+        conn.execute(text("INSERT INTO taskline.job_events (job_id, attempt, event, detail) "
+                          "VALUES (:id, 0, 'cancelled', '{\"cause\": \"condition_unmet\"}')"),
+                     {"id": jobs["on_fail"]})
+    code, violations, report = _audit(capsys, monkeypatch, settings)
+    assert (code, violations) == (1, {("step_before_parents", str(jobs["on_fail"]))})
+    assert "condition_unmet" in report["violations"][0]["message"]

@@ -1386,7 +1386,8 @@ FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 -- name: audit_jobs_page
 -- Up to :limit jobs created at or after :since, after (:after_created, :after_id) in
 -- (created_at, id) order (index jobs_created).
-SELECT id::text AS id, type, queue, status, attempts, limit_key, created_at FROM taskline.jobs
+SELECT id::text AS id, type, queue, status, attempts, limit_key, run_when, created_at
+FROM taskline.jobs
 WHERE created_at >= CAST(:since AS timestamptz)
   AND (created_at, id) > (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
 ORDER BY created_at, id
@@ -1394,9 +1395,9 @@ LIMIT :limit;
 
 -- name: audit_events_of
 -- The events of the jobs :ids in id order, each with the state its row records (`recorded`,
--- detail.status) and the transaction that wrote it.
-SELECT job_id::text AS job_id, id, attempt, event, detail ->> 'status' AS recorded, created_at,
-       xmin::text AS xid
+-- detail.status), its cause (detail.cause) and the transaction that wrote it.
+SELECT job_id::text AS job_id, id, attempt, event, detail ->> 'status' AS recorded,
+       detail ->> 'cause' AS cause, created_at, xmin::text AS xid
 FROM taskline.job_events WHERE job_id = ANY(CAST(:ids AS uuid[]))
 ORDER BY job_id, id;
 
@@ -1412,10 +1413,14 @@ ORDER BY job_id, id;
 SELECT child_id::text AS child_id, parent_id::text AS parent_id FROM taskline.job_dependencies
 WHERE child_id = ANY(CAST(:ids AS uuid[]));
 
--- name: audit_successes_of
--- The success events of the jobs :ids, each with the transaction that wrote it.
-SELECT job_id::text AS job_id, id, created_at, xmin::text AS xid FROM taskline.job_events
-WHERE job_id = ANY(CAST(:ids AS uuid[])) AND event = 'succeeded';
+-- name: audit_finishes_of
+-- The events of the jobs :ids that may end them (success, death, cancellation, a recovery
+-- into dead), each with the state its row records and the transaction that wrote it.
+SELECT job_id::text AS job_id, id, event, detail ->> 'status' AS recorded, created_at,
+       xmin::text AS xid
+FROM taskline.job_events
+WHERE job_id = ANY(CAST(:ids AS uuid[]))
+  AND event IN ('succeeded', 'dead_lettered', 'cancelled', 'recovered');
 
 -- name: audit_limit_changes
 -- Up to :limit flow limit changes in the audit trail after (:after_at, :after_id), oldest first.
