@@ -140,6 +140,13 @@ def submit_guarded(run, sleep_s: float) -> tuple[dict[str, str], dict[str, str]]
             submit(run, guarded(sleep_s, fails=False), name="passing"))
 
 
+def ends(failing: dict[str, str], passing: dict[str, str] | None = None) -> dict:
+    """The checker's allowed end states beyond success: the failing parent dies, the passing
+    workflow's any_failed step is cancelled as its condition was unmet."""
+    allowed = {failing["load"]: {"dead"}}
+    return {**allowed, passing["on_fail"]: {"cancelled"}} if passing else allowed
+
+
 def assert_when_steps_ran_once(run, failing: dict[str, str], passing: dict[str, str]) -> None:
     for step_id in ("on_fail", "finally"):
         assert unblocked(run, failing[step_id]) == 1, step_id
@@ -160,7 +167,7 @@ def test_failure_steps_under_worker_sigkill(fault_run):
                     concurrency=2, supervise=True)
     failing, passing = submit_guarded(run, sleep_s=1.0)
     _victim, killed = run.nemesis.kill_busy_worker()
-    result = run.check()
+    result = run.check(expect=ends(failing, passing))
     run.assert_clean(result)
     assert result.acknowledged == len(failing) + len(passing)
     assert killed and result.count("recovered") >= len(killed)
@@ -181,7 +188,7 @@ def test_failure_step_released_by_the_reaper_while_a_zombie_holds_the_parent(fau
     wait_for(lambda: stale_rejections(e for e in run.cluster.log_events(("worker",))
                                       if e["_service"] == zombie.name) >= 1,
              timeout=10, message="the zombie's outcome to be refused")
-    result = run.check()
+    result = run.check(expect=ends(failing))
     run.assert_clean(result)
     assert result.stale >= 1
     assert len(executions(run, failing["load"])) == 1
@@ -201,7 +208,7 @@ def test_failure_steps_when_redis_is_flushed_while_they_wait(fault_run):
     failing, passing = submit_guarded(run, sleep_s=1.0)
     wait_for(lambda: executions(run, failing["load"]), timeout=15, message="load to run")
     run.nemesis.flushall()
-    result = run.check()
+    result = run.check(expect=ends(failing, passing))
     run.assert_clean(result)
     assert result.acknowledged == len(failing) + len(passing)
     assert_when_steps_ran_once(run, failing, passing)
@@ -217,7 +224,7 @@ def test_failure_steps_when_postgres_restarts_while_the_parents_run(fault_run):
     run.nemesis.stop_postgres()
     time.sleep(3.0)
     run.nemesis.start_postgres()
-    result = run.check(wait_s=90)
+    result = run.check(wait_s=90, expect=ends(failing, passing))
     run.assert_clean(result)
     assert result.acknowledged == len(failing) + len(passing)
     assert_when_steps_ran_once(run, failing, passing)
