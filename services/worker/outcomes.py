@@ -35,6 +35,7 @@ from taskline.metrics import (
     STALE_COMPLETIONS,
     STEPS_RELEASED,
     STEPS_STARTED_IN_PLACE,
+    STEPS_UNMET,
     CachedLabels,
     TypeLabels,
 )
@@ -141,9 +142,13 @@ def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
 def released_steps(rows: Iterable[Settled], started: int = 0) -> list[Committed]:
     """The waiting workflow steps the settlement queued, to push after the commit (`started`
     more were released and claimed on this worker by the same statement)."""
+    rows = list(rows)
     released = [step for row in rows for step in row.released]
     if released or started:
         STEPS_RELEASED.inc(len(released) + started)
+    unmet = sum(row.unmet for row in rows)
+    if unmet:
+        STEPS_UNMET.inc(unmet)
     return [step.committed() for step in released]
 
 

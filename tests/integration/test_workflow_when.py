@@ -389,3 +389,20 @@ def test_a_condition_unmet_before_every_parent_succeeded_is_reported(
     code, violations, report = _audit(capsys, monkeypatch, settings)
     assert (code, violations) == (1, {("step_before_parents", str(jobs["on_fail"]))})
     assert "condition_unmet" in report["violations"][0]["message"]
+
+
+def test_a_worker_counts_the_failure_steps_it_cancels_as_unmet(client, settings):
+    from prometheus_client import REGISTRY
+
+    def unmet() -> float:
+        return REGISTRY.get_sample_value("taskline_workflow_steps_condition_unmet_total") or 0.0
+
+    before = unmet()
+    steps = [{"id": "a", "job": {"type": "wfw.step"}},
+             {"id": "on_fail", "after": ["a"], "when": "any_failed", "job": {"type": "wfw.step"}}]
+    wf = client.post("/api/v1/workflows", json={"name": "m", "steps": steps}).get_json()
+    with running_worker(settings, concurrency=1):
+        wait_for(lambda: client.get(f"/api/v1/workflows/{wf['id']}").get_json()["status"]
+                 == "succeeded", timeout=30, message="workflow succeeded")
+    assert unmet() == before + 1
+    assert [s for s, _ in SEEN] == ["a"]

@@ -61,6 +61,8 @@ class Settled:
     released: tuple[Released, ...] = ()
     """Waiting steps this settlement's transaction queued (on one row of a batch: a child of
     several parents in the batch is released once, by all of them together)."""
+    unmet: int = 0
+    """any_failed steps the transaction cancelled as condition_unmet (on the same row)."""
 
     @classmethod
     def from_row(cls, row: Any) -> Settled:

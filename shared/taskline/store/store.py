@@ -1082,10 +1082,11 @@ def _with_releases(rows: Sequence[Any]) -> tuple[list[Settled], list[Claimed]]:
     steps started, most urgent first (release order, the id, within a priority)."""
     settled = [Settled.from_row(r) for r in rows if r.kind == "settled"]
     released = tuple(Released.from_row(r) for r in rows if r.kind == "released")
+    unmet = sum(1 for r in rows if r.kind == "unmet")
     started = sorted((r for r in rows if r.kind == "started"), key=lambda r: (-r.priority, r.id))
     claims = [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in started]
-    if released and settled:
-        settled[-1] = dataclasses.replace(settled[-1], released=released)
+    if (released or unmet) and settled:
+        settled[-1] = dataclasses.replace(settled[-1], released=released, unmet=unmet)
     return settled, claims
 
 
