@@ -313,8 +313,12 @@ def test_the_workflow_views_with_when_steps_match_the_document(client, store):
                   spec("finally", ("a",), "always"))
     run(store, jobs["a"], SUCCESS)
     workflow_id = store.get_job(jobs["a"]).workflow_id
+    step = client.get(f"/api/v1/jobs/{jobs['on_fail']}").get_json()
+    assert (step["step"], step["when"]) == ("on_fail", "any_failed")
+    assert step["events"][-1]["detail"] == {"cause": "condition_unmet"}
     checks = [("Workflow", client.get(f"/api/v1/workflows/{workflow_id}").get_json()),
-              ("WorkflowPage", client.get("/api/v1/workflows").get_json())]
+              ("WorkflowPage", client.get("/api/v1/workflows").get_json()),
+              ("JobDetail", step)]
     for name, instance in checks:
         assert [e.message for e in _validator(doc, name).iter_errors(instance)] == [], name
     when = doc["components"]["schemas"]["WorkflowStepCreate"]["properties"]["when"]
