@@ -104,6 +104,23 @@ def test_the_releasing_settle_is_settle_verbatim_then_the_release() -> None:
     assert "FOR UPDATE OF j" in releasing and "ORDER BY j.id" in releasing
 
 
+def test_the_step_cascade_is_written_once_and_taken_in_by_each_cancelling_statement() -> None:
+    from taskline.store.queries import load_queries
+
+    queries = {name: str(q) for name, q in load_queries().items()}
+    assert "step_cascade_ctes" not in queries
+    cascade = queries["cancel_waiting_dependents"]
+    body = cascade[cascade.index(", below(id) AS ("):cascade.index("\nSELECT 'cancelled'")]
+    assert "-- include" not in cascade and "FOR UPDATE OF j" in body
+    for name in ("purge_dead_batch", "cancel_dependents_of_expired_dead"):
+        assert body in queries[name], name
+    source = ("-- name: frag_ctes\n-- a fragment\n, b AS (SELECT 2)\n"
+              "-- name: q\n-- uses it\nWITH a AS (SELECT 1)\n-- include: frag_ctes\n"
+              "SELECT * FROM a, b;\n")
+    assert {n: " ".join(str(q).split()) for n, q in load_queries(source).items()} == {
+        "q": "WITH a AS (SELECT 1) , b AS (SELECT 2) SELECT * FROM a, b"}
+
+
 def test_when_needs_parents_a_known_value_and_no_step_after_an_any_failed_one() -> None:
     def when(step_id: str, value: str, *after: str) -> StepSpec:
         return StepSpec(step_id, JOB, after, value)
