@@ -121,10 +121,13 @@ THROUGHPUT = (
     Chart("Wait time by queue", "Time from ready to claimed, p50/p95/p99 per queue: "
           "rising wait with flat processing time means too few workers.",
           _quantiles("job_wait_time_seconds", "queue", "{{queue}}"), unit="s", width=12),
-    Chart("Workflows", "Workflows accepted, waiting steps released by their last parent's "
-          "success, and those started at once on the releasing worker, per second.",
+    Chart("Workflows", "Workflows accepted, waiting steps released by the parent outcome that "
+          "decided them, those started at once on the releasing worker, and any_failed steps "
+          "cancelled because every parent succeeded, per second.",
           (Query("sum(rate(taskline_workflows_submitted_total[5m]))", "submitted"),
            Query("sum(rate(taskline_workflow_steps_released_total[5m]))", "steps released"),
+           Query("sum(rate(taskline_workflow_steps_condition_unmet_total[5m]))",
+                 "condition unmet"),
            Query("sum(rate(taskline_workflow_steps_started_in_place_total[5m]))",
                  "started in place")),
           unit="ops", width=12),

@@ -25,8 +25,9 @@ from taskline_cli.clientcmds import (
     table,
 )
 
-STEP_COLUMNS = (("STEP", "id"), ("STATUS", "status"), ("AFTER", "after"), ("TYPE", "type"),
-                ("ATTEMPTS", "attempts"), ("JOB", "job_id"), ("LAST ERROR", "last_error"))
+STEP_COLUMNS = (("STEP", "id"), ("STATUS", "state"), ("AFTER", "after"), ("WHEN", "when"),
+                ("TYPE", "type"), ("ATTEMPTS", "attempts"), ("JOB", "job_id"),
+                ("LAST ERROR", "last_error"))
 
 
 def _definition(path: str) -> dict[str, Any]:
@@ -43,7 +44,13 @@ def _definition(path: str) -> dict[str, Any]:
 
 def _print_workflow(wf: dict[str, Any]) -> None:
     print(f"{wf.get('id')}  {wf.get('name')}  {wf.get('status')}")
-    print(table(wf.get("steps") or [], STEP_COLUMNS))
+    print(table([{**s, "state": _state(s)} for s in wf.get("steps") or []], STEP_COLUMNS))
+
+
+def _state(step: dict[str, Any]) -> str:
+    """A step's status, with why it was cancelled (`cancelled (condition_unmet)`) when known."""
+    cause = step.get("cancel_cause")
+    return f"{step.get('status')} ({cause})" if cause else str(step.get("status"))
 
 
 @client_command

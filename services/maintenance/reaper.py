@@ -8,7 +8,8 @@ not read heartbeat keys at all. Recovery puts the job back to queued (or dead wh
 attempt was its last, decided by `taskline.transitions.decide_recovery`, the rule a failed
 attempt follows too; attempts are counted at claim, so a job that kills its worker every time
 still reaches the DLQ), closes the lease as `lost` and writes a `recovered` event, all in one
-transaction; only then is the id moved in Redis, by the move's step (`Dispatcher.follow`).
+transaction (a workflow step's death also releasing its `when` dependents there); only then is
+the id moved in Redis, by the move's step (`Dispatcher.follow`).
 If this process dies between the two, the job is queued (or dead) in PostgreSQL but not where
 Redis should hold it, and the reconciler restores it on a later pass. While Redis is
 unreachable the pass goes on: workers claiming from PostgreSQL are notified of the requeued
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.metrics import JOB_DLQ, JOB_RECOVERED, LabelGuard, TypeLabels
+from taskline.metrics import JOB_DLQ, JOB_RECOVERED, STEPS_RELEASED, LabelGuard, TypeLabels
 from taskline.mirror import Mirror
 from taskline.service import Periodic
 from taskline.settings import Settings
@@ -125,6 +126,10 @@ class Reaper(Periodic):
                 log.error("lease expired on the last attempt: job dead-lettered", extra=extra)
             else:
                 log.warning("lease expired: job requeued", extra=extra)
-        # Committed: when Redis is unreachable, requeued jobs reach the workers claiming from
-        # PostgreSQL by a notification, and Redis is rebuilt when it returns. The pass goes on.
-        self.mirror.follow([r.committed() for r in recovered], action="reap")
+        released = [step.committed() for r in recovered for step in r.settled.released]
+        if released:
+            STEPS_RELEASED.inc(len(released))
+        # Committed: when Redis is unreachable, requeued jobs and released steps reach the
+        # workers claiming from PostgreSQL by a notification, and Redis is rebuilt when it
+        # returns. The pass goes on.
+        self.mirror.follow(released + [r.committed() for r in recovered], action="reap")

@@ -143,11 +143,15 @@ class Retention(Periodic):
             cancelled = self.store.cancel_dependents_of_expired_dead(
                 self.retention_s(Status.DEAD), self.batch_size)
             for row in cancelled:
-                log.info("waiting step cancelled: its dead parent expired",
-                         extra={"action": "cancelled", "job_id": str(row.id),
-                                "queue": row.queue, "cause": "parent_expired"})
-            self.mirror.follow([Committed(transitions.CANCEL, str(r.id), r.queue, r.priority)
-                                for r in cancelled], action="cancelled", strict=True)
+                if row.status is Status.CANCELLED:
+                    log.info("waiting step cancelled: its dead parent expired",
+                             extra={"action": "cancelled", "job_id": str(row.id),
+                                    "queue": row.queue, "cause": "parent_expired"})
+            # A `when` step the cancellations decided is queued: pushed, as an unblock.
+            self.mirror.follow([Committed(
+                transitions.CANCEL if r.status is Status.CANCELLED else transitions.UNBLOCK,
+                str(r.id), r.queue, r.priority) for r in cancelled],
+                action="cancelled", strict=True)
             if len(cancelled) < self.batch_size or not self.active():
                 break
 

@@ -79,7 +79,8 @@ def _purge(store: Store, match: DeadFilter, after: uuid.UUID, size: int,
 
 def _follow(rows: Sequence[DeadChanged]) -> None:
     """Mirror a committed batch in Redis; on failure reconciliation repairs Redis later."""
-    backends().mirror.follow([row.committed() for row in rows], action="dlq_bulk")
+    backends().mirror.follow([step for row in rows for step in row.follows()],
+                             action="dlq_bulk")
 
 
 def _follow_purged(rows: Sequence[DeadChanged]) -> None:

@@ -20,9 +20,10 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline import tracing, transitions
 from taskline.errors import IdempotencyConflict
-from taskline.jobs import Job, visible_key
+from taskline.jobs import Job, Status, visible_key
 from taskline.jobspec import KEY_CODE, FieldError
 from taskline.metrics import WORKFLOWS_SUBMITTED
+from taskline.store.rows import StepCounts
 from taskline.transitions import CREATED, Committed
 from taskline.workflows import Submitted, insert_workflow, workflow_status
 from taskline_producer import audit, auth, paging, quotas, replays
@@ -36,6 +37,7 @@ from taskline_producer.workflowspec import WorkflowSpec, parse_workflow
 log = logging.getLogger(__name__)
 
 bp = Blueprint("workflows", __name__, url_prefix="/api/v1/workflows")
+NO_STEPS = StepCounts({}, 0)
 
 STEP_PAGE = 200
 """Steps in one answer of GET /api/v1/workflows/{id} (and of a submit or a cancel) unless
@@ -123,7 +125,7 @@ def list_workflows() -> Response:
     counts = store.workflow_step_counts([r["id"] for r in page])
     cursor = (paging.encode_cursor(page[-1]["created_at"], page[-1]["id"])
               if len(rows) > size else None)
-    return jsonify({"workflows": [_summary(r, counts.get(r["id"], {})) for r in page],
+    return jsonify({"workflows": [_summary(r, counts.get(r["id"], NO_STEPS)) for r in page],
                     "next_cursor": cursor})
 
 
@@ -149,11 +151,16 @@ def cancel_workflow(workflow_id: uuid.UUID) -> Response:
 
 
 def follow_cancelled(jobs: Sequence[Job]) -> None:
-    """Redis after PostgreSQL: cancelled steps leave the retry and scheduled sets."""
+    """Redis after PostgreSQL: cancelled steps leave the retry and scheduled sets; `when`
+    steps the cancellations queued (status queued) are pushed."""
     if not jobs:
         return
-    backends().mirror.follow([Committed(transitions.CANCEL, str(j.id), j.queue, j.priority)
+    backends().mirror.follow([Committed(_cascade_move(j), str(j.id), j.queue, j.priority)
                               for j in jobs], action="cancel")
+
+
+def _cascade_move(job: Job) -> transitions.Move:
+    return transitions.UNBLOCK if job.status is Status.QUEUED else transitions.CANCEL
 
 
 def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None = None,
@@ -161,7 +168,7 @@ def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None =
     """The workflow's summary with one page of its steps: at most `size` steps, fewer when
     their `after` lists would pass MAX_PAGE_EDGES (at least one step a page)."""
     store = backends().store
-    counts = store.workflow_step_counts([workflow_id]).get(workflow_id, {})
+    counts = store.workflow_step_counts([workflow_id]).get(workflow_id, NO_STEPS)
     steps = store.workflow_steps_page(workflow_id, after, size + 1)
     page, edges = [], 0
     for step in steps[:size]:
@@ -174,14 +181,17 @@ def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None =
             "next_cursor": paging.encode_id_cursor(page[-1]["id"]) if more else None}
 
 
-def _summary(row: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
-    return {"id": str(row["id"]), "name": row["name"], "status": workflow_status(counts),
-            "created_at": plain(row["created_at"]), "steps_total": sum(counts.values()),
-            "step_counts": counts}
+def _summary(row: dict[str, Any], counts: StepCounts) -> dict[str, Any]:
+    by_status = counts.by_status
+    return {"id": str(row["id"]), "name": row["name"],
+            "status": workflow_status(by_status, counts.unmet),
+            "created_at": plain(row["created_at"]), "steps_total": sum(by_status.values()),
+            "step_counts": by_status, "condition_unmet": counts.unmet}
 
 
 def _step(s: dict[str, Any]) -> dict[str, Any]:
     return {"id": s["step"], "job_id": str(s["id"]), "type": s["type"], "queue": s["queue"],
-            "status": s["status"], "after": list(s["after"]), "attempts": s["attempts"],
-            "pending_parents": s["pending_parents"], "last_error": s["last_error"],
+            "status": s["status"], "after": list(s["after"]), "when": s["run_when"],
+            "attempts": s["attempts"], "pending_parents": s["pending_parents"],
+            "last_error": s["last_error"], "cancel_cause": s["cancel_cause"],
             "updated_at": plain(s["updated_at"])}

@@ -1,10 +1,11 @@
 """Workflow specs: a parsed POST /api/v1/workflows body turned into steps, or field errors.
 
-Invariant: a body is accepted only whole. Each step is `{"id", "job", "after"}` with a job body
-as POST /api/v1/jobs takes it (less the idempotency key: the workflow has one, and a step's key
-could name a job outside the workflow), and the steps form a graph `taskline.workflows`
-accepts (no repeated or unknown step id, no cycle, 1..1000 steps). Every error names its
-step. No I/O happens here.
+Invariant: a body is accepted only whole. Each step is `{"id", "job", "after", "when"}` with a
+job body as POST /api/v1/jobs takes it (less the idempotency key: the workflow has one, and a
+step's key could name a job outside the workflow), and the steps form a graph
+`taskline.workflows` accepts (no repeated or unknown step id, no cycle, 1..1000 steps, a
+`when` step with parents, nothing after an `any_failed` step). Every error names its step.
+No I/O happens here.
 """
 
 from __future__ import annotations
@@ -24,10 +25,19 @@ from taskline.jobspec import (
     request_hash,
 )
 from taskline.settings import Settings
-from taskline.workflows import MAX_STEP_ID_CHARS, MAX_STEPS, StepJob, StepSpec, graph_errors
+from taskline.workflows import (
+    MAX_STEP_ID_CHARS,
+    MAX_STEPS,
+    WHENS,
+    StepError,
+    StepJob,
+    StepSpec,
+    When,
+    graph_errors,
+)
 
 FIELDS = frozenset({"name", "steps", "idempotency_key"})
-STEP_FIELDS = frozenset({"id", "job", "after"})
+STEP_FIELDS = frozenset({"id", "job", "after", "when"})
 MAX_NAME_CHARS = 200
 _KEY = re.compile(rf"[!-~]{{1,{MAX_KEY_CHARS}}}")
 
@@ -64,7 +74,7 @@ def parse_workflow(body: object, settings: Settings,
         else:
             errors += parsed
     if not errors:
-        errors = [FieldError(_where(e.step, steps), e.message) for e in graph_errors(steps)]
+        errors = [FieldError(_field(e, steps), e.message) for e in graph_errors(steps)]
     if errors:
         return errors
     digest = request_hash(body) if key is not None else None
@@ -95,6 +105,12 @@ def _body_key(value: object) -> str:
     return value
 
 
+def _field(error: StepError, steps: list[StepSpec]) -> str:
+    """The field a graph error names: its step, and the step's field when it names one."""
+    where = _where(error.step, steps)
+    return where if error.field == "steps" or where == "steps" else f"{where}.{error.field}"
+
+
 def _where(step_id: str | None, steps: list[StepSpec]) -> str:
     """`steps[i]` of the step named `step_id` (its first occurrence), else `steps`."""
     for index, step in enumerate(steps):
@@ -118,12 +134,15 @@ def _step(index: int, item: object, settings: Settings) -> StepSpec | list[Field
     after = item.get("after", [])
     if not isinstance(after, list) or not all(isinstance(p, str) for p in after):
         errors.append(FieldError(f"{where}.after", "must be an array of step ids"))
+    when = item.get("when", When.ALL_SUCCEEDED)
+    if when not in WHENS:
+        errors.append(FieldError(f"{where}.when", f"must be one of {', '.join(WHENS)}"))
     if "job" not in item:
         return [*errors, FieldError(f"{where}.job", f"step {step_id!r} has no job")]
     job = _job(where, item["job"], settings, has_parents=bool(after))
     if isinstance(job, list):
         return errors + job
-    return errors or StepSpec(step_id, job, tuple(after))
+    return errors or StepSpec(step_id, job, tuple(after), when)
 
 
 def _job(where: str, body: Any, settings: Settings, *,

@@ -35,6 +35,7 @@ from taskline.metrics import (
     STALE_COMPLETIONS,
     STEPS_RELEASED,
     STEPS_STARTED_IN_PLACE,
+    STEPS_UNMET,
     CachedLabels,
     TypeLabels,
 )
@@ -142,9 +143,13 @@ def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
 def released_steps(rows: Iterable[Settled], started: int = 0) -> list[Committed]:
     """The waiting workflow steps the settlement queued, to push after the commit (`started`
     more were released and claimed on this worker by the same statement)."""
+    rows = list(rows)
     released = [step for row in rows for step in row.released]
     if released or started:
         STEPS_RELEASED.inc(len(released) + started)
+    unmet = sum(row.unmet for row in rows)
+    if unmet:
+        STEPS_UNMET.inc(unmet)
     return [step.committed() for step in released]
 
 
@@ -411,6 +416,7 @@ class Recorder:
         JOB_CANCELLED.labels(attempt.queue).inc()
         log.info("job cancelled while running", extra=attempt.log_extra("cancelled"))
         self._traced(report, "cancelled")
+        self._follow(released_steps([row]), [])  # `when` dependents it decided
         self._follow([row.committed(transition.move)], [])
 
     def _fail(self, report: Report) -> None:
@@ -438,6 +444,7 @@ class Recorder:
                 "dead_lettered", error=text, reason=transition.reason,
                 outcome=report.outcome.value))
         self._traced(report, transition.event.value, text)
+        self._follow(released_steps([row]), [])  # `when` dependents a death decided
         self._follow([row.committed(transition.move)], [])
 
     def _settle_one(self, report: Report, transition: Transition) -> Settled | None:

@@ -18,7 +18,7 @@ __all__ = ["IdempotencyConflict", "InvalidJob", "NonRetryableError", "RetryableE
 def submit_workflow(conn, name, steps, *, idempotency_key=None,  # type: ignore[no-untyped-def]
                     settings=None):
     """Insert a workflow (`steps` as POST /api/v1/workflows takes them: `{"id", "job",
-    "after"}`) through `conn` (what `enqueue` accepts: a SQLAlchemy Connection, Session or
+    "after", "when"}`) through `conn` (what `enqueue` accepts: a SQLAlchemy Connection, Session or
     scoped_session, or a psycopg Connection), inside the caller's transaction; it exists only
     if that transaction commits. Returns the workflow's id. Its first steps are owed to Redis
     through the enqueue outbox, as `enqueue` owes a job, so a worker starts them right after

@@ -7,8 +7,11 @@ rules are those the fault suite's checker proves on test histories: no job holds
 overlapping leases; every finished job has exactly one terminal event per life (a requeue of
 a dead job starts a new one), and the attempt that ended it recorded that outcome on its lease;
 every event sequence is legal and ends in the state the job holds; no workflow step is released
-or claimed before every parent succeeded (or in the very transaction of the last success); no
-flow limit admitted a start beyond its concurrency or rate while its setting was in force.
+or claimed before its condition held (`when`: every parent succeeded; any_failed: a parent
+ended dead or cancelled; always: every parent finished), nor cancelled as condition_unmet
+before every parent succeeded, each no later than the parents' events that decided it (or in
+their very transaction); no flow limit admitted a start beyond its concurrency or rate while
+its setting was in force.
 
 `verify(reader, ...)` walks the history a page at a time (each page one consistent snapshot,
 paged by creation time and id), so its memory is a page's and its work linear in jobs.
@@ -51,13 +54,14 @@ class Violation:
 @dataclass
 class Page:
     """One snapshot of a page of jobs: their rows, events and leases (each in id order), the
-    parents of the workflow steps among them, and those parents' events that record a success."""
+    parents of the workflow steps among them, and those parents' events that may end them
+    (success, death, cancellation, a recovery into dead)."""
 
     jobs: list[Mapping[str, Any]]
     events: Mapping[str, list[Mapping[str, Any]]] = field(default_factory=dict)
     leases: Mapping[str, list[Mapping[str, Any]]] = field(default_factory=dict)
     parents: Mapping[str, list[str]] = field(default_factory=dict)
-    successes: Mapping[str, list[Mapping[str, Any]]] = field(default_factory=dict)
+    finishes: Mapping[str, list[Mapping[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -193,23 +197,68 @@ def _lease_outcome_problems(job: Mapping[str, Any],
 # --- workflow steps ------------------------------------------------------------------------
 
 def step_problems(events: Sequence[Mapping[str, Any]], parents: Sequence[str],
-                  successes: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
-    """A step is released once, only when every parent had succeeded (no later than the
-    release, or in its very transaction: the order of one transaction's rows says nothing),
-    and claimed only after its release."""
+                  finishes: Mapping[str, Sequence[Mapping[str, Any]]],
+                  when: str | None = None) -> list[str]:
+    """A step is released once, only when its condition held (`when`, None for all_succeeded:
+    every parent had succeeded; any_failed: some parent had ended dead or cancelled; always:
+    every parent had finished), each no later than the release or in its very transaction
+    (the order of one transaction's rows says nothing), and claimed only after its release;
+    an any_failed step cancelled as condition_unmet was so only once every parent succeeded,
+    and never released."""
+    ends = {p: [(e, _end(e)) for e in finishes.get(p, ())] for p in parents}
     releases = [e for e in events if e["event"] == Event.UNBLOCKED]
     claims = [e for e in events if e["event"] == Event.CLAIMED]
+    problems = _unmet_problems(events, ends, bool(releases))
     if len(releases) > 1:
-        return [f"released {len(releases)} times"]
+        return [*problems, f"released {len(releases)} times"]
     if not releases:
-        return [f"claimed {len(claims)} times without a release"] if claims else []
+        return problems + ([f"claimed {len(claims)} times without a release"] if claims else [])
     release = releases[0]
-    problems = [f"released at {release['created_at']} before parent {p} succeeded"
-                for p in sorted(parents)
-                if not any(_no_later(s, release) for s in successes.get(p, ()))]
+    problems += _release_problems(release, ends, when)
     problems += [f"claimed at {c['created_at']} before its release at {release['created_at']}"
                  for c in claims if not _no_later(release, c)]
     return problems
+
+
+_FAILED_ENDS = frozenset({Status.DEAD.value, Status.CANCELLED.value})
+
+
+def _end(event: Mapping[str, Any]) -> str | None:
+    """The state a parent's event ended it in (succeeded, dead, cancelled), else None."""
+    after = status_after(str(event["event"]), event.get("recorded"))
+    return after if after in TERMINAL else None
+
+
+def _release_problems(release: Mapping[str, Any],
+                      ends: Mapping[str, list[tuple[Mapping[str, Any], str | None]]],
+                      when: str | None) -> list[str]:
+    def by_release(p: str, wanted: Iterable[str]) -> bool:
+        return any(end in wanted and _no_later(e, release) for e, end in ends[p])
+
+    at = release["created_at"]
+    if when == "any_failed":
+        if any(by_release(p, _FAILED_ENDS) for p in ends):
+            return []
+        return [f"released at {at} (any_failed) before any parent ended dead or cancelled"]
+    wanted = TERMINAL if when == "always" else {Status.SUCCEEDED.value}
+    verb = "finished" if when == "always" else "succeeded"
+    return [f"released at {at} before parent {p} {verb}"
+            for p in sorted(ends) if not by_release(p, wanted)]
+
+
+def _unmet_problems(events: Sequence[Mapping[str, Any]],
+                    ends: Mapping[str, list[tuple[Mapping[str, Any], str | None]]],
+                    released: bool) -> list[str]:
+    unmet = [e for e in events if e["event"] == Event.CANCELLED
+             and e.get("cause") == "condition_unmet"]
+    if not unmet:
+        return []
+    if released:
+        return ["both released and cancelled as condition_unmet"]
+    at = unmet[0]
+    return [f"cancelled as condition_unmet at {at['created_at']} before parent {p} succeeded"
+            for p in sorted(ends)
+            if not any(end == Status.SUCCEEDED.value and _no_later(e, at) for e, end in ends[p])]
 
 
 def _no_later(first: Mapping[str, Any], then: Mapping[str, Any]) -> bool:
@@ -226,7 +275,7 @@ def page_violations(page: Page) -> list[Violation]:
         found += job_violations(job, events, page.leases.get(job_id, []))
         if job_id in page.parents:
             found += [Violation("step_before_parents", job_id, m) for m in step_problems(
-                events, page.parents[job_id], page.successes)]
+                events, page.parents[job_id], page.finishes, job.get("run_when"))]
     return found
 
 

@@ -270,7 +270,9 @@ class Client:
     def submit_workflow(self, name: str, steps: Iterable[Mapping[str, Any]], *,
                         idempotency_key: str | None = None) -> dict[str, Any]:
         """Submit a workflow: `steps` of `{"id", "job": {enqueue's fields}, "after": [ids]}`,
-        inserted whole in one transaction. Returns the workflow with each step's job id."""
+        each with an optional `"when"` (`all_succeeded`, the default; `any_failed`; `always`:
+        docs/workflows.md), inserted whole in one transaction. Returns the workflow with each
+        step's job id."""
         body = {"name": name, "steps": [dict(step) for step in steps],
                 "idempotency_key": idempotency_key or str(uuid.uuid4())}
         return self._call("POST", "/workflows", body=body)

@@ -216,6 +216,8 @@ class Job:
     """The workflow this job is a step of (taskline.workflows); None for a plain job."""
     step: str | None = None
     """The step's id within its workflow."""
+    run_when: str | None = None
+    """A step's condition (`any_failed`, `always`); None waits for every parent's success."""
     limit_key: str | None = None
     """The budget this job draws from under a `per_key` flow limit."""
     schedule: str | None = None
@@ -236,6 +238,7 @@ class Job:
             updated_at=row.updated_at, cancel_requested=row.cancel_requested,
             trace_context=getattr(row, "trace_context", None),
             workflow_id=getattr(row, "workflow_id", None), step=getattr(row, "step", None),
+            run_when=getattr(row, "run_when", None),
             limit_key=getattr(row, "limit_key", None),
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
@@ -252,7 +255,8 @@ class Job:
             "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
             **({} if self.workflow_id is None else
-               {"workflow_id": str(self.workflow_id), "step": self.step}),
+               {"workflow_id": str(self.workflow_id), "step": self.step,
+                "when": self.run_when or "all_succeeded"}),
             "schedule": self.schedule, "scheduled_for": _iso(self.scheduled_for),
         }
 

@@ -59,7 +59,10 @@ PROMOTED = Counter("job_promoted_total", "Due retries and delayed jobs promoted"
 # Workflows (taskline.workflows): steps released by their last parent's success (worker),
 # workflows accepted (API), and steps waiting for parents (maintenance, from PostgreSQL).
 STEPS_RELEASED = Counter("taskline_workflow_steps_released_total",
-                         "Waiting workflow steps queued by their last parent's success")
+                         "Waiting workflow steps queued by the parent outcome that decided them")
+STEPS_UNMET = Counter(
+    "taskline_workflow_steps_condition_unmet_total",
+    "any_failed workflow steps cancelled as condition_unmet: every parent succeeded")
 STEPS_STARTED_IN_PLACE = Counter(
     "taskline_workflow_steps_started_in_place_total",
     "Released workflow steps claimed by their parent's own completion, on that worker")

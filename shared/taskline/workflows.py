@@ -3,7 +3,11 @@
 A workflow is a set of steps, each a job with the ids of the steps it waits for (`after`). A
 step without parents starts queued (or scheduled); a step with parents starts `waiting` with
 `pending_parents` set to their number, and the transaction that records the success of its
-last parent queues it (the store's `settle_releasing`, run by `Store.settle`).
+last parent queues it (the store's `settle_releasing`, run by `Store.settle`). A step's
+`when` (When) changes what it waits for: `any_failed` is queued by the first parent that ends
+dead or cancelled and cancelled (cause `condition_unmet`) when all succeed; `always` is queued
+once every parent finished, whatever the outcome. Such a step counts each parent's first
+finish only (the edge records it), so a dead parent requeued later changes nothing for it.
 
 Invariants: a workflow is inserted in one transaction, all steps and edges or none
 (`insert_workflow` takes the caller's connection); an accepted graph names only its own
@@ -14,6 +18,7 @@ workflow's status is derived from its steps' states (`workflow_status`), never s
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +30,7 @@ from taskline.errors import QueueLimitReached
 from taskline.jobs import TERMINAL, Job, Status, new_job_id
 from taskline.store import caller
 from taskline.store.queries import DEFAULT_SCHEMA
+from taskline.store.rows import CONDITION_UNMET
 from taskline.store.store import _FIRST_EVENTS as FIRST_EVENTS
 from taskline.store.store import _rows_json as rows_json
 from taskline.store.store import _uuid_array as uuid_array
@@ -33,6 +39,19 @@ MAX_STEPS = 1000
 MAX_QUEUES = 1000
 """TASKLINE_MAX_QUEUES's default, for a caller that passes no settings."""
 MAX_STEP_ID_CHARS = 200
+
+
+class When:
+    """What a step waits for (strings, as the API takes them)."""
+
+    ALL_SUCCEEDED = "all_succeeded"
+    ANY_FAILED = "any_failed"
+    ALWAYS = "always"
+
+
+WHENS = (When.ALL_SUCCEEDED, When.ANY_FAILED, When.ALWAYS)
+UNMET = CONDITION_UNMET
+"""The cause of an `any_failed` step's cancellation when every parent succeeded."""
 
 
 class WorkflowStatus:
@@ -67,6 +86,7 @@ class StepSpec:
     id: str
     job: StepJob
     after: tuple[str, ...] = ()
+    when: str = When.ALL_SUCCEEDED
 
 
 @dataclass(frozen=True)
@@ -109,10 +129,25 @@ def graph_errors(steps: Sequence[StepSpec]) -> list[StepError]:
                    for parent in step.after if parent not in seen]
         if step.id in step.after:
             errors.append(StepError(step.id, f"step {step.id!r} waits for itself"))
+    errors += when_errors(steps)
     if errors:
         return errors
     cyclic = _on_cycle(steps)
     return [StepError(cyclic, f"step {cyclic!r} is on a cycle")] if cyclic else []
+
+
+def when_errors(steps: Sequence[StepSpec]) -> list[StepError]:
+    """A `when` other than all_succeeded needs parents; an `any_failed` step is a leaf (it is
+    cancelled when its parents all succeed, which would strand a step waiting for it)."""
+    errors = [StepError(s.id, f"`when` must be one of {', '.join(WHENS)}", "when")
+              for s in steps if s.when not in WHENS]
+    errors += [StepError(s.id, f"step {s.id!r} has `when` {s.when!r} but no parents", "when")
+               for s in steps if s.when != When.ALL_SUCCEEDED and not s.after]
+    leaves = {s.id for s in steps if s.when == When.ANY_FAILED}
+    errors += [StepError(s.id, f"step {s.id!r} waits for {p!r}, an any_failed step: nothing "
+                               "may wait for one", "after")
+               for s in steps for p in s.after if p in leaves]
+    return errors
 
 
 def _on_cycle(steps: Sequence[StepSpec]) -> str | None:
@@ -143,15 +178,18 @@ def topological(steps: Sequence[StepSpec]) -> list[str]:
     return order
 
 
-def workflow_status(statuses: Iterable[Status | str]) -> str:
+def workflow_status(statuses: Iterable[Status | str], unmet: int = 0) -> str:
     """Failed while any step is dead; running while any step is unfinished; cancelled when
-    all finished and some cancelled; succeeded when every step succeeded."""
-    states = {Status(s) for s in statuses}
+    all finished and some cancelled other than the `unmet` (any_failed steps cancelled as
+    condition_unmet, whose workflow did not fail); succeeded otherwise. `statuses` is a
+    status per step or, as a mapping, the number of steps in each status."""
+    counts = Counter(statuses) if not isinstance(statuses, Mapping) else statuses
+    states = {Status(s) for s, n in counts.items() if n}
     if Status.DEAD in states:
         return WorkflowStatus.FAILED
     if states - TERMINAL:
         return WorkflowStatus.RUNNING
-    if Status.CANCELLED in states:
+    if counts.get(Status.CANCELLED, 0) > unmet:
         return WorkflowStatus.CANCELLED
     return WorkflowStatus.SUCCEEDED
 
@@ -178,7 +216,8 @@ def step_rows(steps: Sequence[StepSpec], db_now: datetime | None, *,
                      "timeout_s": job.timeout_s, "run_at": job.run_at, "delay_s": job.delay_s,
                      "trace_context": trace_context, "actor": actor, "step": step.id,
                      "limit_key": job.limit_key,
-                     "pending_parents": len(set(step.after))})
+                     "pending_parents": len(set(step.after)),
+                     "run_when": None if step.when == When.ALL_SUCCEEDED else step.when})
     return rows
 
 
@@ -250,11 +289,12 @@ def insert_plan(name: str, steps: Sequence[StepSpec], *, idempotency_key: str | 
 
 
 def step_from_dict(data: Mapping[str, Any]) -> StepSpec:
-    """A StepSpec from the JSON shape of one step (`{"id", "job", "after"}`), for in-process
+    """A StepSpec from the JSON shape of one step (`{"id", "job", "after", "when"}`), for in-process
     callers (`taskline.submit_workflow`); the API validates its input field by field first."""
     job = dict(data["job"])
     job_fields = {k: job[k] for k in ("payload", "queue", "priority", "max_retries",
                                       "timeout_s", "delay_s", "run_at", "limit_key")
                   if k in job}
     return StepSpec(str(data["id"]), StepJob(type=str(job["type"]), **job_fields),
-                    tuple(str(p) for p in data.get("after", ())))
+                    tuple(str(p) for p in data.get("after", ())),
+                    str(data.get("when", When.ALL_SUCCEEDED)))

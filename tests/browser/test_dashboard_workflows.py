@@ -53,3 +53,23 @@ def _lines(element) -> int:
         const line = parseFloat(s.lineHeight) || parseFloat(s.fontSize) * 1.2;
         return Math.round(inner / line);
     }""")
+
+
+def test_a_failure_step_unmet_is_counted_under_its_cause_not_as_a_cancellation(
+        api_port: int, page: Page) -> None:  # noqa: F811
+    sign_in(page, api_port)
+    with Client(f"http://127.0.0.1:{api_port}", token=TOKEN) as client:
+        wf = client.submit_workflow("guarded", [
+            step("load"), {**step("on_fail", ["load"]), "when": "any_failed"},
+            {**step("finally", ["load"]), "when": "always"}])
+    row = page.locator(f"#workflows-body tr[data-workflow='{wf['id']}']")
+    expect(row.locator(".badge").first).to_have_text("succeeded", timeout=20_000)
+    expect(row.get_by_label("1 step condition_unmet")).to_be_visible()
+    expect(row.get_by_label("2 steps succeeded")).to_be_visible()
+    expect(row.get_by_label(re.compile("cancelled"))).to_have_count(0)
+    on_fail = next(s["job_id"] for s in wf["steps"] if s["id"] == "on_fail")
+    page.fill("#search-input", on_fail)
+    page.keyboard.press("Enter")
+    history = page.locator("#history")
+    expect(history).to_contain_text("any_failed")
+    expect(history.locator("tr[data-event='cancelled']")).to_contain_text("condition_unmet")

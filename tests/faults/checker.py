@@ -222,8 +222,8 @@ class Checker:
 
     def snapshot(self) -> Snapshot:
         jobs = {str(r["id"]): r for r in self._query(
-            "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key "
-            "FROM taskline.jobs")}
+            "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key, "
+            "run_when FROM taskline.jobs")}
         return Snapshot(
             jobs=jobs,
             events=_grouped(self._query(

@@ -180,7 +180,9 @@ def test_bulk_dead_letter_batches_never_scan_the_jobs_table(store: Store):
     for queue, job_type in (("default", None), (None, "echo")):
         params = {"queue": queue, "type": job_type, "ids": None, "after": str(uuid.UUID(int=0)),
                   "limit": 500, "actor": None, "sources": ["dead"], "target": "queued",
-                  "event": "requeued", "fingerprint": None}
+                  "event": "requeued", "fingerprint": None, "cascade_target": "cancelled",
+                  "cascade_event": "cancelled", "cause": "parent_purged",
+                  "release_target": "queued", "release_event": "unblocked"}
         for name in ("requeue_dead_batch", "purge_dead_batch", "count_dead_matching"):
             shown = plan(store, name, params)
             assert "Seq Scan on jobs" not in shown, (name, shown)

@@ -84,3 +84,52 @@ def test_status_shows_every_step_of_a_workflow_longer_than_a_page(api_url: str,
     shown = taskline("workflow", "status", wf["id"], "--json", url=api_url)
     assert shown.returncode == 0, shown.stderr
     assert sorted(s["id"] for s in json.loads(shown.stdout)["steps"]) == [s["id"] for s in steps]
+
+
+WHEN = {"name": "guarded", "steps": [
+    {"id": "load", "job": {"type": "echo", "max_retries": 0}},
+    {"id": "on_fail", "job": {"type": "echo"}, "after": ["load"], "when": "any_failed"},
+    {"id": "finally", "job": {"type": "echo"}, "after": ["load"], "when": "always"},
+]}
+
+
+def test_when_steps_from_the_command_line_show_their_condition_and_cause(
+        api_url: str, tmp_path: Path, store) -> None:
+    from taskline import transitions
+    from taskline.store.rows import Settlement
+
+    path = tmp_path / "guarded.json"
+    path.write_text(json.dumps(WHEN))
+    done = taskline("workflow", "submit", str(path), "--json", url=api_url)
+    assert done.returncode == 0, done.stderr
+    wf = json.loads(done.stdout)
+    assert {s["id"]: s["when"] for s in wf["steps"]}["finally"] == "always"
+    load = next(s["job_id"] for s in wf["steps"] if s["id"] == "load")
+    [claimed] = store.claim_jobs([load], "w", 30.0)
+    store.settle([Settlement(claimed.lease_id, "w", transitions.succeeded(1), releases=True)])
+    shown = taskline("workflow", "status", wf["id"], url=api_url).stdout.splitlines()
+    assert shown[1].split()[:4] == ["STEP", "STATUS", "AFTER", "WHEN"]
+    rows = {line.split()[0]: line.split()[1:5] for line in shown[2:]}
+    assert rows["on_fail"] == ["cancelled", "(condition_unmet)", "load", "any_failed"]
+    assert rows["finally"] == ["queued", "load", "always", "echo"]
+
+
+def test_the_async_client_submits_when_steps_and_a_bad_when_is_refused(api_url: str) -> None:
+    import asyncio
+
+    from taskline.client import AsyncClient
+
+    async def main() -> tuple[dict, ClientError]:
+        async with AsyncClient(api_url) as client:
+            wf = await client.submit_workflow("guarded", WHEN["steps"])
+            bad = [WHEN["steps"][0], {**WHEN["steps"][1], "when": "never"}]
+            try:
+                await client.submit_workflow("bad", bad)
+            except ClientError as err:
+                return wf, err
+            raise AssertionError("a bad when was accepted")
+
+    wf, refused = asyncio.run(main())
+    assert {s["id"]: s["when"] for s in wf["steps"]}["on_fail"] == "any_failed"
+    assert refused.status == 422
+    assert [d["field"] for d in refused.details] == ["steps[1] (on_fail).when"]

@@ -24,7 +24,7 @@ def test_the_list_carries_step_counts_not_steps(client):
     listed = client.get("/api/v1/workflows").get_json()["workflows"]
     assert listed == [{"id": wf["id"], "name": "wf", "status": "running",
                        "created_at": wf["created_at"], "steps_total": 3,
-                       "step_counts": {"queued": 2, "waiting": 1}}]
+                       "step_counts": {"queued": 2, "waiting": 1}, "condition_unmet": 0}]
 
 
 def test_a_workflow_s_steps_come_in_pages_each_step_once(client):

@@ -72,3 +72,68 @@ def test_a_lost_release_is_caught_and_a_dead_parent_keeps_its_step_waiting() -> 
     dead = [ev("enqueued", 0), ev("claimed", 1), ev("dead_lettered", 2)]
     assert step_violations("c", ["p"], snapshot([ev("waiting", 0)], "waiting", dead,
                                                 "dead")) == []
+
+
+# --- when: the model's own reading of the contract -----------------------------------------
+
+def when_snapshot(when: str, child_events: list[dict], parents: dict[str, list[dict]],
+                  child_status: str = "succeeded") -> Snapshot:
+    jobs = {p: {"status": "succeeded"} for p in parents}
+    return Snapshot(jobs={**jobs, "c": {"status": child_status, "run_when": when}},
+                    events={**parents, "c": child_events}, leases={}, execs={}, effects={},
+                    dead_letters={})
+
+
+OK = [ev("enqueued", 0), ev("claimed", 1), ev("succeeded", 2)]
+DEAD = [ev("enqueued", 0), ev("claimed", 1), ev("dead_lettered", 2)]
+RUNNING = [ev("enqueued", 0), ev("claimed", 1)]
+REAPED = [ev("enqueued", 0), ev("claimed", 1),
+          {**ev("recovered", 2), "detail": {"cause": "lease_expired", "status": "dead"}}]
+
+
+def test_any_failed_released_after_a_parent_died_is_clean() -> None:
+    snap = when_snapshot("any_failed", GOOD, {"p": DEAD, "q": RUNNING})
+    assert step_violations("c", ["p", "q"], snap) == []
+    reaped = when_snapshot("any_failed", GOOD, {"p": REAPED})
+    assert step_violations("c", ["p"], reaped) == []
+
+
+def test_any_failed_released_with_no_failed_parent_is_caught() -> None:
+    snap = when_snapshot("any_failed", GOOD, {"p": OK, "q": RUNNING})
+    assert any("any_failed" in v for v in step_violations("c", ["p", "q"], snap))
+
+
+def test_always_released_before_every_parent_finished_is_caught() -> None:
+    snap = when_snapshot("always", GOOD, {"p": DEAD, "q": RUNNING})
+    assert any("before parent q finished" in v for v in step_violations("c", ["p", "q"], snap))
+    assert step_violations("c", ["p", "q"], when_snapshot("always", GOOD,
+                                                          {"p": DEAD, "q": OK})) == []
+
+
+def test_condition_unmet_only_after_every_parent_succeeded() -> None:
+    unmet = [ev("waiting", 0), {**ev("cancelled", 2.5), "detail": {"cause": "condition_unmet"}}]
+    clean = when_snapshot("any_failed", unmet, {"p": OK}, child_status="cancelled")
+    assert step_violations("c", ["p"], clean) == []
+    early = when_snapshot("any_failed", unmet, {"p": OK, "q": RUNNING},
+                          child_status="cancelled")
+    assert any("condition_unmet" in v for v in step_violations("c", ["p", "q"], early))
+    always = when_snapshot("always", unmet, {"p": OK}, child_status="cancelled")
+    assert any("always step cancelled" in v for v in step_violations("c", ["p"], always))
+
+
+def test_a_decided_when_step_left_waiting_is_caught() -> None:
+    waiting = [ev("waiting", 0)]
+    lost = when_snapshot("any_failed", waiting, {"p": DEAD}, child_status="waiting")
+    assert any("lost release" in v for v in step_violations("c", ["p"], lost))
+    unmet = when_snapshot("any_failed", waiting, {"p": OK}, child_status="waiting")
+    assert any("lost condition_unmet" in v for v in step_violations("c", ["p"], unmet))
+    fine = when_snapshot("always", waiting, {"p": DEAD, "q": RUNNING}, child_status="waiting")
+    assert step_violations("c", ["p", "q"], fine) == []
+
+
+def test_a_second_release_after_a_requeued_parent_succeeds_is_caught() -> None:
+    requeued = [*DEAD, ev("requeued", 3), ev("claimed", 4), ev("succeeded", 5)]
+    twice = [ev("waiting", 0), ev("unblocked", 2.5), ev("claimed", 2.6), ev("succeeded", 2.7),
+             ev("unblocked", 5.5)]
+    snap = when_snapshot("any_failed", twice, {"p": requeued})
+    assert any("released 2 times" in v for v in step_violations("c", ["p"], snap))

@@ -102,3 +102,53 @@ def test_the_releasing_settle_is_settle_verbatim_then_the_release() -> None:
     ctes = settle[:settle.rindex("\nSELECT ")]
     assert releasing.startswith(ctes + ", finished AS (")
     assert "FOR UPDATE OF j" in releasing and "ORDER BY j.id" in releasing
+
+
+def test_the_step_cascade_is_written_once_and_taken_in_by_each_cancelling_statement() -> None:
+    from taskline.store.queries import load_queries
+
+    queries = {name: str(q) for name, q in load_queries().items()}
+    assert "step_cascade_ctes" not in queries
+    cascade = queries["cancel_waiting_dependents"]
+    body = cascade[cascade.index(", below(id) AS ("):cascade.index("\nSELECT 'cancelled'")]
+    assert "-- include" not in cascade and "FOR UPDATE OF j" in body
+    for name in ("purge_dead_batch", "cancel_dependents_of_expired_dead"):
+        assert body in queries[name], name
+    source = ("-- name: frag_ctes\n-- a fragment\n, b AS (SELECT 2)\n"
+              "-- name: q\n-- uses it\nWITH a AS (SELECT 1)\n-- include: frag_ctes\n"
+              "SELECT * FROM a, b;\n")
+    assert {n: " ".join(str(q).split()) for n, q in load_queries(source).items()} == {
+        "q": "WITH a AS (SELECT 1) , b AS (SELECT 2) SELECT * FROM a, b"}
+
+
+def test_when_needs_parents_a_known_value_and_no_step_after_an_any_failed_one() -> None:
+    def when(step_id: str, value: str, *after: str) -> StepSpec:
+        return StepSpec(step_id, JOB, after, value)
+
+    assert graph_errors([step("a"), when("f", "any_failed", "a"), when("g", "always", "a"),
+                         step("h", "g")]) == []
+    errors = graph_errors([when("a", "always"), when("b", "maybe", "a"),
+                           when("f", "any_failed", "a"), step("g", "f")])
+    assert [(e.step, e.field) for e in errors] == [("b", "when"), ("a", "when"), ("g", "after")]
+    rows = {r["step"]: r["run_when"] for r in step_rows(
+        [step("a"), when("f", "any_failed", "a"), step("n", "a")], None)}
+    assert rows == {"a": None, "f": "any_failed", "n": None}
+
+
+@pytest.mark.parametrize(("counts", "unmet", "expected"), [
+    ({"succeeded": 3, "cancelled": 1}, 1, "succeeded"),
+    ({"succeeded": 2, "cancelled": 2}, 1, "cancelled"),
+    ({"dead": 1, "succeeded": 1, "cancelled": 1}, 1, "failed"),
+    ({"waiting": 1, "cancelled": 1}, 1, "running"),
+])
+def test_condition_unmet_steps_leave_a_succeeded_workflow_succeeded(counts, unmet,
+                                                                    expected) -> None:
+    assert workflow_status(counts, unmet) == expected
+
+
+def test_the_api_names_the_when_field_of_the_step() -> None:
+    body = {"name": "w", "steps": [{"id": "a", "job": {"type": "x"}},
+                                   {"id": "b", "job": {"type": "x"}, "after": ["a"],
+                                    "when": 3}]}
+    errors = parse_workflow(body, Settings.from_env(env={}))
+    assert [e.field for e in errors] == ["steps[1] (b).when"]

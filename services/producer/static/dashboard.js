@@ -482,7 +482,14 @@
       // The list carries counts only (a 1,000-step workflow's steps are a page of their own).
       const steps = document.createElement("span");
       steps.className = "steps";
-      for (const [status, n] of Object.entries(wf.step_counts).sort()) {
+      // An any_failed step cancelled because every parent succeeded is not a cancellation of
+      // the workflow: it is counted apart, under its cause.
+      const unmet = wf.condition_unmet || 0;
+      const counts = Object.entries(wf.step_counts)
+        .map(([status, n]) => [status, status === "cancelled" ? n - unmet : n])
+        .filter(([, n]) => n > 0).sort();
+      if (unmet) counts.push(["condition_unmet", unmet]);
+      for (const [status, n] of counts) {
         const count = document.createElement("span");
         count.append(`${n} `, badge(status));
         count.setAttribute("aria-label", `${n} ${n === 1 ? "step" : "steps"} ${status}`);
@@ -635,6 +642,7 @@
       ["Created", new Date(job.created_at).toLocaleString()],
     ];
     if (job.workflow_id) rows.push(["Workflow", `${job.workflow_id} (step ${job.step})`]);
+    if (job.when && job.when !== "all_succeeded") rows.push(["Runs when", job.when]);
     if (job.last_error) rows.push(["Last error", job.last_error]);
     if (job.result !== null && job.result !== undefined) rows.push(["Result", JSON.stringify(job.result)]);
     for (const [name, value] of rows) {
@@ -659,7 +667,8 @@
     for (const e of events) {
       const tr = document.createElement("tr");
       tr.dataset.event = e.event;
-      const detail = e.detail && (e.detail.error || e.detail.status || "");
+      // A cascade's or a condition's cancellation says why (cause: condition_unmet, ...).
+      const detail = e.detail && (e.detail.error || e.detail.status || e.detail.cause || "");
       tr.append(cell(clock(e.created_at)), cell(e.event),
         cell(String(e.attempt)), cell(e.worker_id || ""), cell(e.actor || ""),
         cell(detail || ""));

@@ -80,11 +80,13 @@ class JobContext:
 
     @property
     def parent_results(self) -> dict[str, Any]:
-        """Each parent step's id -> the result it stored, for a workflow step ({} otherwise).
+        """Each parent step's id -> the result it stored, for a workflow step ({} otherwise);
+        for a parent that did not succeed (a step with `when`), {"status", "error",
+        "attempts"}: its state, last error and attempts when this step read them.
 
         Read once, on first use, so a job that never asks (and every plain job) costs nothing.
-        Every parent has succeeded before its step runs, and retention keeps every step of an
-        unfinished workflow, so each parent is present.
+        Retention keeps every step of an unfinished workflow, so each parent is present
+        (unless an operator purged a dead one).
         """
         if self._parent_results is None:
             loader = self.load_parent_results

@@ -97,11 +97,11 @@ class HistoryReader:
         for row in self._run(conn, "audit_parents_of", ids=ids):
             parents[row.child_id].append(row.parent_id)
         every_parent = sorted({p for ps in parents.values() for p in ps})
-        successes = _by_job(self._rows(conn, "audit_successes_of", ids=_id_array(every_parent))
-                            if every_parent else [])
+        finishes = _by_job(self._rows(conn, "audit_finishes_of", ids=_id_array(every_parent))
+                           if every_parent else [])
         return Page(jobs=jobs, events=_by_job(self._rows(conn, "audit_events_of", ids=ids)),
                     leases=_by_job(self._rows(conn, "audit_leases_of", ids=ids)),
-                    parents=parents, successes=successes)
+                    parents=parents, finishes=finishes)
 
     def limit_settings(self, since: datetime | None) -> list[Setting]:
         """Every flow limit setting in force at some time since `since`."""

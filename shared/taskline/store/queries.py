@@ -1,7 +1,8 @@
 """Loads the named SQL in queries.sql once per schema.
 
 `-- name: x` starts a block; the comment line after it describes the query. A block named
-`..._tail` is not a statement: see COMPOSED.
+`..._tail` is not a statement: see COMPOSED. Nor is one named `..._ctes`: a fragment of CTEs
+that statements take in where a line reads `-- include: <name>`, so it is written once.
 
 Every relation in queries.sql is written qualified by the default schema (`taskline.jobs`)
 and every notification channel with its name (`'taskline_enqueued'`); loading for another
@@ -21,6 +22,7 @@ from sqlalchemy import TextClause, text
 DEFAULT_SCHEMA = "taskline"
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _QUALIFIED = re.compile(rf"(?<![\w.]){DEFAULT_SCHEMA}\.(?=[a-z_])")
+_INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
 _CHANNEL = re.compile(rf"'{DEFAULT_SCHEMA}_(enqueued\w*)'")
 COMPOSED = {"settle_releasing": ("settle", "settle_releasing_tail")}
 """Statements built from another's text: (base, tail) -> the base's CTEs (all but its final
@@ -49,9 +51,14 @@ def load_queries(source: str | None = None,
         source = resources.files("taskline.store").joinpath("queries.sql").read_text()
     parts = _NAME.split(source)
     queries: dict[str, TextClause] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+    blocks = list(zip(parts[1::2], parts[2::2], strict=True))
+    fragments = {name: body for name, body in blocks if name.endswith("_ctes")}
+    for name, body in blocks:
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
+        if name in fragments:
+            continue
+        body = _INCLUDE.sub(lambda m: fragments[m.group(1)], body)
         sql = "\n".join(line for line in body.splitlines() if not line.startswith("--"))
         queries[name] = text(in_schema(sql.strip().rstrip(";"), schema))
     for name, (base, tail) in COMPOSED.items():

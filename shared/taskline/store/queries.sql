@@ -524,7 +524,11 @@ FROM changed;
 -- once). `settle` for a batch holding workflow steps, in one statement: it also counts each
 -- succeeded step's success on its waiting children (settlements flagged `releases`),
 -- decrementing a child's pending_parents by its parents among them, and queues each child
--- left with none (:release_target, event :release_event). Children are locked in id order,
+-- left with none (:release_target, event :release_event). A `when` child (run_when) counts
+-- every finish (succeeded, dead, cancelled), each parent's first only (the edge's
+-- parent_outcome, set here); an `any_failed` one is queued by its first failed parent and
+-- cancelled (:unmet_target, :unmet_event, cause :unmet_cause) when its last parent succeeds
+-- with none failed. Children are locked in id order,
 -- so statements releasing overlapping children cannot deadlock; one that waited for another's
 -- lock decrements the count the other committed (READ COMMITTED re-reads the locked row), so
 -- of parents finishing at once exactly one sees the count reach 0.
@@ -537,22 +541,40 @@ FROM changed;
 -- the rule's `status` cannot be read from it. A started child goes waiting -> queued ->
 -- running as one row update, its `unblocked` event before its `claimed` one (one INSERT, in
 -- that order) and its lease row written as claim_jobs writes one. Returns settle's rows
--- (kind 'settled'), then one row per child queued ('released') or started ('started', with
--- the whole job and its lease).
+-- (kind 'settled'), then one row per child queued ('released'), started ('started', with
+-- the whole job and its lease) or cancelled as its condition was unmet ('unmet').
 , finished AS (
-    SELECT d.child_id, count(*) AS n
+    SELECT d.parent_id, d.child_id, c.status AS outcome, k.run_when
     FROM changed c JOIN taskline.job_dependencies d ON d.parent_id = c.id
-    WHERE c.status = 'succeeded' AND CAST(c.s ->> 'releases' AS boolean)
-    GROUP BY d.child_id
+    JOIN taskline.jobs k ON k.id = d.child_id
+    WHERE c.status IN ('succeeded', 'dead', 'cancelled') AND CAST(c.s ->> 'releases' AS boolean)
+), counted AS (
+    -- A `when` child counts a parent's first finish only: its edge records the outcome once.
+    UPDATE taskline.job_dependencies d SET parent_outcome = f.outcome
+    FROM finished f
+    WHERE d.parent_id = f.parent_id AND d.child_id = f.child_id AND f.run_when IS NOT NULL
+      AND d.parent_outcome IS NULL
+    RETURNING d.child_id, d.parent_outcome AS outcome
+), tally AS (
+    SELECT e.child_id, count(*) AS n, bool_or(e.outcome <> 'succeeded') AS failed
+    FROM (SELECT child_id, outcome FROM finished
+          WHERE run_when IS NULL AND outcome = 'succeeded'
+          UNION ALL
+          SELECT child_id, outcome FROM counted) e
+    GROUP BY e.child_id
 ), locked AS MATERIALIZED (
-    SELECT j.id, j.queue, j.priority, f.n, j.pending_parents - f.n <= 0 AS frees
-    FROM taskline.jobs j JOIN finished f ON f.child_id = j.id
+    SELECT j.id, j.queue, j.priority, f.n,
+           j.pending_parents - f.n <= 0 OR (j.run_when = 'any_failed' AND f.failed) IS TRUE
+               AS frees,
+           (j.run_when = 'any_failed' AND NOT f.failed AND j.pending_parents - f.n <= 0) IS TRUE
+               AS unmet
+    FROM taskline.jobs j JOIN tally f ON f.child_id = j.id
     WHERE (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
     ORDER BY j.id
     FOR UPDATE OF j
 ), starts AS MATERIALIZED (
     SELECT l.id FROM locked l
-    WHERE l.frees AND l.queue = ANY(CAST(:served AS text[]))
+    WHERE l.frees AND NOT l.unmet AND l.queue = ANY(CAST(:served AS text[]))
       AND EXISTS (SELECT 1 FROM taskline.claimable_rule c WHERE c.id = l.id AND NOT c.limited)
       AND NOT EXISTS (SELECT 1 FROM taskline.jobs o WHERE o.status = 'queued' AND o.queue = l.queue
                       AND o.priority >= l.priority)
@@ -565,14 +587,17 @@ FROM changed;
     UPDATE taskline.jobs j
     SET pending_parents = j.pending_parents - locked.n,
         status = CASE WHEN starts.id IS NOT NULL THEN :target
+                      WHEN locked.unmet THEN :unmet_target
                       WHEN locked.frees THEN :release_target
                       ELSE j.status END,
         attempts = j.attempts + CASE WHEN starts.id IS NOT NULL THEN 1 ELSE 0 END,
-        next_run_at = CASE WHEN locked.frees THEN now() ELSE j.next_run_at END,
+        next_run_at = CASE WHEN locked.unmet THEN NULL
+                           WHEN locked.frees THEN now() ELSE j.next_run_at END,
+        finished_at = CASE WHEN locked.unmet THEN now() ELSE j.finished_at END,
         updated_at = now()
     FROM locked LEFT JOIN starts ON starts.id = locked.id
     WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
-    RETURNING j.*, starts.id IS NOT NULL AS started
+    RETURNING j.*, starts.id IS NOT NULL AS started, locked.frees, locked.unmet
 ), step_leases AS (
     INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, leased_until)
     SELECT id, attempts, :worker_id, clock_timestamp(),
@@ -580,14 +605,18 @@ FROM changed;
     FROM released WHERE started
     RETURNING id AS lease_id, job_id, leased_until
 ), step_events AS (
-    INSERT INTO taskline.job_events (job_id, attempt, event, worker_id)
-    SELECT e.job_id, e.attempt, e.event, e.worker_id
+    INSERT INTO taskline.job_events (job_id, attempt, event, worker_id, detail)
+    SELECT e.job_id, e.attempt, e.event, e.worker_id, e.detail
     FROM released r CROSS JOIN LATERAL (
         VALUES (r.id, r.attempts - CASE WHEN r.started THEN 1 ELSE 0 END,
-                CAST(:release_event AS text), CAST(NULL AS text), 0),
+                CASE WHEN r.unmet THEN CAST(:unmet_event AS text)
+                     ELSE CAST(:release_event AS text) END, CAST(NULL AS text),
+                CASE WHEN r.unmet THEN jsonb_build_object('cause', CAST(:unmet_cause AS text))
+                END, 0),
                (CASE WHEN r.started THEN r.id END, r.attempts, CAST(:event AS text),
-                CAST(:worker_id AS text), 1)) AS e (job_id, attempt, event, worker_id, ord)
-    WHERE r.pending_parents <= 0 AND e.job_id IS NOT NULL
+                CAST(:worker_id AS text), CAST(NULL AS jsonb), 1))
+        AS e (job_id, attempt, event, worker_id, detail, ord)
+    WHERE r.frees AND e.job_id IS NOT NULL
     ORDER BY e.job_id, e.ord
 )
 SELECT 'settled' AS kind, id, queue, priority, attempts, status, lease_id, worker_id,
@@ -599,14 +628,15 @@ SELECT 'settled' AS kind, id, queue, priority, attempts, status, lease_id, worke
        NULL AS scheduled_for, NULL AS leased_until
 FROM changed
 UNION ALL
-SELECT CASE WHEN r.started THEN 'started' ELSE 'released' END, r.id, r.queue, r.priority,
+SELECT CASE WHEN r.started THEN 'started' WHEN r.unmet THEN 'unmet' ELSE 'released' END,
+       r.id, r.queue, r.priority,
        r.attempts, r.status, l.lease_id, CASE WHEN r.started THEN CAST(:worker_id AS text) END,
        NULL, r.type, r.payload, r.max_retries, r.timeout_s, r.next_run_at, r.idempotency_key,
        r.last_error, r.result, r.created_at, r.updated_at, r.cancel_requested,
        r.trace_context, r.workflow_id, r.step, r.limit_key, r.schedule, r.scheduled_for,
        l.leased_until
 FROM released r LEFT JOIN step_leases l ON l.job_id = r.id
-WHERE r.pending_parents <= 0;
+WHERE r.frees;
 
 -- name: cancel_running_job
 -- Mark a running job's cancellation as requested, with its event; the worker's next renewal
@@ -690,8 +720,10 @@ SELECT id, queue, priority, type FROM changed ORDER BY id;
 -- Delete up to :limit dead jobs matching the filter (as requeue_dead_batch), job ids above
 -- :after, in id order, skipping rows others hold; their events, leases and DLQ row go in the
 -- same statement by the foreign keys' ON DELETE CASCADE. Returns the deleted jobs.
--- A purged workflow step can never succeed, so its waiting dependents (and theirs) are
--- cancelled in the same statement, read from the edges before the cascade removes them.
+-- A purged workflow step can never succeed, so what waits for its success is cancelled in
+-- the same statement (step_cascade_ctes, cause parent_purged), read from the edges before
+-- the delete's cascade removes them; its `when` children counted its death already. Rows of
+-- kind 'purged', then 'released' for the `when` steps the cancellations queued.
 WITH RECURSIVE picked AS (
     SELECT j.id FROM taskline.dead_letter_jobs d JOIN taskline.jobs j ON j.id = d.job_id
     WHERE j.status = 'dead' AND d.job_id > CAST(:after AS uuid)
@@ -702,24 +734,20 @@ WITH RECURSIVE picked AS (
     ORDER BY d.job_id
     LIMIT :limit
     FOR UPDATE OF j SKIP LOCKED
-), below(id) AS (
-    SELECT d.child_id FROM taskline.job_dependencies d JOIN picked p ON d.parent_id = p.id
-    UNION
-    SELECT d.child_id FROM taskline.job_dependencies d JOIN below b ON d.parent_id = b.id
-), orphans AS (
-    UPDATE taskline.jobs c SET status = 'cancelled', next_run_at = NULL, finished_at = now(),
-                      updated_at = now()
-    FROM (SELECT id FROM taskline.jobs WHERE id IN (SELECT id FROM below) AND status = 'waiting'
-          ORDER BY id FOR UPDATE) w
-    WHERE c.id = w.id AND (c.status = 'waiting') IS TRUE
-    RETURNING c.id, c.attempts
-), orphan_events AS (
-    INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
-    SELECT id, attempts, 'cancelled', :actor, '{"cause": "parent_purged"}'::jsonb FROM orphans
+), roots AS (
+    SELECT id FROM picked
+), ended AS (
+    SELECT id FROM picked WHERE false
 )
-DELETE FROM taskline.jobs j USING picked
-WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
-RETURNING j.id, j.queue, j.priority, j.type, j.status;
+-- include: step_cascade_ctes
+, purged AS (
+    DELETE FROM taskline.jobs j USING picked
+    WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
+    RETURNING j.id, j.queue, j.priority, j.type, j.status
+)
+SELECT 'purged' AS kind, id, queue, priority, type, status FROM purged
+UNION ALL
+SELECT 'released', id, queue, priority, type, status FROM freed WHERE status = :release_target;
 
 -- name: count_dead_matching
 -- How many dead jobs match the filter of requeue_dead_batch / purge_dead_batch.
@@ -751,7 +779,7 @@ SELECT id, queue, priority, attempts FROM changed;
 -- Live leases whose time ran out in PostgreSQL's clock, oldest first, their jobs locked (others
 -- are skipped): what the reaper settles in the same transaction.
 SELECT l.id AS lease_id, l.worker_id, j.id, j.queue, j.priority, j.type, j.attempts,
-       j.max_retries
+       j.max_retries, j.workflow_id
 FROM taskline.live_leases l JOIN taskline.jobs j ON j.id = l.job_id
 WHERE l.leased_until < now()
 ORDER BY l.leased_until
@@ -987,10 +1015,11 @@ WITH input AS MATERIALIZED (
     SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
-            trace_context text, actor text, step text, pending_parents int, limit_key text))
+            trace_context text, actor text, step text, pending_parents int, limit_key text,
+            run_when text))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, trace_context, actor, step,
-                              pending_parents, limit_key, ord)
+                              pending_parents, limit_key, run_when, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -1010,10 +1039,11 @@ WITH input AS MATERIALIZED (
     WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, trace_context, workflow_id, step, pending_parents, limit_key)
+                      next_run_at, trace_context, workflow_id, step, pending_parents, limit_key,
+                      run_when)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)), t.trace_context,
-           :workflow_id, t.step, t.pending_parents, t.limit_key
+           :workflow_id, t.step, t.pending_parents, t.limit_key, t.run_when
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -1033,29 +1063,83 @@ INSERT INTO taskline.job_dependencies (parent_id, child_id)
 SELECT parent_id, child_id
 FROM json_to_recordset(CAST(:edges AS json)) AS t(parent_id uuid, child_id uuid);
 
--- name: cancel_waiting_dependents
--- Cancel every waiting descendant of the jobs :ids (their children, their children's children
--- ...), locked in id order, each with its event naming :actor; returns the jobs cancelled.
-WITH RECURSIVE below(id) AS (
-    SELECT child_id FROM taskline.job_dependencies WHERE parent_id = ANY(CAST(:ids AS uuid[]))
+-- name: step_cascade_ctes
+-- Not a statement: the CTEs a statement takes in (`-- include: step_cascade_ctes`) after its
+-- own `roots(id)` (steps that will never succeed) and `ended(id)` (those of them that end in
+-- this statement, unsuccessfully, with no outcome recorded on their edges yet). Cancels every
+-- waiting step that waits for a root's success, directly or through steps it cancels
+-- (`cascaded`, event :cascade_event, actor :actor, cause :cause), and counts each cancelled
+-- step and ended root on its waiting `when` children (`freed`: an any_failed child is queued at
+-- once, an always child when it has no unfinished parent left, event :release_event). Every
+-- step it changes is locked first, in id order, as settle_releasing locks, so the two never
+-- deadlock. A `when` step is never cancelled here: its children wait for it in their turn.
+, below(id) AS (
+    -- Each child's condition is looked up by primary key (a scalar subquery), never by
+    -- joining jobs, which the planner may hash over the whole table.
+    SELECT d.child_id FROM taskline.job_dependencies d
+    WHERE d.parent_id IN (SELECT id FROM roots)
+      AND (SELECT k.run_when FROM taskline.jobs k WHERE k.id = d.child_id) IS NULL
     UNION
     SELECT d.child_id FROM taskline.job_dependencies d JOIN below b ON d.parent_id = b.id
-), doomed AS MATERIALIZED (
-    SELECT j.id FROM taskline.jobs j
-    WHERE j.id IN (SELECT id FROM below) AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    WHERE (SELECT k.run_when FROM taskline.jobs k WHERE k.id = d.child_id) IS NULL
+), reached AS (
+    SELECT id FROM below
+    UNION
+    SELECT d.child_id FROM taskline.job_dependencies d
+    WHERE d.parent_id IN (SELECT id FROM below UNION ALL SELECT id FROM ended)
+      AND (SELECT k.run_when FROM taskline.jobs k WHERE k.id = d.child_id) IS NOT NULL
+), held AS MATERIALIZED (
+    SELECT j.id, j.run_when FROM taskline.jobs j
+    WHERE j.id IN (SELECT id FROM reached) AND (j.status = 'waiting') IS TRUE
     ORDER BY j.id
     FOR UPDATE OF j
-), changed AS (
-    UPDATE taskline.jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
+), cascaded AS (
+    UPDATE taskline.jobs j SET status = :cascade_target, next_run_at = NULL, finished_at = now(),
                       updated_at = now()
-    FROM doomed
-    WHERE j.id = doomed.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    FROM held h
+    WHERE j.id = h.id AND h.run_when IS NULL AND (j.status = 'waiting') IS TRUE
     RETURNING j.*
-), events AS (
+), cascaded_events AS (
     INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
-    SELECT id, attempts, :event, :actor, '{"cause": "parent_cancelled"}'::jsonb FROM changed
+    SELECT id, attempts, :cascade_event, :actor, jsonb_build_object('cause', CAST(:cause AS text))
+    FROM cascaded
+), counted AS (
+    UPDATE taskline.job_dependencies d SET parent_outcome = 'cancelled'
+    FROM held h
+    WHERE d.child_id = h.id AND h.run_when IS NOT NULL AND d.parent_outcome IS NULL
+      AND (d.parent_id IN (SELECT id FROM held WHERE run_when IS NULL)
+           OR d.parent_id IN (SELECT id FROM ended))
+    RETURNING d.child_id
+), freed AS (
+    UPDATE taskline.jobs j
+    SET pending_parents = j.pending_parents - c.n,
+        status = CASE WHEN j.run_when = 'any_failed' OR j.pending_parents - c.n <= 0
+                      THEN :release_target ELSE j.status END,
+        next_run_at = CASE WHEN j.run_when = 'any_failed' OR j.pending_parents - c.n <= 0
+                           THEN now() ELSE j.next_run_at END,
+        updated_at = now()
+    FROM (SELECT child_id, count(*) AS n FROM counted GROUP BY child_id) c
+    WHERE j.id = c.child_id AND (j.status = 'waiting') IS TRUE
+    RETURNING j.*
+), freed_events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event)
+    SELECT id, attempts, :release_event FROM freed WHERE status = :release_target
 )
-SELECT * FROM changed;
+
+-- name: cancel_waiting_dependents
+-- Cancel every waiting step that waits for the success of the jobs :ids (transitively, see
+-- step_cascade_ctes), those of :ended (cancelled in this transaction) counted on their `when`
+-- children too; returns the jobs cancelled (kind 'cancelled') and the `when` steps queued
+-- ('released').
+WITH RECURSIVE roots AS (
+    SELECT unnest(CAST(:ids AS uuid[])) AS id
+), ended AS (
+    SELECT unnest(CAST(:ended AS uuid[])) AS id
+)
+-- include: step_cascade_ctes
+SELECT 'cancelled' AS kind, * FROM cascaded
+UNION ALL
+SELECT 'released', * FROM freed WHERE status = :release_target;
 
 -- name: cancel_workflow_steps
 -- Cancel a workflow's steps that have not started (:sources), locked in id order, each with its
@@ -1102,9 +1186,15 @@ SELECT * FROM changed;
 SELECT * FROM taskline.workflows WHERE id = :id;
 
 -- name: workflow_steps
--- The steps of the workflows :ids, each with the step ids of its parents, in step order.
+-- The steps of the workflows :ids, each with the step ids of its parents, its condition and
+-- the cause of its cancellation (the detail of its `cancelled` event), in step order.
 SELECT j.workflow_id, j.id, j.step, j.type, j.queue, j.status, j.attempts, j.pending_parents,
        j.last_error, j.created_at, j.updated_at, j.finished_at,
+       COALESCE(j.run_when, 'all_succeeded') AS run_when,
+       CASE WHEN j.status = 'cancelled' THEN (
+           SELECT e.detail ->> 'cause' FROM taskline.job_events e
+           WHERE e.job_id = j.id AND e.event = 'cancelled' ORDER BY e.id DESC LIMIT 1)
+       END AS cancel_cause,
        COALESCE((SELECT array_agg(p.step ORDER BY p.step)
                  FROM taskline.job_dependencies d JOIN taskline.jobs p ON p.id = d.parent_id
                  WHERE d.child_id = j.id), '{}') AS after
@@ -1117,6 +1207,11 @@ ORDER BY j.workflow_id, j.id;
 -- order, each with the step ids of its parents: one page of GET /api/v1/workflows/{id}.
 SELECT j.workflow_id, j.id, j.step, j.type, j.queue, j.status, j.attempts, j.pending_parents,
        j.last_error, j.created_at, j.updated_at, j.finished_at,
+       COALESCE(j.run_when, 'all_succeeded') AS run_when,
+       CASE WHEN j.status = 'cancelled' THEN (
+           SELECT e.detail ->> 'cause' FROM taskline.job_events e
+           WHERE e.job_id = j.id AND e.event = 'cancelled' ORDER BY e.id DESC LIMIT 1)
+       END AS cancel_cause,
        COALESCE((SELECT array_agg(p.step ORDER BY p.step)
                  FROM taskline.job_dependencies d JOIN taskline.jobs p ON p.id = d.parent_id
                  WHERE d.child_id = j.id), '{}') AS after
@@ -1126,8 +1221,13 @@ ORDER BY j.id
 LIMIT :limit;
 
 -- name: workflow_step_counts
--- How many steps of each of the workflows :ids are in each status (through jobs_workflow).
-SELECT workflow_id, status, count(*) AS n
+-- How many steps of each of the workflows :ids are in each status (through jobs_workflow), and
+-- how many of the cancelled ones are any_failed steps cancelled as condition_unmet (`unmet`).
+SELECT workflow_id, status, count(*) AS n,
+       count(*) FILTER (WHERE status = 'cancelled' AND run_when = 'any_failed' AND EXISTS (
+           SELECT 1 FROM taskline.job_events e
+           WHERE e.job_id = jobs.id AND e.event = 'cancelled'
+             AND e.detail ->> 'cause' = 'condition_unmet')) AS unmet
 FROM taskline.jobs WHERE workflow_id = ANY(CAST(:ids AS uuid[]))
 GROUP BY workflow_id, status;
 
@@ -1140,43 +1240,31 @@ ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
 -- name: parent_results
--- The step id and stored result of each parent of job :id.
-SELECT p.step, p.result
+-- The step id, stored result, status, last error and attempts of each parent of job :id.
+SELECT p.step, p.result, p.status, p.last_error, p.attempts
 FROM taskline.job_dependencies d JOIN taskline.jobs p ON p.id = d.parent_id
 WHERE d.child_id = :id;
 
 -- name: cancel_dependents_of_expired_dead
--- Cancel the waiting dependents (transitively) of up to :limit workflow steps dead for more
--- than :retain_s seconds, so retention may then delete them (a purged dead step cancels its
--- dependents); returns the jobs cancelled.
+-- Cancel what waits for the success of up to :limit workflow steps dead for more than
+-- :retain_s seconds (step_cascade_ctes, cause parent_expired), so retention may then delete
+-- them (a purged dead step cancels its dependents); their `when` children counted their death
+-- already. Returns the jobs cancelled ('cancelled') and the `when` steps queued ('released').
 WITH RECURSIVE roots AS (
     SELECT id FROM taskline.jobs
     WHERE status = 'dead' AND finished_at < now() - make_interval(secs => :retain_s)
       AND workflow_id IS NOT NULL
       AND EXISTS (SELECT 1 FROM taskline.job_dependencies d JOIN taskline.jobs c ON c.id = d.child_id
-                  WHERE d.parent_id = jobs.id AND c.status = ANY(CAST(:sources AS text[])))
+                  WHERE d.parent_id = jobs.id AND c.status = 'waiting' AND c.run_when IS NULL)
     ORDER BY finished_at
     LIMIT :limit
-), below(id) AS (
-    SELECT child_id FROM taskline.job_dependencies WHERE parent_id IN (SELECT id FROM roots)
-    UNION
-    SELECT d.child_id FROM taskline.job_dependencies d JOIN below b ON d.parent_id = b.id
-), doomed AS MATERIALIZED (
-    SELECT j.id FROM taskline.jobs j
-    WHERE j.id IN (SELECT id FROM below) AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
-    ORDER BY j.id
-    FOR UPDATE OF j SKIP LOCKED
-), changed AS (
-    UPDATE taskline.jobs j SET status = :target, next_run_at = NULL, finished_at = now(),
-                      updated_at = now()
-    FROM doomed
-    WHERE j.id = doomed.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
-    RETURNING j.id, j.queue, j.priority, j.attempts
-), events AS (
-    INSERT INTO taskline.job_events (job_id, attempt, event, detail)
-    SELECT id, attempts, :event, '{"cause": "parent_expired"}'::jsonb FROM changed
+), ended AS (
+    SELECT id FROM roots WHERE false
 )
-SELECT id, queue, priority FROM changed;
+-- include: step_cascade_ctes
+SELECT 'cancelled' AS kind, * FROM cascaded
+UNION ALL
+SELECT 'released', * FROM freed WHERE status = :release_target;
 
 -- name: delete_empty_workflows
 -- Delete up to :limit workflows older than :retain_s seconds none of whose steps is left.
@@ -1298,7 +1386,8 @@ FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 -- name: audit_jobs_page
 -- Up to :limit jobs created at or after :since, after (:after_created, :after_id) in
 -- (created_at, id) order (index jobs_created).
-SELECT id::text AS id, type, queue, status, attempts, limit_key, created_at FROM taskline.jobs
+SELECT id::text AS id, type, queue, status, attempts, limit_key, run_when, created_at
+FROM taskline.jobs
 WHERE created_at >= CAST(:since AS timestamptz)
   AND (created_at, id) > (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
 ORDER BY created_at, id
@@ -1306,9 +1395,9 @@ LIMIT :limit;
 
 -- name: audit_events_of
 -- The events of the jobs :ids in id order, each with the state its row records (`recorded`,
--- detail.status) and the transaction that wrote it.
-SELECT job_id::text AS job_id, id, attempt, event, detail ->> 'status' AS recorded, created_at,
-       xmin::text AS xid
+-- detail.status), its cause (detail.cause) and the transaction that wrote it.
+SELECT job_id::text AS job_id, id, attempt, event, detail ->> 'status' AS recorded,
+       detail ->> 'cause' AS cause, created_at, xmin::text AS xid
 FROM taskline.job_events WHERE job_id = ANY(CAST(:ids AS uuid[]))
 ORDER BY job_id, id;
 
@@ -1324,10 +1413,14 @@ ORDER BY job_id, id;
 SELECT child_id::text AS child_id, parent_id::text AS parent_id FROM taskline.job_dependencies
 WHERE child_id = ANY(CAST(:ids AS uuid[]));
 
--- name: audit_successes_of
--- The success events of the jobs :ids, each with the transaction that wrote it.
-SELECT job_id::text AS job_id, id, created_at, xmin::text AS xid FROM taskline.job_events
-WHERE job_id = ANY(CAST(:ids AS uuid[])) AND event = 'succeeded';
+-- name: audit_finishes_of
+-- The events of the jobs :ids that may end them (success, death, cancellation, a recovery
+-- into dead), each with the state its row records and the transaction that wrote it.
+SELECT job_id::text AS job_id, id, event, detail ->> 'status' AS recorded, created_at,
+       xmin::text AS xid
+FROM taskline.job_events
+WHERE job_id = ANY(CAST(:ids AS uuid[]))
+  AND event IN ('succeeded', 'dead_lettered', 'cancelled', 'recovered');
 
 -- name: audit_limit_changes
 -- Up to :limit flow limit changes in the audit trail after (:after_at, :after_id), oldest first.

@@ -17,6 +17,9 @@ from taskline.fingerprint import fingerprint
 from taskline.jobs import Status
 from taskline.transitions import Committed, Move, Transition
 
+CONDITION_UNMET = "condition_unmet"
+"""The cause of an `any_failed` workflow step's cancellation when every parent succeeded."""
+
 
 @dataclass(frozen=True)
 class Settlement:
@@ -26,8 +29,9 @@ class Settlement:
     worker_id: str
     transition: Transition
     releases: bool = False
-    """The job is a workflow step: its success may release waiting dependents, so the store
-    settles its batch with `settle_releasing` (settle and the release in one statement)."""
+    """The job is a workflow step: its success (or, for `when` dependents, its death or
+    cancellation) may release waiting dependents, so the store settles its batch with
+    `settle_releasing` (settle and the release in one statement)."""
 
     def to_input(self, *, lapsed: bool) -> dict[str, Any]:
         """The settle statement's input row (see queries.sql `settle`)."""
@@ -57,6 +61,8 @@ class Settled:
     released: tuple[Released, ...] = ()
     """Waiting steps this settlement's transaction queued (on one row of a batch: a child of
     several parents in the batch is released once, by all of them together)."""
+    unmet: int = 0
+    """any_failed steps the transaction cancelled as condition_unmet (on the same row)."""
 
     @classmethod
     def from_row(cls, row: Any) -> Settled:
@@ -97,18 +103,21 @@ class Expired:
     type: str
     attempts: int
     max_retries: int
+    workflow_id: uuid.UUID | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Expired:
         return cls(lease_id=row.lease_id, worker_id=row.worker_id, id=row.id, queue=row.queue,
                    priority=row.priority, type=row.type, attempts=row.attempts,
-                   max_retries=row.max_retries)
+                   max_retries=row.max_retries, workflow_id=getattr(row, "workflow_id", None))
 
     def settlement(self) -> Settlement:
-        """Recovered by the same rule as a failed attempt: dead once retries are exhausted."""
+        """Recovered by the same rule as a failed attempt: dead once retries are exhausted (a
+        workflow step's death then releases its `when` dependents in the same statement)."""
         return Settlement(self.lease_id, self.worker_id,
                           transitions.decide_recovery(self.attempts, self.max_retries,
-                                                      self.worker_id))
+                                                      self.worker_id),
+                          releases=self.workflow_id is not None)
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,8 @@ class DeadChanged:
     priority: int
     type: str
     move: Move
+    released: tuple[Released, ...] = ()
+    """`when` workflow steps a purge's cancellations queued (on the last row of a batch)."""
 
     @classmethod
     def from_row(cls, row: Any, move: Move) -> DeadChanged:
@@ -180,6 +191,18 @@ class DeadChanged:
 
     def committed(self) -> Committed:
         return Committed(self.move, str(self.id), self.queue, self.priority, left=Status.DEAD)
+
+    def follows(self) -> list[Committed]:
+        """The Redis steps after its commit: the steps it released, then its own move."""
+        return [*(step.committed() for step in self.released), self.committed()]
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """A workflow's steps by status, and its any_failed steps cancelled as condition_unmet."""
+
+    by_status: dict[str, int]
+    unmet: int
 
 
 @dataclass(frozen=True)

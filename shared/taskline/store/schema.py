@@ -63,6 +63,9 @@ jobs = Table(
     Column("workflow_id", UUID(as_uuid=True), nullable=True),
     Column("step", Text, nullable=True),
     Column("pending_parents", Integer, nullable=False, server_default=text("0")),
+    # A step's condition: NULL waits for every parent's success; `any_failed` and `always`
+    # count each parent's first finish, whatever it was (migration 0016).
+    Column("run_when", Text, nullable=True),
     # The budget the job draws from under a `per_key` flow limit (migration 0010).
     Column("limit_key", Text, nullable=True),
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
@@ -251,6 +254,9 @@ job_dependencies = Table(
            primary_key=True),
     Column("child_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
            primary_key=True),
+    # The outcome of the parent's first finish, written only on an edge to a `when` step, so
+    # that step counts each parent once (migration 0016).
+    Column("parent_outcome", Text, nullable=True),
 )
 Index("job_dependencies_child", job_dependencies.c.child_id)
 # Periodic jobs (migration 0005): each schedule, and the record of every slot that fired. A

@@ -32,6 +32,7 @@ from taskline.jobs import Job, Status, new_job_id, parse_job_id
 from taskline.store import bulk
 from taskline.store.queries import DEFAULT_SCHEMA, queries_for
 from taskline.store.rows import (
+    CONDITION_UNMET,
     DeadChanged,
     Deleted,
     Expired,
@@ -42,6 +43,7 @@ from taskline.store.rows import (
     ScheduleRow,
     Settled,
     Settlement,
+    StepCounts,
 )
 from taskline.transitions import Move
 
@@ -465,11 +467,16 @@ class Store:
                    conn: Connection | None = None, actor: str | None = None) -> list[DeadChanged]:
         """Delete up to `limit` dead jobs matching `match` with ids above `after`, each whole
         (events, leases, DLQ row), in one statement: the one place a purge deletes jobs. The
-        waiting dependents of a purged workflow step are cancelled in that statement."""
+        waiting dependents of a purged workflow step are cancelled in that statement, and the
+        `when` steps those cancellations queue ride on the last row's `released`."""
         params = {**match.params(), "after": after, "limit": limit, "actor": actor,
-                  **_move_params(transitions.PURGE)}
-        return [DeadChanged.from_row(r, transitions.PURGE)
-                for r in self._run("purge_dead_batch", params, conn)]
+                  **_move_params(transitions.PURGE), **_cascade("parent_purged")}
+        rows = self._run("purge_dead_batch", params, conn)
+        purged = [DeadChanged.from_row(r, transitions.PURGE) for r in rows if r.kind == "purged"]
+        released = tuple(Released.from_row(r) for r in rows if r.kind == "released")
+        if released and purged:
+            purged[-1] = dataclasses.replace(purged[-1], released=released)
+        return purged
 
     def count_dead_matching(self, match: DeadFilter) -> int:
         return int(self._run("count_dead_matching", match.params())[0].n)
@@ -689,7 +696,7 @@ class Store:
         if not settlements:
             return []
         params = _settle_params(settlements, lapsed)
-        releasing = any(s.releases and s.transition.move is transitions.SUCCEED
+        releasing = any(s.releases and s.transition.move.target in _DECIDING
                         for s in settlements)
         name = "settle_releasing" if releasing else "settle"
         if releasing:
@@ -878,23 +885,29 @@ class Store:
                 [{"parent_id": p, "child_id": c} for p, c in edges])}, conn)
 
     def cancel_waiting_dependents(self, job_ids: Sequence[uuid.UUID], actor: str | None = None,
-                                  conn: Connection | None = None) -> list[Job]:
-        """Cancel every waiting descendant of `job_ids`; returns the jobs cancelled."""
+                                  conn: Connection | None = None, *,
+                                  ended: Sequence[uuid.UUID] = ()) -> list[Job]:
+        """Cancel what waits for the success of `job_ids` (transitively); returns the jobs
+        cancelled, then the `when` steps those cancellations queued (status queued). `ended`
+        lists those of `job_ids` cancelled in this transaction: their `when` children count
+        them now (a running job asked to stop is counted when its attempt ends)."""
         rows = self._run("cancel_waiting_dependents", {
-            "ids": _uuid_array(job_ids), "actor": actor, **_waiting_cancel()}, conn)
+            "ids": _uuid_array(job_ids), "ended": _uuid_array(ended), "actor": actor,
+            **_cascade("parent_cancelled")}, conn)
         return [Job.from_row(r) for r in rows]
 
     def cancel_step(self, job_id: uuid.UUID, actor: str | None = None) -> tuple[Job | None,
                                                                                  list[Job]]:
         """Cancel a pending or waiting job and, when it is a workflow step, its waiting
-        dependents, in one transaction: (the job or None, the dependents cancelled)."""
+        dependents, in one transaction: (the job or None, the dependents cancelled and the
+        `when` steps queued, as cancel_waiting_dependents)."""
         with self.transaction() as conn:
             rows = self._run("cancel_pending_job", {"id": job_id, "actor": actor,
                                                     **_move_params(transitions.CANCEL)}, conn)
             job = Job.from_row(rows[0]) if rows else None
             if job is None or job.workflow_id is None:
                 return job, []
-            return job, self.cancel_waiting_dependents([job.id], actor, conn)
+            return job, self.cancel_waiting_dependents([job.id], actor, conn, ended=[job.id])
 
     def request_cancel_step(self, job_id: uuid.UUID,
                             actor: str | None = None) -> tuple[Job | None, list[Job]]:
@@ -942,12 +955,15 @@ class Store:
             "id": workflow_id, "after": after, "limit": limit})]
 
     def workflow_step_counts(self, workflow_ids: Sequence[uuid.UUID]
-                             ) -> dict[uuid.UUID, dict[str, int]]:
-        """{workflow id: {status: how many of its steps are in it}}."""
-        counts: dict[uuid.UUID, dict[str, int]] = {w: {} for w in workflow_ids}
+                             ) -> dict[uuid.UUID, StepCounts]:
+        """{workflow id: how many of its steps are in each status, and how many of the
+        cancelled ones are any_failed steps cancelled as condition_unmet}."""
+        counts: dict[uuid.UUID, StepCounts] = {w: StepCounts({}, 0) for w in workflow_ids}
         if workflow_ids:
             for r in self._run("workflow_step_counts", {"ids": _uuid_array(workflow_ids)}):
-                counts.setdefault(r.workflow_id, {})[r.status] = int(r.n)
+                found = counts.setdefault(r.workflow_id, StepCounts({}, 0))
+                found.by_status[r.status] = int(r.n)
+                counts[r.workflow_id] = StepCounts(found.by_status, found.unmet + int(r.unmet))
         return counts
 
     def list_workflows(self, *, after: tuple[datetime, uuid.UUID] | None,
@@ -957,13 +973,18 @@ class Store:
         return [dict(r._mapping) for r in self._run("list_workflows", params)]
 
     def parent_results(self, job_id: uuid.UUID) -> dict[str, Any]:
-        """{parent step id: its stored result} of a workflow step."""
-        return {r.step: r.result for r in self._run("parent_results", {"id": job_id})}
+        """{parent step id: its stored result} of a workflow step; a parent that did not
+        succeed (what a `when` step reads) gives {"status", "error", "attempts"} instead."""
+        return {r.step: r.result if r.status == Status.SUCCEEDED.value
+                else {"status": r.status, "error": r.last_error, "attempts": r.attempts}
+                for r in self._run("parent_results", {"id": job_id})}
 
-    def cancel_dependents_of_expired_dead(self, retain_s: float, limit: int) -> list:
-        """Cancel the waiting dependents of workflow steps dead longer than `retain_s`."""
-        return self._run("cancel_dependents_of_expired_dead", {
-            "retain_s": retain_s, "limit": limit, **_waiting_cancel()})
+    def cancel_dependents_of_expired_dead(self, retain_s: float, limit: int) -> list[Job]:
+        """Cancel what waits for the success of workflow steps dead longer than `retain_s`;
+        the jobs cancelled, then the `when` steps that queued (as cancel_waiting_dependents)."""
+        return [Job.from_row(r) for r in self._run("cancel_dependents_of_expired_dead", {
+            "retain_s": retain_s, "limit": limit, "actor": None,
+            **_cascade("parent_expired")})]
 
     def announce_steps(self, conn: Connection, job_ids: Sequence[uuid.UUID]) -> None:
         """Owe new workflow steps to Redis through the enqueue outbox, on the caller's
@@ -985,10 +1006,13 @@ class Store:
         return len(self._run("delete_empty_workflows", {"retain_s": retain_s, "limit": limit}))
 
 
-def _waiting_cancel() -> dict[str, Any]:
-    """The cancel move's target and event, from waiting only (a dependent never started)."""
-    return {"sources": [Status.WAITING.value], "target": transitions.CANCEL.target.value,
-            "event": transitions.CANCEL.event.value}
+def _cascade(cause: str) -> dict[str, Any]:
+    """step_cascade_ctes' parameters: the cancel move for what waits for a success, the
+    unblock move for the `when` steps the cancellations decide, and the cause recorded."""
+    return {"cascade_target": transitions.CANCEL.target.value,
+            "cascade_event": transitions.CANCEL.event.value, "cause": cause,
+            "release_target": transitions.UNBLOCK.target.value,
+            "release_event": transitions.UNBLOCK.event.value}
 
 
 @dataclass(frozen=True)
@@ -1058,10 +1082,11 @@ def _with_releases(rows: Sequence[Any]) -> tuple[list[Settled], list[Claimed]]:
     steps started, most urgent first (release order, the id, within a priority)."""
     settled = [Settled.from_row(r) for r in rows if r.kind == "settled"]
     released = tuple(Released.from_row(r) for r in rows if r.kind == "released")
+    unmet = sum(1 for r in rows if r.kind == "unmet")
     started = sorted((r for r in rows if r.kind == "started"), key=lambda r: (-r.priority, r.id))
     claims = [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in started]
-    if released and settled:
-        settled[-1] = dataclasses.replace(settled[-1], released=released)
+    if (released or unmet) and settled:
+        settled[-1] = dataclasses.replace(settled[-1], released=released, unmet=unmet)
     return settled, claims
 
 
@@ -1076,7 +1101,12 @@ def _continuing(worker_id: str, lease_s: float, queues: Sequence[str],
 _CLAIM = {"target": transitions.CLAIM.target.value, "event": transitions.CLAIM.event.value}
 _RELEASE = {"release_sources": transitions.UNBLOCK.source_names,
             "release_target": transitions.UNBLOCK.target.value,
-            "release_event": transitions.UNBLOCK.event.value}
+            "release_event": transitions.UNBLOCK.event.value,
+            "unmet_target": transitions.CANCEL.target.value,
+            "unmet_event": transitions.CANCEL.event.value, "unmet_cause": CONDITION_UNMET}
+_DECIDING = frozenset({Status.SUCCEEDED, Status.DEAD, Status.CANCELLED})
+"""The ends of an attempt a workflow step's dependents count: success releases every kind of
+dependent, dead and cancelled the `when` ones (taskline.workflows)."""
 
 _UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError)
 _DRIVER_UNAVAILABLE = (psycopg.OperationalError, psycopg.InterfaceError)
