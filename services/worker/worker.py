@@ -23,6 +23,12 @@ from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import ConfigError
+from taskline.execution.attempts import Attempt, Attempts, Settler
+from taskline.execution.deadlines import Deadlines
+from taskline.execution.fencing import Fence
+from taskline.execution.leases import LeaseKeeper
+from taskline.execution.outcomes import NextSteps, Recorder
+from taskline.execution.runner import Runner
 from taskline.handlers import registry, webhook
 from taskline.jobs import Outcome
 from taskline.metrics import (
@@ -38,18 +44,12 @@ from taskline.metrics import (
 )
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
-from taskline_worker.attempts import Attempt, Attempts, Settler
-from taskline_worker.deadlines import Deadlines
 from taskline_worker.degraded import DispatchMode
-from taskline_worker.fencing import Fence
 from taskline_worker.handback import Handback
 from taskline_worker.heartbeat import Heartbeat
 from taskline_worker.held import HeldWork
-from taskline_worker.leases import LeaseKeeper
 from taskline_worker.loop import FetchLoop, observe_wait
-from taskline_worker.outcomes import NextSteps, Recorder
 from taskline_worker.pace import Pace
-from taskline_worker.runner import Runner
 
 log = logging.getLogger(__name__)
 

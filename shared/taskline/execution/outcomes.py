@@ -25,6 +25,8 @@ import tenacity
 from taskline import tracing, transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, NonRetryableError, StoreUnavailable
+from taskline.execution.attempts import Attempt, Attempts
+from taskline.execution.runner import BadResult, NoHandler
 from taskline.jobs import Backoff, Outcome
 from taskline.metrics import (
     JOB_CANCELLED,
@@ -43,8 +45,6 @@ from taskline.settings import Settings
 from taskline.store.rows import Settled, Settlement
 from taskline.store.store import Claimed, Store
 from taskline.transitions import Committed, Transition
-from taskline_worker.attempts import Attempt, Attempts
-from taskline_worker.runner import BadResult, NoHandler
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class Recorder:
     Simultaneous ones (a fan-out finishing) still go to the recorder, to share its statements.
     """
 
-    def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
+    def __init__(self, *, store: Store, dispatcher: Dispatcher | None, worker_id: str,
                  settings: Settings, attempts: Attempts, types: TypeLabels,
                  forget: Callable[[Iterable[Attempt]], None],
                  on_settled: Callable[[list[Committed]], None] | None = None,
@@ -230,6 +230,13 @@ class Recorder:
     def stop(self) -> None:
         """Record what was reported so far, then end `run`."""
         self._queue.put(None)
+
+    def record_reported(self) -> None:
+        """Record, on this thread, what was reported so far (for a caller without a recorder
+        thread: `taskline.testing.drain`), through the same batches as `run`."""
+        batch, _more = self._ready([])
+        if batch:
+            self._record(batch)
 
     # --- the recorder thread -------------------------------------------------------------
 
@@ -486,18 +493,21 @@ class Recorder:
         """Redis after PostgreSQL: each recorded move's step, and stale ids acked away."""
         if committed and self._on_settled is not None:
             self._on_settled(committed)  # leases released: flow budget freed
+        if self._dispatcher is None:
+            return  # no Redis (taskline.testing.drain): PostgreSQL alone dispatches
+        dispatcher = self._dispatcher
         if committed:
-            self._redis(lambda: self._dispatcher.follow(committed), committed[0].job_id)
+            self._redis(lambda: dispatcher.follow(committed), committed[0].job_id)
         if stale:
             items = [(r.attempt.queue, r.attempt.job_id) for r in stale]
-            self._redis(lambda: self._dispatcher.ack(items, self._worker_id),
+            self._redis(lambda: dispatcher.ack(items, self._worker_id),
                         stale[0].attempt.job_id)
 
     def _redis(self, write: Callable[[], object], job_id: str) -> None:
         try:
             write()
         except DispatchUnavailable as err:
-            breaker = self._dispatcher.breaker
+            breaker = self._dispatcher.breaker if self._dispatcher is not None else None
             if breaker is not None and breaker.open:
                 # Known down (the worker claims from PostgreSQL): one line per outcome would
                 # flood the log; reconciliation rebuilds Redis when it returns.
