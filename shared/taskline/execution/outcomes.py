@@ -221,6 +221,25 @@ class Recorder:
             self._here.release()
         self._queue.put(written)
 
+    def ended(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
+        """The handler of `attempt` (settled by its handler) returned `result` or raised
+        `error`: report its outcome."""
+        if error is None:
+            # A handler that finishes its work despite a cancel request succeeded.
+            self.success(attempt, result)
+        elif attempt.cancel_requested:
+            self.cancelled(attempt)
+        else:
+            self.failure(attempt, error, Outcome.FAILED)
+
+    def timed_out(self, attempt: Attempt) -> None:
+        """The handler of `attempt` (settled by its timeout) ran past its timeout."""
+        if attempt.cancel_requested:
+            self.cancelled(attempt)
+        else:
+            error = TimeoutError(f"handler ran past its timeout of {attempt.job.timeout_s:g} s")
+            self.failure(attempt, error, Outcome.TIMEOUT)
+
     def failure(self, attempt: Attempt, error: BaseException, outcome: Outcome) -> None:
         self._queue.put(Report(attempt, FAILURE, error=error, outcome=outcome))
 

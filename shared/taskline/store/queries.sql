@@ -1352,3 +1352,18 @@ WHERE l.id > :after
   AND (l.released_at IS NULL OR l.released_at > CAST(:start AS timestamptz))
 ORDER BY l.id
 LIMIT :limit;
+
+-- name: testing_enqueued
+-- The jobs visible to the caller's transaction whose id was made at or after :floor (ids are time-ordered UUIDv7s made on the enqueuing host), of :type when given, oldest first: taskline.testing.enqueued.
+SELECT id, type, queue, payload, priority, status, next_run_at, idempotency_key, created_at
+FROM taskline.jobs
+WHERE id >= CAST(:floor AS uuid) AND (CAST(:type AS text) IS NULL OR type = CAST(:type AS text))
+ORDER BY id;
+
+-- name: testing_skip_backoff
+-- Make every retrying job due now (taskline.testing.drain with skip_backoff): its backoff is waived, nothing else changes.
+UPDATE taskline.jobs SET next_run_at = now() WHERE status = 'retrying' AND next_run_at > now();
+
+-- name: testing_tables
+-- The tables of the installation but its migration version table: what taskline.testing empties after each test.
+SELECT tablename FROM pg_tables WHERE schemaname = :schema AND tablename <> 'alembic_version' ORDER BY tablename;

@@ -741,6 +741,15 @@ class Store:
 
     # --- maintenance side ----------------------------------------------------------------
 
+    def skip_backoff(self) -> None:
+        """Make every retrying job due now (taskline.testing.drain: a test waits for no
+        backoff)."""
+        self._run("testing_skip_backoff", {})
+
+    def schema_tables(self) -> list[str]:
+        """The installation's tables but its migration version table."""
+        return [r.tablename for r in self._run("testing_tables", {"schema": self.schema})]
+
     def promote_due(self, limit: int) -> list[Promoted]:
         rows = self._run("promote_due", {"limit": limit, **_move_params(transitions.PROMOTE)})
         return [Promoted.from_row(r) for r in rows]
