@@ -84,6 +84,8 @@ def provide(env: dict[str, str] | None = None) -> TestDatabase:
         upgrade(url, schema=schema)
         return TestDatabase(url, schema)
     tmp = tempfile.TemporaryDirectory(prefix="taskline-test-")
+    # Under root the server runs as the `postgres` OS user, which must enter this directory.
+    os.chmod(tmp.name, 0o711)
     server = PrivatePostgres(Path(tmp.name) / "postgres", fast=True)
     try:
         server.init()
