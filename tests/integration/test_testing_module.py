@@ -237,7 +237,7 @@ def test_drain_accepts_the_connections_an_application_holds(database_url, engine
         assert drain(conn, max_jobs=1).succeeded == 1
     with psycopg.connect(database_url) as conn:
         assert drain(conn).succeeded == 1
-    with pytest.raises(TypeError, match="database URL"):
+    with pytest.raises(TypeError, match="expected a database URL"):
         drain(42)
 
 

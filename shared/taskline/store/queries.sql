@@ -1367,3 +1367,7 @@ UPDATE taskline.jobs SET next_run_at = now() WHERE status = 'retrying' AND next_
 -- name: testing_tables
 -- The tables of the installation but its migration version table: what taskline.testing empties after each test.
 SELECT tablename FROM pg_tables WHERE schemaname = :schema AND tablename <> 'alembic_version' ORDER BY tablename;
+
+-- name: job_outcome
+-- One job's state and outcome, by primary key: what taskline.wait reads after each signal.
+SELECT status, result, last_error, attempts FROM taskline.jobs WHERE id = CAST(:id AS uuid);

@@ -13,7 +13,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from taskline.execution import runner
 from taskline.execution.attempts import Attempt, Attempts, Settler
@@ -22,6 +21,7 @@ from taskline.handlers import registry
 from taskline.jobs import Status
 from taskline.metrics import TypeLabels
 from taskline.settings import Settings
+from taskline.store.caller import database_url
 from taskline.store.store import Claimed, Store
 from taskline.testing.handlers import WORKER_ID
 
@@ -151,37 +151,3 @@ class Drainer:
                 "attempt": attempt.job.attempts, "outcome": outcome,
                 "result": result if error is None else None,
                 "error": None if error is None else f"{type(error).__name__}: {error}"}
-
-
-def database_url(conn_or_url: Any) -> str:
-    """The libpq URL of the database `conn_or_url` names or is connected to."""
-    if isinstance(conn_or_url, str):
-        return conn_or_url
-    url = getattr(conn_or_url, "url", None)
-    if isinstance(url, str):  # the taskline_db fixture
-        return url
-    engine = _engine_of(conn_or_url)
-    if engine is not None:
-        return engine.url.render_as_string(hide_password=False)
-    info = getattr(conn_or_url, "info", None)
-    if info is not None and hasattr(info, "get_parameters"):  # a psycopg connection
-        params = info.get_parameters()
-        password = f":{quote(info.password, safe='')}" if info.password else ""
-        return (f"postgresql://{quote(params.get('user', ''), safe='')}{password}@"
-                f"{info.host}:{info.port}/{quote(params.get('dbname', ''), safe='')}")
-    raise TypeError("drain() takes a database URL, the taskline_db fixture, a SQLAlchemy "
-                    f"Engine, Connection or Session, or a psycopg Connection; not "
-                    f"{type(conn_or_url).__name__}")
-
-
-def _engine_of(conn: Any) -> Any:
-    from sqlalchemy import Connection, Engine
-    from sqlalchemy.orm import Session, scoped_session
-
-    if isinstance(conn, scoped_session):
-        conn = conn()
-    if isinstance(conn, Session):
-        return conn.get_bind()
-    if isinstance(conn, Connection):
-        return conn.engine
-    return conn if isinstance(conn, Engine) else None

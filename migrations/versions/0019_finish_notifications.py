@@ -1,0 +1,62 @@
+"""Waiting for a result: a job that finishes signals it, so a waiter wakes at the commit.
+
+A row trigger on `jobs`, `jobs_finished_notify`, runs `notify_finished()` after an UPDATE of
+`status` that moves a job into succeeded, dead or cancelled: it sends the job's id on the channel
+`<schema>_finished` (the schema's own, as the enqueue channels are), and the workflow's id too
+for a step, at the commit of the transaction that finished it, whichever statement did (the
+worker's settle, the reaper, a cancel, a lapse). The API's waiting requests and
+`taskline.wait` LISTEN on that channel (taskline.finishing).
+
+Online on a 100-million-row `jobs`: CREATE FUNCTION touches the catalog; CREATE TRIGGER takes a
+SHARE ROW EXCLUSIVE lock on `jobs` for the catalog change only (no scan, no rewrite), under
+`lock_timeout` so it fails fast instead of queueing writes behind a long transaction (run
+`taskline migrate` again). Only UPDATEs whose WHEN clause holds call the function.
+
+Rolling deploy beside the previous release: its statements fire the trigger too (its waits poll
+the API and never listen); a previous API ignores `wait_s`. Downgrade drops both.
+
+Revision ID: 0019
+Revises: 0015
+Create Date: 2026-12-03 13:40:00
+"""
+
+from alembic import op
+
+revision = '0019'
+down_revision = '0015'
+branch_labels = None
+depends_on = None
+
+LOCK_TIMEOUT = "5s"
+
+FUNCTION = """
+CREATE OR REPLACE FUNCTION notify_finished() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_TABLE_SCHEMA || '_finished', NEW.id::text);
+    IF NEW.workflow_id IS NOT NULL THEN
+        PERFORM pg_notify(TG_TABLE_SCHEMA || '_finished', NEW.workflow_id::text);
+    END IF;
+    RETURN NULL;
+END
+$$
+"""
+
+TRIGGER = """
+CREATE TRIGGER jobs_finished_notify
+AFTER UPDATE OF status ON jobs
+FOR EACH ROW
+WHEN (NEW.status IN ('succeeded', 'dead', 'cancelled') AND OLD.status IS DISTINCT FROM NEW.status)
+EXECUTE FUNCTION notify_finished()
+"""
+
+
+def upgrade() -> None:
+    op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+    op.execute(FUNCTION)
+    op.execute("DROP TRIGGER IF EXISTS jobs_finished_notify ON jobs")
+    op.execute(TRIGGER)
+
+
+def downgrade() -> None:
+    op.execute("DROP TRIGGER IF EXISTS jobs_finished_notify ON jobs")
+    op.execute("DROP FUNCTION IF EXISTS notify_finished()")
