@@ -7,8 +7,9 @@ any number of waiters share one connection and none holds a pooled one. `wait` d
 a connection of its own for one job: `taskline.wait(conn, id, timeout)`, no API needed.
 
 Invariant: a watch is registered before its waiter reads the job's state, so a finish committed
-between the read and the wait still wakes it; when the listener (re)connects it wakes every
-watch, because what was sent while it was away is lost (a woken waiter reads the state again).
+between the read and the wait still wakes it; a waiter waits (briefly) for the listener to be
+live first, and when the listener reconnects it wakes every watch, because what was sent while
+it was away is lost (a woken waiter reads the state again).
 Without a session connection (a transaction-pooling PgBouncer and no direct URL) there is no
 LISTEN: the listener wakes every watch once a second instead.
 """
@@ -25,15 +26,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from taskline.errors import JobCancelled, JobFailed
-from taskline.jobs import TERMINAL
+from taskline.results import finished, outcome
 from taskline.store import caller
 from taskline.store.queries import DEFAULT_SCHEMA, channel
 
 log = logging.getLogger(__name__)
 
 FINISHED = "finished"
-TERMINAL_STATUSES = frozenset(status.value for status in TERMINAL)
 POLL_S = 1.0
 """The period of the wake-ups without LISTEN, and of a listener's checks of its stop flag."""
 RECONNECT_S = (0.1, 5.0)
@@ -63,6 +62,8 @@ class FinishListener:
         self.live = threading.Event()
         """Set while LISTEN is active (or, without a session URL, once polling runs)."""
         self._thread: threading.Thread | None = None
+        self._listened = False
+        """LISTEN was active before: a reconnection wakes every watch."""
 
     @property
     def watching(self) -> int:
@@ -143,33 +144,15 @@ class FinishListener:
                              application_name="taskline-finish-listener") as conn:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
             self.live.set()
-            self.fire()  # what finished while no LISTEN was active is unknown: look again
+            if self._listened:
+                self.fire()  # what finished while no LISTEN was active is unknown: look again
+            self._listened = True
             while not self._stop.is_set():
                 for note in conn.notifies(timeout=POLL_S):
                     self.fire(note.payload)
                     if self._stop.is_set():
                         break
         self.live.clear()
-
-
-def finished(job: dict[str, Any]) -> bool:
-    """Whether `job` (a job as the API shows it) is succeeded, dead or cancelled."""
-    return job.get("status") in TERMINAL_STATUSES
-
-
-def outcome(job: dict[str, Any], raise_on_failure: bool = True) -> Any:
-    """The result of a finished job (the API's form); JobFailed for a dead one and
-    JobCancelled for a cancelled one, unless `raise_on_failure` is false (then the job)."""
-    if not raise_on_failure:
-        return job
-    status = job.get("status")
-    if status == "dead":
-        raise JobFailed(f"job {job.get('id')} failed after {job.get('attempts')} attempts: "
-                        f"{job.get('last_error')}", job, job.get("last_error"),
-                        job.get("attempts"))
-    if status == "cancelled":
-        raise JobCancelled(f"job {job.get('id')} was cancelled", job)
-    return job.get("result")
 
 
 def wait(conn: Any, job_id: uuid.UUID | str, timeout: float | None = None, *,
