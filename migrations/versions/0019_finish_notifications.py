@@ -1,4 +1,5 @@
-"""Waiting for a result: a job that finishes signals it, so a waiter wakes at the commit.
+"""Waiting for a result: a job that finishes signals it, so a waiter wakes at the commit; and
+`schedules.declared_in_code`, so a `@periodic` removed from the code is seen.
 
 A row trigger on `jobs`, `jobs_finished_notify`, runs `notify_finished()` after an UPDATE of
 `status` that moves a job into succeeded, dead or cancelled: it sends the job's id on the channel
@@ -12,8 +13,14 @@ SHARE ROW EXCLUSIVE lock on `jobs` for the catalog change only (no scan, no rewr
 `lock_timeout` so it fails fast instead of queueing writes behind a long transaction (run
 `taskline migrate` again). Only UPDATEs whose WHEN clause holds call the function.
 
+`schedules.declared_in_code` (boolean, NULL: never declared in code): true for the schedules the
+code maintenance last started with declares, false for those it declared before and no longer
+(reported, and deleted with TASKLINE_PRUNE_SCHEDULES=true). ADD COLUMN of a nullable column
+without a default changes the catalog only.
+
 Rolling deploy beside the previous release: its statements fire the trigger too (its waits poll
-the API and never listen); a previous API ignores `wait_s`. Downgrade drops both.
+the API and never listen); a previous API ignores `wait_s`; a previous maintenance leaves
+`declared_in_code` as it was (the next start of a new one marks it). Downgrade drops all three.
 
 Revision ID: 0019
 Revises: 0015
@@ -55,8 +62,10 @@ def upgrade() -> None:
     op.execute(FUNCTION)
     op.execute("DROP TRIGGER IF EXISTS jobs_finished_notify ON jobs")
     op.execute(TRIGGER)
+    op.execute("ALTER TABLE schedules ADD COLUMN IF NOT EXISTS declared_in_code boolean")
 
 
 def downgrade() -> None:
     op.execute("DROP TRIGGER IF EXISTS jobs_finished_notify ON jobs")
     op.execute("DROP FUNCTION IF EXISTS notify_finished()")
+    op.execute("ALTER TABLE schedules DROP COLUMN IF EXISTS declared_in_code")

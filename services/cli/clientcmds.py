@@ -327,7 +327,7 @@ AUDIT_COLUMNS = (("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGE
 SCHEDULE_COLUMNS = (("NAME", "name"), ("CRON", "cron"), ("TIMEZONE", "timezone"),
                     ("TYPE", "job.type"), ("QUEUE", "job.queue"), ("PAUSED", "paused"),
                     ("NEXT RUN", "next_run"), ("LAST SLOT", "last_slot"),
-                    ("LAST JOB", "last_job_id"))
+                    ("LAST JOB", "last_job_id"), ("IN CODE", "declared_in_code"))
 
 
 def _emit(args: argparse.Namespace, data: Any, readable: Callable[[], None]) -> None:
