@@ -20,6 +20,9 @@ Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--
 the 1,000 steps one workflow may hold: submit to the fan-in's start; a chain of 100: median
 handoff against the idle pickup; single enqueues' p99 while 32 clients list five 1,000-step
 workflows, against a quiet run).
+`waiters_1000` holds 1,000 waiting requests (`wait_s`) on one API of 2 processes: one client's
+enqueue rate and job reads' p99 beside them against a quiet run, then the wake-up delay from
+each job's finishing commit to its waiter's answer (bench/waiting.py).
 `drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
 PostgreSQL) in interleaved pairs and prints the share; `pickup_redis_down` is an idle worker's
 pickup while neither it nor the API reaches Redis.
@@ -56,6 +59,7 @@ import limits
 import peers
 import producers
 import scenarios as sc
+import waiting
 import workflows as wfb
 from stack import ROOT, Stack, open_stack
 
@@ -127,6 +131,9 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
             s, min(n, 2000)),
         # Dispatch from PostgreSQL: an idle worker's pickup (ms) with Redis unreachable.
         "pickup_redis_down": degraded.pickup_redis_down,
+        # 1,000 requests waiting (wait_s) on one API: the enqueue rate and other requests'
+        # p99 against the quiet run's, and the wake-up delay from the finishing commit (ms).
+        "waiters_1000": lambda s: waiting.beside_waiters(s, 1000),
     }
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)
