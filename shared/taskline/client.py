@@ -52,6 +52,7 @@ from taskline.transport import Answer
 API_PREFIX = "/api/v1"
 MAX_WAIT_S = 30.0
 """The longest one waiting request is held by the API (`wait_s`); `wait` re-issues it."""
+EARLY_PAUSE_S = 0.2
 
 
 class ClientError(Exception):
@@ -269,12 +270,13 @@ class Client:
         path = f"/jobs/{_segment(job_id)}"
         deadline = _deadline(timeout)
         while True:
-            seconds = _wait_s(deadline)
+            seconds, sent = _wait_s(deadline), time.monotonic()
             job = self._call("GET", path, params={"wait_s": seconds}, timeout=self._held(seconds))
             if job.get("status") in TERMINAL_STATUSES:
                 return outcome(job, raise_on_failure)
             if _expired(deadline):
                 raise TimeoutError(f"job {job_id} is still {job.get('status')} after {timeout}s")
+            self._sleep(_pause(sent, seconds))
 
     def wait_workflow(self, workflow_id: str | uuid.UUID, timeout: float | None = None,
                       raise_on_failure: bool = True) -> dict[str, Any]:
@@ -284,13 +286,14 @@ class Client:
         path = f"/workflows/{_segment(workflow_id)}"
         deadline = _deadline(timeout)
         while True:
-            seconds = _wait_s(deadline)
+            seconds, sent = _wait_s(deadline), time.monotonic()
             view = self._call("GET", path, params={"wait_s": seconds},
                               timeout=self._held(seconds))
             if view.get("status") in WORKFLOW_FINISHED:
                 return workflow_outcome(view, raise_on_failure)
             if _expired(deadline):
                 raise TimeoutError(f"workflow {workflow_id} is still running after {timeout}s")
+            self._sleep(_pause(sent, seconds))
 
     def _held(self, wait_s: float) -> float:
         """The transport timeout of a request the API may hold `wait_s` seconds."""
@@ -549,13 +552,14 @@ class AsyncClient(Client):
         path = f"/jobs/{_segment(job_id)}"
         deadline = _deadline(timeout)
         while True:
-            seconds = _wait_s(deadline)
+            seconds, sent = _wait_s(deadline), time.monotonic()
             job = await self._call("GET", path, params={"wait_s": seconds},
                                    timeout=self._held(seconds))
             if job.get("status") in TERMINAL_STATUSES:
                 return outcome(job, raise_on_failure)
             if _expired(deadline):
                 raise TimeoutError(f"job {job_id} is still {job.get('status')} after {timeout}s")
+            await self._async_sleep(_pause(sent, seconds))
 
     async def wait_workflow(self, workflow_id: str | uuid.UUID,  # type: ignore[override]
                             timeout: float | None = None,
@@ -564,13 +568,14 @@ class AsyncClient(Client):
         path = f"/workflows/{_segment(workflow_id)}"
         deadline = _deadline(timeout)
         while True:
-            seconds = _wait_s(deadline)
+            seconds, sent = _wait_s(deadline), time.monotonic()
             view = await self._call("GET", path, params={"wait_s": seconds},
                                     timeout=self._held(seconds))
             if view.get("status") in WORKFLOW_FINISHED:
                 return workflow_outcome(view, raise_on_failure)
             if _expired(deadline):
                 raise TimeoutError(f"workflow {workflow_id} is still running after {timeout}s")
+            await self._async_sleep(_pause(sent, seconds))
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -579,6 +584,14 @@ def _deadline(timeout: float | None) -> float | None:
 
 def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
+
+
+def _pause(sent: float, wait_s: float) -> float:
+    """Seconds to pause before asking again about a job still unfinished: none after an
+    answer the API held, EARLY_PAUSE_S after one that came at once (an API of a release
+    before `wait_s`, during a rolling deploy), so the client never asks in a tight loop."""
+    held = time.monotonic() - sent
+    return EARLY_PAUSE_S if held < min(wait_s, EARLY_PAUSE_S * 5) / 2 else 0.0
 
 
 def _wait_s(deadline: float | None) -> float:
