@@ -40,7 +40,7 @@ from taskline.settings import Settings
 from taskline_producer.balancer import BalancedThreadWorker
 from taskline_producer.errors import CLOSE_CONNECTION, error_bytes
 from taskline_producer.framing import Framed, Refused, RequestFramer
-from taskline_producer.waiting import PARKING, WAIT_OVER, Parked
+from taskline_producer.waiting import PARKING, WAIT_UNTIL, Parked
 
 log = logging.getLogger(__name__)
 
@@ -244,13 +244,14 @@ class IntakeWorker(BalancedThreadWorker):
         self.method_queue.defer(self._resume, conn, "signalled")
 
     def _resume(self, conn: Any, ended: str) -> None:
-        """Run the waiting request again, with its wait over: it answers the state now."""
+        """Run the waiting request again: it answers its job's state, or, woken by a signal
+        that did not finish it (a reconnection's), waits on until its deadline."""
         entry = self._parked.pop(conn, None)
         if entry is None:
             return  # answered already, or its client left
         self._unpark(conn, entry[0])
         WAITS_ENDED.labels(ended).inc()
-        conn.wait_over = True
+        conn.wait_until = entry[1] if ended == "signalled" and self.alive else 0.0
         self.enqueue_req(conn)
 
     def _unpark(self, conn: Any, parked: Parked) -> None:
@@ -331,7 +332,7 @@ class IntakeWorker(BalancedThreadWorker):
             return True
         finally:
             self._serving.conn = None
-            conn.wait_over = False
+            conn.wait_until = None
 
     def _keepalive_after(self, conn: Any, keepalive: bool) -> bool:
         framed = getattr(conn, "framed", None)
@@ -377,15 +378,15 @@ class Parking:
 def offering_parking(app: Callable[..., Iterable[bytes]],
                      worker: IntakeWorker) -> Callable[..., Iterable[bytes]]:
     """WSGI middleware: a request read on the event loop may wait there (PARKING); one run
-    again after its wait is told so (WAIT_OVER)."""
+    again after a wake-up is told its first deadline (WAIT_UNTIL)."""
 
     def wrapped(wsgi_env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         conn = worker.serving()
         if conn is not None and getattr(conn, "framed", None) is not None:
-            if getattr(conn, "wait_over", False):
-                wsgi_env[WAIT_OVER] = True
-            else:
-                wsgi_env[PARKING] = Parking(worker, conn)
+            wsgi_env[PARKING] = Parking(worker, conn)
+            until = getattr(conn, "wait_until", None)
+            if until is not None:
+                wsgi_env[WAIT_UNTIL] = until
         return app(wsgi_env, start_response)
 
     return wrapped

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,8 +31,9 @@ MAX_WAIT_S = 30.0
 LIVE_WAIT_S = 5.0
 PARKING = "taskline.parking"
 """The environ key of the Parking the API's worker offers a request (absent elsewhere)."""
-WAIT_OVER = "taskline.wait_over"
-"""The environ key set on a request run again after its wait: answer without waiting."""
+WAIT_UNTIL = "taskline.wait_until"
+"""The environ key set on a request run again after a wake-up: its first deadline
+(time.monotonic()); past it, it answers at once."""
 
 Read = Callable[[], tuple[Any, bool]]
 """Reads the current answer and whether its job (workflow) is finished."""
@@ -98,18 +100,32 @@ def wait_s() -> float | None:
 
 def answer(ids: Iterable[str], seconds: float | None, read: Read) -> Any:
     """What `read` answers once the watched ids' job (workflow) is finished, or after
-    `seconds`; at once without `seconds`, for a request run again after its wait, or when it
-    is finished already."""
-    if not seconds or request.environ.get(WAIT_OVER):
+    `seconds`; at once without `seconds` or when it is finished already. A request run again
+    after a wake-up that did not finish it (a reconnection of the listener) waits on until its
+    first deadline (WAIT_UNTIL)."""
+    until = request.environ.get(WAIT_UNTIL)
+    if until is not None:
+        seconds = until - time.monotonic()
+    if not seconds or seconds <= 0:
         return read()[0]
+    ids = [str(i) for i in ids]
     listener: FinishListener = current_app.extensions[EXTENSION].listener()
     # The process's first wait starts its LISTEN; a signal sent before it is live would be
     # missed, so wait for it (not live after this, the wait goes on: its reconnection or its
     # deadline ends it).
     listener.live.wait(LIVE_WAIT_S)
     parking = request.environ.get(PARKING)
-    woken = threading.Event()
-    watch = listener.watch(ids, woken.set if parking is None else parking.wake)
+    if parking is None:
+        return _on_this_thread(listener, ids, time.monotonic() + seconds, read)
+    watch = listener.watch(ids, parking.wake)
+    view, done = _read_watched(listener, watch, read)
+    if done:
+        return view
+    raise Parked(watch, seconds, listener)
+
+
+def _read_watched(listener: FinishListener, watch: Watch, read: Read) -> tuple[Any, bool]:
+    """`read()`, the watch forgotten unless the answer waits."""
     try:
         view, done = read()
     except BaseException:
@@ -117,15 +133,24 @@ def answer(ids: Iterable[str], seconds: float | None, read: Read) -> Any:
         raise
     if done:
         listener.unwatch(watch)
-        return view
-    if parking is not None:
-        raise Parked(watch, seconds, listener)
+    return view, done
+
+
+def _on_this_thread(listener: FinishListener, ids: list[str], deadline: float,
+                    read: Read) -> Any:
+    """Without the API's worker (Flask's own server): the request's thread waits."""
     WAITING_REQUESTS.inc()
     try:
-        ended = "signalled" if woken.wait(seconds) else "timeout"
+        while True:
+            woken = threading.Event()
+            watch = listener.watch(ids, woken.set)
+            view, done = _read_watched(listener, watch, read)
+            remaining = deadline - time.monotonic()
+            if done or remaining <= 0:
+                listener.unwatch(watch)
+                return view
+            signalled = woken.wait(remaining)
+            listener.unwatch(watch)
+            WAITS_ENDED.labels("signalled" if signalled else "timeout").inc()
     finally:
         WAITING_REQUESTS.dec()
-        listener.unwatch(watch)
-    WAITS_ENDED.labels(ended).inc()
-    return read()[0]
-

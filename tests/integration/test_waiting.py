@@ -142,8 +142,11 @@ def holds_a_flask_request(app: Any, database_url: str) -> None:
         assert answer.json["error"]["details"] == {"parameter": "wait_s"}
     job_id = commit(database_url, {"n": 2})
     thread, out = in_thread(http.get, f"/api/v1/jobs/{job_id}?wait_s=20")
-    wait_for(lambda: app.extensions["taskline_waits"].listener().watching == 1, timeout=10,
-             message="the request to wait")
+    listener = app.extensions["taskline_waits"].listener()
+    wait_for(lambda: listener.watching == 1, timeout=10, message="the request to wait")
+    listener.fire()  # what a reconnection does: the request looks again, and waits on
+    wait_for(lambda: listener.watching == 1, timeout=10, message="the request to wait again")
+    assert thread.is_alive()
     drain(database_url)
     thread.join(20)
     assert out["value"].json["status"] == "succeeded"
@@ -194,6 +197,26 @@ def test_a_waiting_client_that_leaves_is_forgotten_and_wait_s_ends_a_wait(api_ur
     wait_for(lambda: waiting_now(api_url) == 0, timeout=10, message="the client forgotten")
     answer = requests.get(f"{api_url}/api/v1/jobs/{job_id}?wait_s=0.3", timeout=10)
     assert answer.json()["status"] == "queued"
+
+
+def test_a_waiting_request_outlives_its_listeners_reconnection(api_url, database_url):
+    job_id = commit(database_url, {"n": 9})
+    waiting, out = in_thread(requests.get, f"{api_url}/api/v1/jobs/{job_id}?wait_s=25",
+                             timeout=40)
+    wait_for(lambda: waiting_now(api_url) == 1, timeout=10, message="the wait")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'taskline-finish-listener' "
+                              "AND datname = current_database()").fetchall()
+    assert killed == [(True,)]
+    # The new LISTEN wakes every waiting request: each reads its job, unfinished, and waits on.
+    wait_for(lambda: "ended=\"signalled\"" in requests.get(api_url + "/metrics", timeout=5).text,
+             timeout=15, message="the reconnection's wake-up")
+    wait_for(lambda: waiting_now(api_url) == 1, timeout=10, message="the wait to go on")
+    assert waiting.is_alive()
+    drain(database_url)
+    waiting.join(30)
+    assert out["value"].json()["status"] == "succeeded"
 
 
 def test_client_wait_and_wait_workflow(api_url, database_url):
