@@ -25,6 +25,9 @@ drain and 8 clients' single enqueues directly and through a transaction-pooling 
 interleaved pairs, with the machine's CPU per job (bench/pooled.py).
 `cluster_pairs` runs the same two scenarios on the single Redis and on a 3-master, 3-replica
 Redis Cluster it starts from `redis-server` (bench/clustered.py), in interleaved pairs.
+`waiters_1000` holds 1,000 waiting requests (`wait_s`) on one API of 2 processes: one client's
+enqueue rate and job reads' p99 beside them against a quiet run, then the wake-up delay from
+each job's finishing commit to its waiter's answer (bench/waiting.py).
 `drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
 PostgreSQL) in interleaved pairs and prints the share; `pickup_redis_down` is an idle worker's
 pickup while neither it nor the API reaches Redis.
@@ -63,6 +66,7 @@ import peers
 import pooled
 import producers
 import scenarios as sc
+import waiting
 import workflows as wfb
 from stack import ROOT, Stack, open_stack
 
@@ -134,6 +138,9 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
             s, min(n, 2000)),
         # Dispatch from PostgreSQL: an idle worker's pickup (ms) with Redis unreachable.
         "pickup_redis_down": degraded.pickup_redis_down,
+        # 1,000 requests waiting (wait_s) on one API: the enqueue rate and other requests'
+        # p99 against the quiet run's, and the wake-up delay from the finishing commit (ms).
+        "waiters_1000": lambda s: waiting.beside_waiters(s, 1000),
     }
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)

@@ -256,6 +256,11 @@ INFRASTRUCTURE = (
           "together (the histogram also has a status label, for ad-hoc queries).",
           _quantiles("taskline_http_request_duration_seconds", "route", "{{route}}"),
           unit="s", width=12),
+    Chart("API waiting requests", "Requests held by wait_s until their job or workflow "
+          "finishes (they hold no thread), and what ended the waits per second.",
+          (Query("sum(taskline_api_waiting_requests)", "waiting"),
+           Query("sum by (ended) (rate(taskline_api_waits_total[5m]))", "ended {{ended}}")),
+          width=24),
     Chart("API server error ratio", "Share of API requests answered with a 5xx.",
           (Query(HTTP_ERRORS, "5xx"),), unit="percentunit", thresholds=(0.01, 0.05)),
     Chart("Redis memory", "Memory Redis uses, against its maxmemory (0 means no limit).",

@@ -92,7 +92,9 @@ def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
     if not args.wait:
         _emit(args, job, lambda: print(f"{job.get('id')}  {job.get('status')}"))
         return EXIT_OK
-    final = client.wait(job["id"], timeout=args.wait_timeout)
+    # The finished job itself, whatever its end (the exit status says it): one held request
+    # per 30 s of waiting, answered at the commit that finishes the job.
+    final = client.wait(job["id"], timeout=args.wait_timeout, raise_on_failure=False)
     _emit(args, final, lambda: _print_job(final, events=False))
     return EXIT_OK if final.get("status") == "succeeded" else EXIT_API
 
@@ -325,7 +327,7 @@ AUDIT_COLUMNS = (("AT", "at"), ("ACTOR", "actor"), ("ACTION", "action"), ("TARGE
 SCHEDULE_COLUMNS = (("NAME", "name"), ("CRON", "cron"), ("TIMEZONE", "timezone"),
                     ("TYPE", "job.type"), ("QUEUE", "job.queue"), ("PAUSED", "paused"),
                     ("NEXT RUN", "next_run"), ("LAST SLOT", "last_slot"),
-                    ("LAST JOB", "last_job_id"))
+                    ("LAST JOB", "last_job_id"), ("IN CODE", "declared_in_code"))
 
 
 def _emit(args: argparse.Namespace, data: Any, readable: Callable[[], None]) -> None:

@@ -91,7 +91,7 @@ class Scheduler(Periodic):
         self.mirror = Mirror.of(dispatcher, store)
         self.settings = settings
         self._declarations = list(declarations)
-        self._declared = not self._declarations
+        self._declared = False
         self._known: dict[str, _Known] = {}
         self._crons: dict[tuple[str, str], Cron] = {}
         self._wait_s = TICK_S
@@ -240,7 +240,10 @@ class Scheduler(Periodic):
     def _declare(self) -> None:
         """Upsert the schedules declared in code (`@periodic`), once, on the first pass this
         instance leads (so a PostgreSQL outage at start delays them instead of losing them).
-        A declaration that cannot be used is logged and left out; the others are written."""
+        A declaration that cannot be used is logged and left out; the others are written.
+        Then the schedules the code declared before and no longer are reported, and deleted
+        with TASKLINE_PRUNE_SCHEDULES."""
+        written = []
         for name, spec in self._declarations:
             try:
                 fields = declared(name, spec, self.settings)
@@ -249,6 +252,22 @@ class Scheduler(Periodic):
                           extra={"action": "schedule_declared", "schedule": name})
                 continue
             self.store.upsert_schedule(name=name, **fields)
+            written.append(name)
             log.info("schedule declared in code upserted",
                      extra={"action": "schedule_declared", "schedule": name})
+        marks = self.store.mark_declared_schedules(written)
+        self._undeclared(sorted(name for name, now in marks.items() if not now))
         self._declared = True
+
+    def _undeclared(self, names: list[str]) -> None:
+        """Schedules declared in code before and no longer: reported, or deleted if asked."""
+        prune = self.settings.prune_schedules
+        for name in names:
+            if prune and self.store.delete_schedule(name):
+                log.warning("schedule no longer declared in code: deleted "
+                            "(TASKLINE_PRUNE_SCHEDULES)",
+                            extra={"action": "schedule_pruned", "schedule": name})
+            elif not prune:
+                log.warning("schedule no longer declared in code: it still fires; delete it "
+                            "(taskline schedules delete) or set TASKLINE_PRUNE_SCHEDULES=true",
+                            extra={"action": "schedule_undeclared", "schedule": name})

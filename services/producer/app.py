@@ -31,6 +31,7 @@ from taskline_producer import (
     pauses,
     request_metrics,
     schedules,
+    waiting,
     workflows,
 )
 from taskline_producer.backends import Backends
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     auth.init_app(app, settings)
     errors.init_app(app)
     events.init_app(app)
+    waiting.init_app(app, settings)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
                       auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp,
                       workflows.bp):
@@ -75,4 +77,5 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
 def close_app(app: Flask) -> None:
     """Release the connections the app opened in this process."""
     events.close_streams(app)
+    waiting.close_waits(app)
     app.extensions["taskline"].close()

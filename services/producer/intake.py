@@ -18,12 +18,14 @@ for at most LINGER_S, so the client reads its answer before the close and no thr
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import heapq
 import itertools
 import logging
 import selectors
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,11 +35,13 @@ from typing import Any
 from gunicorn import http
 from gunicorn.http import errors as http_errors
 
+from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED
 from taskline.settings import Settings
 from taskline_producer.balancer import BalancedThreadWorker
 from taskline_producer.errors import CLOSE_CONNECTION, error_bytes
 from taskline_producer.framing import Framed, Refused, RequestFramer
 from taskline_producer.lanes import ListLane, is_list_read
+from taskline_producer.waiting import PARKING, WAIT_UNTIL, Parked
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +83,14 @@ class IntakeWorker(BalancedThreadWorker):
         self._deadlines: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
         self._lane = ListLane(settings.api_list_threads)
+        self._parked: dict[Any, tuple[Parked, float]] = {}
+        """Connections whose answer waits for a job to finish (taskline_producer.waiting),
+        with its deadline: on the event loop, holding no thread."""
+        self._serving = threading.local()
 
     def run(self) -> None:
         # After post_worker_init, which needs the Flask app itself as worker.wsgi.
-        self.wsgi = closing_when_asked(self.wsgi)
+        self.wsgi = closing_when_asked(offering_parking(self.wsgi, self))
         super().run()
 
     # --- the event loop side -------------------------------------------------------------
@@ -186,13 +194,20 @@ class IntakeWorker(BalancedThreadWorker):
         conn.close()
 
     def _expire(self) -> None:
-        """Close what missed its deadline; a stopping worker drops idle connections at once."""
+        """Close what missed its deadline; a stopping worker drops idle connections at once
+        and answers waiting requests."""
         now = time.monotonic()
         if not self.alive:
             for conn in [c for c, s in self._reading.items() if s.phase == "idle"]:
                 self._drop(conn)
+            for conn in list(self._parked):
+                self._resume(conn, "stopping")
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, _, conn = heapq.heappop(self._deadlines)
+            parked = self._parked.get(conn)
+            if parked is not None and parked[1] == deadline:
+                self._resume(conn, "timeout")
+                continue
             state = self._reading.get(conn)
             if state is None or state.deadline != deadline:
                 continue  # already gone, or given a later deadline since
@@ -216,11 +231,77 @@ class IntakeWorker(BalancedThreadWorker):
             timeout = min(timeout, max(self._deadlines[0][0] - time.monotonic(), 0.0))
         super().wait_for_and_dispatch_events(timeout)
 
+    # --- waiting requests (taskline_producer.waiting) ---------------------------------------
+
+    def _park(self, conn: Any, parked: Parked) -> None:
+        """Hold `conn`'s answer until its watch fires (`wake`) or its deadline passes."""
+        deadline = time.monotonic() + parked.wait_s
+        self._parked[conn] = (parked, deadline)
+        WAITING_REQUESTS.inc()
+        conn.sock.setblocking(False)
+        self.poller.register(conn.sock, selectors.EVENT_READ,
+                             partial(self._on_parked_readable, conn))
+        heapq.heappush(self._deadlines, (deadline, next(self._seq), conn))
+        if parked.watch.fired or not self.alive:  # fired while its request was being read
+            self._resume(conn, "signalled")
+
+    def wake(self, conn: Any) -> None:
+        """Any thread (the finish listener's): answer `conn`'s waiting request now."""
+        self.method_queue.defer(self._resume, conn, "signalled")
+
+    def _resume(self, conn: Any, ended: str) -> None:
+        """Run the waiting request again: it answers its job's state, or, woken by a signal
+        that did not finish it (a reconnection's), waits on until its deadline."""
+        entry = self._parked.pop(conn, None)
+        if entry is None:
+            return  # answered already, or its client left
+        self._unpark(conn, entry[0])
+        WAITS_ENDED.labels(ended).inc()
+        conn.wait_until = entry[1] if ended == "signalled" and self.alive else 0.0
+        self.enqueue_req(conn)
+
+    def _unpark(self, conn: Any, parked: Parked) -> None:
+        WAITING_REQUESTS.dec()
+        parked.listener.unwatch(parked.watch)
+        with contextlib.suppress(KeyError, ValueError):
+            self.poller.unregister(conn.sock)
+
+    def _on_parked_readable(self, conn: Any, _sock: Any) -> None:
+        """A waiting client closed its connection (then it is dropped), or sent more (read
+        after the answer)."""
+        try:
+            gone = conn.sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            gone = True
+        entry = self._parked.get(conn)
+        if entry is None:
+            return
+        if gone:
+            del self._parked[conn]
+            self._unpark(conn, entry[0])
+            self.nr_conns -= 1
+            conn.close()
+        else:
+            with contextlib.suppress(KeyError, ValueError):
+                self.poller.unregister(conn.sock)
+
+    def serving(self) -> Any:
+        """The connection whose request this thread serves (None off a request)."""
+        return getattr(self._serving, "conn", None)
+
     def finish_request(self, conn: Any, fs: Any) -> None:
-        """Back from its thread: read the next request, or close the connection."""
-        following = self._lane.done(conn)
+        """Back from its thread: hold a waiting answer, read the next request, or close the
+        connection."""
+        following = self._lane.done(conn)  # a list read's slot goes on, even if it waits now
         if following is not None:
             super().enqueue_req(following)
+        parked = getattr(conn, "parked", None)
+        if parked is not None:
+            conn.parked = None
+            self._park(conn, parked)
+            return
         framed = getattr(conn, "framed", None)
         if framed is None:
             super().finish_request(conn, fs)
@@ -252,7 +333,15 @@ class IntakeWorker(BalancedThreadWorker):
             req._expected_100_continue = False
             # A client that stops reading its answer frees the thread after this long.
             conn.sock.settimeout(self.body_s)
-        return bool(super().handle_request(req, conn))
+        self._serving.conn = conn
+        try:
+            return bool(super().handle_request(req, conn))
+        except Parked as parked:
+            conn.parked = parked  # finish_request holds it on the event loop
+            return True
+        finally:
+            self._serving.conn = None
+            conn.wait_until = None
 
     def _keepalive_after(self, conn: Any, keepalive: bool) -> bool:
         framed = getattr(conn, "framed", None)
@@ -279,6 +368,37 @@ def _error_answer(exc: Exception) -> tuple[int, str, str]:
     if isinstance(exc, http_errors.ParseException):
         return 400, "invalid_framing", f"the request is not valid HTTP/1.1: {exc}"
     return 500, "internal_error", "internal error; it has been logged"
+
+
+class Parking:
+    """What a request's environ offers its route (PARKING): `wake()` answers it, from any
+    thread, once the route raised Parked."""
+
+    __slots__ = ("_conn", "_worker")
+
+    def __init__(self, worker: IntakeWorker, conn: Any) -> None:
+        self._worker = worker
+        self._conn = conn
+
+    def wake(self) -> None:
+        self._worker.wake(self._conn)
+
+
+def offering_parking(app: Callable[..., Iterable[bytes]],
+                     worker: IntakeWorker) -> Callable[..., Iterable[bytes]]:
+    """WSGI middleware: a request read on the event loop may wait there (PARKING); one run
+    again after a wake-up is told its first deadline (WAIT_UNTIL)."""
+
+    def wrapped(wsgi_env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        conn = worker.serving()
+        if conn is not None and getattr(conn, "framed", None) is not None:
+            wsgi_env[PARKING] = Parking(worker, conn)
+            until = getattr(conn, "wait_until", None)
+            if until is not None:
+                wsgi_env[WAIT_UNTIL] = until
+        return app(wsgi_env, start_response)
+
+    return wrapped
 
 
 def closing_when_asked(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:

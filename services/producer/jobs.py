@@ -18,7 +18,7 @@ from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
-from taskline_producer import audit, auth, paging, quotas, replays, shapes, workflows
+from taskline_producer import audit, auth, paging, quotas, replays, shapes, waiting, workflows
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.errors import (
@@ -91,12 +91,18 @@ def _invalid(errors: list[FieldError]) -> Exception:
 
 @bp.get("/<uuid:job_id>")
 def get_job(job_id: uuid.UUID) -> Response:
+    """The job with its history; with `wait_s`, once it is finished or `wait_s` has passed."""
+    seconds = waiting.wait_s()
+    return jsonify(waiting.answer([str(job_id)], seconds, lambda: _job_detail(job_id)))
+
+
+def _job_detail(job_id: uuid.UUID) -> tuple[dict, bool]:
     store = backends().store
     job = store.get_job(job_id)
     if job is None:
         raise NotFound(details={"id": str(job_id)})
     events, leases = store.get_history(job_id)
-    return jsonify(shapes.job_detail(job, events, leases))
+    return shapes.job_detail(job, events, leases), job.status.terminal
 
 
 @bp.get("")

@@ -34,7 +34,8 @@ def view(row: ScheduleRow) -> dict[str, Any]:
     return {"name": row.name, "cron": row.cron, "timezone": row.timezone, "job": job,
             "paused": row.paused, "catch_up": row.catch_up, "next_runs": _next_runs(row),
             "last_slot": plain(row.last_slot), "last_job_id": plain(row.last_job_id),
-            "created_at": plain(row.created_at), "updated_at": plain(row.updated_at)}
+            "created_at": plain(row.created_at), "updated_at": plain(row.updated_at),
+            "declared_in_code": row.declared_in_code}
 
 
 def _next_runs(row: ScheduleRow) -> list[str]:

@@ -25,8 +25,8 @@ from taskline.jobspec import KEY_CODE, FieldError
 from taskline.metrics import WORKFLOWS_SUBMITTED
 from taskline.store.rows import StepCounts
 from taskline.transitions import CREATED, Committed
-from taskline.workflows import Submitted, insert_workflow, workflow_status
-from taskline_producer import audit, auth, paging, quotas, replays
+from taskline.workflows import Submitted, WorkflowStatus, insert_workflow, workflow_status
+from taskline_producer import audit, auth, paging, quotas, replays, waiting
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.enqueuer import due_ms
@@ -104,13 +104,20 @@ def _dispatch(jobs: Sequence[Job]) -> None:
 
 @bp.get("/<uuid:workflow_id>")
 def get_workflow(workflow_id: uuid.UUID) -> Response:
-    """The workflow with one page of its steps (`limit`, `cursor`: STEP_PAGE, MAX_STEP_PAGE)."""
+    """The workflow with one page of its steps (`limit`, `cursor`: STEP_PAGE, MAX_STEP_PAGE);
+    with `wait_s`, once it is no longer running or `wait_s` has passed."""
     size = paging.limit(request.args, STEP_PAGE, MAX_STEP_PAGE)
     after = paging.decode_id_cursor(request.args.get("cursor"))
-    row = backends().store.get_workflow(workflow_id)
-    if row is None:
-        raise NotFound("no workflow has this id", {"id": str(workflow_id)})
-    return jsonify(_view(row, workflow_id, after, size))
+    seconds = waiting.wait_s()
+
+    def read() -> tuple[dict, bool]:
+        row = backends().store.get_workflow(workflow_id)
+        if row is None:
+            raise NotFound("no workflow has this id", {"id": str(workflow_id)})
+        view = _view(row, workflow_id, after, size)
+        return view, view["status"] != WorkflowStatus.RUNNING
+
+    return jsonify(waiting.answer([str(workflow_id)], seconds, read))
 
 
 @bp.get("")

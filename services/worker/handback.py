@@ -16,11 +16,11 @@ from typing import Any
 from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
+from taskline.execution.attempts import Attempt
 from taskline.jobs import Status, parse_job_id
 from taskline.mirror import Mirror
 from taskline.store.rows import Settlement
 from taskline.store.store import Store
-from taskline_worker.attempts import Attempt
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.execution.attempts import Attempts
 from taskline.metrics import BUSY_SLOTS, CLAIMED_AHEAD, SLOTS
 from taskline.service import Periodic, guarded
 from taskline.store.store import Store
-from taskline_worker.attempts import Attempts
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ from collections.abc import Callable, Sequence
 from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, StoreUnavailable
+from taskline.execution.attempts import Attempts
+from taskline.execution.fencing import Fence
 from taskline.metrics import CLAIM_CONFLICTS, PAUSE_HELD, WAIT_TIME, CachedLabels, TypeLabels
 from taskline.service import guarded
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
-from taskline_worker.attempts import Attempts
 from taskline_worker.degraded import DispatchMode
-from taskline_worker.fencing import Fence
 from taskline_worker.handback import Handback
 from taskline_worker.held import HeldWork
 from taskline_worker.pace import Pace

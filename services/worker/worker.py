@@ -23,8 +23,13 @@ from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import ConfigError
+from taskline.execution.attempts import Attempt, Attempts, Settler
+from taskline.execution.deadlines import Deadlines
+from taskline.execution.fencing import Fence
+from taskline.execution.leases import LeaseKeeper
+from taskline.execution.outcomes import NextSteps, Recorder
+from taskline.execution.runner import Runner
 from taskline.handlers import registry, webhook
-from taskline.jobs import Outcome
 from taskline.metrics import (
     BUSY_SLOTS,
     CLAIM_CONFLICTS,
@@ -38,18 +43,12 @@ from taskline.metrics import (
 )
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
-from taskline_worker.attempts import Attempt, Attempts, Settler
-from taskline_worker.deadlines import Deadlines
 from taskline_worker.degraded import DispatchMode
-from taskline_worker.fencing import Fence
 from taskline_worker.handback import Handback
 from taskline_worker.heartbeat import Heartbeat
 from taskline_worker.held import HeldWork
-from taskline_worker.leases import LeaseKeeper
 from taskline_worker.loop import FetchLoop, observe_wait
-from taskline_worker.outcomes import NextSteps, Recorder
 from taskline_worker.pace import Pace
-from taskline_worker.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -329,13 +328,7 @@ class Worker:
             attempt.duration_s = seconds
             self.pace.finished(seconds)
             _PROCESSING_TIME(self.types(attempt.job.type), attempt.queue).observe(seconds)
-            if error is None:
-                # A handler that finishes its work despite a cancel request succeeded.
-                self.recorder.success(attempt, result)
-            elif attempt.cancel_requested:
-                self.recorder.cancelled(attempt)
-            else:
-                self.recorder.failure(attempt, error, Outcome.FAILED)
+            self.recorder.ended(attempt, result, error)
             # The outcome waits for its (batched) write holding only the lease, not the slot;
             # a succeeded workflow step keeps its slot for the step its success may release.
             if error is not None or attempt.job.workflow_id is None:
@@ -350,11 +343,7 @@ class Worker:
             timeout_s = attempt.job.timeout_s
             attempt.duration_s = timeout_s
             PROCESSING_TIME.labels(self.types(attempt.job.type), attempt.queue).observe(timeout_s)
-            if attempt.cancel_requested:
-                self.recorder.cancelled(attempt)
-            else:
-                error = TimeoutError(f"handler ran past its timeout of {timeout_s:g} s")
-                self.recorder.failure(attempt, error, Outcome.TIMEOUT)
+            self.recorder.timed_out(attempt)
             # The runner has already replaced the abandoned thread.
             self.attempts.free_slot(attempt)
         elif attempt.settled_by is Settler.FENCE:

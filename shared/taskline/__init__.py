@@ -3,16 +3,25 @@
 PostgreSQL is the source of truth and Redis only dispatches ids. Handlers register with
 `@handler("type")`; producers enqueue inside their own transaction with `enqueue(conn, ...)`
 and `enqueue_many` (awaited on an async connection: `aenqueue`, `aenqueue_many`), or talk to the
-API, or use `Client` / `AsyncClient` (docs/client.md).
+API, or use `Client` / `AsyncClient` (docs/client.md). `wait(conn, id, timeout)` blocks until a
+job finishes, woken by the commit that finishes it (no API needed).
 """
 
 from taskline.enqueuing import aenqueue, aenqueue_many, enqueue, enqueue_many
-from taskline.errors import IdempotencyConflict, InvalidJob, NonRetryableError, RetryableError
+from taskline.errors import (
+    IdempotencyConflict,
+    InvalidJob,
+    JobCancelled,
+    JobFailed,
+    NonRetryableError,
+    RetryableError,
+)
+from taskline.finishing import wait
 from taskline.handlers.registry import handler
 
-__all__ = ["IdempotencyConflict", "InvalidJob", "NonRetryableError", "RetryableError",
-           "aenqueue", "aenqueue_many", "asubmit_workflow", "enqueue", "enqueue_many",
-           "handler", "submit_workflow"]
+__all__ = ["IdempotencyConflict", "InvalidJob", "JobCancelled", "JobFailed",
+           "NonRetryableError", "RetryableError", "aenqueue", "aenqueue_many",
+           "asubmit_workflow", "enqueue", "enqueue_many", "handler", "submit_workflow", "wait"]
 
 
 def submit_workflow(conn, name, steps, *, idempotency_key=None,  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ threads (or tasks) that use it.
 
     client = Client("http://127.0.0.1:8000", token="...")
     job = client.enqueue("webhook", {"url": "https://example.com/hook"}, priority="high")
-    done = client.wait(job["id"], timeout=30)
+    result = client.wait(job["id"], timeout=30)   # JobFailed / JobCancelled if it did not succeed
 
     async with AsyncClient("http://127.0.0.1:8000") as client:
         job = await client.enqueue("webhook", {"url": "https://example.com/hook"})
@@ -41,11 +41,18 @@ from urllib.parse import quote, urlencode, urlsplit
 import orjson
 
 from taskline import transport
-from taskline.jobs import TERMINAL
+from taskline.results import (
+    TERMINAL_STATUSES,
+    WORKFLOW_FINISHED,
+    outcome,
+    workflow_outcome,
+)
 from taskline.transport import Answer
 
 API_PREFIX = "/api/v1"
-TERMINAL_STATUSES = frozenset(status.value for status in TERMINAL)
+MAX_WAIT_S = 30.0
+"""The longest one waiting request is held by the API (`wait_s`); `wait` re-issues it."""
+EARLY_PAUSE_S = 0.2
 
 
 class ClientError(Exception):
@@ -253,17 +260,44 @@ class Client:
         """Remove the flow limits of `scope`; the jobs it held go back to Redis."""
         return self._call("DELETE", f"/limits/{_segment(scope)}", replay_safe=False)
 
-    def wait(self, job_id: str | uuid.UUID, timeout: float = 60.0,
-             poll: float = 0.2) -> dict[str, Any]:
-        """Poll until the job is succeeded, dead or cancelled; TimeoutError after `timeout`."""
-        deadline = time.monotonic() + timeout
+    def wait(self, job_id: str | uuid.UUID, timeout: float | None = None,
+             raise_on_failure: bool = True) -> Any:
+        """Wait until the job is finished and return its result; raise taskline.JobFailed
+        (dead: `error`, `attempts`) or taskline.JobCancelled. With `raise_on_failure=False`,
+        return the finished job instead (as before 0.2). TimeoutError after `timeout` seconds
+        (None: no limit). The API holds each request until the job finishes (at most 30 s):
+        no polling, one request per 30 s of waiting."""
+        path = f"/jobs/{_segment(job_id)}"
+        deadline = _deadline(timeout)
         while True:
-            job = self.get(job_id)
+            seconds, sent = _wait_s(deadline), time.monotonic()
+            job = self._call("GET", path, params={"wait_s": seconds}, timeout=self._held(seconds))
             if job.get("status") in TERMINAL_STATUSES:
-                return job
-            if time.monotonic() + poll > deadline:
+                return outcome(job, raise_on_failure)
+            if _expired(deadline):
                 raise TimeoutError(f"job {job_id} is still {job.get('status')} after {timeout}s")
-            self._sleep(poll)
+            self._sleep(_pause(sent, seconds))
+
+    def wait_workflow(self, workflow_id: str | uuid.UUID, timeout: float | None = None,
+                      raise_on_failure: bool = True) -> dict[str, Any]:
+        """Wait until the workflow is no longer running and return it (its first page of
+        steps); raise JobFailed when it failed, JobCancelled when it was cancelled (unless
+        `raise_on_failure` is false), TimeoutError after `timeout` seconds."""
+        path = f"/workflows/{_segment(workflow_id)}"
+        deadline = _deadline(timeout)
+        while True:
+            seconds, sent = _wait_s(deadline), time.monotonic()
+            view = self._call("GET", path, params={"wait_s": seconds},
+                              timeout=self._held(seconds))
+            if view.get("status") in WORKFLOW_FINISHED:
+                return workflow_outcome(view, raise_on_failure)
+            if _expired(deadline):
+                raise TimeoutError(f"workflow {workflow_id} is still running after {timeout}s")
+            self._sleep(_pause(sent, seconds))
+
+    def _held(self, wait_s: float) -> float:
+        """The transport timeout of a request the API may hold `wait_s` seconds."""
+        return wait_s + self.timeout
 
     # -- workflows ----------------------------------------------------------------------------
 
@@ -296,14 +330,16 @@ class Client:
 
     def _call(self, method: str, path: str, *, body: Any = None,
               params: Mapping[str, Any] | None = None, replay_safe: bool = True,
-              retried: bool = True) -> Any:
+              retried: bool = True, timeout: float | None = None) -> Any:
         """Send one request, retried by the rules in the module docstring (never when
-        `retried` is false); the answer's JSON, or ClientError."""
+        `retried` is false); the answer's JSON, or ClientError. `timeout` overrides the
+        client's for this request."""
         target, headers, data = self._request(path, body, params)
         attempt = 1
         while True:
             try:
-                return _result(method, path, self._send(method, target, headers, data))
+                return _result(method, path, self._send(method, target, headers, data,
+                                                        timeout))
             except ClientError as err:
                 if not retried or attempt >= self.attempts or not _worth_retrying(
                         err, replay_safe):
@@ -321,9 +357,9 @@ class Client:
         return target, {**self._headers, "Content-Type": "application/json"}, _dumps(body)
 
     def _send(self, method: str, target: str, headers: dict[str, str],
-              data: bytes | None) -> Answer:
+              data: bytes | None, timeout: float | None = None) -> Answer:
         try:
-            return self._pool.request(method, target, headers, data)
+            return self._pool.request(method, target, headers, data, timeout)
         except transport.TransportError as err:
             raise _transport_error(err, self.base_url, method, target) from None
 
@@ -491,13 +527,13 @@ class AsyncClient(Client):
 
     async def _call(self, method: str, path: str, *, body: Any = None,
                     params: Mapping[str, Any] | None = None, replay_safe: bool = True,
-                    retried: bool = True) -> Any:
+                    retried: bool = True, timeout: float | None = None) -> Any:
         target, headers, data = self._request(path, body, params)
         attempt = 1
         while True:
             try:
                 return _result(method, path, await self._send_async(method, target, headers,
-                                                                    data))
+                                                                    data, timeout))
             except ClientError as err:
                 if not retried or attempt >= self.attempts or not _worth_retrying(
                         err, replay_safe):
@@ -506,20 +542,62 @@ class AsyncClient(Client):
                 attempt += 1
 
     async def _send_async(self, method: str, target: str, headers: dict[str, str],
-                          data: bytes | None) -> Answer:
+                          data: bytes | None, timeout: float | None = None) -> Answer:
         try:
-            return await self._pool.request(method, target, headers, data)
+            return await self._pool.request(method, target, headers, data, timeout)
         except transport.TransportError as err:
             raise _transport_error(err, self.base_url, method, target) from None
 
-    async def wait(self, job_id: str | uuid.UUID, timeout: float = 60.0,  # type: ignore[override]
-                   poll: float = 0.2) -> dict[str, Any]:
-        """Poll until the job is succeeded, dead or cancelled; TimeoutError after `timeout`."""
-        deadline = time.monotonic() + timeout
+    async def wait(self, job_id: str | uuid.UUID,  # type: ignore[override]
+                   timeout: float | None = None, raise_on_failure: bool = True) -> Any:
+        """`Client.wait`, awaited."""
+        path = f"/jobs/{_segment(job_id)}"
+        deadline = _deadline(timeout)
         while True:
-            job = await self.get(job_id)
+            seconds, sent = _wait_s(deadline), time.monotonic()
+            job = await self._call("GET", path, params={"wait_s": seconds},
+                                   timeout=self._held(seconds))
             if job.get("status") in TERMINAL_STATUSES:
-                return job
-            if time.monotonic() + poll > deadline:
+                return outcome(job, raise_on_failure)
+            if _expired(deadline):
                 raise TimeoutError(f"job {job_id} is still {job.get('status')} after {timeout}s")
-            await self._async_sleep(poll)
+            await self._async_sleep(_pause(sent, seconds))
+
+    async def wait_workflow(self, workflow_id: str | uuid.UUID,  # type: ignore[override]
+                            timeout: float | None = None,
+                            raise_on_failure: bool = True) -> dict[str, Any]:
+        """`Client.wait_workflow`, awaited."""
+        path = f"/workflows/{_segment(workflow_id)}"
+        deadline = _deadline(timeout)
+        while True:
+            seconds, sent = _wait_s(deadline), time.monotonic()
+            view = await self._call("GET", path, params={"wait_s": seconds},
+                                    timeout=self._held(seconds))
+            if view.get("status") in WORKFLOW_FINISHED:
+                return workflow_outcome(view, raise_on_failure)
+            if _expired(deadline):
+                raise TimeoutError(f"workflow {workflow_id} is still running after {timeout}s")
+            await self._async_sleep(_pause(sent, seconds))
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _expired(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _pause(sent: float, wait_s: float) -> float:
+    """Seconds to pause before asking again about a job still unfinished: none after an
+    answer the API held, EARLY_PAUSE_S after one that came at once (an API of a release
+    before `wait_s`, during a rolling deploy), so the client never asks in a tight loop."""
+    held = time.monotonic() - sent
+    return EARLY_PAUSE_S if held < min(wait_s, EARLY_PAUSE_S * 5) / 2 else 0.0
+
+
+def _wait_s(deadline: float | None) -> float:
+    """The `wait_s` of the next waiting request: what is left, at most MAX_WAIT_S."""
+    if deadline is None:
+        return MAX_WAIT_S
+    return round(min(max(deadline - time.monotonic(), 0.0), MAX_WAIT_S), 3)

@@ -9,6 +9,7 @@ refused" or "database does not exist", not only "unavailable".
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # Secrets a driver message could echo: a DSN's `password=...` and a URL's `user:pass@`.
 _SECRETS = ((re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE), r"\1***"),
@@ -51,7 +52,24 @@ class RetryableError(TasklineError):
 
 
 class JobCancelled(TasklineError):
-    """The job was cancelled while running."""
+    """The job was cancelled while running (raised by a handler that stops); also what waiting
+    for a result raises when the job was cancelled, with `job` the job as the API shows it."""
+
+    def __init__(self, message: str | None = None, job: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+class JobFailed(TasklineError):
+    """Waiting for a result found the job dead (or a workflow failed): `error` is its final
+    error, `attempts` the attempts it made, `job` the job (or workflow) as the API shows it."""
+
+    def __init__(self, message: str, job: dict[str, Any], error: str | None = None,
+                 attempts: int | None = None) -> None:
+        super().__init__(message)
+        self.job = job
+        self.error = error
+        self.attempts = attempts
 
 
 class InvalidJob(TasklineError, ValueError):

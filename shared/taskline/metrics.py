@@ -181,6 +181,12 @@ QUOTA_JOBS = Counter("taskline_quota_jobs_total",
                      ["client", "decision"])
 HTTP_LATENCY = Histogram("taskline_http_request_duration_seconds", "API request latency",
                          ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
+# Requests held by `wait_s` until their job or workflow finishes (taskline_producer.waiting).
+WAITING_REQUESTS = Gauge("taskline_api_waiting_requests", "Requests waiting (wait_s) for a job or "
+                         "workflow to finish, holding no thread", multiprocess_mode="livesum")
+WAITS_ENDED = Counter("taskline_api_waits_total", "Waiting requests answered, by what ended the "
+                      "wait: signalled (the finish, or the listener reconnecting), timeout "
+                      "(wait_s passed), stopping (the API process stops)", ["ended"])
 
 
 class MaintenanceMetrics:

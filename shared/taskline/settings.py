@@ -73,6 +73,9 @@ class Settings:
     (`queue_limit`); >= 1."""
     max_schedules: int = 1000
     """Most schedules; creating one more is refused (422 `schedule_limit`); >= 1."""
+    prune_schedules: bool = False
+    """Whether maintenance, at start, deletes the schedules declared in code (`@periodic`) that
+    the code no longer declares (without it they are only reported)."""
     min_schedule_period_s: float = 1.0
     """Shortest time between two slots of a schedule, seconds; a cron expression firing more
     often is refused (422); >= 1 (slots are whole seconds)."""
@@ -337,9 +340,20 @@ def _parse(f: dataclasses.Field, raw: str) -> object:
             return float(raw)
         if kind == "int":
             return int(raw)
+        if kind == "bool":
+            return _boolean(raw)
         return raw
     except ValueError:
         raise ConfigError(f"{_env_name(f.name)}={raw!r} is not a valid {kind}") from None
+
+
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(raw)
 
 
 __all__ = ["Settings", "env_names"]

@@ -239,11 +239,16 @@ class SyncPool:
         self._lock = threading.Lock()
 
     def request(self, method: str, target: str, headers: Mapping[str, str],
-                body: bytes | None) -> Answer:
+                body: bytes | None, timeout: float | None = None) -> Answer:
+        """One exchange; `timeout` (default the pool's) bounds each read and write of it."""
         conn = self._checkout()
         try:
+            if timeout is not None:
+                conn.sock.settimeout(timeout)  # an answer the server holds (wait_s)
             conn.sock.sendall(request_bytes(self.origin, method, target, headers, body))
             answer, reusable = conn.answer(method)
+            if timeout is not None:
+                conn.sock.settimeout(self.timeout)
         except TimeoutError as err:
             conn.close()
             raise TimedOut(str(err) or "timed out") from None
@@ -363,11 +368,12 @@ class AsyncPool:
         self._idle: list[_Stream] = []
 
     async def request(self, method: str, target: str, headers: Mapping[str, str],
-                      body: bytes | None) -> Answer:
+                      body: bytes | None, timeout: float | None = None) -> Answer:
+        """One exchange, within `timeout` (default the pool's)."""
         stream = await self._checkout()
         data = request_bytes(self.origin, method, target, headers, body)
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout if timeout is None else timeout):
                 answer, reusable = await stream.exchange(data, method)
         except TimeoutError:
             stream.close()

@@ -2,7 +2,8 @@
 
 Invariant checked: "Requeue matching" and "Purge matching" act only after the operator
 confirms in a dialog (Cancel changes nothing), and answer how many jobs were done and how many
-still match; the schedules section lists each schedule with its next run and state.
+still match; the schedules section lists each schedule with its next run and state, and marks
+one the code declared and no longer does.
 """
 
 from __future__ import annotations
@@ -65,6 +66,17 @@ def test_bulk_requeue_and_purge_ask_first_and_schedules_are_listed(
     expect(rows.nth(0)).to_contain_text("0 3 * * * (Europe/Berlin)")
     expect(rows.nth(0)).to_contain_text("active")
     expect(rows.nth(1)).to_contain_text("paused")
+    expect(rows.nth(0)).not_to_contain_text("no longer in code")
+
+
+def test_a_schedule_no_longer_declared_in_code_is_marked(api_port: int, page: Page,  # noqa: F811
+                                                        store) -> None:
+    put_schedule(api_port, "old.report", {"cron": "0 3 * * *", "job": {"type": "echo"}})
+    store.mark_declared_schedules(["old.report"])  # a maintenance start whose code declares it
+    store.mark_declared_schedules([])  # then one whose code no longer does
+    sign_in(page, api_port)
+    row = page.locator("#schedules-body tr[data-schedule='old.report']")
+    expect(row).to_contain_text("active · no longer in code")
 
     flood(page, 4, failure_pct=100, duration_ms=0)
     expect(page.locator("#count-dead")).to_have_text("4")

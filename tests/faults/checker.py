@@ -31,6 +31,9 @@ than that state's retention after it finished. Whatever the logs say, no job may
 an id with events, leases or a DLQ row but no job row is a violation, and Redis must hold no id
 of an absent job.
 
+Waiting reads (`GET /api/v1/jobs/{id}?wait_s=`, `wait_violations`): one that answered a
+finished state answered the job's committed end (the state it is in, or dead before a requeue).
+
 Schedules: each schedule slot enqueues at most one job (`slot_violations`, its own model: a
 slot is a (schedule, instant) pair, and it maps to at most one job). Judged from the jobs'
 `schedule` / `scheduled_for`, the `schedule_slots` record and maintenance's `schedule_fired`
@@ -189,6 +192,7 @@ class Checker:
         for job_id in snap.jobs:
             result.violations += [f"job {job_id}: {v}" for v in job_violations(job_id, snap)]
         result.violations += dlq_violations(snap)
+        result.violations += wait_violations(requests, snap)
         result.violations += flow_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
         result.violations += workflow_violations(self._query, snap)
@@ -494,6 +498,28 @@ def execution_overlap_violations(execs: list[dict], leases: list[dict]) -> list[
 
 
 # --- the DLQ ------------------------------------------------------------------------------
+
+TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
+
+
+def wait_violations(requests: Iterable[dict], snap: Snapshot) -> list[str]:
+    """A waiting read (`wait_s`) told a finished state only when it is the job's committed
+    end: the job is in that state now, or, told dead, was requeued from the DLQ since (a new
+    life); the finish that woke it cannot have been rolled back."""
+    found = []
+    for entry in requests:
+        told = entry.get("job_status")
+        if entry.get("op") != "wait" or entry.get("status") != 200 or told not in TERMINAL:
+            continue
+        job_id = entry["path"].split("/")[-1].split("?")[0]
+        job = snap.jobs.get(job_id)
+        if job is None:
+            continue  # deleted by retention: judged by retention_violations
+        requeued = any(e["event"] == "requeued" for e in snap.events.get(job_id, []))
+        if job["status"] != told and not (told == "dead" and requeued):
+            found.append(f"job {job_id}: a waiter was told {told}, the job is {job['status']}")
+    return found
+
 
 def dlq_violations(snap: Snapshot) -> list[str]:
     """status dead == dead_letter_jobs, each with its attempts, each justified."""

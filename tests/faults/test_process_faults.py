@@ -9,6 +9,7 @@ only after its previous lease expired, and commits its database side effect exac
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -64,11 +65,15 @@ def executions(run, job_id: str) -> list[tuple]:
 def test_worker_sigkill_mid_job(fault_run):
     run = fault_run("worker SIGKILL mid-job", workers=2, concurrency=2, supervise=True)
     ids = enqueue_work(run, 6, sleep_s=1.0)
-    _victim, jobs = run.nemesis.kill_busy_worker()
-    more = enqueue_work(run, 6, sleep_s=0.2)
+    with ThreadPoolExecutor(len(ids)) as waiters:  # clients waiting for each result
+        waits = [waiters.submit(run.workload.wait, job_id) for job_id in ids]
+        _victim, jobs = run.nemesis.kill_busy_worker()
+        more = enqueue_work(run, 6, sleep_s=0.2)
+        told = [w.result().body.get("status") for w in waits]
     result = run.check()
     run.assert_clean(result)
     assert result.acknowledged == len(ids) + len(more)
+    assert told == ["succeeded"] * len(ids)  # woken by each finish, the re-run ones included
     for job_id in jobs:
         job = job_row(run, job_id)
         assert job.status == "succeeded" and job.attempts == 2, job

@@ -25,6 +25,9 @@ import requests
 from tests.faults.history import History, stamp
 
 REQUEST_TIMEOUT_S = 10.0
+WAIT_S = REQUEST_TIMEOUT_S - 2
+"""How long the API holds one waiting read: within the request's timeout."""
+FINISHED = frozenset({"succeeded", "dead", "cancelled"})
 RETRY_PAUSE_S = (0.05, 1.0)
 RETRY_AFTER_CAP_S = 0.5
 
@@ -118,6 +121,18 @@ class Workload:
     def get(self, job_id: str) -> Answer:
         return self.call("get", "GET", f"/api/v1/jobs/{job_id}", None, key=None)
 
+    def wait(self, job_id: str, wait_s: float = WAIT_S) -> Answer:
+        """The job once finished, as Client.wait asks: the API holds each answer up to
+        `wait_s` and the request is asked again while the job is unfinished, until the
+        deadline (then the last answer)."""
+        deadline = time.monotonic() + self.deadline_s
+        while True:
+            answer = self.call("wait", "GET", f"/api/v1/jobs/{job_id}?wait_s={wait_s:g}", None,
+                               key=None)
+            status = _job_status(answer.body) if answer.status == 200 else None
+            if status in FINISHED or answer.status != 200 or time.monotonic() > deadline:
+                return answer
+
     def many(self, calls: Iterable[Callable[[], Answer]], threads: int = 8) -> list[Answer]:
         """Run operations concurrently; their answers in the order given."""
         with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -200,7 +215,14 @@ class Workload:
             path=path, try_no=n,
             status=t.status, error=t.error, json=t.is_json, retry_after=t.retry_after,
             job_ids=job_ids_of(t.body) if t.status and t.status < 300 else [],
-            error_code=_error_code(t.body), **t.times)
+            error_code=_error_code(t.body), job_status=_job_status(t.body), **t.times)
+
+
+def _job_status(body: Any) -> str | None:
+    """The status a job answer carries (a read or a wait), None for any other answer."""
+    if isinstance(body, dict) and isinstance(body.get("status"), str):
+        return body["status"]
+    return None
 
 
 def _error_code(body: Any) -> str | None:

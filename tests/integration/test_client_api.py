@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from taskline import JobCancelled, JobFailed
 from taskline.client import Client, ClientError
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
@@ -109,7 +110,10 @@ def test_batch(client: Client) -> None:
 def test_cancel_then_wait_returns_at_once(client: Client) -> None:
     job = client.enqueue("echo")
     assert client.cancel(job["id"])["status"] == "cancelled"
-    assert client.wait(job["id"], timeout=5)["status"] == "cancelled"
+    with pytest.raises(JobCancelled) as cancelled:
+        client.wait(job["id"], timeout=5)
+    assert cancelled.value.job["status"] == "cancelled"
+    assert client.wait(job["id"], timeout=5, raise_on_failure=False)["status"] == "cancelled"
     with pytest.raises(ClientError) as info:
         client.cancel(job["id"])
     assert (info.value.status, info.value.code) == (409, "invalid_state")
@@ -118,7 +122,7 @@ def test_cancel_then_wait_returns_at_once(client: Client) -> None:
 def test_wait_times_out_on_a_job_nobody_runs(client: Client) -> None:
     job = client.enqueue("echo")
     with pytest.raises(TimeoutError, match="still queued"):
-        client.wait(job["id"], timeout=0.5, poll=0.1)
+        client.wait(job["id"], timeout=0.5)
 
 
 def test_unknown_and_malformed_ids_are_404(client: Client) -> None:
@@ -141,7 +145,10 @@ def test_dlq_and_retry(client: Client, store: Store, dispatcher: Dispatcher) -> 
     assert [entry["job"]["id"] for entry in dead["jobs"]] == [dead_id]
     assert dead["jobs"][0]["final_error"] == "simulated failure"
     assert client.dlq(queue="other")["jobs"] == []
-    assert client.wait(dead_id, timeout=1)["status"] == "dead"
+    with pytest.raises(JobFailed) as failed:
+        client.wait(dead_id, timeout=1)
+    assert (failed.value.error, failed.value.attempts) == ("simulated failure", 1)
+    assert client.wait(dead_id, timeout=1, raise_on_failure=False)["status"] == "dead"
     assert client.retry(dead_id)["status"] == "queued"
     assert client.dlq()["jobs"] == []
     with pytest.raises(ClientError) as info:

@@ -2,7 +2,8 @@
 against the test database (real PostgreSQL).
 
 Each ```python block that calls `taskline.enqueue` / `aenqueue` / `submit_workflow` is run with
-only what the prose around it assumes (an `engine`, an `orders` table, an `order_id`) and the
+only what the prose around it assumes (an `engine`, an `orders` table, an `order_id`; the
+waiting example's job is run by taskline.testing.drain) and the
 placeholder database URLs replaced by the test database's; what it wrote is then read back.
 The set of blocks is pinned, so an example added or removed without a test here fails. The
 Django example is the one not run: Django is no dependency of taskline's.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, create_engine, text
 
 from taskline.store.store import Store, sqlalchemy_url
+from taskline.testing import drain
+from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY_CALL = re.compile(r"taskline\.a?(enqueue|submit_workflow)")
@@ -64,7 +68,20 @@ def test_the_examples_are_the_ones_run_here() -> None:
     assert [b.splitlines()[0] for b in library_examples("README.md")] == ["import taskline"]
     assert [b.splitlines()[0] for b in library_examples("docs/client.md")] == [
         "import taskline", "import taskline", "from flask import Flask",
-        "from django.db import connection, transaction"]
+        "from django.db import connection, transaction", "import taskline"]
+
+
+def test_waiting_example_returns_the_result_once_a_worker_ran_it(engine: Engine,
+                                                                 database_url: str) -> None:
+    namespace: dict[str, Any] = {"engine": engine}
+    block = library_examples("docs/client.md")[4]
+    waiter = threading.Thread(target=exec, args=(block, namespace), daemon=True)
+    waiter.start()
+    wait_for(lambda: "job_id" in namespace, message="the example to enqueue")
+    assert waiter.is_alive()  # waiting: nothing ran the job yet
+    assert drain(database_url).succeeded == 1
+    waiter.join(30)
+    assert namespace["report"]["rows"] == 1000
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/client.md"])

@@ -154,5 +154,5 @@ def test_text_logs_are_readable_lines_with_the_same_fields(settings: Settings, s
     lines = path.read_text().splitlines()
     assert not any(line.startswith("{") for line in lines)
     (succeeded,) = [line for line in lines if f"job_id={job_id}" in line and "succeeded" in line]
-    assert " INFO " in succeeded and "taskline_worker.outcomes: job succeeded" in succeeded
+    assert " INFO " in succeeded and "taskline.execution.outcomes: job succeeded" in succeeded
     assert "attempt=1" in succeeded and "duration_s=" in succeeded and "worker=" in succeeded

@@ -164,6 +164,8 @@ def test_env_example_values_are_the_settings_defaults():
 
 
 def _shown(value: object) -> str:
+    if isinstance(value, bool):  # as the environment writes it
+        return str(value).lower()
     if isinstance(value, tuple):
         return "(empty"
     if isinstance(value, float):  # whole seconds as integers: 2592000, not 2.592e+06

@@ -17,7 +17,7 @@ from taskline import log
 
 def record(msg: str = "job succeeded", created: float | None = None, **extra: object,
            ) -> logging.LogRecord:
-    rec = logging.LogRecord("taskline_worker.outcomes", logging.INFO, __file__, 1, msg, (), None)
+    rec = logging.LogRecord("taskline.execution.outcomes", logging.INFO, __file__, 1, msg, (), None)
     if created is not None:
         rec.created, rec.msecs = created, (created % 1) * 1000
     rec.__dict__.update(extra)
@@ -29,7 +29,7 @@ def test_a_job_record_is_one_json_object_with_its_fields_and_event():
                                              duration_s=0.25))
     entry = json.loads(line)
     assert "\n" not in line
-    assert entry["level"] == "info" and entry["logger"] == "taskline_worker.outcomes"
+    assert entry["level"] == "info" and entry["logger"] == "taskline.execution.outcomes"
     assert entry["msg"] == "job succeeded" and entry["event"] == entry["action"] == "succeeded"
     assert (entry["job_id"], entry["attempt"], entry["duration_s"]) == ("j-1", 2, 0.25)
     assert not {"args", "lineno", "thread", "process", "pathname"} & entry.keys()
@@ -63,7 +63,7 @@ def test_an_exception_is_written_with_its_traceback():
 
 # A job type a client could send: a newline and a forged record, ANSI colour and screen-clear
 # sequences, a C1 control (NEL), DEL, a Unicode line separator and a right-to-left override.
-FORGED = ("echo\n12:00:00 INFO    taskline_worker.outcomes: job succeeded"
+FORGED = ("echo\n12:00:00 INFO    taskline.execution.outcomes: job succeeded"
           "\x1b[31m\x1b[2J\r\x85\x7f\u2028\u202e")
 RAW = ("\n", "\r", "\x1b", "\x85", "\x7f", "\u2028", "\u202e")
 
@@ -95,7 +95,7 @@ def test_a_text_traceback_cannot_forge_a_record():
         rec = record("handler failed")
         rec.exc_info = sys.exc_info()
     first, *trace = log.TextFormatter().format(rec).split("\n")
-    assert first.endswith("taskline_worker.outcomes: handler failed")
+    assert first.endswith("taskline.execution.outcomes: handler failed")
     assert trace[0] == log.TRACEBACK_INDENT + "Traceback (most recent call last):"
     assert all(part.startswith(log.TRACEBACK_INDENT) for part in trace)
     assert trace[-1].startswith(log.TRACEBACK_INDENT + "12:00:00 INFO")
@@ -120,7 +120,7 @@ def test_setup_skips_the_caller_thread_and_process_that_no_line_prints(restored_
     logging.getLogger().handlers[0].setStream(out)
     captured: list[logging.LogRecord] = []
     logging.getLogger().handlers[0].addFilter(lambda r: captured.append(r) or True)
-    logging.getLogger("taskline_worker.outcomes").info("job succeeded",
+    logging.getLogger("taskline.execution.outcomes").info("job succeeded",
                                                        extra={"action": "succeeded"})
     (rec,) = captured
     assert (rec.lineno, rec.threadName, rec.processName) == (0, None, None)

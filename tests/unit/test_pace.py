@@ -7,9 +7,9 @@ import threading
 import uuid
 from types import SimpleNamespace
 
-from taskline_worker.attempts import Attempts
+from taskline.execution.attempts import Attempts
+from taskline.execution.runner import Ready
 from taskline_worker.pace import Pace
-from taskline_worker.runner import Ready
 
 
 def test_nothing_is_claimed_ahead_before_anything_was_measured():

@@ -7,9 +7,9 @@ import threading
 import uuid
 from datetime import UTC, datetime
 
+from taskline.execution.attempts import LEASE_CAP_FACTOR, Attempt, Attempts, Settler
 from taskline.jobs import Job, Status
 from taskline.store.store import Claimed
-from taskline_worker.attempts import LEASE_CAP_FACTOR, Attempt, Attempts, Settler
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from taskline_worker.deadlines import Deadlines
+from taskline.execution.deadlines import Deadlines
 from tests.helpers import wait_for
 
 

@@ -10,8 +10,7 @@ import pytest
 
 from taskline import transitions
 from taskline.errors import NonRetryableError, RetryableError
-from taskline.jobs import Outcome
-from taskline_worker.outcomes import (
+from taskline.execution.outcomes import (
     ERROR_MAX,
     SUCCESS,
     Report,
@@ -21,7 +20,8 @@ from taskline_worker.outcomes import (
     newest_recorded,
     printable,
 )
-from taskline_worker.runner import BadResult, NoHandler, check_result
+from taskline.execution.runner import BadResult, NoHandler, check_result
+from taskline.jobs import Outcome
 from tests.unit.test_worker_attempts import make_attempt
 
 

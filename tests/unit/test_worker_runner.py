@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from taskline.execution.attempts import Attempt
+from taskline.execution.deadlines import Deadlines
+from taskline.execution.runner import Runner
 from taskline.handlers import registry
-from taskline_worker.attempts import Attempt
-from taskline_worker.deadlines import Deadlines
-from taskline_worker.runner import Runner
 from tests.helpers import wait_for
 from tests.unit.test_worker_attempts import make_attempt
 

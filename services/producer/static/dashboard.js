@@ -857,8 +857,11 @@
       tr.dataset.schedule = s.name;
       const next = s.next_runs.length ? new Date(s.next_runs[0]).toLocaleString() : "–";
       const last = s.last_job_id ? jobLink(s.last_job_id) : "–";
+      // A @periodic removed from the code keeps firing until deleted: say so where it is listed.
+      const gone = s.declared_in_code === false;
+      const stateText = (s.paused ? "paused" : "active") + (gone ? " · no longer in code" : "");
       tr.append(cell(s.name), cell(`${s.cron} (${s.timezone})`), cell(next, "next-run"),
-        cell(last), cell(s.paused ? "paused" : "active", s.paused ? "paused" : ""));
+        cell(last), cell(stateText, gone ? "undeclared" : (s.paused ? "paused" : "")));
       return tr;
     }));
   }

@@ -22,10 +22,11 @@ import sys
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import psycopg
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, scoped_session
 
 from taskline.store.queries import DEFAULT_SCHEMA, queries_for
@@ -183,3 +184,34 @@ async def asavepoint(conn: Any) -> AsyncIterator[None]:
         with translate_errors():
             async with target.begin_nested():
                 yield
+
+
+def database_url(conn_or_url: Any) -> str:
+    """The libpq URL of the database `conn_or_url` names or is connected to."""
+    if isinstance(conn_or_url, str):
+        return conn_or_url
+    url = getattr(conn_or_url, "url", None)
+    if isinstance(url, str):  # the taskline_db fixture
+        return url
+    engine = _engine_of(conn_or_url)
+    if engine is not None:
+        return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    info = getattr(conn_or_url, "info", None)
+    if info is not None and hasattr(info, "get_parameters"):  # a psycopg connection
+        params = info.get_parameters()
+        password = f":{quote(info.password, safe='')}" if info.password else ""
+        return (f"postgresql://{quote(params.get('user', ''), safe='')}{password}@"
+                f"{info.host}:{info.port}/{quote(params.get('dbname', ''), safe='')}")
+    raise TypeError("expected a database URL, the taskline_db fixture, a SQLAlchemy "
+                    f"Engine, Connection or Session, or a psycopg Connection; not "
+                    f"{type(conn_or_url).__name__}")
+
+
+def _engine_of(conn: Any) -> Any:
+    if isinstance(conn, scoped_session):
+        conn = conn()
+    if isinstance(conn, Session):
+        return conn.get_bind()
+    if isinstance(conn, Connection):
+        return conn.engine
+    return conn if isinstance(conn, Engine) else None

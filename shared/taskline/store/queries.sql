@@ -1282,12 +1282,13 @@ SELECT queue, count(*) AS n FROM taskline.jobs WHERE status = 'waiting' GROUP BY
 -- name: upsert_schedule
 -- Create or replace a schedule; `created` says which. A change of cron, time zone or a resume
 -- moves `since` to now (slots at or before it never fire); an unchanged definition keeps it, so
--- the declarations upserted at every maintenance start lose no missed slot.
+-- the declarations upserted at every maintenance start lose no missed slot. A replaced schedule
+-- is no longer one of the code's (declared_in_code NULL) until mark_declared_schedules says so.
 INSERT INTO taskline.schedules (name, cron, timezone, job, paused, catch_up, since)
 VALUES (:name, :cron, :timezone, CAST(:job AS jsonb), :paused, :catch_up, now())
 ON CONFLICT (name) DO UPDATE SET
     cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, job = EXCLUDED.job,
-    paused = EXCLUDED.paused, catch_up = EXCLUDED.catch_up,
+    paused = EXCLUDED.paused, catch_up = EXCLUDED.catch_up, declared_in_code = NULL,
     since = CASE WHEN schedules.cron <> EXCLUDED.cron OR schedules.timezone <> EXCLUDED.timezone
                       OR (schedules.paused AND NOT EXCLUDED.paused)
                  THEN now() ELSE schedules.since END,
@@ -1445,3 +1446,30 @@ WHERE l.id > :after
   AND (l.released_at IS NULL OR l.released_at > CAST(:start AS timestamptz))
 ORDER BY l.id
 LIMIT :limit;
+
+-- name: testing_enqueued
+-- The jobs visible to the caller's transaction whose id was made at or after :floor (ids are time-ordered UUIDv7s made on the enqueuing host), of :type when given, oldest first: taskline.testing.enqueued.
+SELECT id, type, queue, payload, priority, status, next_run_at, idempotency_key, created_at
+FROM taskline.jobs
+WHERE id >= CAST(:floor AS uuid) AND (CAST(:type AS text) IS NULL OR type = CAST(:type AS text))
+ORDER BY id;
+
+-- name: testing_skip_backoff
+-- Make every retrying job due now (taskline.testing.drain with skip_backoff): its backoff is waived, nothing else changes.
+UPDATE taskline.jobs SET next_run_at = now() WHERE status = 'retrying' AND next_run_at > now();
+
+-- name: testing_tables
+-- The tables of the installation but its migration version table: what taskline.testing empties after each test.
+SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = :schema AND tablename <> 'alembic_version' ORDER BY tablename;
+
+-- name: job_outcome
+-- One job's state and outcome, by primary key: what taskline.wait reads after each signal.
+SELECT status, result, last_error, attempts FROM taskline.jobs WHERE id = CAST(:id AS uuid);
+
+-- name: mark_declared_schedules
+-- At maintenance start, after upserting the code's declarations: the schedules named :names are
+-- declared in code, and those the code declared before but not now are no longer; returns every
+-- schedule the code declares or once did, with its mark.
+UPDATE taskline.schedules SET declared_in_code = (name = ANY(CAST(:names AS text[])))
+WHERE name = ANY(CAST(:names AS text[])) OR declared_in_code IS NOT NULL
+RETURNING name, declared_in_code;

@@ -222,6 +222,9 @@ class ScheduleRow:
     created_at: datetime | None
     updated_at: datetime | None
     db_now: datetime
+    declared_in_code: bool | None = None
+    """True while the code maintenance last started with declares it (`@periodic`), false once
+    declared in code and no longer, None for a schedule never declared in code."""
 
     @classmethod
     def from_row(cls, row: Any) -> ScheduleRow:
@@ -230,7 +233,8 @@ class ScheduleRow:
                    since=row.since, revision=int(row.revision), last_slot=row.last_slot,
                    last_job_id=getattr(row, "last_job_id", None),
                    created_at=getattr(row, "created_at", None),
-                   updated_at=getattr(row, "updated_at", None), db_now=row.db_now)
+                   updated_at=getattr(row, "updated_at", None), db_now=row.db_now,
+                   declared_in_code=getattr(row, "declared_in_code", None))
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,9 @@ schedules = Table(
     Column("last_job_id", UUID(as_uuid=True), nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # Migration 0019: true while the code declares it (@periodic), false once it no longer
+    # does, NULL for a schedule the code never declared.
+    Column("declared_in_code", Boolean, nullable=True),
     CheckConstraint("catch_up IN ('latest', 'none')", name="schedules_catch_up_valid"),
 )
 

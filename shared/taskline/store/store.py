@@ -492,6 +492,13 @@ class Store:
                                              "catch_up": catch_up}, conn)
         return ScheduleRow.from_row(rows[0]), bool(rows[0].created)
 
+    def mark_declared_schedules(self, names: Sequence[str]) -> dict[str, bool]:
+        """Mark `names` as the schedules the code declares (and the others it declared before
+        as no longer); {name: declared in code now} of every schedule the code declares or
+        once did."""
+        rows = self._run("mark_declared_schedules", {"names": list(names)})
+        return {r.name: bool(r.declared_in_code) for r in rows}
+
     def get_schedule(self, name: str) -> ScheduleRow | None:
         rows = self._run("get_schedule", {"name": name})
         return ScheduleRow.from_row(rows[0]) if rows else None
@@ -747,6 +754,15 @@ class Store:
         self._run("stop_worker", {"id": worker_id})
 
     # --- maintenance side ----------------------------------------------------------------
+
+    def skip_backoff(self) -> None:
+        """Make every retrying job due now (taskline.testing.drain: a test waits for no
+        backoff)."""
+        self._run("testing_skip_backoff", {})
+
+    def schema_tables(self) -> list[str]:
+        """The installation's tables but its migration version table."""
+        return [r.tablename for r in self._run("testing_tables", {"schema": self.schema})]
 
     def promote_due(self, limit: int) -> list[Promoted]:
         rows = self._run("promote_due", {"limit": limit, **_move_params(transitions.PROMOTE)})

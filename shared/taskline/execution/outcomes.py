@@ -25,6 +25,8 @@ import tenacity
 from taskline import tracing, transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, NonRetryableError, StoreUnavailable
+from taskline.execution.attempts import Attempt, Attempts
+from taskline.execution.runner import BadResult, NoHandler
 from taskline.jobs import Backoff, Outcome
 from taskline.metrics import (
     JOB_CANCELLED,
@@ -45,8 +47,6 @@ from taskline.settings import Settings
 from taskline.store.rows import Settled, Settlement
 from taskline.store.store import Claimed, Store
 from taskline.transitions import Committed, Transition
-from taskline_worker.attempts import Attempt, Attempts
-from taskline_worker.runner import BadResult, NoHandler
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class Recorder:
     Simultaneous ones (a fan-out finishing) still go to the recorder, to share its statements.
     """
 
-    def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
+    def __init__(self, *, store: Store, dispatcher: Dispatcher | None, worker_id: str,
                  settings: Settings, attempts: Attempts, types: TypeLabels,
                  forget: Callable[[Iterable[Attempt]], None],
                  on_settled: Callable[[list[Committed]], None] | None = None,
@@ -199,7 +199,7 @@ class Recorder:
         self._lease_s = settings.lease_s
         self._on_settled = on_settled
         self._dispatcher = dispatcher
-        self._mirror = Mirror.of(dispatcher, store)
+        self._mirror = None if dispatcher is None else Mirror.of(dispatcher, store)
         self._worker_id = worker_id
         self._attempts = attempts
         self._types = types
@@ -228,6 +228,25 @@ class Recorder:
             self._here.release()
         self._queue.put(written)
 
+    def ended(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
+        """The handler of `attempt` (settled by its handler) returned `result` or raised
+        `error`: report its outcome."""
+        if error is None:
+            # A handler that finishes its work despite a cancel request succeeded.
+            self.success(attempt, result)
+        elif attempt.cancel_requested:
+            self.cancelled(attempt)
+        else:
+            self.failure(attempt, error, Outcome.FAILED)
+
+    def timed_out(self, attempt: Attempt) -> None:
+        """The handler of `attempt` (settled by its timeout) ran past its timeout."""
+        if attempt.cancel_requested:
+            self.cancelled(attempt)
+        else:
+            error = TimeoutError(f"handler ran past its timeout of {attempt.job.timeout_s:g} s")
+            self.failure(attempt, error, Outcome.TIMEOUT)
+
     def failure(self, attempt: Attempt, error: BaseException, outcome: Outcome) -> None:
         self._queue.put(Report(attempt, FAILURE, error=error, outcome=outcome))
 
@@ -237,6 +256,13 @@ class Recorder:
     def stop(self) -> None:
         """Record what was reported so far, then end `run`."""
         self._queue.put(None)
+
+    def record_reported(self) -> None:
+        """Record, on this thread, what was reported so far (for a caller without a recorder
+        thread: `taskline.testing.drain`), through the same batches as `run`."""
+        batch, _more = self._ready([])
+        if batch:
+            self._record(batch)
 
     # --- the recorder thread -------------------------------------------------------------
 
@@ -495,19 +521,22 @@ class Recorder:
         """Redis after PostgreSQL: each recorded move's step, and stale ids acked away."""
         if committed and self._on_settled is not None:
             self._on_settled(committed)  # leases released: flow budget freed
-        if committed:
+        if self._dispatcher is None:
+            return  # no Redis (taskline.testing.drain): PostgreSQL alone dispatches
+        dispatcher = self._dispatcher
+        if committed and self._mirror is not None:
             # An unblocked workflow step is announced through PostgreSQL when Redis is down.
             self._mirror.follow(committed, action="redis_after_record")
         if stale:
             items = [(r.attempt.queue, r.attempt.job_id) for r in stale]
-            self._redis(lambda: self._dispatcher.ack(items, self._worker_id),
+            self._redis(lambda: dispatcher.ack(items, self._worker_id),
                         stale[0].attempt.job_id)
 
     def _redis(self, write: Callable[[], object], job_id: str) -> None:
         try:
             write()
         except DispatchUnavailable as err:
-            breaker = self._dispatcher.breaker
+            breaker = self._dispatcher.breaker if self._dispatcher is not None else None
             if breaker is not None and breaker.open:
                 # Known down (the worker claims from PostgreSQL): one line per outcome would
                 # flood the log; reconciliation rebuilds Redis when it returns.

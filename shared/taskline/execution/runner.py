@@ -21,9 +21,9 @@ from typing import Any
 
 from taskline import tracing
 from taskline.errors import NonRetryableError
+from taskline.execution.attempts import Attempt
+from taskline.execution.deadlines import Deadlines
 from taskline.handlers import registry
-from taskline_worker.attempts import Attempt
-from taskline_worker.deadlines import Deadlines
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,18 @@ def check_result(result: Any) -> None:
         raise BadResult(f"result is not storable as JSON: {err}") from None
     if "\\u0000" in text:
         raise BadResult("result contains a NUL character, which jsonb cannot store")
+
+
+def call_handler(attempt: Attempt) -> Any:
+    """Run the attempt's registered handler on this thread and return its storable result; the
+    one call of a handler by a worker's pool and by `taskline.testing.drain`."""
+    with tracing.execute(attempt.job, attempt.ctx.worker_id):
+        fn = registry.get(attempt.job.type)
+        if fn is None:
+            raise NoHandler(f"no handler registered for type {attempt.job.type}")
+        result = fn(attempt.job.payload, attempt.ctx)
+        check_result(result)
+        return result
 
 
 class Ready:
@@ -209,13 +221,7 @@ class Runner:
         return not written_off
 
     def _call(self, attempt: Attempt) -> Any:
-        with tracing.execute(attempt.job, attempt.ctx.worker_id):
-            fn = registry.get(attempt.job.type)
-            if fn is None:
-                raise NoHandler(f"no handler registered for type {attempt.job.type}")
-            result = fn(attempt.job.payload, attempt.ctx)
-            check_result(result)
-            return result
+        return call_handler(attempt)
 
     def _timed_out(self, attempt: Attempt) -> None:
         if not attempt.write_off():

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 
 from taskline.errors import StoreUnavailable
+from taskline.execution.attempts import Attempt, Attempts
 from taskline.metrics import LEASE_RENEWALS
 from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_worker.attempts import Attempt, Attempts
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ reported, so the next job starts while the outcome waits for its batched write. 
 (taskline_worker.pace) of the slots may be claimed ahead of the `concurrency` handler threads:
 those jobs wait, leased and renewed, for a thread, so a freed thread never waits for a claim's
 commit. A workflow step that succeeds keeps its slot until its outcome is written, and hands
-it to a step its success released and the same transaction claimed (taskline_worker.outcomes),
+it to a step its success released and the same transaction claimed (taskline.execution.outcomes),
 or gives it back then. A worker therefore runs at most `concurrency` handlers, holds at most
 `concurrency + ahead` claimed jobs (ids being claimed count) and at most
 `LEASE_CAP_FACTOR * concurrency` leases; claiming stops at any bound.

@@ -17,9 +17,9 @@ import time
 from collections.abc import Iterable, Sequence
 
 from taskline.errors import StoreUnavailable
+from taskline.execution.attempts import Attempt, Attempts, Settler
+from taskline.execution.deadlines import Deadlines
 from taskline.store.store import Store
-from taskline_worker.attempts import Attempt, Attempts, Settler
-from taskline_worker.deadlines import Deadlines
 
 log = logging.getLogger(__name__)
 

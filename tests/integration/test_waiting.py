@@ -1,0 +1,254 @@
+"""Waiting for a result, woken by the commit that finishes the job: migration 0019's signal, the
+process's FinishListener, `taskline.wait` on a connection, `wait_s` on the API (under gunicorn,
+waiting requests hold no thread: more of them than threads still leave the API answering), and
+Client / AsyncClient `wait` and `wait_workflow` raising JobFailed and JobCancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import requests
+from sqlalchemy import text
+
+import taskline
+from taskline import JobCancelled, JobFailed
+from taskline.client import AsyncClient, Client
+from taskline.finishing import FinishListener
+from taskline.handlers.registry import handler
+from taskline.settings import Settings
+from taskline.testing import drain
+from taskline_producer.app import close_app, create_app
+from tests.helpers import wait_for
+from tests.integration.test_client_api import start_api
+
+THREADS = 16  # gunicorn.conf.py's threads per API process
+
+
+@handler("tw.job")
+def job(payload: Any, ctx: Any) -> Any:
+    if payload.get("fail"):
+        raise RuntimeError(payload["fail"])
+    return {"done": payload.get("n")}
+
+
+def commit(database_url: str, payload: Any, **fields: Any) -> uuid.UUID:
+    with psycopg.connect(database_url) as conn:
+        return taskline.enqueue(conn, "tw.job", payload, **fields)
+
+
+def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as err:
+            out["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+# --- the signal and the listener -----------------------------------------------------------
+
+def test_the_listener_fires_at_a_finishing_commit_only(database_url, store):
+    listener = FinishListener(database_url)
+    try:
+        job_id = commit(database_url, {"n": 1})
+        assert listener.watch([], lambda: None) is not None
+        assert listener.live.wait(10)
+        fired = threading.Event()
+        listener.watch([str(job_id)], fired.set)
+        with store.engine.begin() as conn:  # a move that finishes nothing
+            conn.execute(text("UPDATE taskline.jobs SET priority = 9 WHERE id = :id"),
+                         {"id": job_id})
+        assert not fired.wait(0.5)
+        assert drain(database_url).succeeded == 1
+        assert fired.wait(10)
+        assert listener.watching == 0  # a watch fires once
+    finally:
+        listener.stop()
+
+
+def test_a_workflow_step_finishing_signals_its_workflow(database_url):
+    with psycopg.connect(database_url) as conn:
+        wf = taskline.submit_workflow(conn, "w", [{"id": "a", "job": {"type": "tw.job"}}])
+    listener = FinishListener(database_url)
+    try:
+        fired = threading.Event()
+        listener.watch([str(wf)], fired.set)
+        assert listener.live.wait(10)
+        drain(database_url)
+        assert fired.wait(10)
+    finally:
+        listener.stop()
+
+
+# --- taskline.wait on a database connection ------------------------------------------------
+
+def test_taskline_wait_returns_the_result_once_the_job_finishes(database_url):
+    job_id = commit(database_url, {"n": 7})
+    thread, out = in_thread(taskline.wait, database_url, job_id, 30)
+    assert not out and thread.is_alive()
+    drain(database_url)
+    thread.join(30)
+    assert out == {"value": {"done": 7}}
+
+
+def test_taskline_wait_raises_for_dead_and_cancelled_and_times_out(database_url, store):
+    dead = commit(database_url, {"fail": "no luck"}, max_retries=0)
+    drain(database_url)
+    with psycopg.connect(database_url) as conn, pytest.raises(JobFailed) as failed:
+        taskline.wait(conn, dead, 5)
+    assert (failed.value.error, failed.value.attempts) == ("RuntimeError: no luck", 1)
+    assert taskline.wait(database_url, dead, 5, raise_on_failure=False)["status"] == "dead"
+    cancelled = commit(database_url, {})
+    store.cancel_pending_job(cancelled)
+    with pytest.raises(JobCancelled):
+        taskline.wait(database_url, cancelled, 5)
+    pending = commit(database_url, {})
+    with pytest.raises(TimeoutError, match="still queued"):
+        taskline.wait(database_url, pending, 0.2)
+    with pytest.raises(LookupError):
+        taskline.wait(database_url, uuid.uuid4(), 0.2)
+
+
+# --- wait_s without gunicorn: the request's thread waits -----------------------------------
+
+def test_wait_s_is_checked_and_holds_a_flask_request_until_the_finish(settings, database_url):
+    app = create_app(settings)
+    try:
+        holds_a_flask_request(app, database_url)
+    finally:
+        close_app(app)
+
+
+def holds_a_flask_request(app: Any, database_url: str) -> None:
+    http = app.test_client()
+    for bad in ("31", "-1", "soon", "nan"):
+        answer = http.get(f"/api/v1/jobs/{uuid.uuid4()}?wait_s={bad}")
+        assert answer.status_code == 400
+        assert answer.json["error"]["code"] == "invalid_parameter"
+        assert answer.json["error"]["details"] == {"parameter": "wait_s"}
+    job_id = commit(database_url, {"n": 2})
+    thread, out = in_thread(http.get, f"/api/v1/jobs/{job_id}?wait_s=20")
+    listener = app.extensions["taskline_waits"].listener()
+    wait_for(lambda: listener.watching == 1, timeout=10, message="the request to wait")
+    listener.fire()  # what a reconnection does: the request looks again, and waits on
+    wait_for(lambda: listener.watching == 1, timeout=10, message="the request to wait again")
+    assert thread.is_alive()
+    drain(database_url)
+    thread.join(20)
+    assert out["value"].json["status"] == "succeeded"
+    assert http.get(f"/api/v1/jobs/{uuid.uuid4()}?wait_s=1").status_code == 404
+
+
+# --- under gunicorn: waiting requests are held on the event loop ---------------------------
+
+@pytest.fixture
+def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
+    yield from start_api(settings, tmp_path / "logs")
+
+
+def waiting_now(api_url: str) -> float:
+    for line in requests.get(api_url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("taskline_api_waiting_requests "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_more_waiting_requests_than_threads_leave_the_api_answering(api_url, database_url):
+    waiters = THREADS * 3
+    job_id = commit(database_url, {"n": 3})
+    with ThreadPoolExecutor(waiters) as pool:
+        answers = [pool.submit(requests.get, f"{api_url}/api/v1/jobs/{job_id}?wait_s=25",
+                               timeout=40) for _ in range(waiters)]
+        wait_for(lambda: waiting_now(api_url) == waiters, timeout=20,
+                 message="every request to wait")
+        # Every thread is free: other requests are answered while they wait.
+        other = commit(database_url, {"n": 4})
+        assert requests.get(f"{api_url}/api/v1/jobs/{other}", timeout=5).json()[
+            "status"] == "queued"
+        assert not any(a.done() for a in answers)
+        drain(database_url, max_jobs=1)
+        statuses = {a.result().json()["status"] for a in answers}
+    assert statuses == {"succeeded"}
+    assert waiting_now(api_url) == 0
+
+
+def test_a_waiting_client_that_leaves_is_forgotten_and_wait_s_ends_a_wait(api_url,
+                                                                           database_url):
+    job_id = commit(database_url, {"n": 5})
+    host, port = api_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(f"GET /api/v1/jobs/{job_id}?wait_s=25 HTTP/1.1\r\nHost: {host}\r\n\r\n"
+                     .encode())
+        wait_for(lambda: waiting_now(api_url) == 1, timeout=10, message="the wait")
+    wait_for(lambda: waiting_now(api_url) == 0, timeout=10, message="the client forgotten")
+    answer = requests.get(f"{api_url}/api/v1/jobs/{job_id}?wait_s=0.3", timeout=10)
+    assert answer.json()["status"] == "queued"
+
+
+def test_a_waiting_request_outlives_its_listeners_reconnection(api_url, database_url):
+    job_id = commit(database_url, {"n": 9})
+    waiting, out = in_thread(requests.get, f"{api_url}/api/v1/jobs/{job_id}?wait_s=25",
+                             timeout=40)
+    wait_for(lambda: waiting_now(api_url) == 1, timeout=10, message="the wait")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'taskline-finish-listener' "
+                              "AND datname = current_database()").fetchall()
+    assert killed == [(True,)]
+    # The new LISTEN wakes every waiting request: each reads its job, unfinished, and waits on.
+    wait_for(lambda: "ended=\"signalled\"" in requests.get(api_url + "/metrics", timeout=5).text,
+             timeout=15, message="the reconnection's wake-up")
+    wait_for(lambda: waiting_now(api_url) == 1, timeout=10, message="the wait to go on")
+    assert waiting.is_alive()
+    drain(database_url)
+    waiting.join(30)
+    assert out["value"].json()["status"] == "succeeded"
+
+
+def test_client_wait_and_wait_workflow(api_url, database_url):
+    ok = commit(database_url, {"n": 6})
+    bad = commit(database_url, {"fail": "broken"}, max_retries=0)
+    with psycopg.connect(database_url) as conn:
+        wf = taskline.submit_workflow(conn, "pair", [
+            {"id": "a", "job": {"type": "tw.job", "payload": {"n": 1}}},
+            {"id": "b", "job": {"type": "tw.job", "payload": {"fail": "b broke"},
+                                "max_retries": 0}, "after": ["a"]}])
+    with Client(api_url) as client:
+        waiting, out = in_thread(client.wait, ok, timeout=30)
+        drain(database_url)
+        waiting.join(30)
+        assert out == {"value": {"done": 6}}
+        with pytest.raises(JobFailed) as failed:
+            client.wait(bad, timeout=5)
+        assert failed.value.error == "RuntimeError: broken" and failed.value.attempts == 1
+        with pytest.raises(JobFailed, match="b broke"):
+            client.wait_workflow(wf, timeout=5)
+        view = client.wait_workflow(wf, timeout=5, raise_on_failure=False)
+        assert view["status"] == "failed"
+
+
+def test_async_client_wait(api_url, database_url):
+    job_id = commit(database_url, {"n": 8})
+
+    async def main() -> Any:
+        async with AsyncClient(api_url) as client:
+            waiting = asyncio.create_task(client.wait(job_id, timeout=30))
+            await asyncio.sleep(0.2)
+            await asyncio.to_thread(drain, database_url)
+            return await waiting
+
+    assert asyncio.run(main()) == {"done": 8}
