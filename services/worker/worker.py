@@ -23,7 +23,7 @@ from taskline import tracing
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import ConfigError
-from taskline.handlers import registry, webhook
+from taskline.handlers import registry, serving, webhook
 from taskline.jobs import Outcome
 from taskline.metrics import (
     BUSY_SLOTS,
@@ -156,6 +156,7 @@ class Worker:
         worker` retries it until PostgreSQL answers (taskline.startup)."""
         self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
                                  self.queues, self.concurrency, self.metrics_port)
+        serving.record(self.store, self.worker_id, self.settings)  # types with payload schemas
         # One connection for each thread that talks to PostgreSQL by itself (and one for a
         # step's success written on its handler thread), opened now: opened on first use, its
         # set-up would delay that claim or renewal, by seconds on a slow link.
