@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, ValidationError
 
 from taskline.errors import StoreUnavailable
 from taskline.jobspec import FieldError, JobSpec
@@ -115,13 +115,23 @@ def _payload_errors(validators: list[Draft202012Validator | None], payload: Any,
     for validator in validators:
         if validator is None:
             return []
-        found = [FieldError(_path(field, e.absolute_path), e.message)
-                 for e in validator.iter_errors(payload)]
+        found = [FieldError(_field(field, e), e.message) for e in validator.iter_errors(payload)]
         if not found:
             return []
         if closest is None or len(found) < len(closest):
             closest = found
     return (closest or [])[:MAX_ERRORS]
+
+
+def _field(field: str, error: ValidationError) -> str:
+    """The field an error is about; a missing property is named itself, not its object."""
+    path = _path(field, error.absolute_path)
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [name for name in error.validator_value
+                   if name not in error.instance and repr(name) in error.message]
+        if missing:
+            return f"{path}.{missing[0]}"
+    return path
 
 
 def _path(field: str, parts: Sequence[Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from taskline_producer.backends import backends
+from taskline_producer.shapes import plain
 
 bp = Blueprint("jobtypes", __name__, url_prefix="/api/v1")
 
@@ -30,11 +31,11 @@ def listing(rows: Sequence[Any]) -> list[dict[str, Any]]:
     types: dict[str, dict[str, Any]] = {}
     for row in rows:  # newest first within a type
         version = {"queue": row.queue, "schema": row.schema, "workers": list(row.workers),
-                   "last_seen": row.last_seen}
+                   "last_seen": plain(row.last_seen)}
         entry = types.get(row.type)
         if entry is None:
             types[row.type] = {"type": row.type, "queue": row.queue, "schema": row.schema,
-                               "workers": list(row.workers), "last_seen": row.last_seen,
+                               "workers": list(row.workers), "last_seen": plain(row.last_seen),
                                "schemas": [version]}
             continue
         entry["workers"] = sorted(set(entry["workers"]) | set(row.workers))

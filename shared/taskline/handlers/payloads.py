@@ -15,7 +15,11 @@ PostgreSQL's jsonb stores.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generic, TypeVar, is_typeddict
+from typing import Any, Generic, TypeVar
+
+# typing_extensions' check knows both TypedDicts (typing's and its own, which pydantic needs
+# before Python 3.12); SQLAlchemy already depends on it.
+from typing_extensions import is_typeddict
 
 from taskline.errors import InvalidJob
 
