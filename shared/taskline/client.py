@@ -209,6 +209,12 @@ class Client:
         """The live worker registry: heartbeats and active jobs."""
         return self._call("GET", "/workers")
 
+    def types(self) -> dict[str, Any]:
+        """The job types declared by workers seen within TASKLINE_TYPE_TTL_S: {"types":
+        [{"type", "queue", "schema", "workers", "last_seen", "schemas"}]}, `schemas` holding
+        each declared version (its queue, JSON Schema, workers and last_seen), newest first."""
+        return self._call("GET", "/types")
+
     def queues(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         """One page of queues by name (`limit`, from `cursor`, the previous page's
         `next_cursor`) with their depths per priority and state, the totals over every queue,
@@ -509,6 +515,10 @@ class AsyncClient(Client):
             return await self._pool.request(method, target, headers, data)
         except transport.TransportError as err:
             raise _transport_error(err, self.base_url, method, target) from None
+
+    async def types(self) -> dict[str, Any]:  # type: ignore[override]
+        """`Client.types`, awaited."""
+        return await self._call("GET", "/types")  # type: ignore[no-any-return]
 
     async def wait(self, job_id: str | uuid.UUID, timeout: float = 60.0,  # type: ignore[override]
                    poll: float = 0.2) -> dict[str, Any]:

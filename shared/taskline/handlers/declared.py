@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from taskline.enqueuing import aenqueue, enqueue
+from taskline.enqueuing import Priority, aenqueue, enqueue, given
 from taskline.errors import InvalidJob, NonRetryableError
 from taskline.handlers.payloads import PayloadModel
 from taskline.jobspec import parse_job
@@ -45,7 +45,7 @@ class Defaults:
     """What `@handler` declared for its type's jobs; None: the engine's own default."""
 
     queue: str | None = None
-    priority: int | str | None = None
+    priority: Priority | None = None
     max_retries: int | None = None
     timeout_s: float | None = None
 
@@ -98,37 +98,33 @@ class Handler(Generic[P, R]):
         return None if self.model is None else self.model.schema
 
     def enqueue(self, conn: AppConnection, payload: P, *, queue: str | None = None,
-                priority: int | str | None = None, max_retries: int | None = None,
+                priority: Priority | None = None, max_retries: int | None = None,
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None, idempotency_key: str | None = None,
                 limit_key: str | None = None, settings: Settings | None = None) -> uuid.UUID:
         """Validate `payload`, then `taskline.enqueue` it with this type's defaults inside
         `conn`'s transaction; InvalidJob naming the field, before anything is written."""
-        given = _given(queue=queue, priority=priority, max_retries=max_retries,
+        fields = given(queue=queue, priority=priority, max_retries=max_retries,
                        timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                        idempotency_key=idempotency_key, limit_key=limit_key)
         return enqueue(conn, self.type, self._json(payload), settings=settings,
-                       **{**self.defaults.fields(), **given})
+                       **{**self.defaults.fields(), **fields})
 
     async def aenqueue(self, conn: AsyncAppConnection, payload: P, *, queue: str | None = None,
-                       priority: int | str | None = None, max_retries: int | None = None,
+                       priority: Priority | None = None, max_retries: int | None = None,
                        timeout_s: float | None = None, delay_s: float | None = None,
                        run_at: datetime | str | None = None, idempotency_key: str | None = None,
                        limit_key: str | None = None,
                        settings: Settings | None = None) -> uuid.UUID:
         """`enqueue` on an async connection, awaited."""
-        given = _given(queue=queue, priority=priority, max_retries=max_retries,
+        fields = given(queue=queue, priority=priority, max_retries=max_retries,
                        timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                        idempotency_key=idempotency_key, limit_key=limit_key)
         return await aenqueue(conn, self.type, self._json(payload), settings=settings,
-                              **{**self.defaults.fields(), **given})
+                              **{**self.defaults.fields(), **fields})
 
     def _json(self, payload: Any) -> Any:
         return payload if self.model is None else self.model.dump(payload)
-
-
-def _given(**fields: Any) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if v is not None}
 
 
 def check_signature(job_type: str, fn: Callable[..., Any]) -> None:

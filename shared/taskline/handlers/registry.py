@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from taskline.enqueuing import Priority
 from taskline.handlers.declared import Defaults, Handler, check_signature
 from taskline.handlers.payloads import PayloadModel
 
@@ -111,20 +112,20 @@ class JobContext:
 
 @overload
 def handler(job_type: str, *, payload: type[P], queue: str | None = None,
-            priority: int | str | None = None, max_retries: int | None = None,
+            priority: Priority | None = None, max_retries: int | None = None,
             timeout_s: float | None = None,
             ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
 
 @overload
 def handler(job_type: str, *, payload: None = None, queue: str | None = None,
-            priority: int | str | None = None, max_retries: int | None = None,
+            priority: Priority | None = None, max_retries: int | None = None,
             timeout_s: float | None = None,
             ) -> Callable[[Callable[[Any, JobContext], R]], Handler[Any, R]]: ...
 
 
 def handler(job_type: str, *, payload: Any = None, queue: str | None = None,
-            priority: int | str | None = None, max_retries: int | None = None,
+            priority: Priority | None = None, max_retries: int | None = None,
             timeout_s: float | None = None) -> Callable[[Any], Handler[Any, Any]]:
     """Register the decorated function as the handler of `job_type`; `payload` (a pydantic
     model, a dataclass or a TypedDict) declares what its jobs carry, and the other arguments
