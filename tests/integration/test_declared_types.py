@@ -5,25 +5,34 @@ TASKLINE_UNKNOWN_TYPES=reject, refuses undeclared types; nothing is written on a
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from flask.testing import FlaskClient
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
+import taskline
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.handlers.payloads import PayloadModel
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.store import Store, sqlalchemy_url
 from taskline_producer.app import close_app, create_app
 from tests.helpers import enqueue, service, service_env, wait_for
 from tests.integration.typed_payloads import ReceiptV1, ReceiptV2
 
 pytestmark = pytest.mark.slow
+
+@taskline.handler("lib.receipt", payload=ReceiptV2, queue="receipts", priority="high",
+                  max_retries=5, timeout_s=30)
+def lib_receipt(payload: ReceiptV2, ctx: taskline.JobContext) -> None:
+    """Declared in this module: the library's `.enqueue` / `.aenqueue` tests use it."""
+
 
 V1 = "tests.integration.typed_handlers_v1"
 V2 = "tests.integration.typed_handlers_v2"
@@ -228,3 +237,45 @@ def test_types_require_the_read_scope(settings: Settings) -> None:
     with api(settings.replace(api_tokens=("writer:w-secret:jobs:write",))) as client:
         answer = client.get("/api/v1/types", headers={"Authorization": "Bearer w-secret"})
         assert answer.status_code == 403
+
+
+def test_a_declared_handler_enqueues_with_its_defaults_and_validates_first(
+        settings: Settings, store: Store) -> None:
+    engine = create_engine(sqlalchemy_url(settings.database_url))
+    try:
+        with engine.begin() as conn:
+            typed = lib_receipt.enqueue(conn, ReceiptV2("A-1"))
+            as_json = lib_receipt.enqueue(conn, {"order_id": "A-2", "copies": 2},  # type: ignore[arg-type]
+                                          queue="urgent", priority=9, delay_s=60)
+        with pytest.raises(taskline.InvalidJob) as caught, engine.begin() as conn:
+            lib_receipt.enqueue(conn, {"order_id": 3, "copies": "x"})  # type: ignore[arg-type]
+        assert [e["field"] for e in caught.value.errors] == ["payload.order_id",
+                                                             "payload.copies"]
+    finally:
+        engine.dispose()
+    first, second = store.get_job(typed), store.get_job(as_json)
+    assert (first.queue, first.priority, first.max_retries, first.timeout_s) == (
+        "receipts", 7, 5, 30.0)
+    assert first.payload == {"order_id": "A-1", "copies": 1}  # the defaults written out
+    assert (second.queue, second.priority, second.status.value) == ("urgent", 9, "scheduled")
+    assert job_count(store) == 2
+
+
+def test_a_declared_handler_enqueues_on_an_async_connection(settings: Settings,
+                                                           store: Store) -> None:
+    async def body() -> Any:
+        async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+            made = await lib_receipt.aenqueue(conn, ReceiptV2("B-1", copies=3),
+                                              idempotency_key="b-1")
+            again = await lib_receipt.aenqueue(conn, ReceiptV2("B-1", copies=3),
+                                               idempotency_key="b-1")
+            await conn.commit()
+            with pytest.raises(taskline.InvalidJob):
+                await lib_receipt.aenqueue(conn, {"copies": 1})  # type: ignore[arg-type]
+            await conn.rollback()
+            return made, again
+    made, again = asyncio.run(body())
+    assert made == again
+    job = store.get_job(made)
+    assert (job.queue, job.payload) == ("receipts", {"order_id": "B-1", "copies": 3})
+    assert job_count(store) == 1
