@@ -22,6 +22,7 @@ from jsonschema import Draft202012Validator, ValidationError
 
 from taskline.errors import StoreUnavailable
 from taskline.jobspec import FieldError, JobSpec
+from taskline.metrics import OTHER, PAYLOAD_REFUSED, LabelGuard
 from taskline.settings import Settings
 from taskline.store.store import Store
 
@@ -49,6 +50,7 @@ class DeclaredTypes:
         self._by_type: dict[str, list[Draft202012Validator | None]] | None = None
         self._compiled: dict[str, Draft202012Validator] = {}
         self._read_at = 0.0
+        self._labels = LabelGuard()
 
     def errors(self, specs: Sequence[JobSpec], prefix: str = "") -> list[FieldError]:
         """Field errors of the jobs whose payload breaks their declared type (or whose type is
@@ -60,11 +62,15 @@ class DeclaredTypes:
             validators = declared.get(spec.type)
             if validators is None:
                 if self._reject_unknown:
+                    PAYLOAD_REFUSED.labels(OTHER, "undeclared").inc()
                     problems.append(FieldError(f"{where}type", (
                         f"no worker seen within TASKLINE_TYPE_TTL_S declares type {spec.type!r} "
                         "(TASKLINE_UNKNOWN_TYPES=reject)")))
                 continue
-            problems += _payload_errors(validators, spec.payload, f"{where}payload")
+            misfit = _payload_errors(validators, spec.payload, f"{where}payload")
+            if misfit:
+                PAYLOAD_REFUSED.labels(self._labels(spec.type), "schema").inc()
+            problems += misfit
         return problems
 
     def _current(self) -> dict[str, list[Draft202012Validator | None]]:

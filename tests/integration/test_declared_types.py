@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from flask.testing import FlaskClient
+from prometheus_client import REGISTRY
 from sqlalchemy import create_engine, text
 
 import taskline
@@ -199,6 +200,7 @@ def test_reject_mode_refuses_undeclared_types_and_keeps_declared_ones(
         settings: Settings, store: Store) -> None:
     declare(store, "w-1", [receipt(ReceiptV2),
                            {"type": "echo", "queue": "default", "schema": None}])
+    undeclared, misfit = refused("other", "undeclared"), refused("typed.receipt", "schema")
     with api(settings.replace(unknown_types="reject")) as client:
         misspelt = post(client, {"type": "typed.reciept", "payload": {"order_id": "1"}})
         assert misspelt.status_code == 422
@@ -216,6 +218,14 @@ def test_reject_mode_refuses_undeclared_types_and_keeps_declared_ones(
         assert "jobs[1].type" in fields and "jobs[2].payload.order_id" in fields
         assert "jobs[2].payload.copies" in fields
     assert job_count(store) == 2
+    assert refused("other", "undeclared") == undeclared + 2
+    assert refused("typed.receipt", "schema") == misfit + 1
+
+
+def refused(label: str, reason: str) -> float:
+    """taskline_payload_refused_total{type=label, reason} in this process so far."""
+    return REGISTRY.get_sample_value("taskline_payload_refused_total",
+                                     {"type": label, "reason": reason}) or 0.0
 
 
 def test_accept_mode_takes_undeclared_types_and_checks_declared_ones(
