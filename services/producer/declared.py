@@ -15,13 +15,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator, ValidationError
 
 from taskline.errors import StoreUnavailable
-from taskline.jobspec import FieldError, JobSpec
+from taskline.jobspec import FieldError
 from taskline.metrics import OTHER, PAYLOAD_REFUSED, LabelGuard
 from taskline.settings import Settings
 from taskline.store.store import Store
@@ -38,6 +38,16 @@ _ANY = None
 """A declaration without a payload type: every payload fits it."""
 
 
+class Declarable(Protocol):
+    """What is checked of a job: a JobSpec, or a workflow step's StepJob."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def payload(self) -> Any: ...
+
+
 class DeclaredTypes:
     """This process's cached view of the declared types: type -> compiled schema validators."""
 
@@ -52,22 +62,23 @@ class DeclaredTypes:
         self._read_at = 0.0
         self._labels = LabelGuard()
 
-    def errors(self, specs: Sequence[JobSpec], prefix: str = "") -> list[FieldError]:
+    def errors(self, specs: Sequence[Declarable],
+               where: Callable[[int], str] = lambda index: "") -> list[FieldError]:
         """Field errors of the jobs whose payload breaks their declared type (or whose type is
-        undeclared, under reject); `prefix(i)` names a batch item."""
+        undeclared, under reject); `where(i)` prefixes the fields of the i-th (`jobs[2].`)."""
         declared = self._current()
         problems: list[FieldError] = []
         for index, spec in enumerate(specs):
-            where = prefix.format(index=index)
+            prefix = where(index)
             validators = declared.get(spec.type)
             if validators is None:
                 if self._reject_unknown:
                     PAYLOAD_REFUSED.labels(OTHER, "undeclared").inc()
-                    problems.append(FieldError(f"{where}type", (
+                    problems.append(FieldError(f"{prefix}type", (
                         f"no worker seen within TASKLINE_TYPE_TTL_S declares type {spec.type!r} "
                         "(TASKLINE_UNKNOWN_TYPES=reject)")))
                 continue
-            misfit = _payload_errors(validators, spec.payload, f"{where}payload")
+            misfit = _payload_errors(validators, spec.payload, f"{prefix}payload")
             if misfit:
                 PAYLOAD_REFUSED.labels(self._labels(spec.type), "schema").inc()
             problems += misfit

@@ -67,7 +67,7 @@ def create_batch() -> Response:
     if errors:
         raise _invalid(errors)
     _check_declared(b.declared.errors([s for s in parsed if isinstance(s, JobSpec)],
-                                      "jobs[{index}]."))
+                                      lambda index: f"jobs[{index}]."))
     quotas.take(len(parsed))
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue_many(

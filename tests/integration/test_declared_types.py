@@ -289,3 +289,24 @@ def test_a_declared_handler_enqueues_on_an_async_connection(settings: Settings,
     job = store.get_job(made)
     assert (job.queue, job.payload) == ("receipts", {"order_id": "B-1", "copies": 3})
     assert job_count(store) == 1
+
+
+def test_workflow_steps_of_a_declared_type_are_checked_before_anything_is_written(
+        settings: Settings, store: Store) -> None:
+    declare(store, "w-1", [receipt(ReceiptV2)])
+    steps = [{"id": "a", "job": {"type": "echo"}},
+             {"id": "b", "job": {"type": "typed.receipt", "payload": {"order_id": 5}},
+              "after": ["a"]}]
+    with api(settings) as client:
+        refused = client.post("/api/v1/workflows", content_type="application/json",
+                              data=json.dumps({"name": "w", "steps": steps}))
+        assert refused.status_code == 422
+        assert [d["field"] for d in refused.get_json()["error"]["details"]] == [
+            "steps[1] (b).job.payload.order_id"]
+        steps[1]["job"]["payload"] = {"order_id": "5"}
+        made = client.post("/api/v1/workflows", content_type="application/json",
+                           data=json.dumps({"name": "w", "steps": steps}))
+        assert made.status_code == 201, made.get_json()
+    with store.transaction() as conn:
+        assert conn.execute(text("SELECT count(*) FROM taskline.workflows")).scalar_one() == 1
+    assert job_count(store) == 2
