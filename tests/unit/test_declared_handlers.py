@@ -152,3 +152,13 @@ def test_a_worker_serves_every_registered_type_with_its_schema(types: list[str])
     assert by_type["t.ping"] == {"type": "t.ping", "queue": "pings",
                                  "schema": PayloadModel(Ping).schema}
     assert by_type["t.free"] == {"type": "t.free", "queue": "default", "schema": None}
+
+
+def test_worker_help_names_the_handlers_flag_and_variable(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from taskline_cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--help"])
+    shown = capsys.readouterr().out
+    assert "--handlers MOD1,MOD2" in shown and "TASKLINE_HANDLERS" in shown
