@@ -114,7 +114,11 @@ def client_calls() -> None:
 async def async_client_calls() -> None:
     async with AsyncClient("http://127.0.0.1:8000") as client:
         declared: dict[str, Any] = await client.types()
-        print(declared["types"])
+        job = await client.enqueue("echo", {"x": 1}, priority="high")
+        await client.get(job["id"])
+        await client.workers()
+        done: dict[str, Any] = await client.wait(job["id"], timeout=5.0)
+        print(declared["types"], done["status"])
 
 
 if __name__ == "__main__":

@@ -47,3 +47,25 @@ def test_a_misspelt_keyword_or_payload_fails_the_check(cache: Path, tmp_path: Pa
     broken.write_text(source.replace(right, wrong))
     output, code = mypy(broken, cache)
     assert code == 1 and said in output, output
+
+
+def test_every_request_of_the_client_is_awaitable_for_a_type_checker() -> None:
+    """AsyncClient inherits Client's requests (they return `_call`'s awaitable at run time);
+    its TYPE_CHECKING block must declare each as `async`, or mypy would see a dict."""
+    import ast
+
+    tree = ast.parse((ROOT / "shared" / "taskline" / "client.py").read_text())
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    def requests(cls: ast.ClassDef) -> set[str]:
+        return {f.name for f in cls.body if isinstance(f, ast.FunctionDef)
+                and not f.name.startswith("_") and "self._call(" in ast.unparse(f)}
+
+    def awaited(cls: ast.ClassDef) -> set[str]:
+        found = {f.name for f in cls.body if isinstance(f, ast.AsyncFunctionDef)}
+        for node in cls.body:
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+                found |= {f.name for f in node.body if isinstance(f, ast.AsyncFunctionDef)}
+        return found
+
+    assert requests(classes["Client"]) - awaited(classes["AsyncClient"]) == set()
