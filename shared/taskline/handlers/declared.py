@@ -66,13 +66,14 @@ class Handler(Generic[P, R]):
 
     def __init__(self, job_type: str, fn: Callable[[P, JobContext], R],
                  model: PayloadModel[P] | None, defaults: Defaults) -> None:
+        # First, so that nothing copied from the function's own __dict__ hides what follows.
+        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
         self.type = job_type
         self.fn = fn
         self.model = model
         self.defaults = defaults
         self.module: str = getattr(fn, "__module__", None) or "?"
         self.qualname: str = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __call__(self, payload: P, ctx: JobContext) -> R:
         return self.fn(payload, ctx)
