@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator, ValidationError
@@ -46,6 +47,14 @@ class Declarable(Protocol):
 
     @property
     def payload(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A job known by its type and payload only (a schedule's job)."""
+
+    type: str
+    payload: Any
 
 
 class DeclaredTypes:

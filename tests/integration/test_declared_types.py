@@ -310,3 +310,19 @@ def test_workflow_steps_of_a_declared_type_are_checked_before_anything_is_writte
     with store.transaction() as conn:
         assert conn.execute(text("SELECT count(*) FROM taskline.workflows")).scalar_one() == 1
     assert job_count(store) == 2
+
+
+def test_a_schedules_job_of_a_declared_type_is_checked_when_it_is_set(
+        settings: Settings, store: Store) -> None:
+    declare(store, "w-1", [receipt(ReceiptV2)])
+    job = {"type": "typed.receipt", "payload": {"order": 1}, "queue": "receipts"}
+    with api(settings) as client:
+        refused = client.put("/api/v1/schedules/nightly", content_type="application/json",
+                             data=json.dumps({"cron": "0 3 * * *", "job": job}))
+        assert refused.status_code == 422
+        assert refused.get_json()["error"]["details"][0]["field"] == "job.payload.order_id"
+        assert client.get("/api/v1/schedules/nightly").status_code == 404
+        job["payload"] = {"order_id": "1"}
+        made = client.put("/api/v1/schedules/nightly", content_type="application/json",
+                          data=json.dumps({"cron": "0 3 * * *", "job": job}))
+        assert made.status_code == 201, made.get_json()
