@@ -69,6 +69,9 @@ def report(payload: Any, ctx: JobContext) -> None:
     return None
 
 
+nightly: Handler[Any, None] = report  # @periodic returns what it decorates
+
+
 def typed_handlers(conn: Connection) -> list[uuid.UUID]:
     receipt_handler: Handler[Receipt, dict[str, int]] = send_receipt
     first = receipt_handler.enqueue(conn, Receipt(order=1, email="a@example.com"))

@@ -29,6 +29,7 @@ from taskline.handlers.payloads import PayloadModel
 HandlerFn = Callable[[Any, "JobContext"], Any]
 P = TypeVar("P")
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
 
 _registry: dict[str, Handler[Any, Any]] = {}
 _periodic: dict[str, dict[str, Any]] = {}
@@ -158,11 +159,11 @@ def _refuse_second(new: Handler[Any, Any]) -> None:
 
 
 def periodic(name: str, *, cron: str, job: dict[str, Any], timezone: str = "UTC",
-             catch_up: str = "latest", paused: bool = False) -> Callable[[HandlerFn], HandlerFn]:
+             catch_up: str = "latest", paused: bool = False) -> Callable[[F], F]:
     """Declare schedule `name` (as PUT /api/v1/schedules/{name} takes it); the decorated
-    function is returned unchanged. Checked when maintenance upserts it."""
+    function (or Handler) is returned unchanged. Checked when maintenance upserts it."""
 
-    def declare(fn: HandlerFn) -> HandlerFn:
+    def declare(fn: F) -> F:
         _periodic[name] = {"cron": cron, "job": dict(job), "timezone": timezone,
                            "catch_up": catch_up, "paused": paused}
         return fn
