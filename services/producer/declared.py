@@ -118,6 +118,8 @@ class DeclaredTypes:
         except StoreUnavailable:
             if self._by_type is None:
                 raise
+            # Tried again after refresh_s, not by every request of an outage.
+            self._read_at = time.monotonic()
             log.debug("declared types not refreshed: PostgreSQL unreachable")
             return
         self._by_type = {name: [self._validator(s) for s in found]
