@@ -5,6 +5,7 @@ argument, a second registration of a type refused naming both modules, and the w
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +67,17 @@ def test_each_payload_kind_validates_into_an_instance_and_dumps_to_json() -> Non
     assert PayloadModel(Resize).dump(Resize("b.png", 10)) == {"image": "b.png", "width": 10}
     assert PayloadModel(Ping).validate({"host": "db1"}) == {"host": "db1"}
     assert PayloadModel(Ping).schema["required"] == ["host"]
+
+
+@dataclass
+class Unjsonable:
+    lock: type(threading.Lock())  # type: ignore[valid-type]
+
+
+def test_a_model_whose_fields_have_no_json_form_is_refused_naming_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"^payload=Unjsonable: "):
+        registry.handler("t.bad", payload=Unjsonable)
+    assert registry.get("t.bad") is None
 
 
 def test_a_payload_error_names_the_field_inside_it() -> None:

@@ -35,12 +35,15 @@ class PayloadModel(Generic[T]):
         if refusal is not None:
             raise TypeError(f"payload={model!r}: {refusal}")
         try:
-            from pydantic import TypeAdapter
+            from pydantic import PydanticUserError, TypeAdapter
         except ImportError:
             raise ImportError(f"payload={model.__name__}: {INSTALL_HINT}") from None
         self.model = model
-        self._adapter: Any = TypeAdapter(model)
-        self.schema: dict[str, Any] = self._adapter.json_schema()
+        try:
+            self._adapter: Any = TypeAdapter(model)
+            self.schema: dict[str, Any] = self._adapter.json_schema()
+        except PydanticUserError as err:  # a field type with no JSON form, typing.TypedDict ...
+            raise TypeError(f"payload={model.__name__}: {err}") from None
 
     def validate(self, payload: Any, field: str = "payload") -> T:
         """`payload` (JSON, or an instance of the model) as the model; InvalidJob naming each
