@@ -31,6 +31,7 @@ test: venv lint
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy --strict tests/typing
 
 faults: venv
 	$(BIN)/pytest -q -m faults tests/faults tests/integration/test_redis_cluster_paths.py

@@ -1,5 +1,5 @@
-"""Client commands of the `taskline` CLI: enqueue, status, cancel, dlq, workers, queues,
-schedules.
+"""Client commands of the `taskline` CLI: enqueue, status, cancel, dlq, workers, types,
+queues, schedules.
 
 Invariant: every command talks to the API only through `taskline.client.Client`, prints a
 readable table (or, with --json, the API's JSON unchanged) on stdout, and exits 0 on success,
@@ -200,6 +200,28 @@ def cmd_workers(args: argparse.Namespace, client: Client) -> int:
 
 
 @client_command
+def cmd_types(args: argparse.Namespace, client: Client) -> int:
+    data = client.types()
+    _emit(args, data, lambda: _print_page(
+        {"types": [_type_row(t) for t in data["types"]]}, TYPE_COLUMNS))
+    return EXIT_OK
+
+
+def _type_row(declared: dict[str, Any]) -> dict[str, Any]:
+    """A declared type in one line: its newest schema's fields (`*` marks the required ones;
+    `any` when it takes any payload), how many versions and workers declare it."""
+    schema = declared.get("schema")
+    if isinstance(schema, dict):
+        required = set(schema.get("required", []))
+        fields = [f"{name}*" if name in required else name
+                  for name in schema.get("properties", {})]
+    else:
+        fields = ["any"]
+    return {**declared, "fields": fields, "versions": len(declared.get("schemas", [])),
+            "worker_count": len(declared.get("workers", []))}
+
+
+@client_command
 def cmd_queues(args: argparse.Namespace, client: Client) -> int:
     data = client.queues()
     while data.get("next_cursor"):  # every queue, a page at a time
@@ -313,6 +335,8 @@ WORKER_COLUMNS = (("ID", "id"), ("HOST", "hostname"), ("PID", "pid"), ("QUEUES",
                   ("CONCURRENCY", "concurrency"), ("ACTIVE", "active_jobs"),
                   ("HEARTBEAT AGE S", "heartbeat_age_s"), ("METRICS PORT", "metrics_port"),
                   ("STARTED", "started_at"))
+TYPE_COLUMNS = (("TYPE", "type"), ("QUEUE", "queue"), ("FIELDS", "fields"),
+                ("VERSIONS", "versions"), ("WORKERS", "worker_count"), ("LAST SEEN", "last_seen"))
 QUEUE_COLUMNS = (("QUEUE", "name"), ("PAUSED", "paused"), ("SCHEDULED", "counts.scheduled"),
                  ("QUEUED", "counts.queued"), ("RETRYING", "counts.retrying"),
                  ("RUNNING", "counts.running"), ("DEAD", "counts.dead"),
@@ -578,6 +602,9 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     _dlq_parser(sub, common)
     sub.add_parser("workers", parents=[common], help="live workers").set_defaults(fn=cmd_workers)
     sub.add_parser("queues", parents=[common], help="depth per queue").set_defaults(fn=cmd_queues)
+    sub.add_parser("types", parents=[common],
+                   help="job types the workers declared, with their payload fields "
+                        "(--json: each version's JSON Schema)").set_defaults(fn=cmd_types)
     _pause_parsers(sub, common)
     _limits_parser(sub, common)
     _audit_parser(sub, common)

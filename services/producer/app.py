@@ -25,6 +25,7 @@ from taskline_producer import (
     events,
     health,
     jobs,
+    jobtypes,
     limits,
     operations,
     origins,
@@ -69,7 +70,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     waiting.init_app(app, settings)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
                       auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp,
-                      workflows.bp):
+                      workflows.bp, jobtypes.bp):
         app.register_blueprint(blueprint)
     return app
 

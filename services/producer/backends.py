@@ -20,6 +20,7 @@ from taskline.mirror import Mirror
 from taskline.quota import EnqueueQuotas
 from taskline.settings import Settings
 from taskline.store.store import Store
+from taskline_producer.declared import DeclaredTypes
 from taskline_producer.enqueuer import Enqueuer
 from taskline_producer.job_metrics import JobMetrics, type_labels
 
@@ -38,6 +39,7 @@ class _Live:
     dispatcher: Dispatcher
     enqueuer: Enqueuer
     quotas: EnqueueQuotas | None
+    declared: DeclaredTypes
 
 
 class Backends:
@@ -72,7 +74,8 @@ class Backends:
                 self._live = _Live(os.getpid(), store, dispatcher,
                                    Enqueuer(store, dispatcher, self.metrics),
                                    EnqueueQuotas(self.settings.redis_url, quotas)
-                                   if quotas else None)
+                                   if quotas else None,
+                                   DeclaredTypes(store, self.settings))
             return self._live
 
     @property
@@ -92,6 +95,11 @@ class Backends:
     @property
     def enqueuer(self) -> Enqueuer:
         return self._current().enqueuer
+
+    @property
+    def declared(self) -> DeclaredTypes:
+        """The job types workers declared, as this process last read them."""
+        return self._current().declared
 
     @property
     def quotas(self) -> EnqueueQuotas | None:

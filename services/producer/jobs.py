@@ -44,6 +44,7 @@ def create_job() -> Response:
     spec = parse_job(body, b.settings, request.headers.get("Idempotency-Key"))
     if not isinstance(spec, JobSpec):
         raise _invalid(spec)
+    _check_declared(b.declared.errors([spec]))
     quotas.take(1)
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue(replays.scoped(spec), trace_context, auth.principal().name)
@@ -65,6 +66,8 @@ def create_batch() -> Response:
     errors = [e for e in parsed if isinstance(e, FieldError)]
     if errors:
         raise _invalid(errors)
+    _check_declared(b.declared.errors([s for s in parsed if isinstance(s, JobSpec)],
+                                      lambda index: f"jobs[{index}]."))
     quotas.take(len(parsed))
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue_many(
@@ -87,6 +90,12 @@ def _invalid(errors: list[FieldError]) -> Exception:
     if keys:
         return InvalidIdempotencyKey(details=keys)
     return ValidationFailed(details=[e.to_dict() for e in errors])
+
+
+def _check_declared(errors: list[FieldError]) -> None:
+    """A payload breaking its declared type (or, under reject, an undeclared type): 422."""
+    if errors:
+        raise ValidationFailed(details=[e.to_dict() for e in errors])
 
 
 @bp.get("/<uuid:job_id>")

@@ -21,6 +21,7 @@ from taskline.store.rows import ScheduleRow
 from taskline_producer import audit, auth, paging
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
+from taskline_producer.declared import Checked
 from taskline_producer.errors import ApiError, NotFound, ValidationFailed
 from taskline_producer.schedulespec import ScheduleSpec, parse_schedule
 from taskline_producer.shapes import plain
@@ -58,6 +59,11 @@ def put_schedule(name: str) -> Response:
     spec = parse_schedule(name, body, b.settings)
     if not isinstance(spec, ScheduleSpec):
         raise ValidationFailed(details=[e.to_dict() for e in spec])
+    # Every slot would enqueue this job: a payload its type refuses is refused now, once.
+    declared = b.declared.errors([Checked(spec.job["type"], spec.job["payload"])],
+                                 lambda index: "job.")
+    if declared:
+        raise ValidationFailed(details=[e.to_dict() for e in declared])
     with b.store.transaction() as conn:
         row, created = b.store.upsert_schedule(
             name=spec.name, cron=spec.cron, timezone=spec.timezone, job=_owned(spec.job),

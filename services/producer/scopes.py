@@ -24,6 +24,7 @@ ROUTE_SCOPES: dict[str, str] = {
     "operations.dead_groups": READ,
     "operations.list_workers": READ,
     "operations.list_queues": READ,
+    "jobtypes.list_types": READ,
     "events.stream": READ,
     "apidoc.openapi": READ,
     "access.whoami": ANY_SCOPE,

@@ -55,6 +55,10 @@ def create_workflow() -> Response:
     spec = parse_workflow(body, b.settings, request.headers.get("Idempotency-Key"))
     if not isinstance(spec, WorkflowSpec):
         raise _invalid(spec)
+    declared = b.declared.errors([s.job for s in spec.steps],
+                                 lambda index: f"steps[{index}] ({spec.steps[index].id}).job.")
+    if declared:
+        raise ValidationFailed(details=[e.to_dict() for e in declared])
     spec = replays.scoped(spec)
     quotas.take(len(spec.steps))
     with tracing.enqueue(request.headers) as trace_context, b.store.transaction() as conn:

@@ -29,7 +29,7 @@ from taskline.execution.fencing import Fence
 from taskline.execution.leases import LeaseKeeper
 from taskline.execution.outcomes import NextSteps, Recorder
 from taskline.execution.runner import Runner
-from taskline.handlers import registry, webhook
+from taskline.handlers import registry, serving, webhook
 from taskline.metrics import (
     BUSY_SLOTS,
     CLAIM_CONFLICTS,
@@ -155,6 +155,7 @@ class Worker:
         worker` retries it until PostgreSQL answers (taskline.startup)."""
         self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
                                  self.queues, self.concurrency, self.metrics_port)
+        serving.record(self.store, self.worker_id, self.settings)  # types with payload schemas
         # One connection for each thread that talks to PostgreSQL by itself (and one for a
         # step's success written on its handler thread), opened now: opened on first use, its
         # set-up would delay that claim or renewal, by seconds on a slow link.

@@ -1,31 +1,54 @@
 """taskline: a fault-tolerant distributed job engine; this package is the common library.
 
 PostgreSQL is the source of truth and Redis only dispatches ids. Handlers register with
-`@handler("type")`; producers enqueue inside their own transaction with `enqueue(conn, ...)`
-and `enqueue_many` (awaited on an async connection: `aenqueue`, `aenqueue_many`), or talk to the
-API, or use `Client` / `AsyncClient` (docs/client.md). `wait(conn, id, timeout)` blocks until a
-job finishes, woken by the commit that finishes it (no API needed).
+`@handler("type")` (declaring their payload type with `payload=`: docs/handlers.md) and receive
+a `JobContext`; producers enqueue inside their own transaction with `enqueue(conn, ...)` and
+`enqueue_many` (awaited on an async connection: `aenqueue`, `aenqueue_many`), or through a
+declared handler (`send_receipt.enqueue(conn, Receipt(...))`), or talk to the API, or use
+`Client` / `AsyncClient` (docs/client.md). `wait(conn, id, timeout)` blocks until a job
+finishes, woken by the commit that finishes it (no API needed). The package ships `py.typed`.
 """
 
-from taskline.enqueuing import aenqueue, aenqueue_many, enqueue, enqueue_many
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from taskline.client import AsyncClient, Client, ClientError
+from taskline.enqueuing import (
+    JobRequest,
+    Payload,
+    Priority,
+    aenqueue,
+    aenqueue_many,
+    enqueue,
+    enqueue_many,
+)
 from taskline.errors import (
     IdempotencyConflict,
     InvalidJob,
     JobCancelled,
     JobFailed,
     NonRetryableError,
+    QueueLimitReached,
     RetryableError,
+    TasklineError,
 )
 from taskline.finishing import wait
-from taskline.handlers.registry import handler
+from taskline.handlers.declared import Handler, InvalidPayload
+from taskline.handlers.registry import JobContext, handler, periodic
+from taskline.settings import Settings
+from taskline.store.caller import AppConnection, AsyncAppConnection
 
-__all__ = ["IdempotencyConflict", "InvalidJob", "JobCancelled", "JobFailed",
-           "NonRetryableError", "RetryableError", "aenqueue", "aenqueue_many",
-           "asubmit_workflow", "enqueue", "enqueue_many", "handler", "submit_workflow", "wait"]
+__all__ = ["AsyncClient", "Client", "ClientError", "Handler", "IdempotencyConflict",
+           "InvalidJob", "InvalidPayload", "JobCancelled", "JobContext", "JobFailed",
+           "JobRequest", "NonRetryableError", "Payload", "Priority", "QueueLimitReached",
+           "RetryableError", "TasklineError", "aenqueue", "aenqueue_many", "asubmit_workflow",
+           "enqueue", "enqueue_many", "handler", "periodic", "submit_workflow", "wait"]
 
 
-def submit_workflow(conn, name, steps, *, idempotency_key=None,  # type: ignore[no-untyped-def]
-                    settings=None):
+def submit_workflow(conn: AppConnection, name: str, steps: Iterable[Mapping[str, Any]], *,
+                    idempotency_key: str | None = None,
+                    settings: Settings | None = None) -> uuid.UUID:
     """Insert a workflow (`steps` as POST /api/v1/workflows takes them: `{"id", "job",
     "after", "when"}`) through `conn` (what `enqueue` accepts: a SQLAlchemy Connection, Session or
     scoped_session, or a psycopg Connection), inside the caller's transaction; it exists only
@@ -42,8 +65,10 @@ def submit_workflow(conn, name, steps, *, idempotency_key=None,  # type: ignore[
                            max_queues=settings.max_queues if settings is not None else 1000).id
 
 
-async def asubmit_workflow(conn, name, steps, *,  # type: ignore[no-untyped-def]
-                           idempotency_key=None, settings=None):
+async def asubmit_workflow(conn: AsyncAppConnection, name: str,
+                           steps: Iterable[Mapping[str, Any]], *,
+                           idempotency_key: str | None = None,
+                           settings: Settings | None = None) -> uuid.UUID:
     """`submit_workflow` on an async connection (what `aenqueue` accepts), awaited."""
     from taskline.workflows import ainsert_workflow, step_from_dict
 

@@ -35,7 +35,7 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
@@ -215,6 +215,12 @@ class Client:
     def workers(self) -> dict[str, Any]:
         """The live worker registry: heartbeats and active jobs."""
         return self._call("GET", "/workers")
+
+    def types(self) -> dict[str, Any]:
+        """The job types declared by workers seen within TASKLINE_TYPE_TTL_S: {"types":
+        [{"type", "queue", "schema", "workers", "last_seen", "schemas"}]}, `schemas` holding
+        each declared version (its queue, JSON Schema, workers and last_seen), newest first."""
+        return self._call("GET", "/types")
 
     def queues(self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]:
         """One page of queues by name (`limit`, from `cursor`, the previous page's
@@ -498,6 +504,71 @@ class AsyncClient(Client):
     coroutine function in this class, so such a method returns the awaitable of its answer.
     """
 
+    if TYPE_CHECKING:
+        # What a type checker sees of the inherited requests: each one awaited. At run time
+        # they are Client's own methods returning `_call`'s awaitable (see above).
+        async def enqueue(  # type: ignore[override]
+                self, type: str, payload: Any = None, *, queue: str | None = None,
+                priority: int | str | None = None, max_retries: int | None = None,
+                timeout_s: float | None = None, delay_s: float | None = None,
+                run_at: datetime | str | None = None, idempotency_key: str | None = None,
+                limit_key: str | None = None) -> dict[str, Any]: ...
+        async def enqueue_batch(  # type: ignore[override]
+                self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any: ...
+        async def get(  # type: ignore[override]
+                self, job_id: str | uuid.UUID) -> dict[str, Any]: ...
+        async def list(  # type: ignore[override]
+                self, status: str | None = None, type: str | None = None, queue: str | None = None,
+                limit: int | None = None, cursor: str | None = None) -> dict[str, Any]: ...
+        async def cancel(  # type: ignore[override]
+                self, job_id: str | uuid.UUID) -> dict[str, Any]: ...
+        async def retry(  # type: ignore[override]
+                self, job_id: str | uuid.UUID) -> dict[str, Any]: ...
+        async def dlq(  # type: ignore[override]
+                self, queue: str | None = None, limit: int | None = None,
+                cursor: str | None = None) -> dict[str, Any]: ...
+        async def dlq_groups(  # type: ignore[override]
+                self, queue: str | None = None, limit: int | None = None) -> dict[str, Any]: ...
+        async def workers(self) -> dict[str, Any]: ...  # type: ignore[override]
+        async def queues(  # type: ignore[override]
+                self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]: ...
+        async def audit(  # type: ignore[override]
+                self, actor: str | None = None, action: str | None = None, limit: int | None = None,
+                cursor: str | None = None) -> dict[str, Any]: ...
+        async def whoami(self) -> dict[str, Any]: ...  # type: ignore[override]
+        async def pause_queue(self, queue: str) -> dict[str, Any]: ...  # type: ignore[override]
+        async def resume_queue(self, queue: str) -> dict[str, Any]: ...  # type: ignore[override]
+        async def set_limit(  # type: ignore[override]
+                self, scope: str, *, concurrency: int | None = None, rate: int | None = None,
+                period_s: float | None = None, per_key: bool = False) -> dict[str, Any]: ...
+        async def limits(self) -> dict[str, Any]: ...  # type: ignore[override]
+        async def delete_limit(self, scope: str) -> dict[str, Any]: ...  # type: ignore[override]
+        async def submit_workflow(  # type: ignore[override]
+                self, name: str, steps: Iterable[Mapping[str, Any]], *,
+                idempotency_key: str | None = None) -> dict[str, Any]: ...
+        async def workflow(  # type: ignore[override]
+                self, workflow_id: str | uuid.UUID, limit: int | None = None,
+                cursor: str | None = None) -> dict[str, Any]: ...
+        async def workflows(  # type: ignore[override]
+                self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]: ...
+        async def cancel_workflow(  # type: ignore[override]
+                self, workflow_id: str | uuid.UUID) -> dict[str, Any]: ...
+        async def set_schedule(  # type: ignore[override]
+                self, name: str, cron: str, job: Mapping[str, Any], *, timezone: str | None = None,
+                paused: bool | None = None, catch_up: str | None = None) -> dict[str, Any]: ...
+        async def schedule(self, name: str) -> dict[str, Any]: ...  # type: ignore[override]
+        async def schedules(  # type: ignore[override]
+                self, limit: int | None = None, cursor: str | None = None) -> dict[str, Any]: ...
+        async def delete_schedule(self, name: str) -> dict[str, Any]: ...  # type: ignore[override]
+        async def retry_dead(  # type: ignore[override]
+                self, *, queue: str | None = None, type: str | None = None,
+                ids: Iterable[str | uuid.UUID] | None = None, limit: int | None = None,
+                fingerprint: str | None = None) -> dict[str, Any]: ...
+        async def purge_dead(  # type: ignore[override]
+                self, *, queue: str | None = None, type: str | None = None,
+                ids: Iterable[str | uuid.UUID] | None = None, limit: int | None = None,
+                fingerprint: str | None = None) -> dict[str, Any]: ...
+
     def __init__(self, url: str, token: str | None = None, timeout: float = 10.0, *,
                  attempts: int = 4, max_wait_s: float = 30.0,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -547,6 +618,10 @@ class AsyncClient(Client):
             return await self._pool.request(method, target, headers, data, timeout)
         except transport.TransportError as err:
             raise _transport_error(err, self.base_url, method, target) from None
+
+    async def types(self) -> dict[str, Any]:  # type: ignore[override]
+        """`Client.types`, awaited."""
+        return await self._call("GET", "/types")  # type: ignore[no-any-return]
 
     async def wait(self, job_id: str | uuid.UUID,  # type: ignore[override]
                    timeout: float | None = None, raise_on_failure: bool = True) -> Any:

@@ -36,7 +36,7 @@ import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, Required, TypedDict
 
 from taskline import transitions
 from taskline.errors import IdempotencyConflict, InvalidJob, QueueLimitReached
@@ -60,25 +60,66 @@ _STATEMENT_PARAMS = {"first_events": json.dumps(dict(transitions.FIRST_EVENTS)),
                      "queued": Status.QUEUED.value, "scheduled": Status.SCHEDULED.value}
 
 
-def enqueue(conn: AppConnection, type: str, payload: Any = None, *,
-            settings: Settings | None = None, **fields: Any) -> uuid.UUID:
-    """Enqueue one job inside `conn`'s transaction; its id. `fields`: queue, priority,
-    max_retries, timeout_s, delay_s or run_at, idempotency_key (as POST /api/v1/jobs).
-    Defaults for max_retries and timeout_s come from `settings` (the documented ones if None).
-    """
+Payload = Mapping[str, object] | Sequence[object] | str | int | float | None
+"""A job's payload: a JSON value (objects with string keys)."""
+Priority = int | Literal["low", "normal", "high", "critical"]
+"""0..9 (9 runs first) or a name: low 2, normal 5, high 7, critical 9."""
+
+
+class JobRequest(TypedDict, total=False):
+    """One job of `enqueue_many`: `type` and the fields `enqueue` takes, so a type checker
+    catches a misspelt key."""
+
+    type: Required[str]
+    payload: Payload
+    queue: str
+    priority: Priority
+    max_retries: int
+    timeout_s: float
+    delay_s: float
+    run_at: datetime | str
+    idempotency_key: str
+    limit_key: str
+
+
+def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
+            queue: str | None = None, priority: Priority | None = None,
+            max_retries: int | None = None, timeout_s: float | None = None,
+            delay_s: float | None = None, run_at: datetime | str | None = None,
+            idempotency_key: str | None = None, limit_key: str | None = None,
+            settings: Settings | None = None) -> uuid.UUID:
+    """Enqueue one job inside `conn`'s transaction; its id. The fields are those of POST
+    /api/v1/jobs (None: not given, the default applies); give `delay_s` or `run_at`, not
+    both. Defaults for max_retries and timeout_s come from `settings` (the documented ones
+    if None)."""
+    fields = given(queue=queue, priority=priority, max_retries=max_retries,
+                   timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
+                   idempotency_key=idempotency_key, limit_key=limit_key)
     spec, schema = _one(type, payload, fields, settings)
     return caller.drive(conn, _write([spec], _limit(settings)), schema)[0]
 
 
-async def aenqueue(conn: AsyncAppConnection, type: str, payload: Any = None, *,
-                   settings: Settings | None = None, **fields: Any) -> uuid.UUID:
+async def aenqueue(conn: AsyncAppConnection, type: str, payload: Payload = None, *,
+                   queue: str | None = None, priority: Priority | None = None,
+                   max_retries: int | None = None, timeout_s: float | None = None,
+                   delay_s: float | None = None, run_at: datetime | str | None = None,
+                   idempotency_key: str | None = None, limit_key: str | None = None,
+                   settings: Settings | None = None) -> uuid.UUID:
     """`enqueue` on an async connection (psycopg AsyncConnection, SQLAlchemy AsyncConnection,
     AsyncSession or async_scoped_session), inside its transaction."""
+    fields = given(queue=queue, priority=priority, max_retries=max_retries,
+                   timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
+                   idempotency_key=idempotency_key, limit_key=limit_key)
     spec, schema = _one(type, payload, fields, settings)
     return (await caller.adrive(conn, _write([spec], _limit(settings)), schema))[0]
 
 
-def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
+def given(**fields: Any) -> dict[str, Any]:
+    """The keyword arguments a caller gave (None: not given)."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def enqueue_many(conn: AppConnection, jobs: Iterable[JobRequest | Mapping[str, Any]], *,
                  settings: Settings | None = None) -> list[uuid.UUID]:
     """Enqueue up to 1,000 jobs inside `conn`'s transaction, all or none; their ids in order.
 
@@ -96,7 +137,8 @@ def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
         return caller.drive(conn, _write(specs, _limit(settings)), schema)
 
 
-async def aenqueue_many(conn: AsyncAppConnection, jobs: Iterable[Mapping[str, Any]], *,
+async def aenqueue_many(conn: AsyncAppConnection,
+                        jobs: Iterable[JobRequest | Mapping[str, Any]], *,
                         settings: Settings | None = None) -> list[uuid.UUID]:
     """`enqueue_many` on an async connection, with the same all-or-none savepoint."""
     specs, schema = _many(jobs, settings)
@@ -120,7 +162,7 @@ def _one(type: Any, payload: Any, fields: Mapping[str, Any],
     return spec, (settings or _DEFAULTS).schema
 
 
-def _many(jobs: Iterable[Mapping[str, Any]],
+def _many(jobs: Iterable[JobRequest | Mapping[str, Any]],
           settings: Settings | None) -> tuple[list[JobSpec], str]:
     """A batch validated as POST /api/v1/jobs/batch validates it, and the schema."""
     bodies = [_body(job.get("type"), job.get("payload"),

@@ -179,6 +179,11 @@ QUOTA_DECISIONS = Counter("taskline_quota_decisions_total",
 QUOTA_JOBS = Counter("taskline_quota_jobs_total",
                      "Jobs of the enqueue requests checked against a client's quota",
                      ["client", "decision"])
+PAYLOAD_REFUSED = Counter(
+    "taskline_payload_refused_total",
+    "Jobs the API refused for their declared type: reason `schema` (the payload fits no "
+    "declared version; type is the declared type) or `undeclared` (TASKLINE_UNKNOWN_TYPES="
+    "reject; type is 'other', a client's invention is no label)", ["type", "reason"])
 HTTP_LATENCY = Histogram("taskline_http_request_duration_seconds", "API request latency",
                          ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
 # Requests held by `wait_s` until their job or workflow finishes (taskline_producer.waiting).

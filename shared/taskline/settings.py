@@ -52,6 +52,12 @@ class Settings:
     Every statement names it, so a connection's `search_path` need not include it."""
     handlers: tuple[str, ...] = ()
     """Modules imported for their @handler registrations (comma-separated)."""
+    type_ttl_s: float = 86_400.0
+    """Seconds a worker's declared job types (and payload schemas) count after it was last
+    seen; the API accepts a payload that fits any of them; > 0 (1 day)."""
+    unknown_types: str = "accept"
+    """What the API does with a job type no worker seen within TASKLINE_TYPE_TTL_S declared:
+    `accept` (default) or `reject` (422)."""
     lease_s: float = 15.0
     """Seconds one attempt's lease lasts before the reaper may recover it; > 0."""
     heartbeat_s: float = 5.0
@@ -181,6 +187,9 @@ class Settings:
             (self.database_pooling in POOLING_MODES,
              "TASKLINE_DATABASE_POOLING must be session or transaction"),
             (self.lease_s > 0, "TASKLINE_LEASE_S must be > 0"),
+            (self.type_ttl_s > 0, "TASKLINE_TYPE_TTL_S must be > 0"),
+            (self.unknown_types in ("accept", "reject"),
+             "TASKLINE_UNKNOWN_TYPES must be accept or reject"),
             (0 < self.heartbeat_s < self.lease_s,
              "TASKLINE_HEARTBEAT_S must be > 0 and shorter than TASKLINE_LEASE_S"),
             (self.reaper_interval_s > 0, "TASKLINE_REAPER_INTERVAL_S must be > 0"),

@@ -188,8 +188,10 @@ def test_async_validation_and_idempotency_are_the_sync_ones(database_url: str,
     async def body(eng: AsyncEngine) -> None:
         async with AsyncSession(eng) as session, session.begin():
             with pytest.raises(InvalidJob) as info:
-                await taskline.aenqueue(session, "echo", priority=12, colour="red")
-            assert {e["field"] for e in info.value.errors} == {"priority", "colour"}
+                await taskline.aenqueue(session, "echo", priority=12, max_retries=-1)
+            assert {e["field"] for e in info.value.errors} == {"priority", "max_retries"}
+            with pytest.raises(TypeError, match="colour"):
+                await taskline.aenqueue(session, "echo", colour="red")  # type: ignore[call-arg]
             with pytest.raises(InvalidJob):
                 await taskline.aenqueue(session, "echo", {"x": float("nan")})
             first = await taskline.aenqueue(session, "echo", {"a": 1}, idempotency_key="o-1")

@@ -116,12 +116,15 @@ def test_orm_session(engine: Engine, store: Store) -> None:
 
 
 def test_validation_is_the_apis(engine: Engine, store: Store) -> None:
-    bad = {"type": "echo", "priority": 12, "colour": "red"}
+    bad = {"type": "echo", "priority": 12, "max_retries": -1}
     api_errors = parse_job(bad, Settings())
     with engine.connect() as conn, pytest.raises(InvalidJob) as info:
-        taskline.enqueue(conn, "echo", priority=12, colour="red")
+        taskline.enqueue(conn, "echo", priority=12, max_retries=-1)
     assert info.value.errors == [e.to_dict() for e in api_errors]
-    assert {e["field"] for e in info.value.errors} == {"priority", "colour"}
+    assert {e["field"] for e in info.value.errors} == {"priority", "max_retries"}
+    # The fields are keyword arguments: an unknown one fails the call (and a type checker).
+    with engine.connect() as conn, pytest.raises(TypeError, match="colour"):
+        taskline.enqueue(conn, "echo", colour="red")  # type: ignore[call-arg]
     with engine.connect() as conn:
         for payload in ({"x": float("nan")}, {"x": "a\x00b"}, {1: "int key"}, {"s": {1, 2}}):
             with pytest.raises(InvalidJob) as info:

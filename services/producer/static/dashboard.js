@@ -1,8 +1,9 @@
 // taskline dashboard: plain JavaScript, no dependency, no build step.
 //
 // Truth comes from the API: pipeline totals from GET /api/v1/queues, workers from
-// GET /api/v1/workers, dead jobs from GET /api/v1/dlq (grouped by cause: /api/v1/dlq/groups),
-// a job from GET /api/v1/jobs/<id>, workflows from GET /api/v1/workflows.
+// GET /api/v1/workers, declared job types from GET /api/v1/types, dead jobs from
+// GET /api/v1/dlq (grouped by cause: /api/v1/dlq/groups), a job from GET /api/v1/jobs/<id>,
+// workflows from GET /api/v1/workflows.
 // The live stream (GET /api/v1/events, Server-Sent Events) makes it move: every change
 // re-reads the affected totals (at most once a second), feeds the chart and the event list,
 // and counts succeeded/cancelled since the page opened. Actions are the CLI's API calls.
@@ -866,6 +867,33 @@
     }));
   }
 
+  // --- declared job types ------------------------------------------------------------------
+
+  // The newest version's fields, `*` marking the required ones; "any" for an undeclared payload.
+  function payloadFields(schema) {
+    if (!schema || typeof schema !== "object") return "any";
+    const required = new Set(schema.required || []);
+    const names = Object.keys(schema.properties || {});
+    return names.map((n) => (required.has(n) ? `${n}*` : n)).join(", ") || "(none)";
+  }
+
+  function applyTypes(data) {
+    const body = $("types-body");
+    if (!data.types.length) { emptyRow(body, 6, "No declared type."); return; }
+    body.replaceChildren(...data.types.map((t) => {
+      const tr = document.createElement("tr");
+      tr.dataset.type = t.type;
+      const versions = cell(String(t.schemas.length), t.schemas.length > 1 ? "stale" : "");
+      // Two versions at once is a rolling deploy (or a forgotten old worker): both are accepted.
+      if (t.schemas.length > 1) versions.title = "Workers declare different payload schemas";
+      const workers = cell(String(t.workers.length));
+      workers.title = t.workers.join("\n");
+      tr.append(cell(t.type), cell(t.queue), cell(payloadFields(t.schema)), versions, workers,
+        cell(clock(t.last_seen)));
+      return tr;
+    }));
+  }
+
   // --- refresh loop -----------------------------------------------------------------------
 
   const SOURCES = {
@@ -877,6 +905,7 @@
     limits: { path: () => "/limits", apply: applyLimits, every: 5000, min: 1000 },
     history: { path: () => `/jobs/${state.historyId}`, apply: applyHistory, every: 0, min: 500 },
     schedules: { path: () => "/schedules?limit=50", apply: applySchedules, every: 10000, min: 1000 },
+    types: { path: () => "/types", apply: applyTypes, every: 15000, min: 1000 },
   };
 
   async function refresh(name) {
@@ -928,6 +957,8 @@
     guard($("flood-button"), WRITE);
     state.dirty.schedules = true;
     state.lastFetch.schedules = 0;
+    state.dirty.types = true;
+    state.lastFetch.types = 0;
     startBulk();
     renderPriorities(Array(10).fill(0));
     renderChart();

@@ -62,7 +62,7 @@ def call_handler(attempt: Attempt) -> Any:
         fn = registry.get(attempt.job.type)
         if fn is None:
             raise NoHandler(f"no handler registered for type {attempt.job.type}")
-        result = fn(attempt.job.payload, attempt.ctx)
+        result = fn.run(attempt.job.payload, attempt.ctx)  # validated into its payload type
         check_result(result)
         return result
 

@@ -2,8 +2,12 @@
 
 A handler is registered with `@handler("send_email")` in a module named by TASKLINE_HANDLERS.
 It receives the payload and a `JobContext`; what it returns (JSON-serialisable) becomes the
-job's result. It should check `ctx.stopping` in long loops: the flag is set when the job is
-cancelled, its lease is lost, its timeout passed or the worker is shutting down.
+job's result. `@handler("send_email", payload=Email, queue="mail")` declares the type: the
+handler receives a validated `Email`, and the returned Handler enqueues with those defaults
+(taskline.handlers.declared). A type has one handler: registering it again from another
+function raises at import, naming both modules. A handler should check `ctx.stopping` in long
+loops: the flag is set when the job is cancelled, its lease is lost, its timeout passed or the
+worker is shutting down.
 
 A periodic job is declared beside it with `@periodic("nightly", cron="0 3 * * *",
 job={"type": "report"})`; the maintenance service upserts every declaration at start.
@@ -16,11 +20,18 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
+
+from taskline.enqueuing import Priority
+from taskline.handlers.declared import Defaults, Handler, check_signature
+from taskline.handlers.payloads import PayloadModel
 
 HandlerFn = Callable[[Any, "JobContext"], Any]
+P = TypeVar("P")
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
 
-_registry: dict[str, HandlerFn] = {}
+_registry: dict[str, Handler[Any, Any]] = {}
 _periodic: dict[str, dict[str, Any]] = {}
 _EVENTS_LOCK = threading.Lock()
 """Guards the lazy creation of JobContext.stop_event against a concurrent stop request."""
@@ -102,24 +113,59 @@ class JobContext:
         self.completion_hooks.append(hook)
 
 
-def handler(job_type: str) -> Callable[[HandlerFn], HandlerFn]:
-    """Register the decorated function as the handler of `job_type`."""
-    if not job_type or len(job_type) > 200:
-        raise ValueError("a job type is 1..200 characters")
+@overload
+def handler(job_type: str, *, payload: type[P], queue: str | None = None,
+            priority: Priority | None = None, max_retries: int | None = None,
+            timeout_s: float | None = None,
+            ) -> Callable[[Callable[[P, JobContext], R]], Handler[P, R]]: ...
 
-    def register(fn: HandlerFn) -> HandlerFn:
-        _registry[job_type] = fn
-        return fn
+
+@overload
+def handler(job_type: str, *, payload: None = None, queue: str | None = None,
+            priority: Priority | None = None, max_retries: int | None = None,
+            timeout_s: float | None = None,
+            ) -> Callable[[Callable[[Any, JobContext], R]], Handler[Any, R]]: ...
+
+
+def handler(job_type: str, *, payload: Any = None, queue: str | None = None,
+            priority: Priority | None = None, max_retries: int | None = None,
+            timeout_s: float | None = None) -> Callable[[Any], Handler[Any, Any]]:
+    """Register the decorated function as the handler of `job_type`; `payload` (a pydantic
+    model, a dataclass or a TypedDict) declares what its jobs carry, and the other arguments
+    its jobs' defaults. Bad arguments raise here, at import, naming the argument."""
+    if not isinstance(job_type, str) or not job_type or len(job_type) > 200:
+        raise ValueError("a job type is 1..200 characters")
+    defaults = Defaults(queue, priority, max_retries, timeout_s)
+    defaults.check(job_type)
+    model = None if payload is None else PayloadModel(payload)
+
+    def register(fn: Any) -> Handler[Any, Any]:
+        if isinstance(fn, Handler):
+            fn = fn.fn  # stacked: one function serving several types
+        check_signature(job_type, fn)
+        declared: Handler[Any, Any] = Handler(job_type, fn, model, defaults)
+        _refuse_second(declared)
+        _registry[job_type] = declared
+        return declared
 
     return register
 
 
-def periodic(name: str, *, cron: str, job: dict[str, Any], timezone: str = "UTC",
-             catch_up: str = "latest", paused: bool = False) -> Callable[[HandlerFn], HandlerFn]:
-    """Declare schedule `name` (as PUT /api/v1/schedules/{name} takes it); the decorated
-    function is returned unchanged. Checked when maintenance upserts it."""
+def _refuse_second(new: Handler[Any, Any]) -> None:
+    """A type registered by another function raises; the same function again (a module
+    reloaded) replaces itself."""
+    old = _registry.get(new.type)
+    if old is not None and (old.module, old.qualname) != (new.module, new.qualname):
+        raise ValueError(f"job type {new.type!r} is registered twice: by {old.qualname} in "
+                         f"module {old.module} and by {new.qualname} in module {new.module}")
 
-    def declare(fn: HandlerFn) -> HandlerFn:
+
+def periodic(name: str, *, cron: str, job: dict[str, Any], timezone: str = "UTC",
+             catch_up: str = "latest", paused: bool = False) -> Callable[[F], F]:
+    """Declare schedule `name` (as PUT /api/v1/schedules/{name} takes it); the decorated
+    function (or Handler) is returned unchanged. Checked when maintenance upserts it."""
+
+    def declare(fn: F) -> F:
         _periodic[name] = {"cron": cron, "job": dict(job), "timezone": timezone,
                            "catch_up": catch_up, "paused": paused}
         return fn
@@ -132,8 +178,13 @@ def periodic_declarations() -> list[tuple[str, dict[str, Any]]]:
     return sorted((name, dict(spec)) for name, spec in _periodic.items())
 
 
-def get(job_type: str) -> HandlerFn | None:
+def get(job_type: str) -> Handler[Any, Any] | None:
     return _registry.get(job_type)
+
+
+def declarations() -> list[Handler[Any, Any]]:
+    """Every registered handler, by type: what a worker records as the types it serves."""
+    return [_registry[t] for t in sorted(_registry)]
 
 
 def registered_types() -> list[str]:

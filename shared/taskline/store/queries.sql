@@ -1473,3 +1473,34 @@ SELECT status, result, last_error, attempts FROM taskline.jobs WHERE id = CAST(:
 UPDATE taskline.schedules SET declared_in_code = (name = ANY(CAST(:names AS text[])))
 WHERE name = ANY(CAST(:names AS text[])) OR declared_in_code IS NOT NULL
 RETURNING name, declared_in_code;
+-- name: forget_declared_types
+-- Delete a starting worker's earlier declarations and those of workers unseen for :ttl_s seconds.
+DELETE FROM taskline.declared_types d
+WHERE d.worker_id = :worker_id
+   OR (d.declared_at < now() - make_interval(secs => :ttl_s)
+       AND NOT EXISTS (SELECT 1 FROM taskline.workers w WHERE w.id = d.worker_id
+                       AND w.last_heartbeat > now() - make_interval(secs => :ttl_s)));
+
+-- name: declare_types
+-- Record the types a worker serves, each with its default queue and payload JSON Schema.
+INSERT INTO taskline.declared_types (type, worker_id, queue, schema, declared_at)
+SELECT t.type, :worker_id, t.queue, t.schema, now()
+FROM jsonb_to_recordset(CAST(:types AS jsonb)) AS t (type text, queue text, schema jsonb)
+ON CONFLICT (type, worker_id) DO UPDATE
+    SET queue = EXCLUDED.queue, schema = EXCLUDED.schema, declared_at = EXCLUDED.declared_at;
+
+-- name: declared_schemas
+-- Each distinct payload schema of each type declared by a worker seen within :ttl_s seconds.
+SELECT d.type, d.schema
+FROM taskline.declared_types d LEFT JOIN taskline.workers w ON w.id = d.worker_id
+WHERE COALESCE(w.last_heartbeat, d.declared_at) > now() - make_interval(secs => :ttl_s)
+GROUP BY d.type, d.schema;
+
+-- name: list_declared_types
+-- Declared types by (type, queue, schema), with the workers seen within :ttl_s declaring each.
+SELECT d.type, d.queue, d.schema, array_agg(d.worker_id ORDER BY d.worker_id) AS workers,
+       max(COALESCE(w.last_heartbeat, d.declared_at)) AS last_seen
+FROM taskline.declared_types d LEFT JOIN taskline.workers w ON w.id = d.worker_id
+WHERE COALESCE(w.last_heartbeat, d.declared_at) > now() - make_interval(secs => :ttl_s)
+GROUP BY d.type, d.queue, d.schema
+ORDER BY d.type, last_seen DESC;

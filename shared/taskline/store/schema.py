@@ -305,3 +305,17 @@ enqueue_outbox = Table(
     Column("queue", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
 )
+
+# The job types each worker serves, with the JSON Schema of their declared payload (NULL: any
+# payload), written by the worker at start; the API validates payloads of a declared type
+# against those of workers seen within TASKLINE_TYPE_TTL_S (migration 0018). No foreign key:
+# rows outlive their worker's row until they age out.
+declared_types = Table(
+    "declared_types",
+    metadata,
+    Column("type", Text, primary_key=True),
+    Column("worker_id", Text, primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("schema", JSONB, nullable=True),
+    Column("declared_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)

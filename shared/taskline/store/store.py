@@ -14,7 +14,7 @@ import functools
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -752,6 +752,28 @@ class Store:
 
     def stop_worker(self, worker_id: str) -> None:
         self._run("stop_worker", {"id": worker_id})
+
+    def declare_types(self, worker_id: str, types: Sequence[Mapping[str, Any]],
+                      ttl_s: float) -> None:
+        """Replace `worker_id`'s declared types (each {"type", "queue", "schema"}) in one
+        transaction, and forget those of workers unseen for `ttl_s` seconds."""
+        with self.transaction() as conn:
+            self._run("forget_declared_types", {"worker_id": worker_id, "ttl_s": ttl_s}, conn)
+            if types:
+                self._run("declare_types", {"worker_id": worker_id,
+                                            "types": json.dumps(list(types))}, conn)
+
+    def declared_schemas(self, ttl_s: float) -> dict[str, list[Any]]:
+        """Type -> each payload schema (None: any payload) declared by a worker seen within
+        `ttl_s` seconds; a type no such worker declared is absent."""
+        schemas: dict[str, list[Any]] = {}
+        for row in self._run("declared_schemas", {"ttl_s": ttl_s}):
+            schemas.setdefault(row.type, []).append(row.schema)
+        return schemas
+
+    def list_declared_types(self, ttl_s: float) -> list[Any]:
+        """(type, queue, schema, workers, last_seen) rows, newest first within each type."""
+        return self._run("list_declared_types", {"ttl_s": ttl_s})
 
     # --- maintenance side ----------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def run_handler(type: str, payload: Any = None, *, conn: Any = None,
     ctx = JobContext(job_id=job_id or new_job_id(), attempt=attempt, queue=queue, type=type,
                      worker_id=WORKER_ID)
     ctx._parent_results = dict(parent_results or {})
-    result = fn(payload, ctx)
+    result = fn.run(payload, ctx)  # validated into its declared payload type, as a worker does
     check_result(result)
     if conn is not None:
         target = caller.sync_target(conn)
