@@ -153,3 +153,43 @@ def test_worker_maintenance_enqueue_and_clients(light: Path, settings: Settings,
         assert worker.poll() is None and maint.poll() is None, f"see {tmp_path}"
     assert "pip install 'taskline[otel]'" in (tmp_path / "worker.log").read_text()
 
+
+
+DRAIN = '''
+import sys
+
+import psycopg
+
+import taskline
+from taskline import testing
+
+
+@taskline.handler("light.add")
+def add(payload, ctx):
+    if ctx.attempt == 1 and payload.get("flaky"):
+        raise ConnectionError("first attempt fails")
+    return {"sum": payload["a"] + payload["b"]}
+
+
+url = sys.argv[1]
+with psycopg.connect(url) as conn:
+    taskline.enqueue(conn, "light.add", {"a": 1, "b": 2})
+    taskline.enqueue(conn, "light.add", {"a": 3, "b": 4, "flaky": True})
+drained = testing.drain(url)
+print(drained.succeeded, drained.retried, sorted(j["result"]["sum"] for j in drained.jobs
+                                                 if j.get("result")))
+print(sorted(name for name in sys.modules if name.split(".")[0] in ("flask", "gunicorn")))
+'''
+
+
+def test_taskline_testing_drains_without_the_web_stack(light: Path, settings: Settings,
+                                                        tmp_path: Path) -> None:
+    """The testing module's drain, the worker's own claim, lease and outcome code, runs in the
+    light install: a retried job and a plain one, without Redis, Flask or gunicorn."""
+    script = tmp_path / "drain.py"
+    script.write_text(DRAIN)
+    done = run(light, ["python", str(script), settings.database_url], light_env(settings))
+    assert done.returncode == 0, done.stderr
+    counts, web = done.stdout.strip().splitlines()
+    assert counts == "2 1 [3, 7]", done.stdout
+    assert web == "[]"
