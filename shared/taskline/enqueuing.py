@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from taskline import transitions
+from taskline import transitions, uniqueness
 from taskline.errors import IdempotencyConflict, InvalidJob, QueueLimitReached
 from taskline.jobs import Status, new_job_id
 from taskline.jobspec import FieldError, JobSpec, parse_batch, parse_job
@@ -67,7 +67,7 @@ def enqueue(conn: AppConnection, type: str, payload: Any = None, *,
     Defaults for max_retries and timeout_s come from `settings` (the documented ones if None).
     """
     spec, schema = _one(type, payload, fields, settings)
-    return caller.drive(conn, _write([spec], _limit(settings)), schema)[0]
+    return caller.drive(conn, _plan([spec], settings), schema)[0]
 
 
 async def aenqueue(conn: AsyncAppConnection, type: str, payload: Any = None, *,
@@ -75,7 +75,7 @@ async def aenqueue(conn: AsyncAppConnection, type: str, payload: Any = None, *,
     """`enqueue` on an async connection (psycopg AsyncConnection, SQLAlchemy AsyncConnection,
     AsyncSession or async_scoped_session), inside its transaction."""
     spec, schema = _one(type, payload, fields, settings)
-    return (await caller.adrive(conn, _write([spec], _limit(settings)), schema))[0]
+    return (await caller.adrive(conn, _plan([spec], settings), schema))[0]
 
 
 def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
@@ -91,9 +91,9 @@ def enqueue_many(conn: AppConnection, jobs: Iterable[Mapping[str, Any]], *,
         return []
     if not _needs_savepoint(specs):
         # One statement: atomic by itself.
-        return caller.drive(conn, _write(specs, _limit(settings)), schema)
+        return caller.drive(conn, _plan(specs, settings), schema)
     with caller.savepoint(conn):
-        return caller.drive(conn, _write(specs, _limit(settings)), schema)
+        return caller.drive(conn, _plan(specs, settings), schema)
 
 
 async def aenqueue_many(conn: AsyncAppConnection, jobs: Iterable[Mapping[str, Any]], *,
@@ -104,9 +104,9 @@ async def aenqueue_many(conn: AsyncAppConnection, jobs: Iterable[Mapping[str, An
         await caller.async_target(conn)
         return []
     if not _needs_savepoint(specs):
-        return await caller.adrive(conn, _write(specs, _limit(settings)), schema)
+        return await caller.adrive(conn, _plan(specs, settings), schema)
     async with caller.asavepoint(conn):
-        return await caller.adrive(conn, _write(specs, _limit(settings)), schema)
+        return await caller.adrive(conn, _plan(specs, settings), schema)
 
 
 def _one(type: Any, payload: Any, fields: Mapping[str, Any],
@@ -139,8 +139,25 @@ def _many(jobs: Iterable[Mapping[str, Any]],
 
 
 def _needs_savepoint(specs: Sequence[JobSpec]) -> bool:
-    """A batch is one statement, atomic by itself, unless a key's replay lookup follows it."""
-    return len(specs) > 1 and any(s.idempotency_key is not None for s in specs)
+    """A batch is one statement, atomic by itself, unless a key's replay lookup follows it
+    or its jobs with unique or debounce are written one by one (taskline.uniqueness)."""
+    return len(specs) > 1 and (any(s.idempotency_key is not None for s in specs)
+                               or uniqueness.keyed(specs))
+
+
+def _plan(specs: Sequence[JobSpec], settings: Settings | None) -> caller.Plan[list[uuid.UUID]]:
+    """The plain insert, or (any job with unique or debounce) the keyed plan; ids in order.
+    A unique duplicate or a debounce arrival gets the id of the job it was folded into."""
+    if not uniqueness.keyed(specs):
+        return _write(specs, _limit(settings))
+    return _ids(uniqueness.write(specs, uniqueness.Context(
+        max_queues=_limit(settings), max_bytes=(settings or _DEFAULTS).max_payload_bytes,
+        announce=True)))
+
+
+def _ids(plan: caller.Plan[list[uniqueness.Written]]) -> caller.Plan[list[uuid.UUID]]:
+    written = yield from plan
+    return [w.job.id for w in written]
 
 
 def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:

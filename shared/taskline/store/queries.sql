@@ -1352,3 +1352,103 @@ WHERE l.id > :after
   AND (l.released_at IS NULL OR l.released_at > CAST(:start AS timestamptz))
 ORDER BY l.id
 LIMIT :limit;
+
+-- name: lock_enqueue_keys
+-- Take the transaction-level locks of the unique and debounce keys :locks (texts built by taskline.uniqueness), in one global order (by hash), so two writers sharing keys wait for each other instead of deadlocking.
+-- Taken by a statement of its own: under READ COMMITTED the lookups that follow take a fresh
+-- snapshot, so they see the job the previous holder of the lock committed.
+SELECT count(pg_advisory_xact_lock(t.h)) AS locked
+FROM (SELECT DISTINCT hashtextextended(k, 0) AS h
+      FROM unnest(CAST(:locks AS text[])) AS k ORDER BY 1) t;
+
+-- name: find_unique
+-- The newest job of :queue holding :unique_key in one of :states, created within :period_s (null: for ever), by PostgreSQL's clock.
+SELECT * FROM taskline.jobs
+WHERE queue = :queue AND unique_key = :unique_key
+  AND status = ANY(CAST(:states AS text[]))
+  AND (CAST(:period_s AS float8) IS NULL
+       OR created_at > now() - make_interval(secs => CAST(:period_s AS float8)))
+ORDER BY created_at DESC
+LIMIT 1;
+
+-- name: replace_unique
+-- Replace the payload, priority and (while it waits) run time of a unique job that has not started; no row when it has.
+-- A queued job is due already and stays queued: only a scheduled one takes the new run time.
+WITH replaced AS (
+    UPDATE taskline.jobs SET payload = CAST(:payload AS jsonb), priority = :priority,
+           next_run_at = CASE WHEN status = 'scheduled'
+                              THEN COALESCE(CAST(:run_at AS timestamptz),
+                                            now() + make_interval(secs => :delay_s))
+                              ELSE next_run_at END,
+           updated_at = now()
+    WHERE id = :id AND (status IN ('scheduled', 'queued')) IS TRUE AND attempts = 0
+    RETURNING *
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
+    SELECT r.id, 0, :event, CAST(:actor AS text),
+           jsonb_build_object('status', r.status, 'priority', r.priority)
+    FROM replaced r
+)
+SELECT * FROM replaced;
+
+-- name: join_debounced
+-- Add :payload to the newest scheduled job of :queue and :type holding :debounce_key, unless it holds :max_joined payloads or :max_bytes of them already; its run moves to :delay_s from now, at most 10 x :delay_s after its creation. No row: begin a new job.
+-- The row's own state is re-tested after its lock: a job the promoter moved to queued
+-- meanwhile takes no more payloads (an arrival after that begins a new job).
+WITH joined AS (
+    UPDATE taskline.jobs j
+    SET coalesced = j.coalesced || jsonb_build_array(CAST(:payload AS jsonb)),
+        next_run_at = LEAST(now() + make_interval(secs => :delay_s),
+                            j.created_at + make_interval(secs => :delay_s * :span)),
+        updated_at = now()
+    WHERE j.id = (SELECT id FROM taskline.jobs
+                  WHERE queue = :queue AND type = :type AND debounce_key = :debounce_key
+                    AND status = 'scheduled'
+                  ORDER BY created_at DESC LIMIT 1)
+      AND (j.status = 'scheduled') IS TRUE
+      AND jsonb_array_length(j.coalesced) < :max_joined
+      AND octet_length(CAST(j.coalesced AS text)) + octet_length(CAST(:payload AS text)) + 2
+          <= :max_bytes
+    RETURNING j.*
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
+    SELECT r.id, 0, :event, CAST(:actor AS text),
+           jsonb_build_object('joined', jsonb_array_length(r.coalesced))
+    FROM joined r
+)
+SELECT * FROM joined;
+
+-- name: insert_keyed_job
+-- Insert one job with its unique or debounce key (and a debounced job's first payload as `coalesced`) and its first event; skipped when its (queue, idempotency key) exists. The status by PostgreSQL's clock. With :announce (the library's in-transaction enqueue) also its outbox row and signals, as enqueue_in_transaction writes them.
+-- Only jobs with `unique` or `debounce` (or a batch holding one) come here, after
+-- lock_enqueue_keys; the plain inserts above stay as they were.
+WITH input AS (
+    SELECT COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)) AS due
+), inserted AS (
+    INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, idempotency_key, request_hash, trace_context, limit_key,
+                      unique_key, debounce_key, coalesced)
+    SELECT :id, :type, :queue, CAST(:payload AS jsonb), :priority,
+           CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
+           :max_retries, :timeout_s, t.due, CAST(:idempotency_key AS text),
+           CAST(:request_hash AS text), CAST(:trace_context AS text), CAST(:limit_key AS text),
+           CAST(:unique_key AS text), CAST(:debounce_key AS text),
+           CASE WHEN CAST(:debounce_key AS text) IS NOT NULL
+                THEN jsonb_build_array(CAST(:payload AS jsonb)) END
+    FROM input t
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor)
+    SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status, CAST(:actor AS text)
+    FROM inserted i
+), outbox AS (
+    INSERT INTO taskline.enqueue_outbox (job_id, queue)
+    SELECT i.id, i.queue FROM inserted i WHERE CAST(:announce AS boolean)
+), signals AS (
+    SELECT pg_notify('taskline_enqueued', i.queue),
+           pg_notify('taskline_enqueued_jobs', concat_ws(' ', i.id, i.priority, i.status,
+                     round(extract(epoch FROM i.next_run_at) * 1000), i.queue))
+    FROM inserted i WHERE CAST(:announce AS boolean)
+)
+SELECT i.*, (SELECT count(*) FROM signals) AS signalled FROM inserted i;
