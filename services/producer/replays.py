@@ -22,11 +22,16 @@ REDACTED_JOB_FIELDS = ("result", "last_error")
 
 
 def scoped(spec: Spec) -> Spec:
-    """`spec` (a JobSpec or a WorkflowSpec) with its key in the calling principal's scope."""
+    """`spec` (a JobSpec or a WorkflowSpec) with its idempotency key and its unique key in the
+    calling principal's scope (a unique key is scoped as an idempotency key is)."""
     key = getattr(spec, "idempotency_key", None)
+    unique = getattr(spec, "unique", None)
     scope = auth.principal().key_scope
-    if key is None or scope is None:
+    if scope is None or (key is None and unique is None):
         return spec
+    if unique is not None:
+        unique = dataclasses.replace(unique, key=scoped_key(unique.key, scope))
+        spec = dataclasses.replace(spec, unique=unique)  # type: ignore
     return dataclasses.replace(spec, idempotency_key=scoped_key(key, scope))  # type: ignore
 
 

@@ -7,10 +7,17 @@ API, or use `Client` / `AsyncClient` (docs/client.md).
 """
 
 from taskline.enqueuing import aenqueue, aenqueue_many, enqueue, enqueue_many
-from taskline.errors import IdempotencyConflict, InvalidJob, NonRetryableError, RetryableError
+from taskline.errors import (
+    AlreadyStarted,
+    IdempotencyConflict,
+    InvalidJob,
+    NonRetryableError,
+    RetryableError,
+)
 from taskline.handlers.registry import handler
 
-__all__ = ["IdempotencyConflict", "InvalidJob", "NonRetryableError", "RetryableError",
+__all__ = ["AlreadyStarted", "IdempotencyConflict", "InvalidJob", "NonRetryableError",
+           "RetryableError",
            "aenqueue", "aenqueue_many", "asubmit_workflow", "enqueue", "enqueue_many",
            "handler", "submit_workflow"]
 

@@ -223,8 +223,9 @@ def next_due(cron: Cron, since: datetime, now: datetime) -> datetime:
     return next(cron.after(max(since, now)))
 
 
-NOT_IN_A_SCHEDULE = ("delay_s", "run_at", "idempotency_key")
-"""Job fields a slot decides for itself: each slot runs at its instant, once."""
+NOT_IN_A_SCHEDULE = ("delay_s", "run_at", "idempotency_key", "unique", "debounce")
+"""Job fields a slot decides for itself: each slot runs at its instant, once (its slot is its
+unique key already; a slot's job neither returns nor joins another job)."""
 
 
 def schedule_job(body: object, settings: Settings) -> tuple[dict[str, Any] | None,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskline import transitions
-from taskline.errors import IdempotencyConflict, QueueLimitReached, TasklineError
+from taskline.errors import AlreadyStarted, IdempotencyConflict, QueueLimitReached
 from taskline.jobs import Event, Job, Status, new_job_id, visible_key
 from taskline.jobspec import JobSpec
 from taskline.store.caller import Plan, Statement
@@ -43,15 +43,6 @@ from taskline.uniquespec import DEBOUNCE_SPAN, MAX_COALESCED
 
 _FIRST = {"first_events": json.dumps(dict(transitions.FIRST_EVENTS)),
           "queued": Status.QUEUED.value, "scheduled": Status.SCHEDULED.value}
-
-
-class AlreadyStarted(TasklineError):
-    """The unique job to replace has started; nothing was written (409 `already_started`)."""
-
-    def __init__(self, job: Job) -> None:
-        super().__init__(f"unique key {visible_key(job.unique_key)!r} is held by job {job.id}, "
-                         f"which has started ({job.status.value}): it cannot be replaced")
-        self.job = job
 
 
 @dataclass(frozen=True)
@@ -85,7 +76,6 @@ class Context:
     max_queues: int
     max_bytes: int
     announce: bool  # the library: outbox rows and signals, as its plain insert writes them
-    key_scope: str | None = None  # unique keys per principal, as idempotency keys
     trace_context: str | None = None
     actor: str | None = None
 
@@ -95,22 +85,19 @@ def keyed(specs: Sequence[JobSpec]) -> bool:
     return any(s.keyed for s in specs)
 
 
-def lock_text(spec: JobSpec, scope: str | None) -> str | None:
-    """The text whose hash is the lock of the spec's unique key or debounce group."""
+def lock_text(spec: JobSpec) -> str | None:
+    """The text whose hash is the lock of the spec's unique key or debounce group. A unique
+    key arrives scoped to its principal already (taskline_producer.replays), as it is stored."""
     if spec.unique is not None:
-        return f"unique\x1f{spec.queue}\x1f{scoped(spec.unique.key, scope)}"
+        return f"unique\x1f{spec.queue}\x1f{spec.unique.key}"
     if spec.debounce is not None:
         return f"debounce\x1f{spec.queue}\x1f{spec.type}\x1f{spec.debounce.key}"
     return None
 
 
-def scoped(key: str, scope: str | None) -> str:
-    return key if scope is None else f"{scope}\x1f{key}"
-
-
 def write(specs: Sequence[JobSpec], ctx: Context) -> Plan[list[Written]]:
     """The plan writing `specs` (any mix) in the caller's transaction; one Written each."""
-    locks = sorted({t for t in (lock_text(s, ctx.key_scope) for s in specs) if t is not None})
+    locks = sorted({t for t in (lock_text(s) for s in specs) if t is not None})
     yield Statement("lock_enqueue_keys", {"locks": locks})
     refused = yield Statement("queue_limit_refused", {"queues": sorted({s.queue for s in specs}),
                                                       "max_queues": ctx.max_queues})
@@ -129,7 +116,7 @@ def _one(spec: JobSpec, ctx: Context) -> Plan[Written]:
             return replay
     if spec.unique is not None:
         found = yield Statement("find_unique", {
-            "queue": spec.queue, "unique_key": scoped(spec.unique.key, ctx.key_scope),
+            "queue": spec.queue, "unique_key": spec.unique.key,
             "states": list(spec.unique.states), "period_s": spec.unique.period_s})
         if found:
             return (yield from _duplicate(spec, Job.from_row(found[0]), ctx))
@@ -175,7 +162,7 @@ def _duplicate(spec: JobSpec, job: Job, ctx: Context) -> Plan[Written]:
         "run_at": spec.run_at, "delay_s": spec.delay_s, "event": Event.REPLACED.value,
         "actor": ctx.actor})
     if not replaced:
-        raise AlreadyStarted(job)
+        raise AlreadyStarted(str(job.id), job.status.value, visible_key(job.unique_key))
     return Written(Job.from_row(replaced[0]), created=False, duplicate=True, replaced=True)
 
 
@@ -186,8 +173,7 @@ def _row(spec: JobSpec, ctx: Context) -> dict[str, Any]:
             "run_at": spec.run_at, "delay_s": spec.delay_s,
             "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
             "trace_context": ctx.trace_context, "limit_key": spec.limit_key,
-            "unique_key": None if spec.unique is None else scoped(spec.unique.key,
-                                                                  ctx.key_scope),
+            "unique_key": None if spec.unique is None else spec.unique.key,
             "debounce_key": None if spec.debounce is None else spec.debounce.key,
             "actor": ctx.actor, "announce": ctx.announce, **_FIRST}
 

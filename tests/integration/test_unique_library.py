@@ -13,10 +13,9 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 import taskline
-from taskline.errors import InvalidJob
+from taskline.errors import AlreadyStarted, InvalidJob
 from taskline.settings import Settings
 from taskline.store.store import Store, sqlalchemy_url
-from taskline.uniqueness import AlreadyStarted
 from taskline.uniquespec import MAX_COALESCED
 
 
@@ -174,18 +173,25 @@ def test_bad_input_names_the_field(engine: Engine, fields: dict, field: str) -> 
 
 def test_aenqueue_unique_and_debounce(database_url: str, store: Store) -> None:
     async def body() -> tuple:
-        async with await psycopg.AsyncConnection.connect(database_url) as conn:
-            async with conn.transaction():
-                a = await taskline.aenqueue(conn, "echo", 1, unique={"key": "x"})
-                b = await taskline.aenqueue(conn, "echo", 2, unique={"key": "x"})
-                c = await taskline.aenqueue(conn, "digest", 1,
-                                            debounce={"key": "y", "delay_s": 9})
-                d = await taskline.aenqueue(conn, "digest", 2,
-                                            debounce={"key": "y", "delay_s": 9})
-                many = await taskline.aenqueue_many(
-                    conn, [{"type": "echo", "unique": {"key": "x"}}, {"type": "echo"}])
+        conn = await psycopg.AsyncConnection.connect(database_url)
+        async with conn, conn.transaction():
+            a = await taskline.aenqueue(conn, "echo", 1, unique={"key": "x"})
+            b = await taskline.aenqueue(conn, "echo", 2, unique={"key": "x"})
+            c = await taskline.aenqueue(conn, "digest", 1, debounce={"key": "y", "delay_s": 9})
+            d = await taskline.aenqueue(conn, "digest", 2, debounce={"key": "y", "delay_s": 9})
+            many = await taskline.aenqueue_many(
+                conn, [{"type": "echo", "unique": {"key": "x"}}, {"type": "echo"}])
         return a, b, c, d, many
 
     a, b, c, d, many = asyncio.run(body())
     assert a == b == many[0] and c == d != many[1]
     assert store.get_job(c).coalesced == [1, 2]
+
+
+@pytest.mark.parametrize("field", ["unique", "debounce"])
+def test_workflow_step_with_either_is_refused(engine: Engine, field: str) -> None:
+    value = {"key": "k", "delay_s": 1} if field == "debounce" else {}
+    with engine.begin() as conn, pytest.raises(InvalidJob) as raised:
+        taskline.submit_workflow(conn, "w", [{"id": "a", "job": {"type": "t", field: value}}])
+    assert raised.value.errors[0]["field"] == f"steps.a.job.{field}"
+    assert _count(engine) == 0
