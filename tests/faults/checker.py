@@ -96,12 +96,17 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("dead", "requeued"): frozenset({"queued"}),
     **{(state, "expired"): frozenset({"deleted"}) for state in TERMINAL},
     ("dead", "purged"): frozenset({"deleted"}),
+    ("scheduled", "joined"): frozenset({"scheduled"}),
+    ("scheduled", "replaced"): frozenset({"scheduled"}),
+    ("queued", "replaced"): frozenset({"queued"}),
 }
 """The checker's own model of the job lifecycle, written from the contract and not read from
 taskline.transitions, so a wrong product table is caught rather than shared: (state before,
 event) -> the states allowed after it; `recovered` ends in the state its row records;
 `expired` (retention) leaves no row: `deleted` is where a finished job goes last; `purged`
-(an operator's bulk purge of the DLQ) takes only a dead job there."""
+(an operator's bulk purge of the DLQ) takes only a dead job there; `joined` (a debounce
+arrival) and `replaced` (a unique enqueue's replace) change a job that has not started and
+leave its state as it was."""
 CONVERGE_S = 20.0
 """Reconciliation ignores jobs changed in the last 5 s and runs every 2 s here: 20 s is ample."""
 
