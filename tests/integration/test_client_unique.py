@@ -12,8 +12,8 @@ import pytest
 
 from taskline.client import AsyncClient, Client, ClientError
 from taskline.settings import Settings
-from tests.integration.test_client_api import start_api
 from tests.integration.test_cli_client import taskline
+from tests.integration.test_client_api import start_api
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_cli_unique_and_debounce(api_url: str) -> None:
     again = taskline("enqueue", "echo", "--payload", '{"n": 2}', "--unique-key", "k",
                      url=api_url)
     assert again.returncode == 0, again.stderr
-    job_id, status, flag = again.stdout.split()
+    job_id, _status, flag = again.stdout.split()
     assert job_id == json.loads(first.stdout)["id"] and flag == "duplicate"
     by_payload = [taskline("enqueue", "echo", "--payload", '{"same": 1}', "--unique",
                            "--unique-states", "queued,scheduled", "--json", url=api_url)
