@@ -68,7 +68,7 @@ def parse_unique(value: object, job_type: object, payload: object) -> UniqueSpec
               if value.get("period_s") is not None else None)
     states = _states(value.get("states", list(UNFINISHED)), problems)
     on_conflict = value.get("on_conflict", "return")
-    if on_conflict not in ON_CONFLICT:
+    if not isinstance(on_conflict, str) or on_conflict not in ON_CONFLICT:
         problems.append(Problem(".on_conflict", 'must be "return" or "replace"'))
     if problems:
         return problems
@@ -118,11 +118,11 @@ def _states(value: object, problems: list[Problem]) -> tuple[str, ...]:
         return ()
     known = {s.value for s in Status}
     for index, state in enumerate(value):
-        if state not in known:
+        if not isinstance(state, str) or state not in known:
             problems.append(Problem(f".states[{index}]",
                                     f"unknown state {str(state)[:50]!r}; one of "
                                     f"{', '.join(sorted(known))}"))
-    return tuple(dict.fromkeys(s for s in value if s in known))
+    return tuple(dict.fromkeys(s for s in value if isinstance(s, str) and s in known))
 
 
 def as_json(spec: UniqueSpec | DebounceSpec | None) -> dict[str, Any] | None:

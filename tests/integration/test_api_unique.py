@@ -174,3 +174,12 @@ def test_unique_keys_are_scoped_per_principal(scoped_app: Flask, store: Store) -
     assert alice_again.status_code == 200 and alice_again.json["id"] == alice.json["id"]
     assert alice_again.json["unique_key"] == "same"
     assert _count(store) == 2
+
+
+@pytest.mark.parametrize("unique", [{"states": [{"a": 1}]}, {"states": [["queued"]]},
+                                    {"on_conflict": {"x": 1}}, {"key": 5},
+                                    {"period_s": True}, {"states": "queued"}])
+def test_odd_values_are_422_not_500(client: FlaskClient, store: Store, unique: dict) -> None:
+    answer = _post(client, {"type": "t", "unique": unique})
+    assert answer.status_code == 422, answer.json
+    assert _count(store) == 0
