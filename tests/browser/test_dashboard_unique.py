@@ -22,7 +22,7 @@ def _enqueue(port: int, body: dict) -> dict:
         return json.loads(answer.read())
 
 
-def _open(page: Page, job_id: str) -> None:
+def _open(page: Page, job_id: str) -> None:  # noqa: F811
     page.fill("#search-input", job_id)
     page.keyboard.press("Enter")
     expect(page.locator("#history")).to_contain_text(job_id)
