@@ -57,6 +57,7 @@ from taskline.store.history import HistoryReader
 from taskline.store.store import make_engine
 from tests.faults.cluster import Cluster
 from tests.faults.history import History
+from tests.faults.uniquecheck import debounce_violations, unique_violations
 from tests.faults.workflowcheck import workflow_violations
 
 TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
@@ -197,6 +198,8 @@ class Checker:
         result.violations += flow_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
         result.violations += workflow_violations(self._query, snap)
+        result.violations += unique_violations(self._query)
+        result.violations += debounce_violations(self._query, self.history.entries("debounce"))
         result.violations += self.schedule_violations()
         result.violations += self.audit_violations()
         if not self.redis_gone:

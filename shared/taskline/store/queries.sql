@@ -1421,20 +1421,23 @@ SELECT * FROM joined;
 -- name: insert_keyed_job
 -- Insert one job with its unique or debounce key (and a debounced job's first payload as `coalesced`) and its first event; skipped when its (queue, idempotency key) exists. The status by PostgreSQL's clock. With :announce (the library's in-transaction enqueue) also its outbox row and signals, as enqueue_in_transaction writes them.
 -- Only jobs with `unique` or `debounce` (or a batch holding one) come here, after
--- lock_enqueue_keys; the plain inserts above stay as they were.
+-- lock_enqueue_keys; the plain inserts above stay as they were. created_at is this
+-- statement's start, not the transaction's: later than the lookup that found the key's
+-- previous job finished, so a key's jobs never seem to overlap (the fault checker's rule).
 WITH input AS (
     SELECT COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)) AS due
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, trace_context, limit_key,
-                      unique_key, debounce_key, coalesced)
+                      unique_key, debounce_key, coalesced, created_at, updated_at)
     SELECT :id, :type, :queue, CAST(:payload AS jsonb), :priority,
            CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
            :max_retries, :timeout_s, t.due, CAST(:idempotency_key AS text),
            CAST(:request_hash AS text), CAST(:trace_context AS text), CAST(:limit_key AS text),
            CAST(:unique_key AS text), CAST(:debounce_key AS text),
            CASE WHEN CAST(:debounce_key AS text) IS NOT NULL
-                THEN jsonb_build_array(CAST(:payload AS jsonb)) END
+                THEN jsonb_build_array(CAST(:payload AS jsonb)) END,
+           statement_timestamp(), statement_timestamp()
     FROM input t
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
