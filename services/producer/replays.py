@@ -22,17 +22,21 @@ REDACTED_JOB_FIELDS = ("result", "last_error")
 
 
 def scoped(spec: Spec) -> Spec:
-    """`spec` (a JobSpec or a WorkflowSpec) with its idempotency key and its unique key in the
-    calling principal's scope (a unique key is scoped as an idempotency key is)."""
-    key = getattr(spec, "idempotency_key", None)
-    unique = getattr(spec, "unique", None)
+    """`spec` (a JobSpec or a WorkflowSpec) with its idempotency, unique and debounce keys in
+    the calling principal's scope: another principal's same unique key is another key, and
+    its debounce arrivals never join (nor learn of) this principal's job."""
     scope = auth.principal().key_scope
-    if scope is None or (key is None and unique is None):
+    if scope is None:
         return spec
-    if unique is not None:
-        unique = dataclasses.replace(unique, key=scoped_key(unique.key, scope))
-        spec = dataclasses.replace(spec, unique=unique)  # type: ignore
-    return dataclasses.replace(spec, idempotency_key=scoped_key(key, scope))  # type: ignore
+    changes: dict[str, Any] = {}
+    key = getattr(spec, "idempotency_key", None)
+    if key is not None:
+        changes["idempotency_key"] = scoped_key(key, scope)
+    for field in ("unique", "debounce"):
+        value = getattr(spec, field, None)
+        if value is not None:
+            changes[field] = dataclasses.replace(value, key=scoped_key(value.key, scope))
+    return dataclasses.replace(spec, **changes) if changes else spec  # type: ignore
 
 
 def may_read() -> bool:

@@ -239,7 +239,7 @@ class Job:
             "schedule": self.schedule, "scheduled_for": _iso(self.scheduled_for),
             **({} if self.unique_key is None else {"unique_key": visible_key(self.unique_key)}),
             **({} if self.debounce_key is None else
-               {"debounce": {"key": self.debounce_key,
+               {"debounce": {"key": visible_key(self.debounce_key),
                              "joined": len(self.coalesced or ())}}),
         }
 

@@ -160,7 +160,7 @@ def _duplicate(spec: JobSpec, job: Job, ctx: Context) -> Plan[Written]:
     replaced = yield Statement("replace_unique", {
         "id": job.id, "payload": _json(spec.payload), "priority": spec.priority,
         "run_at": spec.run_at, "delay_s": spec.delay_s, "event": Event.REPLACED.value,
-        "actor": ctx.actor})
+        "actor": ctx.actor, "announce": ctx.announce})
     if not replaced:
         raise AlreadyStarted(str(job.id), job.status.value, visible_key(job.unique_key))
     return Written(Job.from_row(replaced[0]), created=False, duplicate=True, replaced=True)

@@ -183,3 +183,14 @@ def test_odd_values_are_422_not_500(client: FlaskClient, store: Store, unique: d
     answer = _post(client, {"type": "t", "unique": unique})
     assert answer.status_code == 422, answer.json
     assert _count(store) == 0
+
+
+def test_debounce_groups_are_scoped_per_principal(scoped_app: Flask, store: Store) -> None:
+    client = scoped_app.test_client()
+    body = {"type": "t", "payload": 1, "debounce": {"key": "digest", "delay_s": 30}}
+    alice = [_post(client, body, Authorization="Bearer a-secret") for _ in range(2)]
+    bob = _post(client, body, Authorization="Bearer b-secret")
+    assert [a.status_code for a in alice] == [201, 200] and bob.status_code == 201
+    assert bob.json["id"] != alice[0].json["id"]
+    assert alice[1].json["debounce"] == {"key": "digest", "joined": 2}
+    assert bob.json["debounce"] == {"key": "digest", "joined": 1}

@@ -195,3 +195,15 @@ def test_workflow_step_with_either_is_refused(engine: Engine, field: str) -> Non
         taskline.submit_workflow(conn, "w", [{"id": "a", "job": {"type": "t", field: value}}])
     assert raised.value.errors[0]["field"] == f"steps.a.job.{field}"
     assert _count(engine) == 0
+
+
+def test_replacing_a_queued_job_owes_it_to_its_new_priority(engine: Engine) -> None:
+    unique = {"key": "q", "on_conflict": "replace"}
+    with engine.begin() as conn:
+        job_id = taskline.enqueue(conn, "echo", 1, unique=unique)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM taskline.enqueue_outbox"))  # relayed meanwhile
+    with engine.begin() as conn:
+        assert taskline.enqueue(conn, "echo", 2, priority=9, unique=unique) == job_id
+        owed = conn.execute(text("SELECT job_id FROM taskline.enqueue_outbox")).scalars().all()
+    assert owed == [job_id]

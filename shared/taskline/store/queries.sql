@@ -1388,6 +1388,12 @@ WITH replaced AS (
     SELECT r.id, 0, :event, CAST(:actor AS text),
            jsonb_build_object('status', r.status, 'priority', r.priority)
     FROM replaced r
+), outbox AS (
+    -- The library's call (:announce): a queued job replaced at a new priority is owed to its
+    -- new ready list (the relay pushes it again; the claim drops the stale entry).
+    INSERT INTO taskline.enqueue_outbox (job_id, queue)
+    SELECT r.id, r.queue FROM replaced r WHERE CAST(:announce AS boolean) AND r.status = 'queued'
+    ON CONFLICT (job_id) DO NOTHING
 )
 SELECT * FROM replaced;
 
