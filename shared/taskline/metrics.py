@@ -136,6 +136,9 @@ OUTBOX_OLDEST = Gauge("taskline_outbox_oldest_age_seconds",
 # Schedules (maintenance's scheduler) and bulk dead-letter operations (the API).
 SCHEDULE_FIRED = Counter("taskline_schedule_slots_fired_total",
                          "Schedule slots that enqueued their job", ["queue"])
+SCHEDULE_FOLDED = Counter(
+    "taskline_schedule_slots_folded_total",
+    "Schedule slots that enqueued no job: a job still held the schedule job's unique key")
 SCHEDULE_SKIPPED = Counter("taskline_schedule_slots_skipped_total",
                            "Schedule slots passed over (missed while no maintenance led, or "
                            "folded into a later slot by catch_up)", ["catch_up"])

@@ -39,7 +39,7 @@ from taskline.errors import AlreadyStarted, IdempotencyConflict, QueueLimitReach
 from taskline.jobs import Event, Job, Status, new_job_id, visible_key
 from taskline.jobspec import JobSpec
 from taskline.store.caller import Plan, Statement
-from taskline.uniquespec import DEBOUNCE_SPAN, MAX_COALESCED
+from taskline.uniquespec import DEBOUNCE_SPAN, MAX_COALESCED, unique_lock
 
 _FIRST = {"first_events": json.dumps(dict(transitions.FIRST_EVENTS)),
           "queued": Status.QUEUED.value, "scheduled": Status.SCHEDULED.value}
@@ -89,7 +89,7 @@ def lock_text(spec: JobSpec) -> str | None:
     """The text whose hash is the lock of the spec's unique key or debounce group. A unique
     key arrives scoped to its principal already (taskline_producer.replays), as it is stored."""
     if spec.unique is not None:
-        return f"unique\x1f{spec.queue}\x1f{spec.unique.key}"
+        return unique_lock(spec.queue, spec.unique.key)
     if spec.debounce is not None:
         return f"debounce\x1f{spec.queue}\x1f{spec.type}\x1f{spec.debounce.key}"
     return None

@@ -86,6 +86,12 @@ def parse_debounce(value: object) -> DebounceSpec | list[Problem]:
     return problems or DebounceSpec(key, delay)
 
 
+def unique_lock(queue: str, key: str) -> str:
+    """The text whose hash is the transaction lock of a unique key (its stored, scoped form)
+    in `queue`: the same for every way in, a schedule's slots included."""
+    return f"unique\x1f{queue}\x1f{key}"
+
+
 def default_key(job_type: object, payload: object) -> str:
     """`<type>:<sha256 of the canonical payload>`: the same job asked for twice."""
     canonical = json.dumps(payload if payload is not None else {}, sort_keys=True,

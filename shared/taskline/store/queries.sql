@@ -1262,10 +1262,14 @@ WITH input AS (
     RETURNING schedule, slot, job_id
 ), job AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, schedule, scheduled_for, limit_key)
+                      next_run_at, schedule, scheduled_for, limit_key, unique_key, created_at,
+                      updated_at)
     SELECT slot.job_id, :type, :queue, CAST(:payload AS jsonb), :priority, :status,
            :max_retries, :timeout_s, now(), slot.schedule, slot.slot,
-           CAST(:limit_key AS text)
+           CAST(:limit_key AS text), CAST(:unique_key AS text),
+           -- now() when the statement runs alone; after a unique key's lookup, its own start
+           -- (as insert_keyed_job: a key's jobs never seem to overlap).
+           statement_timestamp(), statement_timestamp()
     FROM slot
     RETURNING *
 ), events AS (
@@ -1279,6 +1283,20 @@ WITH input AS (
 SELECT j.*, NULL AS refused FROM job j
 UNION ALL
 SELECT j.*, r.queues FROM refused r LEFT JOIN job j ON false;
+
+-- name: fold_slot
+-- Record a slot of a schedule still at :revision and not paused as fired into :job_id, the job already holding its job's unique key in scope (no job written), and make it the schedule's last slot. A slot already recorded: no row.
+WITH slot AS (
+    INSERT INTO taskline.schedule_slots (schedule, slot, job_id)
+    SELECT name, CAST(:slot AS timestamptz), CAST(:job_id AS uuid) FROM taskline.schedules
+    WHERE name = :name AND revision = :revision AND NOT paused
+    ON CONFLICT (schedule, slot) DO NOTHING
+    RETURNING schedule, slot, job_id
+), marked AS (
+    UPDATE taskline.schedules s SET last_slot = slot.slot, last_job_id = slot.job_id
+    FROM slot WHERE s.name = slot.schedule AND (s.last_slot IS NULL OR s.last_slot < slot.slot)
+)
+SELECT schedule, slot, job_id FROM slot;
 
 -- name: announce_steps
 -- Owe new workflow steps (:ids, queued or scheduled) to Redis as enqueue_in_transaction owes
