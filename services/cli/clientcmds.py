@@ -109,7 +109,7 @@ def _unique(args: argparse.Namespace) -> dict[str, Any] | None:
         unique["period_s"] = args.unique_period
     if args.unique_states is not None:
         unique["states"] = [s.strip() for s in args.unique_states.split(",") if s.strip()]
-    if args.replace:
+    if getattr(args, "replace", False):  # `schedule set` takes no --replace
         unique["on_conflict"] = "replace"
     return unique if unique or args.unique else None
 
@@ -199,7 +199,7 @@ def _with_next_run(schedule: dict[str, Any]) -> dict[str, Any]:
 def cmd_schedules_set(args: argparse.Namespace, client: Client) -> int:
     job = {"type": args.type, "payload": _payload(args.payload), "queue": args.queue,
            "priority": _priority(args.priority), "max_retries": args.max_retries,
-           "timeout_s": args.timeout}
+           "timeout_s": args.timeout, "unique": _unique(args)}
     schedule = client.set_schedule(
         args.name, args.cron, {k: v for k, v in job.items() if v is not None},
         timezone=args.timezone, paused=args.paused, catch_up=args.catch_up)
@@ -451,14 +451,8 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
                    help="dedupe key (default: a fresh one per command)")
     p.add_argument("--limit-key", metavar="K",
                    help="the budget it draws from under a per_key flow limit (e.g. a tenant)")
-    p.add_argument("--unique", action="store_true",
-                   help="return the queue's job already holding the unique key (default key: "
-                        "the type and payload) instead of enqueueing another")
-    p.add_argument("--unique-key", metavar="K", help="the unique key (implies --unique)")
-    p.add_argument("--unique-period", type=float, metavar="S",
-                   help="only jobs created in the last S seconds count (default: for ever)")
-    p.add_argument("--unique-states", metavar="STATES",
-                   help="comma-separated states that count (default: every unfinished one)")
+    _unique_arguments(p, "return the queue's job already holding the unique key (default "
+                         "key: the type and payload) instead of enqueueing another")
     p.add_argument("--replace", action="store_true",
                    help="replace the payload, priority and run time of the unique key's job "
                         "if it has not started (409 if it has)")
@@ -472,6 +466,16 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
     p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
                    help="how long --wait waits (default 60)")
     p.set_defaults(fn=cmd_enqueue)
+
+
+def _unique_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """--unique and its options (`enqueue`, `schedule set`)."""
+    p.add_argument("--unique", action="store_true", help=what)
+    p.add_argument("--unique-key", metavar="K", help="the unique key (implies --unique)")
+    p.add_argument("--unique-period", type=float, metavar="S",
+                   help="only jobs created in the last S seconds count (default: for ever)")
+    p.add_argument("--unique-states", metavar="STATES",
+                   help="comma-separated states that count (default: every unfinished one)")
 
 
 def _dlq_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -530,6 +534,8 @@ def _schedules_parser(sub: argparse._SubParsersAction, common: argparse.Argument
                      help="paused: no slot fires (default: not paused)")
     put.add_argument("--catch-up", choices=("latest", "none"),
                      help="after downtime run the latest missed slot once (default) or none")
+    _unique_arguments(put, "a slot whose unique key a job still holds fires no job "
+                           "(default key: the type and payload)")
     put.set_defaults(fn=cmd_schedules_set)
     delete = schedules_sub.add_parser("delete", parents=[common], help="remove a schedule")
     delete.add_argument("name")

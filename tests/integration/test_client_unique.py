@@ -74,3 +74,10 @@ def test_cli_unique_and_debounce(api_url: str) -> None:
     assert joins[1].stdout.split()[2] == "debounced"
     bad = taskline("enqueue", "echo", "--unique-period", "-3", url=api_url)
     assert bad.returncode != 0 and "unique.period_s" in bad.stderr
+
+
+def test_cli_schedule_with_a_unique_job(api_url: str) -> None:
+    made = taskline("schedules", "set", "nightly", "0 3 * * *", "echo", "--unique-key", "n",
+                    "--unique-states", "queued,running", "--json", url=api_url)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["job"]["unique"]["states"] == ["queued", "running"]
