@@ -183,13 +183,24 @@ def status_after(event: str, recorded: str | None = None) -> str | None:
     try:
         known = STATUS_AFTER[Event(event)]
     except (KeyError, ValueError):
-        return None
+        # A move that keeps the state (joined, replaced) names it in its row; cancel_requested
+        # names none and stays unknown.
+        return _kept(event, recorded)
     if known is not None:
         return known.value
     try:
         return Status(recorded).value
     except ValueError:
         return None
+
+
+def _kept(event: str, recorded: str | None) -> str | None:
+    """The state a row of a state-keeping move records, when that move may keep it."""
+    try:
+        state, move = Status(recorded), Event(event)
+    except ValueError:
+        return None
+    return state.value if TABLE.get((state, move)) == {state} else None
 
 
 def expirable(status: Status) -> bool:

@@ -91,7 +91,7 @@ def test_debounce_joins_and_shows_in_the_job(client: FlaskClient, store: Store,
     shown = client.get(f"/api/v1/jobs/{job_id}").json
     assert shown["status"] == "scheduled" and shown["debounce"] == {"key": "d", "joined": 3}
     assert [e["event"] for e in shown["events"]] == ["scheduled", "joined", "joined"]
-    assert shown["events"][2]["detail"] == {"joined": 3}
+    assert shown["events"][2]["detail"] == {"joined": 3, "status": "scheduled"}
     assert _folded("joined") == before + 2
     assert store.get_job(job_id).coalesced == [0, 1, 2]
 

@@ -1437,7 +1437,7 @@ WITH joined AS (
 ), events AS (
     INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
     SELECT r.id, 0, :event, CAST(:actor AS text),
-           jsonb_build_object('joined', jsonb_array_length(r.coalesced))
+           jsonb_build_object('joined', jsonb_array_length(r.coalesced), 'status', r.status)
     FROM joined r
 )
 SELECT * FROM joined;
