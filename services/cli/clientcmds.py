@@ -326,7 +326,7 @@ def _priority(text: str | None) -> int | str | None:
 
 JOB_FIELDS = ("id", "type", "queue", "status", "priority", "payload", "attempts",
               "max_retries", "timeout_s", "next_run_at", "created_at", "updated_at",
-              "last_error", "result", "lease")
+              "last_error", "result", "lease", "unique_key", "debounce")
 EVENT_COLUMNS = (("AT", "created_at"), ("ATTEMPT", "attempt"), ("EVENT", "event"),
                  ("WORKER", "worker_id"), ("ACTOR", "actor"), ("DETAIL", "detail"))
 DLQ_COLUMNS = (("ID", "job.id"), ("TYPE", "job.type"), ("QUEUE", "job.queue"),

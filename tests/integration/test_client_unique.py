@@ -72,6 +72,9 @@ def test_cli_unique_and_debounce(api_url: str) -> None:
     joins = [taskline("enqueue", "echo", "--payload", str(n), "--debounce-key", "g",
                       "--debounce-delay", "30", url=api_url) for n in range(2)]
     assert joins[1].stdout.split()[2] == "debounced"
+    status = taskline("status", joins[0].stdout.split()[0], url=api_url)
+    assert "debounce" in status.stdout and '"joined":2' in status.stdout.replace(" ", "")
+    assert "joined" in status.stdout.split("\n\n")[1]  # the event table
     bad = taskline("enqueue", "echo", "--unique-period", "-3", url=api_url)
     assert bad.returncode != 0 and "unique.period_s" in bad.stderr
 
