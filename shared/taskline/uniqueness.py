@@ -2,7 +2,8 @@
 
 Both the API (taskline_producer.enqueuer) and the library (`taskline.enqueue`, `aenqueue`,
 `enqueue_many`) write such jobs with this plan (taskline.store.caller: a generator of
-statements, run sync or async), inside one transaction:
+statements, run sync or async), inside one transaction; a schedule whose job is unique fires
+its slots under the same lock (Store.fire_unique_slot):
 
 1. `lock_enqueue_keys` takes a transaction lock per unique key (queue, key) and per debounce
    group (queue, type, key), all the batch's at once in one global order: writers sharing a
@@ -24,7 +25,7 @@ runs. Jobs without `unique` or `debounce` never come here (their inserts are unc
 batch holding one writes all its jobs here, so the batch stays all or none in one transaction.
 
 The lookups run under READ COMMITTED, taskline's and PostgreSQL's default: an application
-enqueueing in a REPEATABLE READ transaction sees only its snapshot's jobs (docs/client.md).
+enqueueing in a REPEATABLE READ transaction sees only its snapshot's jobs (docs/unique.md).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class Written:
 
 @dataclass(frozen=True)
 class Context:
-    """Who writes and how: the principal's key scope, the insert's extra fields."""
+    """How the plan writes: the queue and payload bounds, whether to owe new jobs to the
+    outbox (the library), and what the API stores beside them (trace context, who asked)."""
 
     max_queues: int
     max_bytes: int
@@ -86,8 +88,8 @@ def keyed(specs: Sequence[JobSpec]) -> bool:
 
 
 def lock_text(spec: JobSpec) -> str | None:
-    """The text whose hash is the lock of the spec's unique key or debounce group. A unique
-    key arrives scoped to its principal already (taskline_producer.replays), as it is stored."""
+    """The text whose hash is the lock of the spec's unique key or debounce group. Both keys
+    arrive scoped to their principal already (taskline_producer.replays), as they are stored."""
     if spec.unique is not None:
         return unique_lock(spec.queue, spec.unique.key)
     if spec.debounce is not None:
