@@ -14,8 +14,10 @@ import uuid
 
 import pytest
 
+from tests.faults.test_process_faults import leader_pid
 from tests.faults.test_server_faults import acked, postgres_outage, wait_acked
 from tests.faults.workload import Answer
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -84,3 +86,40 @@ def test_unique_and_debounce_with_postgres_restarted(fault_run):
         assert acked(answers) > 0
     result = run.check(wait_s=90)
     assert_semantics_held(run, result)
+
+
+@pytest.mark.timeout(180)
+def test_a_unique_schedule_with_its_leader_killed(fault_run):
+    """A schedule firing every second whose job (running ~2.5 s) is unique: slots while its
+    job runs fire none; the maintenance leader is SIGKILLed and the standby takes over."""
+    run = fault_run("unique schedule, maintenance leader killed", workers=1, concurrency=2,
+                    maintenance=2, supervise=True)
+    pids = {s.pid for s in run.cluster.maintenances}
+    wait_for(lambda: leader_pid(run) in pids, timeout=15, message="a maintenance leader")
+    made = run.workload.call("schedule", "PUT", "/api/v1/schedules/tick", {
+        "cron": "* * * * * *", "job": {"type": WORK, "payload": {"sleep_s": 2.5},
+                                       "unique": {"key": "tick"}}}, key=None)
+    assert made.status == 201, made.body
+    wait_for(lambda: _slots(run) >= 4, timeout=30, message="slots of the schedule")
+    leader = next(s for s in run.cluster.maintenances if s.pid == leader_pid(run))
+    run.nemesis.kill(leader)
+    wait_for(lambda: leader_pid(run) in pids - {leader.pid}, timeout=20,
+             message="the standby to take over")
+    settled = _slots(run)
+    wait_for(lambda: _slots(run) >= settled + 4, timeout=30, message="slots after takeover")
+    paused = run.workload.call("schedule", "PUT", "/api/v1/schedules/tick", {
+        "cron": "* * * * * *", "paused": True,
+        "job": {"type": WORK, "payload": {"sleep_s": 2.5}, "unique": {"key": "tick"}}},
+        key=None)
+    assert paused.status == 200, paused.body
+    run.cluster.wait_idle(timeout=30)
+    result = run.check(wait_s=60)
+    run.assert_clean(result)
+    [(jobs,)] = run.cluster.query("SELECT count(*) FROM taskline.jobs WHERE schedule = 'tick'")
+    assert 0 < jobs < _slots(run)  # slots folded into the running job made none
+
+
+def _slots(run) -> int:
+    [(n,)] = run.cluster.query("SELECT count(*) FROM taskline.schedule_slots "
+                               "WHERE schedule = 'tick'")
+    return n
