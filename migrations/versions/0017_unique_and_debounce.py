@@ -19,7 +19,9 @@ Online on a 100-million-row `jobs`:
   built again on the next run.
 
 Rolling deploy beside the previous release: it neither reads nor writes the columns, and it
-refuses `unique` and `debounce` as unknown fields (422), so nothing it accepts bypasses them.
+refuses `unique` and `debounce` as unknown fields (422), so nothing it accepts bypasses them;
+its workers run a debounced job but give its handler no `ctx.coalesced` (docs/unique.md,
+"Upgrading").
 
 Revision ID: 0017
 Revises: 0015
