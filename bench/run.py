@@ -16,6 +16,8 @@ Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
            [--soak-s S] [--soak-window-s S] [--soak-sample-s S] [--soak-pairs N]
            [--out bench-results/latest.json]
+`--only unique` runs the four unique and debounce scenarios (bench/uniques.py) with the plain
+single and batch enqueues they are read beside.
 `--only workflows` runs the three workflow scenarios (a fan-out of 999 steps into one fan-in,
 the 1,000 steps one workflow may hold: submit to the fan-in's start; a chain of 100: median
 handoff against the idle pickup; single enqueues' p99 while 32 clients list five 1,000-step
@@ -66,6 +68,7 @@ import peers
 import pooled
 import producers
 import scenarios as sc
+import uniques
 import waiting
 import workflows as wfb
 from stack import ROOT, Stack, open_stack
@@ -141,6 +144,10 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
         # 1,000 requests waiting (wait_s) on one API: the enqueue rate and other requests'
         # p99 against the quiet run's, and the wake-up delay from the finishing commit (ms).
         "waiters_1000": lambda s: waiting.beside_waiters(s, 1000),
+        # Unique and debounced jobs (bench/uniques.py), beside enqueue_single_8_clients and
+        # enqueue_batch: new unique jobs, duplicates of 64 keys, debounce joins into 64
+        # groups, and batches of 1,000 unique jobs.
+        **uniques.scenarios(n),
     }
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)
@@ -321,10 +328,17 @@ def producer_paths(stack: Stack, args: argparse.Namespace, only: set[str],
             show(f"producers {name}", value)
 
 
-def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
-    only = {name for name in args.only.split(",") if name}
+def expand_only(only: set[str]) -> set[str]:
+    """`--only`'s names, its groups (`workflows`, `unique`) replaced by their scenarios."""
     if "workflows" in only:
         only |= set(WORKFLOW_SCENARIOS)
+    if "unique" in only:
+        only |= {*uniques.scenarios(0), "enqueue_single_8_clients", "enqueue_batch"}
+    return only
+
+
+def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    only = expand_only({name for name in args.only.split(",") if name})
     stack.extra_env["TASKLINE_LOG_LEVEL"] = args.log_level
     report: dict[str, Any] = {"machine": machine(stack), "jobs": args.jobs,
                               "repeat": args.repeat, "log_level": args.log_level,

@@ -138,6 +138,13 @@ THROUGHPUT = (
           (Query("sum by (queue) (rate(taskline_outbox_relayed_total[5m]))", "relayed {{queue}}"),
            Query("max(taskline_outbox_pending_jobs)", "pending"),
            Query("max(taskline_outbox_oldest_age_seconds)", "oldest, s")), width=12),
+    Chart("Enqueues folded into an existing job", "Enqueues that made no new job, per second: "
+          "a unique key's job returned (duplicate) or rewritten (replaced), a debounce arrival "
+          "joined a waiting job (joined), a schedule's slot folded into the job holding its "
+          "unique key.",
+          (Query("sum by (outcome) (rate(taskline_enqueue_folded_total[5m]))", "{{outcome}}"),
+           Query("sum(rate(taskline_schedule_slots_folded_total[5m]))", "schedule slots")),
+          unit="ops", width=24),
 )
 
 # A type that never succeeded (or never failed) has no series for that counter: `or ... * 0`

@@ -88,15 +88,39 @@ def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
     job = client.enqueue(
         args.type, _payload(args.payload), queue=args.queue, priority=_priority(args.priority),
         max_retries=args.max_retries, timeout_s=args.timeout, delay_s=args.delay,
-        run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key)
+        run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key,
+        unique=_unique(args), debounce=_debounce(args))
     if not args.wait:
-        _emit(args, job, lambda: print(f"{job.get('id')}  {job.get('status')}"))
+        folded = [name for name in ("duplicate", "replaced", "debounced") if job.get(name)]
+        _emit(args, job, lambda: print("  ".join([f"{job.get('id')}", f"{job.get('status')}",
+                                                  *folded])))
         return EXIT_OK
     # The finished job itself, whatever its end (the exit status says it): one held request
     # per 30 s of waiting, answered at the commit that finishes the job.
     final = client.wait(job["id"], timeout=args.wait_timeout, raise_on_failure=False)
     _emit(args, final, lambda: _print_job(final, events=False))
     return EXIT_OK if final.get("status") == "succeeded" else EXIT_API
+
+
+def _unique(args: argparse.Namespace) -> dict[str, Any] | None:
+    """`unique` from --unique and its options (any option alone implies --unique)."""
+    unique: dict[str, Any] = {}
+    if args.unique_key is not None:
+        unique["key"] = args.unique_key
+    if args.unique_period is not None:
+        unique["period_s"] = args.unique_period
+    if args.unique_states is not None:
+        unique["states"] = [s.strip() for s in args.unique_states.split(",") if s.strip()]
+    if getattr(args, "replace", False):  # `schedule set` takes no --replace
+        unique["on_conflict"] = "replace"
+    return unique if unique or args.unique else None
+
+
+def _debounce(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.debounce_key is None and args.debounce_delay is None:
+        return None
+    return {k: v for k, v in (("key", args.debounce_key), ("delay_s", args.debounce_delay))
+            if v is not None}
 
 
 @client_command
@@ -177,7 +201,7 @@ def _with_next_run(schedule: dict[str, Any]) -> dict[str, Any]:
 def cmd_schedules_set(args: argparse.Namespace, client: Client) -> int:
     job = {"type": args.type, "payload": _payload(args.payload), "queue": args.queue,
            "priority": _priority(args.priority), "max_retries": args.max_retries,
-           "timeout_s": args.timeout}
+           "timeout_s": args.timeout, "unique": _unique(args)}
     schedule = client.set_schedule(
         args.name, args.cron, {k: v for k, v in job.items() if v is not None},
         timezone=args.timezone, paused=args.paused, catch_up=args.catch_up)
@@ -326,7 +350,7 @@ def _priority(text: str | None) -> int | str | None:
 
 JOB_FIELDS = ("id", "type", "queue", "status", "priority", "payload", "attempts",
               "max_retries", "timeout_s", "next_run_at", "created_at", "updated_at",
-              "last_error", "result", "lease")
+              "last_error", "result", "lease", "unique_key", "debounce")
 EVENT_COLUMNS = (("AT", "created_at"), ("ATTEMPT", "attempt"), ("EVENT", "event"),
                  ("WORKER", "worker_id"), ("ACTOR", "actor"), ("DETAIL", "detail"))
 DLQ_COLUMNS = (("ID", "job.id"), ("TYPE", "job.type"), ("QUEUE", "job.queue"),
@@ -453,11 +477,31 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
                    help="dedupe key (default: a fresh one per command)")
     p.add_argument("--limit-key", metavar="K",
                    help="the budget it draws from under a per_key flow limit (e.g. a tenant)")
+    _unique_arguments(p, "return the queue's job already holding the unique key (default "
+                         "key: the type and payload) instead of enqueueing another")
+    p.add_argument("--replace", action="store_true",
+                   help="replace the payload, priority and run time of the unique key's job "
+                        "if it has not started (409 if it has)")
+    p.add_argument("--debounce-key", metavar="K",
+                   help="join the job of this key (and type and queue) still waiting out its "
+                        "delay; it runs once with every payload")
+    p.add_argument("--debounce-delay", type=float, metavar="S",
+                   help="run S seconds after the last arrival (at most 10 x S after the first)")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to finish; exit 1 unless it succeeded")
     p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",
                    help="how long --wait waits (default 60)")
     p.set_defaults(fn=cmd_enqueue)
+
+
+def _unique_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """--unique and its options (`enqueue`, `schedule set`)."""
+    p.add_argument("--unique", action="store_true", help=what)
+    p.add_argument("--unique-key", metavar="K", help="the unique key (implies --unique)")
+    p.add_argument("--unique-period", type=float, metavar="S",
+                   help="only jobs created in the last S seconds count (default: for ever)")
+    p.add_argument("--unique-states", metavar="STATES",
+                   help="comma-separated states that count (default: every unfinished one)")
 
 
 def _dlq_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -516,6 +560,8 @@ def _schedules_parser(sub: argparse._SubParsersAction, common: argparse.Argument
                      help="paused: no slot fires (default: not paused)")
     put.add_argument("--catch-up", choices=("latest", "none"),
                      help="after downtime run the latest missed slot once (default) or none")
+    _unique_arguments(put, "a slot whose unique key a job still holds fires no job "
+                           "(default key: the type and payload)")
     put.set_defaults(fn=cmd_schedules_set)
     delete = schedules_sub.add_parser("delete", parents=[common], help="remove a schedule")
     delete.add_argument("name")

@@ -31,7 +31,13 @@ from taskline.access import parse_quotas
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import QueueLimitReached
 from taskline.jobs import Job
-from taskline.metrics import LOOP_ERRORS, SCHEDULE_FIRED, SCHEDULE_LAG, SCHEDULE_SKIPPED
+from taskline.metrics import (
+    LOOP_ERRORS,
+    SCHEDULE_FIRED,
+    SCHEDULE_FOLDED,
+    SCHEDULE_LAG,
+    SCHEDULE_SKIPPED,
+)
 from taskline.mirror import Mirror
 from taskline.quota import EnqueueQuotas
 from taskline.schedules import (
@@ -197,7 +203,10 @@ class Scheduler(Periodic):
                 over, last = over + 1, slot
                 self._passed[row.name] = slot
                 continue
-            job = self._fire(row, slot)
+            job, folded = self._fire(row, slot)
+            if folded:  # a job still holds the schedule's unique key: this slot makes none
+                last, newest = slot, slot
+                continue
             if job is None:  # fired by another instance, or the schedule changed
                 return fired, over, None, newest
             pushes.append(Committed(ENQUEUE, str(job.id), job.queue, job.priority))
@@ -216,9 +225,24 @@ class Scheduler(Periodic):
             "scheduled_for": slot.isoformat()})
         return False
 
-    def _fire(self, row: ScheduleRow, slot: datetime) -> Job | None:
-        """Enqueue the slot's job with the slot's record; None when it was fired already."""
-        job = self.store.fire_slot(row, slot)
+    def _fire(self, row: ScheduleRow, slot: datetime) -> tuple[Job | None, bool]:
+        """Enqueue the slot's job with the slot's record: (the job, False); (None, False) when
+        it was fired already; (the job holding the schedule's unique key, True) when the slot
+        was folded into that job instead (docs/unique.md)."""
+        if "unique" in row.job:
+            job, folded = self.store.fire_unique_slot(row, slot)
+            if folded and job is not None:
+                SCHEDULE_FOLDED.inc()
+                log.info("schedule slot folded into the job holding its unique key", extra={
+                    "action": "schedule_slot_folded", "schedule": row.name,
+                    "scheduled_for": slot.isoformat(), "job_id": str(job.id)})
+                return job, True
+        else:
+            job = self.store.fire_slot(row, slot)
+        return self._fired(row, slot, job), False
+
+    def _fired(self, row: ScheduleRow, slot: datetime, job: Job | None) -> Job | None:
+        """Count and log what firing the slot did; `job` (None: fired already)."""
         if job is None:
             log.info("schedule slot already fired", extra={
                 "action": "schedule_slot_taken", "schedule": row.name,

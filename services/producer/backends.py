@@ -72,7 +72,8 @@ class Backends:
                                                                   breaker=True)
                 quotas = parse_quotas(self.settings.enqueue_quotas)
                 self._live = _Live(os.getpid(), store, dispatcher,
-                                   Enqueuer(store, dispatcher, self.metrics),
+                                   Enqueuer(store, dispatcher, self.metrics,
+                                            self.settings.max_payload_bytes),
                                    EnqueueQuotas(self.settings.redis_url, quotas)
                                    if quotas else None,
                                    DeclaredTypes(store, self.settings))

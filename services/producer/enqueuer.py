@@ -26,12 +26,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from taskline import uniqueness
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import IdempotencyConflict
 from taskline.jobs import Job, Status, new_job_id, visible_key
 from taskline.jobspec import JobSpec
 from taskline.log import job_fields as job_log_extra
 from taskline.mirror import Mirror
+from taskline.store import caller
 from taskline.store.store import STATEMENT_ERRORS, Store
 from taskline.transitions import CREATED, Committed
 from taskline_producer.grouping import GroupWriter
@@ -48,6 +50,16 @@ class Accepted:
 
     job: Job
     created: bool
+    duplicate: bool = False
+    """A unique key's job in scope was returned (or, with `replaced`, rewritten)."""
+    replaced: bool = False
+    debounced: bool = False
+    """The request joined the debounced job waiting out its delay."""
+
+    def flags(self) -> dict[str, bool]:
+        """What the answer says beside the job: `duplicate`, `replaced`, `debounced`."""
+        return {name: True for name in ("duplicate", "replaced", "debounced")
+                if getattr(self, name)}
 
 
 def initial_status(spec: JobSpec, db_now: datetime | None) -> Status:
@@ -110,8 +122,10 @@ def due_ms(when: datetime) -> int:
 class Enqueuer:
     """Inserts jobs with their first events, commits, then makes the new ones dispatchable."""
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, metrics: JobMetrics) -> None:
+    def __init__(self, store: Store, dispatcher: Dispatcher, metrics: JobMetrics,
+                 max_payload_bytes: int = 1_048_576) -> None:
         self._store = store
+        self._max_bytes = max_payload_bytes
         self._dispatcher = dispatcher
         self._mirror = Mirror.of(dispatcher, store)
         self._metrics = metrics
@@ -124,7 +138,7 @@ class Enqueuer:
         """One job. Without an idempotency key it is written together with the single
         enqueues of other requests waiting at the same moment (taskline_producer.grouping);
         a keyed one alone, as a batch of one, so no two writes ever contend for a key."""
-        if spec.idempotency_key is not None:
+        if spec.idempotency_key is not None or spec.keyed:
             return self.enqueue_many([spec], trace_context, actor)[0]
         db_now = self._store.now() if spec.run_at is not None else None
         job = self.group.submit(_row(spec, db_now, trace_context, actor))
@@ -145,6 +159,8 @@ class Enqueuer:
         `trace_context` (taskline.tracing) is stored with every job this call creates, and
         `actor` (who asked) on each one's first event.
         """
+        if uniqueness.keyed(specs):
+            return self._enqueue_keyed(specs, trace_context, actor)
         db_now = self._store.now() if any(s.run_at is not None for s in specs) else None
         order = lock_order(specs)
         ordered = [specs[i] for i in order]
@@ -171,6 +187,34 @@ class Enqueuer:
         return [Accepted(_job(row, stored[row["id"]]), created=True) if row["id"] in stored
                 else self._replay(conn, spec) for row, spec in zip(rows, specs, strict=True)]
 
+    def _enqueue_keyed(self, specs: Sequence[JobSpec], trace_context: str | None,
+                       actor: str | None) -> list[Accepted]:
+        """A batch holding a job with unique or debounce: every job of it written under the
+        keys' locks in one transaction (taskline.uniqueness), then Redis follows each move."""
+        context = uniqueness.Context(max_queues=self._store.max_queues,
+                                     max_bytes=self._max_bytes, announce=False,
+                                     trace_context=trace_context, actor=actor)
+        with self._store.transaction() as conn:
+            written = caller.drive(conn, uniqueness.write(specs, context), self._store.schema)
+        self._follow(written)
+        self._record([w.job for w in written if w.created])
+        for w in written:
+            outcome = ("replaced" if w.replaced else "duplicate" if w.duplicate
+                       else "joined" if w.debounced else None)
+            if outcome is not None:
+                self._metrics.folded(w.job.type, w.job.queue, outcome)
+        return [Accepted(w.job, w.created, w.duplicate, w.replaced, w.debounced)
+                for w in written]
+
+    def _follow(self, written: Sequence[uniqueness.Written]) -> None:
+        """Redis follows the committed moves: new jobs pushed or scheduled, a joined job's new
+        due time mirrored, a replaced queued job pushed at its new priority."""
+        moves = [(w.move, w.job) for w in written if w.move is not None]
+        self._dispatch([job for _, job in moves],
+                       [Committed(move, str(job.id), job.queue, job.priority,
+                                  due_ms=None if job.next_run_at is None
+                                  else due_ms(job.next_run_at)) for move, job in moves])
+
     def _record(self, created: Sequence[Job]) -> None:
         """Count the new jobs (one increment per type and queue) and log each when INFO is on."""
         for (job_type, queue), count in Counter((j.type, j.queue) for j in created).items():
@@ -192,10 +236,11 @@ class Enqueuer:
                                       f"{job.id} with a different body")
         return Accepted(job, created=False)
 
-    def _dispatch(self, jobs: Sequence[Job]) -> None:
-        committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
-                               due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
-                     for j in jobs]
+    def _dispatch(self, jobs: Sequence[Job], committed: list[Committed] | None = None) -> None:
+        if committed is None:
+            committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
+                                   due_ms=None if j.next_run_at is None
+                                   else due_ms(j.next_run_at)) for j in jobs]
         # Committed: when Redis cannot take the ids, workers claiming from PostgreSQL are
         # notified and the rebuild after Redis returns pushes them.
         self._mirror.follow(committed, action="enqueue")

@@ -19,6 +19,7 @@ from flask import Flask, Response, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from taskline.errors import (
+    AlreadyStarted,
     DispatchUnavailable,
     IdempotencyConflict,
     QueueLimitReached,
@@ -187,6 +188,12 @@ def _idempotency_conflict(err: IdempotencyConflict) -> Response:
     return error_response(422, "idempotency_key_reused", str(err))
 
 
+def _already_started(err: AlreadyStarted) -> Response:
+    """on_conflict "replace" found its unique key's job started: nothing was written."""
+    return error_response(409, "already_started", str(err),
+                          {"id": err.job_id, "status": err.status})
+
+
 def _queue_limit(err: QueueLimitReached) -> Response:
     """A job for one queue more than TASKLINE_MAX_QUEUES allows: nothing was written."""
     return error_response(422, "queue_limit", err.errors[0]["message"],
@@ -211,6 +218,7 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(IdempotencyConflict, _idempotency_conflict)
     app.register_error_handler(QueueLimitReached, _queue_limit)
+    app.register_error_handler(AlreadyStarted, _already_started)
     app.register_error_handler(StoreUnavailable, _unavailable)
     app.register_error_handler(DispatchUnavailable, _unavailable)
     app.register_error_handler(Exception, _unexpected)

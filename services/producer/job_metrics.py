@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from prometheus_client import Histogram
 
 from taskline.handlers import registry
-from taskline.metrics import JOB_CANCELLED, JOB_ENQUEUED, LabelGuard, TypeLabels
+from taskline.metrics import (
+    ENQUEUE_FOLDED,
+    JOB_CANCELLED,
+    JOB_ENQUEUED,
+    LabelGuard,
+    TypeLabels,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,11 @@ class JobMetrics:
 
     def accepted(self, job_type: str, queue: str, count: int = 1) -> None:
         JOB_ENQUEUED.labels(type=self._types(job_type), queue=self._queues(queue)).inc(count)
+
+    def folded(self, job_type: str, queue: str, outcome: str) -> None:
+        """An enqueue folded into an existing job: duplicate, replaced or joined."""
+        ENQUEUE_FOLDED.labels(type=self._types(job_type), queue=self._queues(queue),
+                              outcome=outcome).inc()
 
     def grouped(self, size: int) -> None:
         ENQUEUE_GROUP_SIZE.observe(size)

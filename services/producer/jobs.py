@@ -49,7 +49,8 @@ def create_job() -> Response:
     with tracing.enqueue(request.headers) as trace_context:
         accepted = b.enqueuer.enqueue(replays.scoped(spec), trace_context, auth.principal().name)
         tracing.accepted([accepted.job])
-    response = jsonify(replays.job_answer(shapes.job(accepted.job), accepted.created))
+    response = jsonify({**replays.job_answer(shapes.job(accepted.job), accepted.created),
+                        **accepted.flags()})
     response.status_code = 201 if accepted.created else 200
     response.headers["Location"] = _location(accepted.job.id)
     return response
@@ -76,7 +77,7 @@ def create_batch() -> Response:
         tracing.accepted([a.job for a in accepted])
     created = sum(a.created for a in accepted)
     response = jsonify({
-        "jobs": [{"index": i, "created": a.created,
+        "jobs": [{"index": i, "created": a.created, **a.flags(),
                   "job": replays.job_answer(shapes.job(a.job), a.created)}
                  for i, a in enumerate(accepted)],
         "created": created, "replayed": len(accepted) - created})

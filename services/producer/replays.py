@@ -22,12 +22,21 @@ REDACTED_JOB_FIELDS = ("result", "last_error")
 
 
 def scoped(spec: Spec) -> Spec:
-    """`spec` (a JobSpec or a WorkflowSpec) with its key in the calling principal's scope."""
-    key = getattr(spec, "idempotency_key", None)
+    """`spec` (a JobSpec or a WorkflowSpec) with its idempotency, unique and debounce keys in
+    the calling principal's scope: another principal's same unique key is another key, and
+    its debounce arrivals never join (nor learn of) this principal's job."""
     scope = auth.principal().key_scope
-    if key is None or scope is None:
+    if scope is None:
         return spec
-    return dataclasses.replace(spec, idempotency_key=scoped_key(key, scope))  # type: ignore
+    changes: dict[str, Any] = {}
+    key = getattr(spec, "idempotency_key", None)
+    if key is not None:
+        changes["idempotency_key"] = scoped_key(key, scope)
+    for field in ("unique", "debounce"):
+        value = getattr(spec, field, None)
+        if value is not None:
+            changes[field] = dataclasses.replace(value, key=scoped_key(value.key, scope))
+    return dataclasses.replace(spec, **changes) if changes else spec  # type: ignore
 
 
 def may_read() -> bool:

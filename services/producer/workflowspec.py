@@ -150,6 +150,10 @@ def _job(where: str, body: Any, settings: Settings, *,
     if isinstance(body, dict) and "idempotency_key" in body:
         return [FieldError(f"{where}.job.idempotency_key",
                            "a step takes no idempotency key (the workflow has one)")]
+    if isinstance(body, dict) and ({"unique", "debounce"} & set(body)):
+        field = "unique" if "unique" in body else "debounce"
+        return [FieldError(f"{where}.job.{field}",
+                           f"a workflow step takes no {field}: it runs once per workflow")]
     if has_parents and isinstance(body, dict) and ({"delay_s", "run_at"} & set(body)):
         return [FieldError(f"{where}.job", "a step with parents starts when they succeed: "
                                            "no delay_s or run_at")]

@@ -15,15 +15,18 @@ from typing import Any
 
 from taskline.client import AsyncClient, Client, ClientError
 from taskline.enqueuing import (
+    DebounceOptions,
     JobRequest,
     Payload,
     Priority,
+    UniqueOptions,
     aenqueue,
     aenqueue_many,
     enqueue,
     enqueue_many,
 )
 from taskline.errors import (
+    AlreadyStarted,
     IdempotencyConflict,
     InvalidJob,
     JobCancelled,
@@ -39,11 +42,12 @@ from taskline.handlers.registry import JobContext, handler, periodic
 from taskline.settings import Settings
 from taskline.store.caller import AppConnection, AsyncAppConnection
 
-__all__ = ["AsyncClient", "Client", "ClientError", "Handler", "IdempotencyConflict",
-           "InvalidJob", "InvalidPayload", "JobCancelled", "JobContext", "JobFailed",
-           "JobRequest", "NonRetryableError", "Payload", "Priority", "QueueLimitReached",
-           "RetryableError", "TasklineError", "aenqueue", "aenqueue_many", "asubmit_workflow",
-           "enqueue", "enqueue_many", "handler", "periodic", "submit_workflow", "wait"]
+__all__ = ["AlreadyStarted", "AsyncClient", "Client", "ClientError", "DebounceOptions", "Handler",
+           "IdempotencyConflict", "InvalidJob", "InvalidPayload", "JobCancelled", "JobContext",
+           "JobFailed", "JobRequest", "NonRetryableError", "Payload", "Priority",
+           "QueueLimitReached", "RetryableError", "TasklineError", "UniqueOptions", "aenqueue",
+           "aenqueue_many", "asubmit_workflow", "enqueue", "enqueue_many", "handler", "periodic",
+           "submit_workflow", "wait"]
 
 
 def submit_workflow(conn: AppConnection, name: str, steps: Iterable[Mapping[str, Any]], *,

@@ -155,12 +155,25 @@ class Client:
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None,
                 idempotency_key: str | None = None,
-                limit_key: str | None = None) -> dict[str, Any]:
-        """Enqueue one job and return it (status 201 new, 200 when the key was seen before)."""
+                limit_key: str | None = None, unique: Mapping[str, Any] | None = None,
+                debounce: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Enqueue one job and return it (status 201 new, 200 when the key was seen before).
+
+        `unique` (`{"key", "period_s", "states", "on_conflict"}`, each optional) answers with
+        the job already holding the key (`"duplicate": true`); `debounce` (`{"key",
+        "delay_s"}`) joins the job of its group still waiting out its delay
+        (`"debounced": true`). A debounced enqueue carries no idempotency key (the API refuses
+        one), so it is retried only when it never reached the API: a replay would join twice.
+        """
+        if debounce is not None:
+            spec = job_spec(type, payload, queue=queue, priority=priority,
+                            max_retries=max_retries, timeout_s=timeout_s, limit_key=limit_key,
+                            debounce=debounce, keyed=False)
+            return self._call("POST", "/jobs", body=spec, replay_safe=False)
         spec = job_spec(type, payload, queue=queue, priority=priority, max_retries=max_retries,
                         timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                         idempotency_key=idempotency_key or self.new_key(),
-                        limit_key=limit_key)
+                        limit_key=limit_key, unique=unique)
         return self._call("POST", "/jobs", body=spec)
 
     def enqueue_batch(self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any:
@@ -176,8 +189,11 @@ class Client:
                               retried=False)
         jobs = [job_spec(**dict(spec), keyed=False) for spec in specs]
         for job in jobs:
-            job.setdefault("idempotency_key", self.new_key())
-        return self._call("POST", "/jobs/batch", body={"jobs": jobs})
+            if "debounce" not in job:  # the API refuses a key on a debounced job
+                job.setdefault("idempotency_key", self.new_key())
+        # A batch holding a debounced job cannot be replayed harmlessly (it would join twice).
+        replay_safe = not any("debounce" in job for job in jobs)
+        return self._call("POST", "/jobs/batch", body={"jobs": jobs}, replay_safe=replay_safe)
 
     def get(self, job_id: str | uuid.UUID) -> dict[str, Any]:
         """The job with its attempts, lease, last error, result and event history."""
@@ -470,15 +486,21 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
              timeout_s: float | None = None, delay_s: float | None = None,
              run_at: datetime | str | None = None,
              idempotency_key: str | None = None, limit_key: str | None = None,
+             unique: Mapping[str, Any] | None = None,
+             debounce: Mapping[str, Any] | None = None,
              keyed: bool = True) -> dict[str, Any]:
     """The JSON body of one enqueue; fields left None take the API's defaults. Without an
-    `idempotency_key`, a fresh one is made unless `keyed` is false."""
+    `idempotency_key`, a fresh one is made unless `keyed` is false (or the job is debounced:
+    the API refuses a key on a debounced job)."""
+    keyed = keyed and debounce is None
     spec: dict[str, Any] = {
         "type": type, "payload": payload, "queue": queue, "priority": priority,
         "max_retries": max_retries, "timeout_s": timeout_s, "delay_s": delay_s,
         "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at,
         "idempotency_key": idempotency_key or (str(uuid.uuid4()) if keyed else None),
         "limit_key": limit_key,
+        "unique": None if unique is None else dict(unique),
+        "debounce": None if debounce is None else dict(debounce),
     }
     return {k: v for k, v in spec.items() if v is not None}
 

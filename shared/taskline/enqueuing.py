@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal, Required, TypedDict
 
-from taskline import transitions
+from taskline import transitions, uniqueness
 from taskline.errors import IdempotencyConflict, InvalidJob, QueueLimitReached
 from taskline.jobs import Status, new_job_id
 from taskline.jobspec import FieldError, JobSpec, parse_batch, parse_job
@@ -66,6 +66,23 @@ Priority = int | Literal["low", "normal", "high", "critical"]
 """0..9 (9 runs first) or a name: low 2, normal 5, high 7, critical 9."""
 
 
+class UniqueOptions(TypedDict, total=False):
+    """`unique=`: at most one job of the queue holds `key` in `states` created within
+    `period_s` (docs/unique.md); every field is optional."""
+
+    key: str
+    period_s: float | None
+    states: list[str]
+    on_conflict: Literal["return", "replace"]
+
+
+class DebounceOptions(TypedDict):
+    """`debounce=`: arrivals with one `key` while its job waits out `delay_s` join it."""
+
+    key: str
+    delay_s: float
+
+
 class JobRequest(TypedDict, total=False):
     """One job of `enqueue_many`: `type` and the fields `enqueue` takes, so a type checker
     catches a misspelt key."""
@@ -80,6 +97,8 @@ class JobRequest(TypedDict, total=False):
     run_at: datetime | str
     idempotency_key: str
     limit_key: str
+    unique: UniqueOptions
+    debounce: DebounceOptions
 
 
 def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
@@ -87,6 +106,7 @@ def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
             max_retries: int | None = None, timeout_s: float | None = None,
             delay_s: float | None = None, run_at: datetime | str | None = None,
             idempotency_key: str | None = None, limit_key: str | None = None,
+            unique: UniqueOptions | None = None, debounce: DebounceOptions | None = None,
             settings: Settings | None = None) -> uuid.UUID:
     """Enqueue one job inside `conn`'s transaction; its id. The fields are those of POST
     /api/v1/jobs (None: not given, the default applies); give `delay_s` or `run_at`, not
@@ -94,9 +114,10 @@ def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
     if None)."""
     fields = given(queue=queue, priority=priority, max_retries=max_retries,
                    timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
-                   idempotency_key=idempotency_key, limit_key=limit_key)
+                   idempotency_key=idempotency_key, limit_key=limit_key, unique=unique,
+                   debounce=debounce)
     spec, schema = _one(type, payload, fields, settings)
-    return caller.drive(conn, _write([spec], _limit(settings)), schema)[0]
+    return caller.drive(conn, _plan([spec], settings), schema)[0]
 
 
 async def aenqueue(conn: AsyncAppConnection, type: str, payload: Payload = None, *,
@@ -104,14 +125,17 @@ async def aenqueue(conn: AsyncAppConnection, type: str, payload: Payload = None,
                    max_retries: int | None = None, timeout_s: float | None = None,
                    delay_s: float | None = None, run_at: datetime | str | None = None,
                    idempotency_key: str | None = None, limit_key: str | None = None,
+                   unique: UniqueOptions | None = None,
+                   debounce: DebounceOptions | None = None,
                    settings: Settings | None = None) -> uuid.UUID:
     """`enqueue` on an async connection (psycopg AsyncConnection, SQLAlchemy AsyncConnection,
     AsyncSession or async_scoped_session), inside its transaction."""
     fields = given(queue=queue, priority=priority, max_retries=max_retries,
                    timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
-                   idempotency_key=idempotency_key, limit_key=limit_key)
+                   idempotency_key=idempotency_key, limit_key=limit_key, unique=unique,
+                   debounce=debounce)
     spec, schema = _one(type, payload, fields, settings)
-    return (await caller.adrive(conn, _write([spec], _limit(settings)), schema))[0]
+    return (await caller.adrive(conn, _plan([spec], settings), schema))[0]
 
 
 def given(**fields: Any) -> dict[str, Any]:
@@ -132,9 +156,9 @@ def enqueue_many(conn: AppConnection, jobs: Iterable[JobRequest | Mapping[str, A
         return []
     if not _needs_savepoint(specs):
         # One statement: atomic by itself.
-        return caller.drive(conn, _write(specs, _limit(settings)), schema)
+        return caller.drive(conn, _plan(specs, settings), schema)
     with caller.savepoint(conn):
-        return caller.drive(conn, _write(specs, _limit(settings)), schema)
+        return caller.drive(conn, _plan(specs, settings), schema)
 
 
 async def aenqueue_many(conn: AsyncAppConnection,
@@ -146,9 +170,9 @@ async def aenqueue_many(conn: AsyncAppConnection,
         await caller.async_target(conn)
         return []
     if not _needs_savepoint(specs):
-        return await caller.adrive(conn, _write(specs, _limit(settings)), schema)
+        return await caller.adrive(conn, _plan(specs, settings), schema)
     async with caller.asavepoint(conn):
-        return await caller.adrive(conn, _write(specs, _limit(settings)), schema)
+        return await caller.adrive(conn, _plan(specs, settings), schema)
 
 
 def _one(type: Any, payload: Any, fields: Mapping[str, Any],
@@ -181,8 +205,25 @@ def _many(jobs: Iterable[JobRequest | Mapping[str, Any]],
 
 
 def _needs_savepoint(specs: Sequence[JobSpec]) -> bool:
-    """A batch is one statement, atomic by itself, unless a key's replay lookup follows it."""
-    return len(specs) > 1 and any(s.idempotency_key is not None for s in specs)
+    """A batch is one statement, atomic by itself, unless a key's replay lookup follows it
+    or its jobs with unique or debounce are written one by one (taskline.uniqueness)."""
+    return len(specs) > 1 and (any(s.idempotency_key is not None for s in specs)
+                               or uniqueness.keyed(specs))
+
+
+def _plan(specs: Sequence[JobSpec], settings: Settings | None) -> caller.Plan[list[uuid.UUID]]:
+    """The plain insert, or (any job with unique or debounce) the keyed plan; ids in order.
+    A unique duplicate or a debounce arrival gets the id of the job it was folded into."""
+    if not uniqueness.keyed(specs):
+        return _write(specs, _limit(settings))
+    return _ids(uniqueness.write(specs, uniqueness.Context(
+        max_queues=_limit(settings), max_bytes=(settings or _DEFAULTS).max_payload_bytes,
+        announce=True)))
+
+
+def _ids(plan: caller.Plan[list[uniqueness.Written]]) -> caller.Plan[list[uuid.UUID]]:
+    written = yield from plan
+    return [w.job.id for w in written]
 
 
 def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,17 @@ class IdempotencyConflict(TasklineError):
     """The idempotency key was already used with a different request body."""
 
 
+class AlreadyStarted(TasklineError):
+    """The unique job to replace has started; nothing was written (the API answers 409
+    `already_started`)."""
+
+    def __init__(self, job_id: str, status: str, key: str | None) -> None:
+        super().__init__(f"unique key {key!r} is held by job {job_id}, which has started "
+                         f"({status}): it cannot be replaced")
+        self.job_id = job_id
+        self.status = status
+
+
 class NonRetryableError(TasklineError):
     """Raised by a handler: the job goes straight to the dead-letter queue, no retries."""
 

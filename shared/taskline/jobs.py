@@ -110,6 +110,8 @@ class Event(enum.StrEnum):
     RESTORED = "restored"
     WAITING = "waiting"  # created as a workflow step that waits for its parents
     UNBLOCKED = "unblocked"  # its last parent succeeded: queued in that same transaction
+    JOINED = "joined"  # a debounced arrival joined this waiting job (taskline.uniqueness)
+    REPLACED = "replaced"  # a unique enqueue with on_conflict "replace" rewrote it
     EXPIRED = "expired"  # deleted by retention: names the move; no row records it (the
     # history goes with the job)
     PURGED = "purged"  # deleted from the DLQ by an operator: no row records it either
@@ -224,6 +226,12 @@ class Job:
     """The schedule whose slot enqueued the job (None for a job enqueued otherwise)."""
     scheduled_for: datetime | None = None
     """That slot's instant."""
+    unique_key: str | None = None
+    """A unique job's key as stored (scoped like an idempotency key; taskline.uniqueness)."""
+    debounce_key: str | None = None
+    """A debounced job's key."""
+    coalesced: list[Any] | None = None
+    """A debounced job's payloads, in arrival order, its first included (`ctx.coalesced`)."""
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -242,6 +250,9 @@ class Job:
             limit_key=getattr(row, "limit_key", None),
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
+            unique_key=getattr(row, "unique_key", None),
+            debounce_key=getattr(row, "debounce_key", None),
+            coalesced=getattr(row, "coalesced", None),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -258,6 +269,10 @@ class Job:
                {"workflow_id": str(self.workflow_id), "step": self.step,
                 "when": self.run_when or "all_succeeded"}),
             "schedule": self.schedule, "scheduled_for": _iso(self.scheduled_for),
+            **({} if self.unique_key is None else {"unique_key": visible_key(self.unique_key)}),
+            **({} if self.debounce_key is None else
+               {"debounce": {"key": visible_key(self.debounce_key),
+                             "joined": len(self.coalesced or ())}}),
         }
 
 

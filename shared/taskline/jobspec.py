@@ -26,6 +26,7 @@ from typing import Any
 from taskline.dispatch.keys import valid_queue_name
 from taskline.jobs import PRIORITY_NAMES, parse_priority
 from taskline.settings import Settings
+from taskline.uniquespec import DebounceSpec, UniqueSpec, parse_debounce, parse_unique
 
 MAX_TYPE_CHARS = 200
 MAX_LIMIT_KEY_CHARS = 200
@@ -35,7 +36,7 @@ MAX_DELAY_S = 365 * 86_400.0
 MAX_RETRIES = 100
 MAX_BATCH = 1000
 FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries", "timeout_s",
-                    "delay_s", "run_at", "idempotency_key", "limit_key"})
+                    "delay_s", "run_at", "idempotency_key", "limit_key", "unique", "debounce"})
 # Kept a day inside Python's calendar, so a datetime read back in any session time zone fits.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
@@ -81,6 +82,15 @@ class JobSpec:
     idempotency_key: str | None
     request_hash: str | None  # None for a job without an idempotency key
     limit_key: str | None = None
+    unique: UniqueSpec | None = None
+    """taskline.uniqueness: at most one job of the queue holds this key in its scope."""
+    debounce: DebounceSpec | None = None
+    """taskline.uniqueness: arrivals with this key join the job waiting out its delay."""
+
+    @property
+    def keyed(self) -> bool:
+        """Written under a per-key lock (taskline.uniqueness), never by the plain inserts."""
+        return self.unique is not None or self.debounce is not None
 
 
 def parse_job(body: object, settings: Settings,
@@ -98,11 +108,39 @@ def parse_job(body: object, settings: Settings,
                 errors.append(_field_error(name, err))
     header, header_errors = _header_key(header_key)
     errors += header_errors + _cross_field_errors(body, values, header)
+    errors += _semantics(body, values, header)
     if errors:
         return errors
     # Only a replay compares the hash, and only a job with a key can be replayed.
     keyed = values.get("idempotency_key", header) is not None
     return _spec(values, settings, header, request_hash(body) if keyed else None)
+
+
+def _semantics(body: dict[str, Any], values: dict[str, Any],
+               header_key: str | None) -> list[FieldError]:
+    """`unique` and `debounce` parsed into `values`; the combinations the contract refuses."""
+    errors: list[FieldError] = []
+    if "unique" in body:
+        unique = parse_unique(body["unique"], body.get("type"), body.get("payload"))
+        if isinstance(unique, UniqueSpec):
+            values["unique"] = unique
+        else:
+            errors += [FieldError(f"unique{p.path}", p.message) for p in unique]
+    if "debounce" not in body:
+        return errors
+    debounce = parse_debounce(body["debounce"])
+    if isinstance(debounce, DebounceSpec):
+        values["debounce"] = debounce
+    else:
+        errors += [FieldError(f"debounce{p.path}", p.message) for p in debounce]
+    if "unique" in body:
+        errors.append(FieldError("debounce", "give debounce or unique, not both"))
+    if "idempotency_key" in body or header_key is not None:
+        errors.append(FieldError("debounce", "a debounced job takes no idempotency key"))
+    if "delay_s" in body or "run_at" in body:
+        errors.append(FieldError("debounce", "a debounced job runs debounce.delay_s after its "
+                                             "last arrival: give no delay_s or run_at"))
+    return errors
 
 
 def key_from_header(raw: str) -> str:
@@ -157,14 +195,17 @@ def request_hash(body: dict[str, Any]) -> str:
 
 def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
           digest: str | None) -> JobSpec:
+    debounce: DebounceSpec | None = values.get("debounce")
     return JobSpec(
         type=values["type"], payload=values.get("payload", {}),
         queue=values.get("queue", "default"), priority=values.get("priority", 5),
         max_retries=values.get("max_retries", settings.default_max_retries),
         timeout_s=values.get("timeout_s", settings.default_timeout_s),
-        delay_s=values.get("delay_s", 0.0), run_at=values.get("run_at"),
+        # A debounced job starts scheduled, due its delay after its first arrival.
+        delay_s=debounce.delay_s if debounce else values.get("delay_s", 0.0),
+        run_at=values.get("run_at"),
         idempotency_key=values.get("idempotency_key", header_key), request_hash=digest,
-        limit_key=values.get("limit_key"),
+        limit_key=values.get("limit_key"), unique=values.get("unique"), debounce=debounce,
     )
 
 

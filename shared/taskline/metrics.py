@@ -37,6 +37,11 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
                     60, 120, 300, 600)
 
 JOB_ENQUEUED = Counter("job_enqueued_total", "Jobs accepted", ["type", "queue"])
+ENQUEUE_FOLDED = Counter(
+    "taskline_enqueue_folded_total",
+    "Enqueues that made no new job: a unique key's job returned (duplicate) or rewritten "
+    "(replaced), or a debounce arrival joined a waiting job (joined)",
+    ["type", "queue", "outcome"])
 JOB_COMPLETED = Counter("job_completed_total", "Attempts that succeeded", ["type", "queue"])
 JOB_FAILED = Counter("job_failed_total", "Attempts that failed (any reason)",
                      ["type", "queue", "reason"])
@@ -134,6 +139,9 @@ OUTBOX_OLDEST = Gauge("taskline_outbox_oldest_age_seconds",
 # Schedules (maintenance's scheduler) and bulk dead-letter operations (the API).
 SCHEDULE_FIRED = Counter("taskline_schedule_slots_fired_total",
                          "Schedule slots that enqueued their job", ["queue"])
+SCHEDULE_FOLDED = Counter(
+    "taskline_schedule_slots_folded_total",
+    "Schedule slots that enqueued no job: a job still held the schedule job's unique key")
 SCHEDULE_SKIPPED = Counter("taskline_schedule_slots_skipped_total",
                            "Schedule slots passed over (missed while no maintenance led, or "
                            "folded into a later slot by catch_up)", ["catch_up"])

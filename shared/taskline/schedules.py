@@ -27,6 +27,7 @@ from croniter.croniter import CroniterError
 
 from taskline.jobspec import FieldError, JobSpec, parse_job
 from taskline.settings import Settings
+from taskline.uniquespec import as_json
 
 MAX_NAME_CHARS = 200
 NAME_RULE = f"1..{MAX_NAME_CHARS} characters of A-Z a-z 0-9 _ . : -"
@@ -223,8 +224,9 @@ def next_due(cron: Cron, since: datetime, now: datetime) -> datetime:
     return next(cron.after(max(since, now)))
 
 
-NOT_IN_A_SCHEDULE = ("delay_s", "run_at", "idempotency_key")
-"""Job fields a slot decides for itself: each slot runs at its instant, once."""
+NOT_IN_A_SCHEDULE = ("delay_s", "run_at", "idempotency_key", "debounce")
+"""Job fields a slot decides for itself: each slot runs at its instant, once (so its job joins
+no other job). `unique` is kept: a slot whose key a job still holds in scope fires no job."""
 
 
 def schedule_job(body: object, settings: Settings) -> tuple[dict[str, Any] | None,
@@ -241,6 +243,9 @@ def schedule_job(body: object, settings: Settings) -> tuple[dict[str, Any] | Non
     parsed = parse_job({k: v for k, v in body.items() if k not in NOT_IN_A_SCHEDULE}, settings)
     if not isinstance(parsed, JobSpec):
         errors += [FieldError(f"job.{e.field}".replace(".$", ""), e.message) for e in parsed]
+    if isinstance(parsed, JobSpec) and parsed.unique is not None and parsed.unique.replace:
+        errors.append(FieldError("job.unique.on_conflict", "a slot whose key a job holds fires "
+                                 "no job: a schedule takes only \"return\""))
     if errors or not isinstance(parsed, JobSpec):
         return None, errors
     job = {"type": parsed.type, "payload": parsed.payload, "queue": parsed.queue,
@@ -248,6 +253,8 @@ def schedule_job(body: object, settings: Settings) -> tuple[dict[str, Any] | Non
            "timeout_s": parsed.timeout_s}
     if parsed.limit_key is not None:
         job["limit_key"] = parsed.limit_key
+    if parsed.unique is not None:  # stored with its key, the default one computed once
+        job["unique"] = as_json(parsed.unique)
     return job, []
 
 

@@ -123,9 +123,22 @@ PURGE = Move("purge", frozenset({Status.DEAD}), Gone.DELETED, Event.PURGED, Step
 """An operator deletes a dead job from the DLQ (POST /api/v1/dlq/purge), with its events,
 leases and DLQ row, as retention would; only a dead one."""
 
+JOIN = Move("join", frozenset({Status.SCHEDULED}), Status.SCHEDULED, Event.JOINED,
+            Step.SCHEDULE)
+"""A debounced arrival joined the job waiting out its delay: its run time moved (the scheduled
+set's mirror follows); the state stays."""
+REPLACE_SCHEDULED = Move("replace_scheduled", frozenset({Status.SCHEDULED}), Status.SCHEDULED,
+                         Event.REPLACED, Step.SCHEDULE)
+REPLACE_QUEUED = Move("replace_queued", frozenset({Status.QUEUED}), Status.QUEUED,
+                      Event.REPLACED, Step.PUSH)
+"""A unique enqueue replaced a job that had not started: payload and priority (and a scheduled
+one's run time) rewritten, the state kept; a queued one is pushed at its new priority (the
+claim drops the stale entry)."""
+
 MOVES: Mapping[str, Move] = MappingProxyType({m.name: m for m in (
     ENQUEUE, SCHEDULE, PROMOTE, CLAIM, SUCCEED, RETRY, DEAD, RECOVER, RECOVER_DEAD, HAND_BACK,
-    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE, PURGE, WAIT, UNBLOCK)})
+    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE, PURGE, WAIT, UNBLOCK, JOIN,
+    REPLACE_SCHEDULED, REPLACE_QUEUED)})
 
 
 CREATED: Mapping[Status, Move] = MappingProxyType(
@@ -170,13 +183,24 @@ def status_after(event: str, recorded: str | None = None) -> str | None:
     try:
         known = STATUS_AFTER[Event(event)]
     except (KeyError, ValueError):
-        return None
+        # A move that keeps the state (joined, replaced) names it in its row; cancel_requested
+        # names none and stays unknown.
+        return _kept(event, recorded)
     if known is not None:
         return known.value
     try:
         return Status(recorded).value
     except ValueError:
         return None
+
+
+def _kept(event: str, recorded: str | None) -> str | None:
+    """The state a row of a state-keeping move records, when that move may keep it."""
+    try:
+        state, move = Status(recorded), Event(event)
+    except ValueError:
+        return None
+    return state.value if TABLE.get((state, move)) == {state} else None
 
 
 def expirable(status: Status) -> bool:

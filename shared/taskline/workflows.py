@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from taskline.errors import QueueLimitReached
+from taskline.errors import InvalidJob, QueueLimitReached
 from taskline.jobs import TERMINAL, Job, Status, new_job_id
 from taskline.store import caller
 from taskline.store.queries import DEFAULT_SCHEMA
@@ -292,6 +292,11 @@ def step_from_dict(data: Mapping[str, Any]) -> StepSpec:
     """A StepSpec from the JSON shape of one step (`{"id", "job", "after", "when"}`), for in-process
     callers (`taskline.submit_workflow`); the API validates its input field by field first."""
     job = dict(data["job"])
+    for name in ("unique", "debounce"):
+        if name in job:
+            raise InvalidJob([{"field": f"steps.{data.get('id')}.job.{name}",
+                               "message": f"a workflow step takes no {name}: it runs once "
+                                          "per workflow"}])
     job_fields = {k: job[k] for k in ("payload", "queue", "priority", "max_retries",
                                       "timeout_s", "delay_s", "run_at", "limit_key")
                   if k in job}

@@ -60,6 +60,7 @@ from taskline.store.history import HistoryReader
 from taskline.store.store import make_engine
 from tests.faults.cluster import Cluster
 from tests.faults.history import History
+from tests.faults.uniquecheck import debounce_violations, unique_violations
 from tests.faults.workflowcheck import workflow_violations
 
 TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
@@ -99,12 +100,17 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("dead", "requeued"): frozenset({"queued"}),
     **{(state, "expired"): frozenset({"deleted"}) for state in TERMINAL},
     ("dead", "purged"): frozenset({"deleted"}),
+    ("scheduled", "joined"): frozenset({"scheduled"}),
+    ("scheduled", "replaced"): frozenset({"scheduled"}),
+    ("queued", "replaced"): frozenset({"queued"}),
 }
 """The checker's own model of the job lifecycle, written from the contract and not read from
 taskline.transitions, so a wrong product table is caught rather than shared: (state before,
 event) -> the states allowed after it; `recovered` ends in the state its row records;
 `expired` (retention) leaves no row: `deleted` is where a finished job goes last; `purged`
-(an operator's bulk purge of the DLQ) takes only a dead job there."""
+(an operator's bulk purge of the DLQ) takes only a dead job there; `joined` (a debounce
+arrival) and `replaced` (a unique enqueue's replace) change a job that has not started and
+leave its state as it was."""
 CONVERGE_S = 20.0
 """Reconciliation ignores jobs changed in the last 5 s and runs every 2 s here: 20 s is ample."""
 
@@ -196,6 +202,8 @@ class Checker:
         result.violations += flow_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
         result.violations += workflow_violations(self._query, snap)
+        result.violations += unique_violations(self._query)
+        result.violations += debounce_violations(self._query, self.history.entries("debounce"))
         result.violations += self.schedule_violations()
         result.violations += self.audit_violations()
         if not self.redis_gone:

@@ -11,7 +11,8 @@ Types:
 - `fault.work`: sleep `sleep_s` (cut short by the stop flag) and burn `cpu_ms`; fails while the
   job has had fewer than `fail_executions` earlier executions (counted in the log, so it holds
   across a dead job's requeue), or on attempts 1..`fail_first`; `non_retryable` makes the
-  failure permanent.
+  failure permanent. A debounce arrival's payload (`arrival`) makes it return `ctx.coalesced`,
+  so the checker sees what the one run covered.
 - `fault.kill_worker`: SIGKILLs its own worker process (a poison job).
 - `fault.hang`: never returns and ignores the stop flag.
 - `fault.crash_before_commit`: succeeds, but on attempt 1 its completion hook SIGKILLs the
@@ -157,6 +158,8 @@ def work(payload: Any, ctx: JobContext) -> dict[str, Any]:
         raise
     ctx.on_complete(effect_hook(ctx))
     execution.end("returned")
+    if "arrival" in params:  # a debounce arrival: the run reports every payload it covered
+        return {"attempt": ctx.attempt, "coalesced": ctx.coalesced}
     return {"attempt": ctx.attempt}
 
 

@@ -112,6 +112,22 @@ class Workload:
         return self.call("workflow", "POST", "/api/v1/workflows",
                          {"name": name, "steps": steps}, key=str(uuid.uuid4()))
 
+    def enqueue_unique(self, job_type: str, payload: Any, unique: dict[str, Any]) -> Answer:
+        """One unique enqueue, retried with one idempotency key (checked before the unique
+        key, so a retry whose first try committed gets that job back)."""
+        return self.enqueue(job_type, payload, unique=unique)
+
+    def debounce(self, job_type: str, arrival: str, group: str, delay_s: float,
+                 **payload: Any) -> Answer:
+        """One debounce arrival with the payload `{"arrival": arrival, ...}`, sent once: it may
+        carry no idempotency key, so a retry whose first try committed would join twice. The
+        history records which job the answer named (`debounce` entries, for the checker)."""
+        body = {"type": job_type, "payload": {"arrival": arrival, **payload},
+                "debounce": {"key": group, "delay_s": delay_s}}
+        answer = self.call("enqueue", "POST", "/api/v1/jobs", body, key=None, once=True)
+        self.history.record("debounce", arrival=arrival, group=group, job_id=answer.job_id)
+        return answer
+
     def cancel(self, job_id: str) -> Answer:
         return self.call("cancel", "DELETE", f"/api/v1/jobs/{job_id}", None, key=None)
 

@@ -53,6 +53,15 @@ def _from_empty(machine: type, api: Api) -> type:
     return FromEmpty
 
 
+def _replayable(doc: dict) -> dict:
+    """`doc` without `unique.period_s`: whether a job created a moment ago is still within a
+    period of microseconds depends on the clock, so a replayed scenario could be answered 200
+    where it was answered 201, which Hypothesis refuses as inconsistent data generation (the
+    per-operation run in test_openapi_schemathesis.py still sends it)."""
+    del doc["components"]["schemas"]["UniqueSpec"]["properties"]["period_s"]
+    return doc
+
+
 def test_stateful_sequences_conform_over_http(api: Api) -> None:
     config = SchemathesisConfig.from_dict({
         "seed": 20240501,
@@ -63,7 +72,7 @@ def test_stateful_sequences_conform_over_http(api: Api) -> None:
                    "use_after_free": {"enabled": False}},
     })
     # A copy: the state machine adds the links it infers to the document it is given.
-    schema = schemathesis.openapi.from_dict(copy.deepcopy(document()),
+    schema = schemathesis.openapi.from_dict(_replayable(copy.deepcopy(document())),
                                             config=config).exclude(path=STREAM)
     machine = _from_empty(schema.as_state_machine(), api)
     machine.run(settings=hypothesis.settings(

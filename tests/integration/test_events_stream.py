@@ -25,6 +25,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy import text
 from werkzeug.serving import make_server
 
+import taskline
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
@@ -253,3 +254,19 @@ def test_a_process_serves_at_most_max_streams(server: Server) -> None:
     server.stream().close()
     for client in open_:
         client.close()
+
+
+def test_debounce_joins_and_replacements_are_streamed_with_the_state_they_keep(
+        server: Server, store: Store) -> None:
+    client = server.stream()
+    with store.engine.begin() as conn:
+        job_id = taskline.enqueue(conn, "echo", 1, debounce={"key": "d", "delay_s": 60})
+        taskline.enqueue(conn, "echo", 2, debounce={"key": "d", "delay_s": 60})
+        taskline.enqueue(conn, "echo", 3, unique={"key": "u", "on_conflict": "replace"})
+        taskline.enqueue(conn, "echo", 4, unique={"key": "u", "on_conflict": "replace"})
+    changes = client.jobs(4)
+    assert [(c["event"], c["status"]) for c in changes] == [
+        ("scheduled", "scheduled"), ("joined", "scheduled"), ("enqueued", "queued"),
+        ("replaced", "queued")]
+    assert changes[1]["job_id"] == str(job_id)
+    client.close()

@@ -116,6 +116,12 @@ def hook(payload: Any, ctx: JobContext) -> dict:
     return {"hooked": True}
 
 
+@handler("t.coalesced")
+def coalesced(payload: Any, ctx: JobContext) -> dict:
+    """Return every payload the run covers (a debounced job's joined payloads)."""
+    return {"coalesced": ctx.coalesced}
+
+
 class WorkerThread:
     """A real Worker running on a thread, as `taskline worker` runs it on the main one."""
 

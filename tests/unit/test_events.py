@@ -22,7 +22,7 @@ ROW = {"id": 7, "job_id": uuid.UUID("5d0c2f9e-8a9b-4c3e-9f51-0b6f3f1f2a10"), "at
 def test_every_event_has_a_known_outcome() -> None:
     # Every event a move writes has a state after it; the rest record and move nothing.
     assert set(STATUS_AFTER) == set(Event) - {Event.FAILED, Event.CANCEL_REQUESTED,
-                                              Event.RESTORED}
+                                              Event.RESTORED, Event.JOINED, Event.REPLACED}
     assert STATUS_AFTER[Event.RECOVERED] is None  # its row records which
     assert status_after("claimed") == "running"
     assert status_after("dead_lettered") == "dead"

@@ -644,6 +644,11 @@
     ];
     if (job.workflow_id) rows.push(["Workflow", `${job.workflow_id} (step ${job.step})`]);
     if (job.when && job.when !== "all_succeeded") rows.push(["Runs when", job.when]);
+    if (job.unique_key) rows.push(["Unique key", job.unique_key]);
+    if (job.debounce) {
+      const joined = job.debounce.joined === 1 ? "1 payload" : `${job.debounce.joined} payloads`;
+      rows.push(["Debounce", `${job.debounce.key} (${joined})`]);
+    }
     if (job.last_error) rows.push(["Last error", job.last_error]);
     if (job.result !== null && job.result !== undefined) rows.push(["Result", JSON.stringify(job.result)]);
     for (const [name, value] of rows) {
@@ -668,8 +673,11 @@
     for (const e of events) {
       const tr = document.createElement("tr");
       tr.dataset.event = e.event;
-      // A cascade's or a condition's cancellation says why (cause: condition_unmet, ...).
-      const detail = e.detail && (e.detail.error || e.detail.status || e.detail.cause || "");
+      // A cascade's or a condition's cancellation says why (cause: condition_unmet, ...);
+      // a debounce join how many payloads the job holds.
+      const detail = e.detail && (e.detail.error
+        || (e.detail.joined !== undefined ? `${e.detail.joined} payloads` : "")
+        || e.detail.status || e.detail.cause || "");
       tr.append(cell(clock(e.created_at)), cell(e.event),
         cell(String(e.attempt)), cell(e.worker_id || ""), cell(e.actor || ""),
         cell(detail || ""));

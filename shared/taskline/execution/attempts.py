@@ -76,7 +76,8 @@ class Attempt:
         `parent_results` reads a workflow step's parents' results (used by steps only)."""
         job = claimed.job
         ctx = JobContext(job_id=job.id, attempt=job.attempts, queue=job.queue, type=job.type,
-                         worker_id=worker_id)
+                         worker_id=worker_id,
+                         payloads=job.coalesced if job.coalesced is not None else [job.payload])
         if job.workflow_id is not None:
             ctx.workflow_id, ctx.step = job.workflow_id, job.step
             if parent_results is not None:

@@ -54,6 +54,8 @@ class JobContext:
     """The step's id within its workflow."""
     load_parent_results: Callable[[], dict[str, Any]] | None = field(default=None, repr=False)
     """Reads the parents' results from PostgreSQL; set by the worker for workflow steps only."""
+    payloads: list[Any] = field(default_factory=list, repr=False)
+    """What `coalesced` returns; set by the worker from the claimed row."""
     _parent_results: dict[str, Any] | None = field(default=None, repr=False)
     _stopped: bool = field(default=False, repr=False)
     _event: threading.Event | None = field(default=None, repr=False)
@@ -103,6 +105,13 @@ class JobContext:
             loader = self.load_parent_results
             self._parent_results = {} if loader is None else loader()
         return self._parent_results
+
+    @property
+    def coalesced(self) -> list[Any]:
+        """Every payload this run covers, in arrival order: for a debounced job, each request
+        that joined it (the first included; at most 1,000, or the payload size limit in
+        total); for any other job, its one payload."""
+        return self.payloads
 
     def on_complete(self, hook: Callable[[Any], None]) -> None:
         """Run `hook(connection)` inside the transaction that records this attempt's success.

@@ -52,8 +52,11 @@ class Inserted(NamedTuple):
 
 
 def copyable(jobs: Sequence[dict[str, Any]]) -> bool:
-    """Whether COPY may write `jobs`: enough of them, and none that a key could make skip."""
-    return len(jobs) >= COPY_MIN_JOBS and all(j["idempotency_key"] is None for j in jobs)
+    """Whether COPY may write `jobs`: enough of them, and none that a key could make skip (an
+    idempotency key; a unique or debounce key never reaches here: taskline.uniqueness)."""
+    return len(jobs) >= COPY_MIN_JOBS and all(
+        j["idempotency_key"] is None and j.get("unique_key") is None
+        and j.get("debounce_key") is None for j in jobs)
 
 
 def copy_jobs_with_events(driver: psycopg.Connection, jobs: Sequence[dict[str, Any]],

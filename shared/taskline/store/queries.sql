@@ -1351,10 +1351,14 @@ WITH input AS (
     RETURNING schedule, slot, job_id
 ), job AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, schedule, scheduled_for, limit_key)
+                      next_run_at, schedule, scheduled_for, limit_key, unique_key, created_at,
+                      updated_at)
     SELECT slot.job_id, :type, :queue, CAST(:payload AS jsonb), :priority, :status,
            :max_retries, :timeout_s, now(), slot.schedule, slot.slot,
-           CAST(:limit_key AS text)
+           CAST(:limit_key AS text), CAST(:unique_key AS text),
+           -- now() when the statement runs alone; after a unique key's lookup, its own start
+           -- (as insert_keyed_job: a key's jobs never seem to overlap).
+           statement_timestamp(), statement_timestamp()
     FROM slot
     RETURNING *
 ), events AS (
@@ -1368,6 +1372,20 @@ WITH input AS (
 SELECT j.*, NULL AS refused FROM job j
 UNION ALL
 SELECT j.*, r.queues FROM refused r LEFT JOIN job j ON false;
+
+-- name: fold_slot
+-- Record a slot of a schedule still at :revision and not paused as fired into :job_id, the job already holding its job's unique key in scope (no job written), and make it the schedule's last slot. A slot already recorded: no row.
+WITH slot AS (
+    INSERT INTO taskline.schedule_slots (schedule, slot, job_id)
+    SELECT name, CAST(:slot AS timestamptz), CAST(:job_id AS uuid) FROM taskline.schedules
+    WHERE name = :name AND revision = :revision AND NOT paused
+    ON CONFLICT (schedule, slot) DO NOTHING
+    RETURNING schedule, slot, job_id
+), marked AS (
+    UPDATE taskline.schedules s SET last_slot = slot.slot, last_job_id = slot.job_id
+    FROM slot WHERE s.name = slot.schedule AND (s.last_slot IS NULL OR s.last_slot < slot.slot)
+)
+SELECT schedule, slot, job_id FROM slot;
 
 -- name: announce_steps
 -- Owe new workflow steps (:ids, queued or scheduled) to Redis as enqueue_in_transaction owes
@@ -1473,6 +1491,7 @@ SELECT status, result, last_error, attempts FROM taskline.jobs WHERE id = CAST(:
 UPDATE taskline.schedules SET declared_in_code = (name = ANY(CAST(:names AS text[])))
 WHERE name = ANY(CAST(:names AS text[])) OR declared_in_code IS NOT NULL
 RETURNING name, declared_in_code;
+
 -- name: forget_declared_types
 -- Delete a starting worker's earlier declarations and those of workers unseen for :ttl_s seconds.
 DELETE FROM taskline.declared_types d
@@ -1504,3 +1523,112 @@ FROM taskline.declared_types d LEFT JOIN taskline.workers w ON w.id = d.worker_i
 WHERE COALESCE(w.last_heartbeat, d.declared_at) > now() - make_interval(secs => :ttl_s)
 GROUP BY d.type, d.queue, d.schema
 ORDER BY d.type, last_seen DESC;
+
+-- name: lock_enqueue_keys
+-- Take the transaction-level locks of the unique and debounce keys :locks (texts built by taskline.uniqueness), in one global order (by hash), so two writers sharing keys wait for each other instead of deadlocking.
+-- Taken by a statement of its own: under READ COMMITTED the lookups that follow take a fresh
+-- snapshot, so they see the job the previous holder of the lock committed.
+SELECT count(pg_advisory_xact_lock(t.h)) AS locked
+FROM (SELECT DISTINCT hashtextextended(k, 0) AS h
+      FROM unnest(CAST(:locks AS text[])) AS k ORDER BY 1) t;
+
+-- name: find_unique
+-- The newest job of :queue holding :unique_key in one of :states, created within :period_s (null: for ever), by PostgreSQL's clock.
+SELECT * FROM taskline.jobs
+WHERE queue = :queue AND unique_key = :unique_key
+  AND status = ANY(CAST(:states AS text[]))
+  AND (CAST(:period_s AS float8) IS NULL
+       OR created_at > now() - make_interval(secs => CAST(:period_s AS float8)))
+ORDER BY created_at DESC
+LIMIT 1;
+
+-- name: replace_unique
+-- Replace the payload, priority and (while it waits) run time of a unique job that has not started; no row when it has.
+-- A queued job is due already and stays queued: only a scheduled one takes the new run time.
+WITH replaced AS (
+    UPDATE taskline.jobs SET payload = CAST(:payload AS jsonb), priority = :priority,
+           next_run_at = CASE WHEN status = 'scheduled'
+                              THEN COALESCE(CAST(:run_at AS timestamptz),
+                                            now() + make_interval(secs => :delay_s))
+                              ELSE next_run_at END,
+           updated_at = now()
+    WHERE id = :id AND (status IN ('scheduled', 'queued')) IS TRUE AND attempts = 0
+    RETURNING *
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
+    SELECT r.id, 0, :event, CAST(:actor AS text),
+           jsonb_build_object('status', r.status, 'priority', r.priority)
+    FROM replaced r
+), outbox AS (
+    -- The library's call (:announce): a queued job replaced at a new priority is owed to its
+    -- new ready list (the relay pushes it again; the claim drops the stale entry).
+    INSERT INTO taskline.enqueue_outbox (job_id, queue)
+    SELECT r.id, r.queue FROM replaced r WHERE CAST(:announce AS boolean) AND r.status = 'queued'
+    ON CONFLICT (job_id) DO NOTHING
+)
+SELECT * FROM replaced;
+
+-- name: join_debounced
+-- Add :payload to the newest scheduled job of :queue and :type holding :debounce_key, unless it holds :max_joined payloads or :max_bytes of them already; its run moves to :delay_s from now, at most 10 x :delay_s after its creation. No row: begin a new job.
+-- The row's own state is re-tested after its lock: a job the promoter moved to queued
+-- meanwhile takes no more payloads (an arrival after that begins a new job).
+WITH joined AS (
+    UPDATE taskline.jobs j
+    SET coalesced = j.coalesced || jsonb_build_array(CAST(:payload AS jsonb)),
+        next_run_at = LEAST(now() + make_interval(secs => :delay_s),
+                            j.created_at + make_interval(secs => :delay_s * :span)),
+        updated_at = now()
+    WHERE j.id = (SELECT id FROM taskline.jobs
+                  WHERE queue = :queue AND type = :type AND debounce_key = :debounce_key
+                    AND status = 'scheduled'
+                  ORDER BY created_at DESC LIMIT 1)
+      AND (j.status = 'scheduled') IS TRUE
+      AND jsonb_array_length(j.coalesced) < :max_joined
+      AND octet_length(CAST(j.coalesced AS text)) + octet_length(CAST(:payload AS text)) + 2
+          <= :max_bytes
+    RETURNING j.*
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor, detail)
+    SELECT r.id, 0, :event, CAST(:actor AS text),
+           jsonb_build_object('joined', jsonb_array_length(r.coalesced), 'status', r.status)
+    FROM joined r
+)
+SELECT * FROM joined;
+
+-- name: insert_keyed_job
+-- Insert one job with its unique or debounce key (and a debounced job's first payload as `coalesced`) and its first event; skipped when its (queue, idempotency key) exists. The status by PostgreSQL's clock. With :announce (the library's in-transaction enqueue) also its outbox row and signals, as enqueue_in_transaction writes them.
+-- Only jobs with `unique` or `debounce` (or a batch holding one) come here, after
+-- lock_enqueue_keys; the plain inserts above stay as they were. created_at is this
+-- statement's start, not the transaction's: later than the lookup that found the key's
+-- previous job finished, so a key's jobs never seem to overlap (the fault checker's rule).
+WITH input AS (
+    SELECT COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)) AS due
+), inserted AS (
+    INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, idempotency_key, request_hash, trace_context, limit_key,
+                      unique_key, debounce_key, coalesced, created_at, updated_at)
+    SELECT :id, :type, :queue, CAST(:payload AS jsonb), :priority,
+           CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
+           :max_retries, :timeout_s, t.due, CAST(:idempotency_key AS text),
+           CAST(:request_hash AS text), CAST(:trace_context AS text), CAST(:limit_key AS text),
+           CAST(:unique_key AS text), CAST(:debounce_key AS text),
+           CASE WHEN CAST(:debounce_key AS text) IS NOT NULL
+                THEN jsonb_build_array(CAST(:payload AS jsonb)) END,
+           statement_timestamp(), statement_timestamp()
+    FROM input t
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING *
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, actor)
+    SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status, CAST(:actor AS text)
+    FROM inserted i
+), outbox AS (
+    INSERT INTO taskline.enqueue_outbox (job_id, queue)
+    SELECT i.id, i.queue FROM inserted i WHERE CAST(:announce AS boolean)
+), signals AS (
+    SELECT pg_notify('taskline_enqueued', i.queue),
+           pg_notify('taskline_enqueued_jobs', concat_ws(' ', i.id, i.priority, i.status,
+                     round(extract(epoch FROM i.next_run_at) * 1000), i.queue))
+    FROM inserted i WHERE CAST(:announce AS boolean)
+)
+SELECT i.*, (SELECT count(*) FROM signals) AS signalled FROM inserted i;

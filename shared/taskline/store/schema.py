@@ -71,6 +71,11 @@ jobs = Table(
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
     Column("schedule", Text, nullable=True),
     Column("scheduled_for", DateTime(timezone=True), nullable=True),
+    # A unique job's key (principal-scoped), a debounced job's key and the payloads that joined
+    # it, first included (migration 0019; taskline.uniqueness).
+    Column("unique_key", Text, nullable=True),
+    Column("debounce_key", Text, nullable=True),
+    Column("coalesced", JSONB, nullable=True),
     CheckConstraint(
         "status IN ('scheduled','queued','running','retrying','succeeded','dead','cancelled',"
         "'waiting')",
@@ -98,6 +103,10 @@ Index("jobs_finished_unstamped", jobs.c.status, jobs.c.updated_at,
       postgresql_where=text(f"finished_at IS NULL AND status IN {TERMINAL_SQL}"))
 Index("jobs_workflow", jobs.c.workflow_id, jobs.c.step,
       postgresql_where=text("workflow_id IS NOT NULL"))
+Index("jobs_unique_key", jobs.c.queue, jobs.c.unique_key, jobs.c.created_at,
+      postgresql_where=text("unique_key IS NOT NULL"))
+Index("jobs_debounce", jobs.c.queue, jobs.c.type, jobs.c.debounce_key,
+      postgresql_where=text("debounce_key IS NOT NULL AND status = 'scheduled'"))
 
 job_leases = Table(
     "job_leases",

@@ -46,6 +46,7 @@ from taskline.store.rows import (
     StepCounts,
 )
 from taskline.transitions import Move
+from taskline.uniquespec import unique_lock
 
 QUERIES = queries_for(DEFAULT_SCHEMA)
 """The statements for the default schema (what tests and tools read; a Store runs its own)."""
@@ -516,19 +517,43 @@ class Store:
     def active_schedules(self) -> list[ScheduleRow]:
         return [ScheduleRow.from_row(r) for r in self._run("active_schedules", {})]
 
-    def fire_slot(self, schedule: ScheduleRow, slot: datetime) -> Job | None:
+    def fire_slot(self, schedule: ScheduleRow, slot: datetime,
+                  conn: Connection | None = None) -> Job | None:
         """Enqueue the job of `schedule`'s `slot` with the slot's record, in one statement;
         None when the slot already fired (or the schedule changed, paused or went)."""
         job = schedule.job
+        unique = job.get("unique")
         params = {"name": schedule.name, "revision": schedule.revision, "slot": slot,
                   "id": new_job_id(), "type": job["type"], "queue": job["queue"],
                   "payload": _json(job["payload"]), "priority": job["priority"],
                   "max_retries": job["max_retries"], "timeout_s": job["timeout_s"],
                   "limit_key": job.get("limit_key"),
+                  "unique_key": None if unique is None else unique["key"],
                   "status": transitions.ENQUEUE.target.value,
                   "event": transitions.ENQUEUE.event.value}
-        rows = self._refusing(self._run("fire_slot", params | {"max_queues": self.max_queues}))
+        rows = self._refusing(self._run("fire_slot", params | {"max_queues": self.max_queues},
+                                        conn))
         return Job.from_row(rows[0]) if rows else None
+
+    def fire_unique_slot(self, schedule: ScheduleRow, slot: datetime
+                         ) -> tuple[Job | None, bool]:
+        """`fire_slot` for a schedule whose job has `unique`, under the key's lock (as every
+        unique enqueue, taskline.uniqueness): (the slot's new job, False); or, when a job
+        holds the key in scope, (that job, True) with the slot recorded as folded into it
+        and nothing written; (None, False) when the slot already fired."""
+        job, unique = schedule.job, schedule.job["unique"]
+        with self.transaction() as conn:
+            self._run("lock_enqueue_keys",
+                      {"locks": [unique_lock(job["queue"], unique["key"])]}, conn)
+            found = self._run("find_unique", {
+                "queue": job["queue"], "unique_key": unique["key"], "states": unique["states"],
+                "period_s": unique["period_s"]}, conn)
+            if not found:
+                return self.fire_slot(schedule, slot, conn), False
+            held = Job.from_row(found[0])
+            folded = self._run("fold_slot", {"name": schedule.name, "revision": schedule.revision,
+                                             "slot": slot, "job_id": held.id}, conn)
+            return (held, True) if folded else (None, False)
 
     # --- worker side ---------------------------------------------------------------------
 
