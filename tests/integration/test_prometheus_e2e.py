@@ -214,6 +214,15 @@ class Workload:
             "fail_first": 1, "non_retryable": True, "error": "malformed input"}}))
         delayed = self.post({"type": "echo", "delay_s": 300})
         assert requests.delete(f"{self.api}/jobs/{delayed}", timeout=10).status_code == 200
+        # A waiting read (wait_s), answered by a slow job's finishing commit.
+        slow = self.post({"type": "simulate", "payload": {"sleep_s": 1.0}})
+        waited = requests.get(f"{self.api}/jobs/{slow}", params={"wait_s": 10}, timeout=20)
+        assert waited.status_code == 200 and waited.json()["status"] == "succeeded", waited.text
+        # A unique job asked for twice: the second is folded into the first.
+        for expected in (201, 200):
+            answer = requests.post(f"{self.api}/jobs", timeout=10, json={
+                "type": "echo", "delay_s": 300, "unique": {"key": f"e2e-{slow}"}})
+            assert answer.status_code == expected, answer.text
         wait_for(lambda: all(self.status(i) in ("succeeded", "dead") for i in ids),
                  timeout=20, message="every job of the wave ended")
         return ids
@@ -323,7 +332,8 @@ def test_every_panel_shows_data_and_every_alert_parses(settings: Settings, store
         for name in rare:
             wait_for(lambda n=name: prometheus.total(f"sum({n})") >= 1, timeout=20,
                      interval=0.25, message=f"{name} counted and scraped")
-        assert panels_without_data(prometheus, timeout=20) == []
+        missing = panels_without_data(prometheus, timeout=20)
+        assert missing == [], missing
         assert prometheus.total('sum(taskline_http_request_duration_seconds_count'
                                 '{route="/api/v1/jobs", method="POST", status="201"})') >= 20
         for name in MAINTENANCE_ONLY:
