@@ -21,6 +21,9 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.faults
 
 WORK = "fault.work"
+WORK_ASYNC = "fault.work_async"
+HANDLER_KINDS = pytest.mark.parametrize("work", [WORK, WORK_ASYNC], ids=["thread", "async"])
+"""Scenarios where a handler runs: once with a thread handler, once with a coroutine."""
 LEASE_S = 2.0
 
 
@@ -62,13 +65,15 @@ def executions(run, job_id: str) -> list[tuple]:
 
 @pytest.mark.fast
 @pytest.mark.timeout(90)
-def test_worker_sigkill_mid_job(fault_run):
-    run = fault_run("worker SIGKILL mid-job", workers=2, concurrency=2, supervise=True)
-    ids = enqueue_work(run, 6, sleep_s=1.0)
+@HANDLER_KINDS
+def test_worker_sigkill_mid_job(fault_run, work):
+    run = fault_run(f"worker SIGKILL mid-job ({work})", workers=2, concurrency=2,
+                    supervise=True)
+    ids = enqueue_work(run, 6, sleep_s=1.0, job_type=work)
     with ThreadPoolExecutor(len(ids)) as waiters:  # clients waiting for each result
         waits = [waiters.submit(run.workload.wait, job_id) for job_id in ids]
         _victim, jobs = run.nemesis.kill_busy_worker()
-        more = enqueue_work(run, 6, sleep_s=0.2)
+        more = enqueue_work(run, 6, sleep_s=0.2, job_type=work)
         told = [w.result().body.get("status") for w in waits]
     result = run.check()
     run.assert_clean(result)
@@ -101,10 +106,12 @@ def test_worker_sigkill_mid_job_in_a_schema_of_its_own(fault_run):
 
 @pytest.mark.fast
 @pytest.mark.timeout(90)
-def test_worker_sigstop_past_its_lease_then_sigcont(fault_run):
-    run = fault_run("worker SIGSTOP past its lease, then SIGCONT", workers=1, concurrency=1)
+@HANDLER_KINDS
+def test_worker_sigstop_past_its_lease_then_sigcont(fault_run, work):
+    run = fault_run(f"worker SIGSTOP past its lease, then SIGCONT ({work})", workers=1,
+                    concurrency=1)
     zombie = run.cluster.workers[0]
-    [job_id] = enqueue_work(run, 1, sleep_s=1.5)
+    [job_id] = enqueue_work(run, 1, sleep_s=1.5, job_type=work)
     wait_executing(run, job_id, zombie)
     run.nemesis.stop(zombie)
     rescuer = run.cluster.add_worker()
@@ -113,7 +120,7 @@ def test_worker_sigstop_past_its_lease_then_sigcont(fault_run):
     wait_for(lambda: stale_rejections(e for e in run.cluster.log_events(("worker",))
                                       if e["_service"] == zombie.name) >= 1,
              timeout=10, message="the zombie's outcome to be refused")
-    more = enqueue_work(run, 4, sleep_s=0.1)  # the zombie takes work again once thawed
+    more = enqueue_work(run, 4, sleep_s=0.1, job_type=work)  # the thawed zombie takes work
     result = run.check()
     run.assert_clean(result)
     job = job_row(run, job_id)
@@ -195,10 +202,12 @@ def test_poison_job_reaches_the_dlq_while_work_flows(fault_run):
 
 
 @pytest.mark.timeout(120)
-def test_handler_that_hangs_forever_times_out(fault_run):
-    run = fault_run("handler hangs forever (timeout, no endless renewal)", workers=1,
-                    concurrency=1, supervise=True)
-    hang = run.workload.enqueue("fault.hang", {}, timeout_s=1, max_retries=1)
+@pytest.mark.parametrize("hang_type", ["fault.hang", "fault.hang_async"],
+                         ids=["thread", "async"])
+def test_handler_that_hangs_forever_times_out(fault_run, hang_type):
+    run = fault_run(f"handler hangs forever (timeout, no endless renewal; {hang_type})",
+                    workers=1, concurrency=1, supervise=True)
+    hang = run.workload.enqueue(hang_type, {}, timeout_s=1, max_retries=1)
     assert hang.ok
     wait_status(run, hang.job_id, "dead", timeout=40)
     plain = enqueue_work(run, 3, sleep_s=0.1)  # the (recycled) worker still takes work
@@ -211,7 +220,7 @@ def test_handler_that_hangs_forever_times_out(fault_run):
         assert lease["leased_until"] <= lease["released_at"] + timedelta(seconds=LEASE_S)
     assert result.acknowledged == 1 + len(plain)
     logs = run.cluster.log_events(("worker",))
-    assert any(e.get("action") == "recycle" for e in logs), "two abandoned threads > 1 slot"
+    assert any(e.get("action") == "recycle" for e in logs), "two abandoned handlers > 1 slot"
 
 
 @pytest.mark.timeout(120)
