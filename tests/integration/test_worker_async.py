@@ -90,6 +90,8 @@ def test_coroutines_ignoring_cancellation_are_written_off_then_recycle_the_worke
     try:
         wait_status(store, first, "dead")
         assert worker.runner.abandoned == 1
+        wait_for(lambda: sample("taskline_worker_abandoned_handlers",
+                                worker=worker.worker_id) == 1, message="abandoned exported")
         # Its permit came back at the timeout: the one slot runs the next job meanwhile.
         after = enqueue(store, dispatcher, "t.record", {"tag": "after"})
         wait_status(store, after, "succeeded")
@@ -169,7 +171,7 @@ def test_a_blocked_loop_delays_neither_renewal_nor_timeouts(settings, store, dis
     renewals = sample("job_lease_renewals_total", result="ok")
     # Holds the loop for two lease periods; only renewal from another thread keeps it.
     blocker = enqueue(store, dispatcher, "t.async.blocking", {"block_s": 2.0}, timeout_s=30)
-    with running_worker(fast, concurrency=2):
+    with running_worker(fast, concurrency=2) as worker:
         wait_for(ah.BLOCKING.is_set, message="the loop is blocked")
         first = store.get_history(blocker.id)[1][0]
         # Handed to the blocked loop, this one never starts; its timeout still passes.
@@ -177,6 +179,9 @@ def test_a_blocked_loop_delays_neither_renewal_nor_timeouts(settings, store, dis
                           max_retries=0)
         wait_status(store, starved, "dead")
         assert ah.BLOCKING.is_set(), "the timeout waited for the loop"
+        # An operator sees the loop held, from the heartbeat's gauge.
+        wait_for(lambda: sample("taskline_worker_event_loop_lag_seconds",
+                                worker=worker.worker_id) >= 0.5, message="loop lag exported")
         wait_status(store, blocker, "succeeded")
     lease = store.get_history(blocker.id)[1][0]
     assert lease["leased_until"] > first["leased_until"]

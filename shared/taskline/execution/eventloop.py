@@ -5,19 +5,24 @@ Invariant: nothing the worker must do on time runs on this loop. Lease renewal, 
 and timeouts live on their own threads (taskline.execution.leases, fencing, deadlines), so a
 handler that blocks the loop (a `time.sleep`, a synchronous driver) delays only the other
 coroutine handlers, never a renewal or a timeout. The loop is started on the first coroutine
-handler a process runs: a worker with only thread handlers has no loop thread at all.
+handler a process runs: a worker with only thread handlers has no loop thread at all. The loop
+ticks every TICK_S, so how long it has been held (`lag_s`) is visible while it is held: the
+worker exports it as taskline_worker_event_loop_lag_seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 Ended = Callable[[Any, BaseException | None], None]
 LOOP_THREAD = "taskline-asyncio"
+TICK_S = 0.1
+"""How often the loop notes that it runs: the resolution of `lag_s`, at ten wake-ups a second."""
 
 
 def on_event_loop() -> bool:
@@ -45,6 +50,14 @@ class EventLoop:
         self._lock = threading.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         """Running tasks: the loop keeps only weak references to them."""
+        self._ticked: float | None = None
+        """When the loop last ran its tick (monotonic); None while there is no loop."""
+
+    def lag_s(self) -> float:
+        """How long the loop has been held beyond its tick: 0 when it runs freely or is not
+        started, the seconds so far while a handler blocks it."""
+        ticked = self._ticked
+        return 0.0 if ticked is None else max(time.monotonic() - ticked - TICK_S, 0.0)
 
     def run(self, coroutine: Callable[[], Coroutine[Any, Any, Any]],
             ended: Ended) -> Callable[[], None]:
@@ -64,11 +77,14 @@ class EventLoop:
             loop, self._loop = self._loop, None
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
+        self._ticked = None
 
     def _running(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
+                self._ticked = time.monotonic()
+                loop.call_soon(self._tick, loop)
                 threading.Thread(target=self._serve, args=(loop,), name=LOOP_THREAD,
                                  daemon=True).start()
                 self._loop = loop
@@ -81,6 +97,11 @@ class EventLoop:
             loop.run_forever()
         finally:
             loop.close()
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is loop:  # a stopped loop stops ticking
+            self._ticked = time.monotonic()
+            loop.call_later(TICK_S, self._tick, loop)
 
     def _start(self, started: _Started, coroutine: Callable[[], Coroutine[Any, Any, Any]],
                ended: Ended) -> None:
