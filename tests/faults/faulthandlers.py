@@ -14,7 +14,8 @@ Types:
   failure permanent.
 - `fault.kill_worker`: SIGKILLs its own worker process (a poison job).
 - `fault.hang`: never returns and ignores the stop flag.
-- `fault.work_async`, `fault.hang_async`: `fault.work` and `fault.hang` as `async def` handlers,
+- `fault.work_async`, `fault.hang_async`, `fault.crash_before_commit_async`: `fault.work`,
+  `fault.hang` and `fault.crash_before_commit` as `async def` handlers,
   run on the worker's event loop (the hanging one swallows every cancellation); their log
   writes go through `asyncio.to_thread`, as a coroutine's blocking calls should.
 - `fault.crash_before_commit`: succeeds, but on attempt 1 its completion hook SIGKILLs the
@@ -231,3 +232,18 @@ async def hang_async(payload: Any, ctx: JobContext) -> None:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
             continue
+
+
+@handler("fault.crash_before_commit_async")
+async def crash_before_commit_async(payload: Any, ctx: JobContext) -> dict[str, Any]:
+    execution = await asyncio.to_thread(Execution, ctx)
+    write = effect_hook(ctx)
+
+    def commit_or_crash(conn: Any) -> None:
+        write(conn)
+        if ctx.attempt == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # as fault.crash_before_commit
+
+    ctx.on_complete(commit_or_crash)
+    await asyncio.to_thread(execution.end, "returned")
+    return {"attempt": ctx.attempt}

@@ -155,11 +155,13 @@ def test_sigstop_for_half_a_lease_is_not_reaped(fault_run):
 
 @pytest.mark.fast
 @pytest.mark.timeout(90)
-def test_crash_after_the_handler_before_the_completion_commit(fault_run):
-    run = fault_run("crash after the handler, before the completion commit", workers=1,
-                    concurrency=2, supervise=True)
-    crashing = enqueue_work(run, 3, job_type="fault.crash_before_commit")
-    plain = enqueue_work(run, 5, sleep_s=0.1)
+@pytest.mark.parametrize("suffix", ["", "_async"], ids=["thread", "async"])
+def test_crash_after_the_handler_before_the_completion_commit(fault_run, suffix):
+    run = fault_run("crash after the handler, before the completion commit"
+                    + (" (async)" if suffix else ""),
+                    workers=1, concurrency=2, supervise=True)
+    crashing = enqueue_work(run, 3, job_type=f"fault.crash_before_commit{suffix}")
+    plain = enqueue_work(run, 5, sleep_s=0.1, job_type=WORK + suffix)
     result = run.check()
     run.assert_clean(result)
     ran_then_crashed = 0
