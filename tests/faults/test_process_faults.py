@@ -304,9 +304,11 @@ def test_promoter_killed_mid_promotion(fault_run):
 @pytest.mark.fast
 @pytest.mark.timeout(180)
 def test_load_3000_jobs_on_4_workers_run_once_each(fault_run):
-    run = fault_run("3,000 jobs on 4 worker processes x 4 threads", workers=4, concurrency=4,
-                    api_workers=2)
-    batches = [[{"type": WORK, "payload": {}} for _ in range(100)] for _ in range(30)]
+    run = fault_run("3,000 jobs on 4 worker processes x 4 slots, half of them async",
+                    workers=4, concurrency=4, api_workers=2)
+    # Thread and coroutine handlers interleaved in every worker, sharing its four slots.
+    batches = [[{"type": (WORK, WORK_ASYNC)[n % 2], "payload": {}} for n in range(100)]
+               for _ in range(30)]
     answers = run.workload.many([lambda b=b: run.workload.enqueue_batch(b) for b in batches],
                                 threads=3)
     assert all(a.ok for a in answers)
