@@ -19,6 +19,7 @@ from taskline_worker.worker import Exit
 from tests.helpers import enqueue, wait_for
 from tests.integration import async_handlers as ah
 from tests.integration import worker_handlers as th
+from tests.integration.test_worker_lifecycle import refusing_connections, released
 from tests.integration.test_worker_outcomes import (
     events,
     outcomes,
@@ -128,6 +129,41 @@ def test_a_zombie_coroutine_completion_changes_nothing(settings, store, dispatch
                  message="stale completion counted")
     assert status_of(store, job) == "queued" and store.get_job(job.id).result is None
     assert outcomes(store, job) == ["lost"]
+
+
+def test_a_coroutine_whose_lease_cannot_be_renewed_self_fences(settings, store, dispatcher,
+                                                                database_url):
+    fast = settings.replace(lease_s=1.5, heartbeat_s=0.3)
+    fenced = enqueue(store, dispatcher, "t.async.block", {"gate": "never"})
+    with running_worker(fast) as worker:
+        wait_status(store, fenced, "running")
+        with refusing_connections(database_url):
+            wait_for(lambda: worker.fence.tripped, message="self-fenced")
+            wait_for(lambda: len(worker.attempts) == 0, message="attempt dropped")
+        store.engine.dispose()  # the test's pooled connections were cut too
+        wait_for(lambda: not worker.fence.tripped, message="fence lifted")
+        after = enqueue(store, dispatcher, "t.async.record", {"tag": "after"})
+        wait_status(store, after, "succeeded")
+    # Nothing was recorded for the fenced attempt: the reaper will recover it.
+    assert status_of(store, fenced) == "running"
+    assert outcomes(store, fenced) == [None]
+
+
+def test_shutdown_finishes_coroutines_within_the_grace_and_hands_back_the_rest(
+        settings, store, dispatcher):
+    quick = enqueue(store, dispatcher, "t.async.sleep", {"sleep_s": 0.5})
+    deaf = enqueue(store, dispatcher, "t.async.stubborn", {"gate": "never"})
+    runner = WorkerThread(settings.replace(shutdown_grace_s=1.5), concurrency=2)
+    runner.start()
+    try:
+        wait_for(lambda: status_of(store, quick) == status_of(store, deaf) == "running",
+                 message="both running")
+        runner.stop()
+    finally:
+        th.open_all_gates()
+    assert runner.exit is Exit.STOPPED
+    assert status_of(store, quick) == "succeeded"
+    assert released(store, deaf)
 
 
 @pytest.fixture
