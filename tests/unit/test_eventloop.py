@@ -71,12 +71,14 @@ def test_a_cancel_ends_a_running_task_and_one_not_yet_started():
         assert running.done.wait(5)
         assert isinstance(running.error, asyncio.CancelledError)
 
-        hold = threading.Event()
+        holding, hold = threading.Event(), threading.Event()
 
         async def blocking() -> None:
+            holding.set()
             hold.wait(5)  # holds the loop: the next task cannot start before its cancel
 
         loop.run(blocking, Ends())
+        assert holding.wait(5)
         never_ran: list[bool] = []
 
         async def body() -> None:

@@ -83,11 +83,11 @@ class EventLoop:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
+                self._loop = loop  # before its thread runs the first tick, which checks it
                 self._ticked = time.monotonic()
                 loop.call_soon(self._tick, loop)
                 threading.Thread(target=self._serve, args=(loop,), name=LOOP_THREAD,
                                  daemon=True).start()
-                self._loop = loop
             return self._loop
 
     @staticmethod
