@@ -3,7 +3,8 @@
 `bench.stamp` returns the wall-clock instant its handler started, so pickup latency can be
 measured from the API's 201 (seen by the client) to the handler's start on the same host clock.
 `bench.noop` does nothing; `bench.fail` raises, for the mixed run's failing jobs.
-`bench.redis` makes one Redis round trip and `bench.sleep10` waits 10 ms: the I/O-bound drains,
+`bench.redis` makes one Redis round trip and `bench.sleep10` waits 10 ms: the I/O-bound drains
+(`bench.sleep10_async` awaits 10 ms on the worker's event loop, the `async def` drain),
 (`bench.sleep` waits `payload["s"]` seconds: the flow-limit scenarios' jobs of a known length),
 with the job bodies the peers run too (iojobs.py). The worker gets the benchmark's Redis URL as
 REDIS_URL (bench/stack.py, Stack.env).
@@ -43,6 +44,11 @@ def redis_round_trip(payload: Any, ctx: JobContext) -> None:
 @handler("bench.sleep10")
 def sleep10(payload: Any, ctx: JobContext) -> None:
     iojobs.sleep10()
+
+
+@handler("bench.sleep10_async")
+async def sleep10_async(payload: Any, ctx: JobContext) -> None:
+    await iojobs.asleep10()
 
 
 @handler("bench.sleep")

@@ -3,12 +3,14 @@ Celery and Dramatiq peers', so every system runs the very same job body.
 
 `redis_round_trip` is one INCR of COUNTER in the benchmark's Redis logical DB (a real job makes
 at least one network call; the count also proves every job ran); `sleep10` waits 10 ms without
-CPU (an I/O-bound job: a slow API or query). Each process makes one Redis client, lazily, on its
+CPU (an I/O-bound job: a slow API or query), `asleep10` the same awaited, for `async def`
+handlers. Each process makes one Redis client, lazily, on its
 first job: after any fork, and shared by its handler threads (redis-py's pool is thread-safe).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -35,3 +37,7 @@ def redis_round_trip(url: str) -> None:
 
 def sleep10() -> None:
     time.sleep(SLEEP_S)
+
+
+async def asleep10() -> None:
+    await asyncio.sleep(SLEEP_S)

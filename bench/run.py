@@ -83,6 +83,9 @@ PEER_DRAINS: dict[str, Callable[..., float]] = {
 IO_HANDLERS = ("redis", "sleep10")
 IO_PROCESSES = 2
 IO_SLOTS = 8
+ASYNC_SLOTS = (16, 64)
+"""--concurrency of the `async def` 10 ms-sleep drains: the threads' default, and more than
+threads could afford (coroutines cost no stack nor wake-up while they wait)."""
 WORKFLOW_SCENARIOS = ("workflow_fan_in_1000_steps_s", "workflow_chain_100_handoff",
                       "enqueue_p99_beside_workflow_lists")
 
@@ -149,6 +152,12 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
         # groups, and batches of 1,000 unique jobs.
         **uniques.scenarios(n),
     }
+    for slots in ASYNC_SLOTS:
+        # `async def` handlers awaiting 10 ms, 2 processes: read beside drain_io's sleep10
+        # (threads) and Dramatiq's 2 x 16 threads there.
+        table[f"drain_sleep10_async_{IO_PROCESSES}x{slots}"] = (
+            lambda s, slots=slots: sc.drain(s, n, IO_PROCESSES, job_type="bench.sleep10_async",
+                                            concurrency=slots))
     if big:
         table["enqueue_batch_100k"] = lambda s: sc.enqueue_batch(s, 100_000)
         table["drain_2_workers_100k"] = lambda s: sc.drain(s, 100_000, 2)

@@ -284,6 +284,13 @@ INFRASTRUCTURE = (
                  "commit {{datname}}"),
            Query("sum by (datname) (rate(pg_stat_database_xact_rollback[5m]))",
                  "rollback {{datname}}")), unit="ops", width=12),
+    Chart("Async handlers", "How long an async def handler has been holding each worker's "
+          "event loop (blocking code in a coroutine), and handlers past their timeout still "
+          "running (a worker recycles once they outnumber its slots).",
+          (Query("max by (worker) (taskline_worker_event_loop_lag_seconds)",
+                 "loop held {{worker}}"),
+           Query("sum(taskline_worker_abandoned_handlers)", "abandoned handlers")),
+          width=24),
 )
 
 DISPATCH = (

@@ -132,7 +132,8 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
     worker.add_argument("--queues", type=_csv, default=["default"],
                         help="comma-separated queues, taken in this order (default: default)")
     worker.add_argument("--concurrency", type=int, default=16,
-                        help="handler threads (default 16: docs/performance.md, concurrency sweep)")
+                        help="handlers running at once, threads and async def coroutines "
+                             "together (default 16: docs/performance.md, concurrency sweep)")
     worker.add_argument("--metrics-port", type=int, default=None, help=METRICS_PORT_HELP)
     worker.add_argument("--handlers", type=_csv, default=None, metavar="MOD1,MOD2",
                         help="comma-separated modules imported for their @handler "

@@ -1,5 +1,6 @@
 """Heartbeat: the worker's proof of life in the workers table and in Redis, and its slot gauges
-(busy, all, and the jobs claimed ahead waiting for a thread).
+(busy, all, and the jobs claimed ahead waiting for a thread), with the runner's health: the
+abandoned handlers and how long an async handler has been holding the event loop.
 
 Invariant: a failed heartbeat is logged and never stops the worker. The Redis key lives three
 periods, but its absence alone proves nothing (after a Redis restart every key is gone while
@@ -12,7 +13,8 @@ import logging
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.execution.attempts import Attempts
-from taskline.metrics import BUSY_SLOTS, CLAIMED_AHEAD, SLOTS
+from taskline.execution.runner import Runner
+from taskline.metrics import ABANDONED_HANDLERS, BUSY_SLOTS, CLAIMED_AHEAD, EVENT_LOOP_LAG, SLOTS
 from taskline.service import Periodic, guarded
 from taskline.store.store import Store
 
@@ -25,13 +27,15 @@ class Heartbeat(Periodic):
     name = "heartbeat"
 
     def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
-                 period_s: float, attempts: Attempts) -> None:
+                 period_s: float, attempts: Attempts,
+                 runner: Runner | None = None) -> None:
         super().__init__()
         self._store = store
         self._dispatcher = dispatcher
         self._worker_id = worker_id
         self._period_s = period_s
         self._attempts = attempts
+        self._runner = runner
 
     @property
     def interval_s(self) -> float:
@@ -46,6 +50,9 @@ class Heartbeat(Periodic):
         BUSY_SLOTS.labels(self._worker_id).set(active)
         SLOTS.labels(self._worker_id).set(self._attempts.concurrency)
         CLAIMED_AHEAD.labels(self._worker_id).set(self._attempts.waiting)
+        if self._runner is not None:
+            EVENT_LOOP_LAG.labels(self._worker_id).set(self._runner.loop.lag_s())
+            ABANDONED_HANDLERS.labels(self._worker_id).set(self._runner.abandoned)
         guarded(self.name, lambda: self._store.heartbeat_worker(self._worker_id, active),
                 "workers table")
         guarded(self.name, lambda: self._dispatcher.heartbeat(

@@ -31,9 +31,11 @@ from taskline.execution.outcomes import NextSteps, Recorder
 from taskline.execution.runner import Runner
 from taskline.handlers import registry, serving, webhook
 from taskline.metrics import (
+    ABANDONED_HANDLERS,
     BUSY_SLOTS,
     CLAIM_CONFLICTS,
     CLAIMED_AHEAD,
+    EVENT_LOOP_LAG,
     LEASE_RENEWALS,
     LOOP_ERRORS,
     PROCESSING_TIME,
@@ -135,7 +137,7 @@ class Worker:
                                   attempts=self.attempts, on_renewed=self.fence.watch)
         self.heartbeat = Heartbeat(store=self.store, dispatcher=self.dispatcher,
                                    worker_id=self.worker_id, period_s=s.heartbeat_s,
-                                   attempts=self.attempts)
+                                   attempts=self.attempts, runner=self.runner)
         self.mode = DispatchMode(store=self.store, dispatcher=self.dispatcher,
                                  database_url=s.session_url, worker_id=self.worker_id,
                                  queues=self.queues, on_return=self.handback.sweep,
@@ -269,8 +271,8 @@ class Worker:
         self.dispatcher.close()
 
     def _deregister(self) -> None:
-        BUSY_SLOTS.labels(self.worker_id).set(0)
-        CLAIMED_AHEAD.labels(self.worker_id).set(0)
+        for gauge in (BUSY_SLOTS, CLAIMED_AHEAD, EVENT_LOOP_LAG, ABANDONED_HANDLERS):
+            gauge.labels(self.worker_id).set(0)
         try:
             self.store.stop_worker(self.worker_id)
         finally:

@@ -166,6 +166,14 @@ SLOTS = Gauge("taskline_worker_slots", "Handler slots", ["worker"], multiprocess
 CLAIMED_AHEAD = Gauge("taskline_worker_claimed_ahead",
                       "Jobs claimed and leased (status running) waiting for a handler thread",
                       ["worker"], multiprocess_mode="livesum")
+EVENT_LOOP_LAG = Gauge("taskline_worker_event_loop_lag_seconds",
+                       "How long an async def handler has been holding the worker's event loop "
+                       "(0 when it runs freely or there is none)", ["worker"],
+                       multiprocess_mode="livemax")
+ABANDONED_HANDLERS = Gauge("taskline_worker_abandoned_handlers",
+                           "Handlers past their timeout still running (threads, and coroutines "
+                           "ignoring their cancellation); above the slots the worker recycles",
+                           ["worker"], multiprocess_mode="livesum")
 DISPATCH_DEGRADED = Gauge("taskline_dispatch_degraded",
                           "1 while the worker claims from PostgreSQL because Redis is unreachable",
                           ["worker"], multiprocess_mode="livesum")

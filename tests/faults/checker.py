@@ -66,9 +66,11 @@ from tests.faults.workflowcheck import workflow_violations
 TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
 TERMINAL_EVENTS = frozenset({"succeeded", "dead_lettered", "cancelled"})
 REPAIR_EVENTS = frozenset({"recovered", "released", "requeued"})
-EFFECT_TYPES = frozenset({"fault.work", "fault.crash_before_commit"})
+EFFECT_TYPES = frozenset({"fault.work", "fault.work_async", "fault.crash_before_commit",
+                          "fault.crash_before_commit_async"})
 DEFAULT_EXPECT: Mapping[str, frozenset[str]] = {
-    "fault.kill_worker": frozenset({"dead"}), "fault.hang": frozenset({"dead"})}
+    "fault.kill_worker": frozenset({"dead"}), "fault.hang": frozenset({"dead"}),
+    "fault.hang_async": frozenset({"dead"})}
 SUCCEEDED = frozenset({"succeeded"})
 STALE_ACTIONS = frozenset({"stale_outcome", "self_fence", "outcome_given_up"})
 CLASSES = ("ok", "recovered", "expired", "lost", "duplicated", "unexpected")

@@ -15,12 +15,17 @@ Types:
   so the checker sees what the one run covered.
 - `fault.kill_worker`: SIGKILLs its own worker process (a poison job).
 - `fault.hang`: never returns and ignores the stop flag.
+- `fault.work_async`, `fault.hang_async`, `fault.crash_before_commit_async`: `fault.work`,
+  `fault.hang` and `fault.crash_before_commit` as `async def` handlers,
+  run on the worker's event loop (the hanging one swallows every cancellation); their log
+  writes go through `asyncio.to_thread`, as a coroutine's blocking calls should.
 - `fault.crash_before_commit`: succeeds, but on attempt 1 its completion hook SIGKILLs the
   process inside the completion transaction, after the handler and before the commit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -190,4 +195,58 @@ def crash_before_commit(payload: Any, ctx: JobContext) -> dict[str, Any]:
 
     ctx.on_complete(commit_or_crash)
     execution.end("returned")
+    return {"attempt": ctx.attempt}
+
+
+async def _work_async(params: dict[str, Any], ctx: JobContext) -> None:
+    sleep_s = float(params.get("sleep_s", 0) or 0)
+    until = time.monotonic() + sleep_s
+    while not ctx.stopping and time.monotonic() < until:
+        await asyncio.sleep(min(0.02, max(until - time.monotonic(), 0)))
+    deadline = time.perf_counter() + float(params.get("cpu_ms", 0) or 0) / 1000
+    while time.perf_counter() < deadline and not ctx.stopping:
+        sum(i * i for i in range(1000))
+
+
+@handler("fault.work_async")
+async def work_async(payload: Any, ctx: JobContext) -> dict[str, Any]:
+    params = _params(payload)
+    execution = await asyncio.to_thread(Execution, ctx)
+    try:
+        await _work_async(params, ctx)
+        if ctx.stopping:
+            raise JobCancelled("stopped before the work finished")
+        if await asyncio.to_thread(_should_fail, params, ctx, execution):
+            error = NonRetryableError if params.get("non_retryable") else RuntimeError
+            raise error("fault.work_async failed on purpose")
+    except BaseException as err:
+        await asyncio.to_thread(execution.end, f"raised {type(err).__name__}")
+        raise
+    ctx.on_complete(effect_hook(ctx))
+    await asyncio.to_thread(execution.end, "returned")
+    return {"attempt": ctx.attempt}
+
+
+@handler("fault.hang_async")
+async def hang_async(payload: Any, ctx: JobContext) -> None:
+    await asyncio.to_thread(Execution, ctx)
+    while True:  # deaf to ctx.stopping and to cancellation: written off at its timeout
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            continue
+
+
+@handler("fault.crash_before_commit_async")
+async def crash_before_commit_async(payload: Any, ctx: JobContext) -> dict[str, Any]:
+    execution = await asyncio.to_thread(Execution, ctx)
+    write = effect_hook(ctx)
+
+    def commit_or_crash(conn: Any) -> None:
+        write(conn)
+        if ctx.attempt == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # as fault.crash_before_commit
+
+    ctx.on_complete(commit_or_crash)
+    await asyncio.to_thread(execution.end, "returned")
     return {"attempt": ctx.attempt}

@@ -21,6 +21,9 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.faults
 
 WORK = "fault.work"
+WORK_ASYNC = "fault.work_async"
+HANDLER_KINDS = pytest.mark.parametrize("work", [WORK, WORK_ASYNC], ids=["thread", "async"])
+"""Scenarios where a handler runs: once with a thread handler, once with a coroutine."""
 LEASE_S = 2.0
 
 
@@ -62,13 +65,15 @@ def executions(run, job_id: str) -> list[tuple]:
 
 @pytest.mark.fast
 @pytest.mark.timeout(90)
-def test_worker_sigkill_mid_job(fault_run):
-    run = fault_run("worker SIGKILL mid-job", workers=2, concurrency=2, supervise=True)
-    ids = enqueue_work(run, 6, sleep_s=1.0)
+@HANDLER_KINDS
+def test_worker_sigkill_mid_job(fault_run, work):
+    run = fault_run(f"worker SIGKILL mid-job ({work})", workers=2, concurrency=2,
+                    supervise=True)
+    ids = enqueue_work(run, 6, sleep_s=1.0, job_type=work)
     with ThreadPoolExecutor(len(ids)) as waiters:  # clients waiting for each result
         waits = [waiters.submit(run.workload.wait, job_id) for job_id in ids]
         _victim, jobs = run.nemesis.kill_busy_worker()
-        more = enqueue_work(run, 6, sleep_s=0.2)
+        more = enqueue_work(run, 6, sleep_s=0.2, job_type=work)
         told = [w.result().body.get("status") for w in waits]
     result = run.check()
     run.assert_clean(result)
@@ -101,10 +106,12 @@ def test_worker_sigkill_mid_job_in_a_schema_of_its_own(fault_run):
 
 @pytest.mark.fast
 @pytest.mark.timeout(90)
-def test_worker_sigstop_past_its_lease_then_sigcont(fault_run):
-    run = fault_run("worker SIGSTOP past its lease, then SIGCONT", workers=1, concurrency=1)
+@HANDLER_KINDS
+def test_worker_sigstop_past_its_lease_then_sigcont(fault_run, work):
+    run = fault_run(f"worker SIGSTOP past its lease, then SIGCONT ({work})", workers=1,
+                    concurrency=1)
     zombie = run.cluster.workers[0]
-    [job_id] = enqueue_work(run, 1, sleep_s=1.5)
+    [job_id] = enqueue_work(run, 1, sleep_s=1.5, job_type=work)
     wait_executing(run, job_id, zombie)
     run.nemesis.stop(zombie)
     rescuer = run.cluster.add_worker()
@@ -113,7 +120,7 @@ def test_worker_sigstop_past_its_lease_then_sigcont(fault_run):
     wait_for(lambda: stale_rejections(e for e in run.cluster.log_events(("worker",))
                                       if e["_service"] == zombie.name) >= 1,
              timeout=10, message="the zombie's outcome to be refused")
-    more = enqueue_work(run, 4, sleep_s=0.1)  # the zombie takes work again once thawed
+    more = enqueue_work(run, 4, sleep_s=0.1, job_type=work)  # the thawed zombie takes work
     result = run.check()
     run.assert_clean(result)
     job = job_row(run, job_id)
@@ -148,11 +155,13 @@ def test_sigstop_for_half_a_lease_is_not_reaped(fault_run):
 
 @pytest.mark.fast
 @pytest.mark.timeout(90)
-def test_crash_after_the_handler_before_the_completion_commit(fault_run):
-    run = fault_run("crash after the handler, before the completion commit", workers=1,
-                    concurrency=2, supervise=True)
-    crashing = enqueue_work(run, 3, job_type="fault.crash_before_commit")
-    plain = enqueue_work(run, 5, sleep_s=0.1)
+@pytest.mark.parametrize("suffix", ["", "_async"], ids=["thread", "async"])
+def test_crash_after_the_handler_before_the_completion_commit(fault_run, suffix):
+    run = fault_run("crash after the handler, before the completion commit"
+                    + (" (async)" if suffix else ""),
+                    workers=1, concurrency=2, supervise=True)
+    crashing = enqueue_work(run, 3, job_type=f"fault.crash_before_commit{suffix}")
+    plain = enqueue_work(run, 5, sleep_s=0.1, job_type=WORK + suffix)
     result = run.check()
     run.assert_clean(result)
     ran_then_crashed = 0
@@ -195,10 +204,12 @@ def test_poison_job_reaches_the_dlq_while_work_flows(fault_run):
 
 
 @pytest.mark.timeout(120)
-def test_handler_that_hangs_forever_times_out(fault_run):
-    run = fault_run("handler hangs forever (timeout, no endless renewal)", workers=1,
-                    concurrency=1, supervise=True)
-    hang = run.workload.enqueue("fault.hang", {}, timeout_s=1, max_retries=1)
+@pytest.mark.parametrize("hang_type", ["fault.hang", "fault.hang_async"],
+                         ids=["thread", "async"])
+def test_handler_that_hangs_forever_times_out(fault_run, hang_type):
+    run = fault_run(f"handler hangs forever (timeout, no endless renewal; {hang_type})",
+                    workers=1, concurrency=1, supervise=True)
+    hang = run.workload.enqueue(hang_type, {}, timeout_s=1, max_retries=1)
     assert hang.ok
     wait_status(run, hang.job_id, "dead", timeout=40)
     plain = enqueue_work(run, 3, sleep_s=0.1)  # the (recycled) worker still takes work
@@ -211,7 +222,7 @@ def test_handler_that_hangs_forever_times_out(fault_run):
         assert lease["leased_until"] <= lease["released_at"] + timedelta(seconds=LEASE_S)
     assert result.acknowledged == 1 + len(plain)
     logs = run.cluster.log_events(("worker",))
-    assert any(e.get("action") == "recycle" for e in logs), "two abandoned threads > 1 slot"
+    assert any(e.get("action") == "recycle" for e in logs), "two abandoned handlers > 1 slot"
 
 
 @pytest.mark.timeout(120)
@@ -293,9 +304,11 @@ def test_promoter_killed_mid_promotion(fault_run):
 @pytest.mark.fast
 @pytest.mark.timeout(180)
 def test_load_3000_jobs_on_4_workers_run_once_each(fault_run):
-    run = fault_run("3,000 jobs on 4 worker processes x 4 threads", workers=4, concurrency=4,
-                    api_workers=2)
-    batches = [[{"type": WORK, "payload": {}} for _ in range(100)] for _ in range(30)]
+    run = fault_run("3,000 jobs on 4 worker processes x 4 slots, half of them async",
+                    workers=4, concurrency=4, api_workers=2)
+    # Thread and coroutine handlers interleaved in every worker, sharing its four slots.
+    batches = [[{"type": (WORK, WORK_ASYNC)[n % 2], "payload": {}} for n in range(100)]
+               for _ in range(30)]
     answers = run.workload.many([lambda b=b: run.workload.enqueue_batch(b) for b in batches],
                                 threads=3)
     assert all(a.ok for a in answers)

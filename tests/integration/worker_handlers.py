@@ -28,6 +28,8 @@ GATE_LIMIT_S = 30.0  # no test handler blocks longer than this, whatever happens
 CALLS: list[tuple[str, int]] = []
 RUNNING: dict[str, int] = {}  # t.held / t.other handlers running now, by type
 PEAK: dict[str, int] = {}  # the most that ran at once, by type
+ANY = "*"
+"""The RUNNING and PEAK key counting held handlers of every type, threads and coroutines."""
 _lock = threading.Lock()
 _gates: dict[str, threading.Event] = {}
 
@@ -175,12 +177,27 @@ def running_worker(settings: Settings, **options: Any) -> Iterator[Worker]:
 def held(payload: Any, ctx: JobContext) -> dict:
     """Record the call, count how many of its type run at once, and sleep `sleep_s` (50 ms)."""
     _record(payload, ctx)
-    with _lock:
-        RUNNING[ctx.type] = RUNNING.get(ctx.type, 0) + 1
-        PEAK[ctx.type] = max(PEAK.get(ctx.type, 0), RUNNING[ctx.type])
+    enter(ctx.type)
     try:
         gate(payload.get("gate", "never-closed")).wait(float(payload.get("sleep_s", 0.05)))
     finally:
-        with _lock:
-            RUNNING[ctx.type] -= 1
+        leave(ctx.type)
     return {"tag": payload.get("tag")}
+
+
+def enter(job_type: str) -> None:
+    """Count a handler of `job_type` running, and under ANY every counted handler."""
+    with _lock:
+        for key in (job_type, ANY):
+            RUNNING[key] = RUNNING.get(key, 0) + 1
+            PEAK[key] = max(PEAK.get(key, 0), RUNNING[key])
+
+
+def leave(job_type: str) -> None:
+    with _lock:
+        for key in (job_type, ANY):
+            RUNNING[key] -= 1
+
+
+# The coroutine handlers register with these, in every worker the harness runs.
+from tests.integration import async_handlers  # noqa: E402, F401

@@ -52,6 +52,12 @@ def send_receipt(payload: Receipt, ctx: JobContext) -> dict[str, int]:
     return {"order": payload.order, "attempt": ctx.attempt}
 
 
+@handler("fetch_receipt", payload=Receipt, timeout_s=10.0)
+async def fetch_receipt(payload: Receipt, ctx: JobContext) -> dict[str, int]:
+    await asyncio.sleep(0)
+    return {"order": payload.order}
+
+
 @handler("resize", payload=Resize, timeout_s=30.0)
 def resize(payload: Resize, ctx: JobContext) -> None:
     if payload.width <= 0:

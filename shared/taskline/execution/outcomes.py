@@ -26,6 +26,7 @@ from taskline import tracing, transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, NonRetryableError, StoreUnavailable
 from taskline.execution.attempts import Attempt, Attempts
+from taskline.execution.eventloop import on_event_loop
 from taskline.execution.runner import BadResult, NoHandler
 from taskline.jobs import Backoff, Outcome
 from taskline.metrics import (
@@ -217,8 +218,9 @@ class Recorder:
 
     def success(self, attempt: Attempt, result: Any) -> None:
         report = Report(attempt, SUCCESS, result=result, outcome=Outcome.SUCCEEDED)
+        # Never written on an event loop's thread: the write would stall every coroutine.
         if self._next_steps is None or not _releases(report) or not _batchable(report) \
-                or self._writing or not self._here.acquire(blocking=False):
+                or self._writing or on_event_loop() or not self._here.acquire(blocking=False):
             self._queue.put(report)
             return
         try:

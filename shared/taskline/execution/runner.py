@@ -1,14 +1,21 @@
-"""The handler runner: a pool of daemon threads that run handlers, each under its job's timeout.
+"""The handler runner: a pool of daemon threads that run handlers, each under its job's timeout,
+and hand `async def` handlers to the process's event loop (taskline.execution.eventloop).
 
-Invariant: the pool always has `concurrency` threads able to take work. Python cannot kill a
-thread, so a handler that outlives its timeout is abandoned: its thread is written off and a
-replacement is started at once. When more than `concurrency` abandoned threads are still
-running, the runner asks for the worker to be recycled (a fresh process), so stuck handlers
-cannot leak threads forever. The threads are daemons: a stuck one never blocks the exit.
+Invariant: at most `concurrency` handlers run at once, threads and coroutines together: a pool
+thread takes a job only holding one of `concurrency` permits, keeps it while a thread handler
+runs, and passes it to the task of a coroutine handler, which gives it back when it ends. The
+pool always has `concurrency` threads able to take work. Python cannot kill a thread, so a
+handler that outlives its timeout is abandoned: its thread is written off and a replacement is
+started at once; a coroutine is cancelled, and one that ignores the cancellation is written off
+the same way. A written-off handler gives its permit back at once. When more than `concurrency`
+abandoned handlers are still running, the runner asks for the worker to be recycled (a fresh
+process), so stuck handlers cannot leak forever. The threads are daemons: a stuck one never
+blocks the exit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import heapq
 import itertools
@@ -17,12 +24,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from taskline import tracing
 from taskline.errors import NonRetryableError
 from taskline.execution.attempts import Attempt
-from taskline.execution.deadlines import Deadlines
+from taskline.execution.deadlines import Deadline, Deadlines
+from taskline.execution.eventloop import EventLoop
 from taskline.handlers import registry
 
 log = logging.getLogger(__name__)
@@ -55,16 +64,60 @@ def check_result(result: Any) -> None:
         raise BadResult("result contains a NUL character, which jsonb cannot store")
 
 
+def is_async(attempt: Attempt) -> bool:
+    """Whether the attempt's handler is an `async def` (a job without a handler is not)."""
+    fn = registry.get(attempt.job.type)
+    return fn is not None and fn.is_async
+
+
 def call_handler(attempt: Attempt) -> Any:
     """Run the attempt's registered handler on this thread and return its storable result; the
-    one call of a handler by a worker's pool and by `taskline.testing.drain`."""
+    one call of a thread handler by a worker's pool and by `taskline.testing.drain`, which runs
+    a coroutine handler here too, on an event loop of its own (`run_coroutine`)."""
     with tracing.execute(attempt.job, attempt.ctx.worker_id):
         fn = registry.get(attempt.job.type)
         if fn is None:
             raise NoHandler(f"no handler registered for type {attempt.job.type}")
         result = fn.run(attempt.job.payload, attempt.ctx)  # validated into its payload type
+        if fn.is_async:
+            result = run_coroutine(result)
         check_result(result)
         return result
+
+
+async def call_async_handler(attempt: Attempt) -> Any:
+    """`call_handler` for an `async def` handler, awaited on the worker's event loop."""
+    with tracing.execute(attempt.job, attempt.ctx.worker_id):
+        fn = registry.get(attempt.job.type)
+        if fn is None:
+            raise NoHandler(f"no handler registered for type {attempt.job.type}")
+        result = await fn.run(attempt.job.payload, attempt.ctx)
+        check_result(result)
+        return result
+
+
+def run_coroutine(coroutine: Any) -> Any:
+    """Run `coroutine` to its end on a fresh event loop and return its result: on this thread,
+    or on a thread of its own when this one already runs a loop (a test under pytest-asyncio),
+    which cannot be re-entered."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = asyncio.run(coroutine)
+        except BaseException as err:  # re-raised on the caller's thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="taskline-run-coroutine")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 class Ready:
@@ -113,12 +166,24 @@ class _ThreadState(threading.local):
     next: Attempt | None = None
 
 
-class Runner:
-    """Runs submitted attempts on `concurrency` threads; reports every end through callbacks.
+@dataclass(eq=False)
+class _Running:
+    """A coroutine handler's run: when it started, its timeout and the cancel of its task."""
 
-    `on_finished(attempt, result, error, seconds)` runs on the handler's thread when it returns
-    or raises; `on_timeout(attempt)` runs on the deadline thread when a handler is abandoned;
-    `on_recycle()` runs once abandoned threads outnumber the slots.
+    attempt: Attempt
+    started: float
+    timer: Deadline | None = None
+    cancel: Callable[[], None] | None = None
+
+
+class Runner:
+    """Runs submitted attempts on `concurrency` threads, or as tasks on the event loop for
+    `async def` handlers, at most `concurrency` at once; reports every end through callbacks.
+
+    `on_finished(attempt, result, error, seconds)` runs on the handler's thread (on the loop's
+    thread for a coroutine) when it returns or raises; `on_timeout(attempt)` runs on the
+    deadline thread when a handler is abandoned; `on_recycle()` runs once abandoned handlers
+    outnumber the slots.
     """
 
     def __init__(self, concurrency: int, deadlines: Deadlines, *, on_finished: Finished,
@@ -133,10 +198,14 @@ class Runner:
         self._abandoned = 0
         self._names = itertools.count(1)
         self._local = _ThreadState()
+        self._permits = threading.Semaphore(concurrency)
+        """Handlers that may run now: held by a pool thread from taking a job to its end, or
+        by a coroutine's task (see the module's invariant)."""
+        self.loop = EventLoop()
 
     @property
     def abandoned(self) -> int:
-        """Written-off handler threads that are still running."""
+        """Written-off handlers (threads or tasks) that are still running."""
         with self._lock:
             return self._abandoned
 
@@ -170,9 +239,11 @@ class Runner:
             time.sleep(_HAND_OFF_POLL_S)
 
     def stop(self) -> None:
-        """Let every pool thread exit once it is idle; abandoned ones exit when they return."""
+        """Let every pool thread exit once it is idle; abandoned ones exit when they return.
+        The event loop stops with them (the worker has handed back what still ran)."""
         for _ in range(self.concurrency):
             self._queue.put(None)
+        self.loop.stop()
 
     def _spawn(self) -> None:
         name = f"taskline-handler-{next(self._names)}"
@@ -180,14 +251,19 @@ class Runner:
 
     def _work(self) -> None:
         local = self._local
+        self._permits.acquire()
         while True:
             attempt = local.next or self._queue.get()
             local.next = None
             if attempt is None:
+                self._permits.release()
                 return
             if attempt.settled_by is not None:
                 # Fenced or handed back before a thread took it: never start its side effects.
                 self._on_finished(attempt, None, None, 0.0)
+            elif is_async(attempt):
+                self._start_async(attempt)  # its task holds this thread's permit now
+                self._permits.acquire()
             elif not self._run(attempt):
                 return
 
@@ -196,7 +272,7 @@ class Runner:
         started = time.monotonic()
         attempt.begin_run()
         timer = self._deadlines.call_at(started + attempt.job.timeout_s,
-                                        functools.partial(self._timed_out, attempt))
+                                        functools.partial(self._timed_out, attempt, None))
         result: Any = None
         error: BaseException | None = None
         try:
@@ -223,15 +299,46 @@ class Runner:
     def _call(self, attempt: Attempt) -> Any:
         return call_handler(attempt)
 
-    def _timed_out(self, attempt: Attempt) -> None:
+    def _start_async(self, attempt: Attempt) -> None:
+        """Start a coroutine handler on the loop. Its timeout is armed here, before the loop
+        sees it, so a blocked loop cannot delay the timeout of a handler it has not started."""
+        running = _Running(attempt, time.monotonic())
+        attempt.begin_run()
+        running.timer = self._deadlines.call_at(
+            running.started + attempt.job.timeout_s,
+            functools.partial(self._timed_out, attempt, running))
+        running.cancel = self.loop.run(functools.partial(call_async_handler, attempt),
+                                       functools.partial(self._async_ended, running))
+
+    def _async_ended(self, running: _Running, result: Any, error: BaseException | None) -> None:
+        """A coroutine handler returned, raised or ended cancelled (on the loop's thread)."""
+        attempt = running.attempt
+        self._deadlines.cancel(running.timer)
+        written_off = attempt.end_run()
+        if written_off:
+            with self._lock:
+                self._abandoned -= 1
+        try:
+            self._on_finished(attempt, result, error, time.monotonic() - running.started)
+        finally:
+            if not written_off:
+                self._permits.release()  # a written-off task gave it back at its timeout
+
+    def _timed_out(self, attempt: Attempt, running: _Running | None) -> None:
         if not attempt.write_off():
             return  # the handler returned while this deadline fired
         with self._lock:
             self._abandoned += 1
             abandoned = self._abandoned
-        self._spawn()
-        log.warning("handler thread abandoned after its timeout",
-                    extra=attempt.log_extra("abandon", abandoned_threads=abandoned))
+        self._permits.release()
+        if running is None:
+            self._spawn()
+        log.warning("handler abandoned after its timeout", extra=attempt.log_extra(
+            "abandon", abandoned_threads=abandoned, coroutine=running is not None))
         self._on_timeout(attempt)
+        if running is not None and running.cancel is not None:
+            # After the timeout owns the outcome: the task's CancelledError must not be
+            # recorded as the handler's failure.
+            running.cancel()
         if abandoned > self.concurrency:
             self._on_recycle()

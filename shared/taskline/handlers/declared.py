@@ -4,7 +4,8 @@
 calls the function; `.enqueue(conn, payload, ...)` / `.aenqueue(...)` validate the payload
 into `Receipt` and enqueue it with the type's defaults (`queue`, `priority`, `max_retries`,
 `timeout_s`; a keyword given at the call wins) before anything is written; the worker calls
-`.run(payload, ctx)`, which hands the function a validated `Receipt`.
+`.run(payload, ctx)`, which hands the function a validated `Receipt`. For an `async def`
+function `.run` returns the coroutine, which the worker awaits on its event loop.
 
 Invariant: a job of a declared type reaches its function only as a valid instance; one whose
 stored payload no longer fits (enqueued under an older schema, or past an API that had not yet
@@ -81,6 +82,9 @@ class Handler(Generic[P, R]):
         self.defaults = defaults
         self.module: str = getattr(fn, "__module__", None) or "?"
         self.qualname: str = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        self.is_async = inspect.iscoroutinefunction(fn)
+        """An `async def` handler: `run` returns a coroutine, which the worker runs on its
+        event loop (taskline.execution.eventloop) instead of a pool thread."""
 
     def __call__(self, payload: P, ctx: JobContext) -> R:
         return self.fn(payload, ctx)

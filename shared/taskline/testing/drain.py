@@ -4,7 +4,8 @@ Each job is claimed by the statements a worker uses when it dispatches from Post
 plain claim, then the budgeted claim of limited jobs), run by the worker's handler call, and
 its outcome recorded by the worker's Recorder, fenced on its lease: retries, the DLQ, released
 workflow steps, flow limits and `on_complete` hooks behave as in production. Only the threads
-differ: one job at a time, on the caller's thread, so a test sees its handler's effects in order.
+differ: one job at a time, on the caller's thread, so a test sees its handler's effects in order;
+an `async def` handler runs there too, to its end, on an event loop of its own.
 """
 
 from __future__ import annotations

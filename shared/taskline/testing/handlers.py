@@ -2,7 +2,8 @@
 
 No worker, no Redis and, unless `conn` is given, no database: the handler's own logic under
 test. With `conn`, the `ctx.on_complete` hooks it registers run on that connection, inside its
-open transaction, as a worker runs them in the transaction that records the success.
+open transaction, as a worker runs them in the transaction that records the success. An
+`async def` handler is run to its end on an event loop of its own.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from taskline.execution.runner import NoHandler, check_result
+from taskline.execution.runner import NoHandler, check_result, run_coroutine
 from taskline.handlers import registry
 from taskline.handlers.registry import JobContext
 from taskline.jobs import new_job_id
@@ -37,6 +38,8 @@ def run_handler(type: str, payload: Any = None, *, conn: Any = None,
                      worker_id=WORKER_ID)
     ctx._parent_results = dict(parent_results or {})
     result = fn.run(payload, ctx)  # validated into its declared payload type, as a worker does
+    if fn.is_async:
+        result = run_coroutine(result)
     check_result(result)
     if conn is not None:
         target = caller.sync_target(conn)
