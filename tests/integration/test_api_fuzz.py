@@ -54,11 +54,19 @@ def _from_empty(machine: type, api: Api) -> type:
 
 
 def _replayable(doc: dict) -> dict:
-    """`doc` without `unique.period_s`: whether a job created a moment ago is still within a
-    period of microseconds depends on the clock, so a replayed scenario could be answered 200
-    where it was answered 201, which Hypothesis refuses as inconsistent data generation (the
-    per-operation run in test_openapi_schemathesis.py still sends it)."""
+    """`doc` without `unique.period_s` and `wait_s`, whose answers depend on the clock. Whether
+    a job created a moment ago is still within a period of microseconds, or a job finished
+    within a wait, decides the answer, so a replayed scenario could be answered otherwise,
+    which Hypothesis refuses as inconsistent data generation; and with no worker running each
+    wait would last its whole `wait_s`. The per-operation run in test_openapi_schemathesis.py
+    still sends both; tests/integration/test_waiting.py covers waiting."""
     del doc["components"]["schemas"]["UniqueSpec"]["properties"]["period_s"]
+    wait = {"$ref": "#/components/parameters/WaitS"}
+    for operations in doc["paths"].values():
+        for operation in operations.values():
+            if isinstance(operation, dict) and "parameters" in operation:
+                operation["parameters"] = [p for p in operation["parameters"] if p != wait]
+    del doc["components"]["parameters"]["WaitS"]
     return doc
 
 
