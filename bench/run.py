@@ -30,6 +30,9 @@ Redis Cluster it starts from `redis-server` (bench/clustered.py), in interleaved
 `waiters_1000` holds 1,000 waiting requests (`wait_s`) on one API of 2 processes: one client's
 enqueue rate and job reads' p99 beside them against a quiet run, then the wake-up delay from
 each job's finishing commit to its waiter's answer (bench/waiting.py).
+`--only audit_verify` (only when named) builds a history of 250,000, 500,000 and 1,000,000 jobs
+(1, 5 and 10 million with --big) by copying a template of 1,000 jobs run by a worker, and times
+`taskline audit verify` over each with its CPU and peak memory (bench/audit.py).
 `drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
 PostgreSQL) in interleaved pairs and prints the share; `pickup_redis_down` is an idle worker's
 pickup while neither it nor the API reaches Redis.
@@ -61,6 +64,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # bench/ is put on the path first: its modules import each other by name.
+import audit
 import clustered
 import degraded
 import limits
@@ -375,14 +379,24 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         results["steady_latency_50pct"] = measure(
             stack, lambda s: sc.steady_latency(s, peak), args.repeat)
         show("steady_latency_50pct", results["steady_latency_50pct"])
-    if "retention" in only:
-        results["retention"] = retention(stack, args)
-    if "limits" in only:  # only when asked: about ten minutes
-        results["limits"] = limits.run_all(stack, args.jobs, args.soak_pairs)
+    only_when_named(stack, args, only, results)
     if args.memory_jobs:
         results["memory"] = sc.memory(stack, args.memory_jobs)
         show("memory", results["memory"]["rss_mib_after_10pct"])
     return report
+
+
+def only_when_named(stack: Stack, args: argparse.Namespace, only: set[str],
+                    results: dict[str, Any]) -> None:
+    """The long scenarios, part of a run only when named."""
+    if "retention" in only:
+        results["retention"] = retention(stack, args)
+    if "limits" in only:  # about ten minutes
+        results["limits"] = limits.run_all(stack, args.jobs, args.soak_pairs)
+    if "audit_verify" in only:  # minutes per million jobs, most of it building the history
+        sizes = [1_000_000, 5_000_000, 10_000_000] if args.big else [250_000, 500_000,
+                                                                     1_000_000]
+        results["audit_verify"] = audit.scaling(stack, sizes)
 
 
 def redis_down(stack: Stack, args: argparse.Namespace, only: set[str],

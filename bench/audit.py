@@ -1,0 +1,112 @@
+"""`taskline audit verify` over large histories in `make bench`: wall time, CPU and peak memory
+against the number of jobs, to show the audit linear in jobs and bounded in memory.
+
+Invariant: the history audited is real. A template of TEMPLATE jobs is enqueued through the API
+and run by a worker (leases, events and outcomes as production writes them, a few failing
+into the DLQ); it is then copied in PostgreSQL, each copy with new job ids and its leases and
+events rewired to them, until the database holds the size to audit. Each size is audited by
+the real command in a process of its own (`taskline audit verify --json`), whose peak RSS and
+CPU come from the kernel (wait4), and the audit must find no violation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import scenarios as sc
+from stack import Stack, wait_until
+
+TEMPLATE = 1000
+COPY_BATCH = 100  # template copies per statement: 100,000 jobs
+
+
+def _columns(stack: Stack, table: str, skip: tuple[str, ...]) -> list[str]:
+    rows = stack.sql("SELECT column_name FROM information_schema.columns "
+                     "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                     stack.schema, table)
+    return [r[0] for r in rows if r[0] not in skip]
+
+
+def _copy_statement(stack: Stack) -> str:
+    """One statement writing `%s` copies of the template jobs with their leases and events."""
+    jobs = _columns(stack, "jobs", ("id",))
+    leases = _columns(stack, "job_leases", ("id", "job_id"))
+    events = _columns(stack, "job_events", ("id", "job_id"))
+
+    def cols(names: list[str], alias: str) -> str:
+        return ", ".join(f"{alias}.{n}" for n in names)
+
+    return f"""
+WITH m AS MATERIALIZED (
+    SELECT j.id AS old, gen_random_uuid() AS new
+    FROM taskline.jobs j CROSS JOIN generate_series(1, %s) g
+    WHERE j.id = ANY(%s::uuid[])
+), nj AS (
+    INSERT INTO taskline.jobs (id, {", ".join(jobs)})
+    SELECT m.new, {cols(jobs, "j")} FROM m JOIN taskline.jobs j ON j.id = m.old
+), nl AS (
+    INSERT INTO taskline.job_leases (job_id, {", ".join(leases)})
+    SELECT m.new, {cols(leases, "l")} FROM m JOIN taskline.job_leases l ON l.job_id = m.old
+)
+INSERT INTO taskline.job_events (job_id, {", ".join(events)})
+SELECT m.new, {cols(events, "e")} FROM m JOIN taskline.job_events e ON e.job_id = m.old
+"""
+
+
+def _template(stack: Stack) -> list[str]:
+    """TEMPLATE jobs run to their end by a worker: 1 % dead after a retry, the rest succeeded."""
+    stack.reset()
+    sc._backlog(stack, TEMPLATE, failing_per_1000=10)
+    with stack.workers(1, 16):
+        wait_until(lambda: stack.count("succeeded", "dead") >= TEMPLATE, timeout=300,
+                   interval=0.2)
+    return [str(r[0]) for r in stack.sql("SELECT id FROM taskline.jobs")]
+
+
+def _grow(stack: Stack, template: list[str], statement: str, jobs: int) -> None:
+    """Copy the template until the database holds `jobs` jobs."""
+    while (have := stack.count("succeeded", "dead")) < jobs:
+        copies = min(COPY_BATCH, (jobs - have) // len(template))
+        if copies < 1:
+            break
+        stack.sql(statement + " RETURNING 1", copies, template)
+    stack.sql("ANALYZE taskline.jobs")
+    stack.sql("ANALYZE taskline.job_leases")
+    stack.sql("ANALYZE taskline.job_events")
+
+
+def _audit(stack: Stack) -> dict[str, Any]:
+    """One `taskline audit verify --json`: wall seconds, CPU seconds, peak RSS and its report."""
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "taskline_cli.main", "audit", "verify",
+                             "--json"], env=stack.env(), stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    report = json.loads(out)
+    if proc.returncode != 0 or report["violations"]:
+        raise RuntimeError(f"audit verify exited {proc.returncode}: {report['violations'][:3]}")
+    return {"jobs": report["jobs"], "wall_s": time.monotonic() - started,
+            "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_mib": usage.ru_maxrss / 1024}
+
+
+def scaling(stack: Stack, sizes: list[int]) -> dict[str, Any]:
+    """The audit at each of `sizes` jobs (ascending), on one growing history."""
+    template = _template(stack)
+    statement = _copy_statement(stack)
+    runs = []
+    for size in sizes:
+        _grow(stack, template, statement, size)
+        run = _audit(stack)
+        run["s_per_million"] = run["wall_s"] / run["jobs"] * 1e6
+        runs.append(run)
+        print(f"audit_verify {run['jobs']:>10,} jobs  {run['wall_s']:7.1f} s wall  "
+              f"{run['cpu_s']:7.1f} s CPU  {run['max_rss_mib']:6.0f} MiB peak  "
+              f"{run['s_per_million']:5.1f} s per million", flush=True)
+    return {"runs": runs}
