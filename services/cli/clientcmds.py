@@ -88,7 +88,8 @@ def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
     job = client.enqueue(
         args.type, _payload(args.payload), queue=args.queue, priority=_priority(args.priority),
         max_retries=args.max_retries, timeout_s=args.timeout, delay_s=args.delay,
-        run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key)
+        run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key,
+        ordering_key=args.ordering_key)
     if not args.wait:
         _emit(args, job, lambda: print(f"{job.get('id')}  {job.get('status')}"))
         return EXIT_OK
@@ -453,6 +454,8 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
                    help="dedupe key (default: a fresh one per command)")
     p.add_argument("--limit-key", metavar="K",
                    help="the budget it draws from under a per_key flow limit (e.g. a tenant)")
+    p.add_argument("--ordering-key", metavar="K",
+                   help="jobs of the queue with this key start one at a time, in enqueue order")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to finish; exit 1 unless it succeeded")
     p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",

@@ -155,12 +155,13 @@ class Client:
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None,
                 idempotency_key: str | None = None,
-                limit_key: str | None = None) -> dict[str, Any]:
+                limit_key: str | None = None,
+                ordering_key: str | None = None) -> dict[str, Any]:
         """Enqueue one job and return it (status 201 new, 200 when the key was seen before)."""
         spec = job_spec(type, payload, queue=queue, priority=priority, max_retries=max_retries,
                         timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                         idempotency_key=idempotency_key or self.new_key(),
-                        limit_key=limit_key)
+                        limit_key=limit_key, ordering_key=ordering_key)
         return self._call("POST", "/jobs", body=spec)
 
     def enqueue_batch(self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any:
@@ -470,7 +471,7 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
              timeout_s: float | None = None, delay_s: float | None = None,
              run_at: datetime | str | None = None,
              idempotency_key: str | None = None, limit_key: str | None = None,
-             keyed: bool = True) -> dict[str, Any]:
+             ordering_key: str | None = None, keyed: bool = True) -> dict[str, Any]:
     """The JSON body of one enqueue; fields left None take the API's defaults. Without an
     `idempotency_key`, a fresh one is made unless `keyed` is false."""
     spec: dict[str, Any] = {
@@ -478,7 +479,7 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
         "max_retries": max_retries, "timeout_s": timeout_s, "delay_s": delay_s,
         "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at,
         "idempotency_key": idempotency_key or (str(uuid.uuid4()) if keyed else None),
-        "limit_key": limit_key,
+        "limit_key": limit_key, "ordering_key": ordering_key,
     }
     return {k: v for k, v in spec.items() if v is not None}
 
@@ -512,7 +513,8 @@ class AsyncClient(Client):
                 priority: int | str | None = None, max_retries: int | None = None,
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None, idempotency_key: str | None = None,
-                limit_key: str | None = None) -> dict[str, Any]: ...
+                limit_key: str | None = None,
+                ordering_key: str | None = None) -> dict[str, Any]: ...
         async def enqueue_batch(  # type: ignore[override]
                 self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any: ...
         async def get(  # type: ignore[override]

@@ -220,6 +220,8 @@ class Job:
     """A step's condition (`any_failed`, `always`); None waits for every parent's success."""
     limit_key: str | None = None
     """The budget this job draws from under a `per_key` flow limit."""
+    ordering_key: str | None = None
+    """Jobs of the queue with this key start one at a time, in enqueue order."""
     schedule: str | None = None
     """The schedule whose slot enqueued the job (None for a job enqueued otherwise)."""
     scheduled_for: datetime | None = None
@@ -240,6 +242,7 @@ class Job:
             workflow_id=getattr(row, "workflow_id", None), step=getattr(row, "step", None),
             run_when=getattr(row, "run_when", None),
             limit_key=getattr(row, "limit_key", None),
+            ordering_key=getattr(row, "ordering_key", None),
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
         )
@@ -253,6 +256,7 @@ class Job:
             "idempotency_key": visible_key(self.idempotency_key),
             "last_error": self.last_error, "result": self.result,
             "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
+            "ordering_key": self.ordering_key,
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
             **({} if self.workflow_id is None else
                {"workflow_id": str(self.workflow_id), "step": self.step,

@@ -35,7 +35,7 @@ MAX_DELAY_S = 365 * 86_400.0
 MAX_RETRIES = 100
 MAX_BATCH = 1000
 FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries", "timeout_s",
-                    "delay_s", "run_at", "idempotency_key", "limit_key"})
+                    "delay_s", "run_at", "idempotency_key", "limit_key", "ordering_key"})
 # Kept a day inside Python's calendar, so a datetime read back in any session time zone fits.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
@@ -81,6 +81,7 @@ class JobSpec:
     idempotency_key: str | None
     request_hash: str | None  # None for a job without an idempotency key
     limit_key: str | None = None
+    ordering_key: str | None = None
 
 
 def parse_job(body: object, settings: Settings,
@@ -164,7 +165,7 @@ def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
         timeout_s=values.get("timeout_s", settings.default_timeout_s),
         delay_s=values.get("delay_s", 0.0), run_at=values.get("run_at"),
         idempotency_key=values.get("idempotency_key", header_key), request_hash=digest,
-        limit_key=values.get("limit_key"),
+        limit_key=values.get("limit_key"), ordering_key=values.get("ordering_key"),
     )
 
 
@@ -312,5 +313,5 @@ def _from_rfc3339(match: re.Match[str]) -> datetime:
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "type": _type, "payload": _payload, "queue": _queue, "priority": _priority,
     "max_retries": _max_retries, "timeout_s": _timeout, "delay_s": _delay, "run_at": _run_at,
-    "idempotency_key": _key, "limit_key": _limit_key,
+    "idempotency_key": _key, "limit_key": _limit_key, "ordering_key": _limit_key,
 }

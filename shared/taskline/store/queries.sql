@@ -18,10 +18,12 @@
 -- name: insert_job
 -- Insert one job unless its (queue, idempotency key) exists; returns the row only when inserted.
 INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                  next_run_at, idempotency_key, request_hash, trace_context, limit_key)
+                  next_run_at, idempotency_key, request_hash, trace_context, limit_key,
+                  ordering_key)
 VALUES (:id, :type, :queue, CAST(:payload AS jsonb), :priority, :status, :max_retries,
         :timeout_s, COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)),
-        :idempotency_key, :request_hash, :trace_context, CAST(:limit_key AS text))
+        :idempotency_key, :request_hash, :trace_context, CAST(:limit_key AS text),
+        CAST(:ordering_key AS text))
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
@@ -45,10 +47,10 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             idempotency_key text, request_hash text, trace_context text, actor text,
-            limit_key text))
+            limit_key text, ordering_key text))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, idempotency_key, request_hash,
-                              trace_context, actor, limit_key, ord)
+                              trace_context, actor, limit_key, ordering_key, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit (TASKLINE_MAX_QUEUES): a job for one queue more than :max_queues holding
     -- unfinished jobs is refused, and nothing of the input is written. Only the input's queues
@@ -71,10 +73,11 @@ WITH input AS MATERIALIZED (
     WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, idempotency_key, request_hash, trace_context, limit_key)
+                      next_run_at, idempotency_key, request_hash, trace_context, limit_key,
+                      ordering_key)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
-           t.idempotency_key, t.request_hash, t.trace_context, t.limit_key
+           t.idempotency_key, t.request_hash, t.trace_context, t.limit_key, t.ordering_key
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -105,9 +108,10 @@ WITH input AS MATERIALIZED (
     FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
-            idempotency_key text, request_hash text, limit_key text))
+            idempotency_key text, request_hash text, limit_key text, ordering_key text))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
-                              run_at, delay_s, idempotency_key, request_hash, limit_key, ord)
+                              run_at, delay_s, idempotency_key, request_hash, limit_key,
+                              ordering_key, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -127,10 +131,11 @@ WITH input AS MATERIALIZED (
     WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, idempotency_key, request_hash, limit_key)
+                      next_run_at, idempotency_key, request_hash, limit_key, ordering_key)
     SELECT t.id, t.type, t.queue, t.payload, t.priority,
            CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
-           t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key
+           t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key,
+           t.ordering_key
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -301,6 +306,7 @@ WHERE j.status = 'queued' AND j.queue = :queue
   AND NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = :queue)
   AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f WHERE f.scope = 'queue:' || :queue)
   AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM taskline.flow_limits f))
+  AND j.ordering_key IS NULL  -- keyed jobs start through the budgeted claim, as their key's head
 ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
@@ -327,6 +333,17 @@ WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 SELECT scope, concurrency, rate_limit, period_s, per_key, clock_timestamp() AS now
 FROM taskline.flow_limits
 ORDER BY scope FOR UPDATE;
+
+-- name: lock_ordering_keys
+-- Lock, until the budgeted claim's transaction ends, the ordering keys of the ids it is about
+-- to claim (in key order, so two claims never deadlock): claim_jobs, the next statement, then
+-- reads with a snapshot that holds every claim of those keys committed before, so its head gate
+-- (claimable_rule: none of the key running) cannot pass for two jobs of a key at once. The
+-- two-number form keeps these locks apart from the migrations' one-number lock.
+SELECT pg_advisory_xact_lock(29804, hashtext(k.queue || chr(31) || k.ordering_key))
+FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
+      WHERE id = ANY(CAST(:ids AS uuid[])) AND ordering_key IS NOT NULL
+      ORDER BY queue, ordering_key) k;
 
 -- name: flow_limit_scopes
 -- The scopes that have a limit.
@@ -665,10 +682,13 @@ SELECT * FROM changed;
 
 -- name: requeue_dead_job
 -- Put a dead job back in the queue with a fresh retry budget; returns it only when requeued.
+-- A job with an ordering key takes a new place at the back of its key's line (ordered_at).
 WITH changed AS (
     UPDATE taskline.jobs SET status = :target, attempts = 0, last_error = NULL, result = NULL,
                     cancel_requested = false, next_run_at = now(), updated_at = now(),
-                    finished_at = NULL
+                    finished_at = NULL,
+                    -- a keyed job takes a new place at the back of its key's line
+                    ordered_at = CASE WHEN ordering_key IS NULL THEN NULL ELSE now() END
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), undead AS (
@@ -706,7 +726,8 @@ WITH picked AS (
 ), changed AS (
     UPDATE taskline.jobs j SET status = :target, attempts = 0, last_error = NULL, result = NULL,
                       cancel_requested = false, next_run_at = now(), updated_at = now(),
-                      finished_at = NULL
+                      finished_at = NULL,
+                      ordered_at = CASE WHEN j.ordering_key IS NULL THEN NULL ELSE now() END
     FROM picked WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
     RETURNING j.id, j.queue, j.priority, j.type
 ), undead AS (

@@ -68,6 +68,10 @@ jobs = Table(
     Column("run_when", Text, nullable=True),
     # The budget the job draws from under a `per_key` flow limit (migration 0010).
     Column("limit_key", Text, nullable=True),
+    # Jobs of a queue with one `ordering_key` start one at a time, in the order of
+    # COALESCE(ordered_at, created_at), id; a requeue from the DLQ sets `ordered_at` (0020).
+    Column("ordering_key", Text, nullable=True),
+    Column("ordered_at", DateTime(timezone=True), nullable=True),
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
     Column("schedule", Text, nullable=True),
     Column("scheduled_for", DateTime(timezone=True), nullable=True),
@@ -98,6 +102,10 @@ Index("jobs_finished_unstamped", jobs.c.status, jobs.c.updated_at,
       postgresql_where=text(f"finished_at IS NULL AND status IN {TERMINAL_SQL}"))
 Index("jobs_workflow", jobs.c.workflow_id, jobs.c.step,
       postgresql_where=text("workflow_id IS NOT NULL"))
+# The claim rule's head gate reads a key's unfinished jobs through this; unkeyed jobs never enter.
+Index("jobs_ordering", jobs.c.queue, jobs.c.ordering_key,
+      postgresql_where=text("ordering_key IS NOT NULL AND status IN "
+                            "('queued', 'scheduled', 'retrying', 'running')"))
 
 job_leases = Table(
     "job_leases",

@@ -279,7 +279,7 @@ class Store:
     def insert_job(self, conn: Connection, **fields: Any) -> Job | None:
         """Insert a job; None when its idempotency key already exists in its queue."""
         params = {"run_at": None, "delay_s": 0.0, "trace_context": None, "limit_key": None,
-                  **fields}
+                  "ordering_key": None, **fields}
         params["payload"] = _json(params["payload"])
         rows = self._run("insert_job", params, conn)
         return Job.from_row(rows[0]) if rows else None
@@ -586,11 +586,10 @@ class Store:
         # and SQLAlchemy's execution layer would cost the worker more CPU than the statements.
         with self._driver_transaction() as run:
             rows = run("lock_flow_limits", {})
-            if not rows:
-                return HeldClaim([], held=False, frees_at=None, now=None)
             limits = {r.scope: flow.Limit.from_row(r) for r in rows}
-            now = rows[0].now
-            usage = _usage(run("flow_usage", {}))
+            # Without limits only keyed jobs wait here (their key's head starts unbudgeted).
+            now = rows[0].now if rows else run("database_now", {})[0].now
+            usage = _usage(run("flow_usage", {})) if rows else flow.Usage({}, {}, {})
             picked, held, frees_at = self._admit(run, queues, slots, limits, usage, now)
             claimed = self._claim_picked(run, picked, worker_id, lease_s, limits)
         return HeldClaim(claimed, held=held, frees_at=frees_at, now=now)
@@ -628,6 +627,7 @@ class Store:
                       limits: dict[str, flow.Limit]) -> list[Claimed]:
         if not ids:
             return []
+        run("lock_ordering_keys", {"ids": _uuid_array(ids)})
         rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, True))
         starts = [{"scope": lim.scope, "key": lim.key_of(r.limit_key),
                    "at": r.leased_at.isoformat()}
