@@ -318,11 +318,13 @@ SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])
 
 -- name: claim_refusals
 -- Of ids a claim did not take, those still queued, and why: held by a pause (they go back to
--- their ready lists), or limited (they are claimed from PostgreSQL, under their budget).
+-- their ready lists), or limited (they are claimed from PostgreSQL, under their budget). A
+-- keyed job counts as limited whether or not it is its key's head: it is the budgeted claim's.
 SELECT j.id, j.queue, j.priority,
        EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = j.queue) AS paused,
        EXISTS (SELECT 1 FROM taskline.claimable_rule c
-               WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited) AS limited
+               WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited)
+           OR j.ordering_key IS NOT NULL AS limited
 FROM taskline.jobs j
 WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 
