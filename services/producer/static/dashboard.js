@@ -644,6 +644,7 @@
     ];
     if (job.workflow_id) rows.push(["Workflow", `${job.workflow_id} (step ${job.step})`]);
     if (job.when && job.when !== "all_succeeded") rows.push(["Runs when", job.when]);
+    if (job.ordering_key) rows.push(["Ordering key", job.ordering_key]);
     if (job.last_error) rows.push(["Last error", job.last_error]);
     if (job.result !== null && job.result !== undefined) rows.push(["Result", JSON.stringify(job.result)]);
     for (const [name, value] of rows) {
