@@ -29,6 +29,7 @@ from taskline_maintenance.auditor import Auditor
 from taskline_maintenance.depths import DepthGauges
 from taskline_maintenance.leader import Leader, leader_ttl
 from taskline_maintenance.limits import LimitGauges
+from taskline_maintenance.ordering import OrderingGauges
 from taskline_maintenance.outbox import OutboxRelay
 from taskline_maintenance.pauses import PauseMarkers
 from taskline_maintenance.promoter import Promoter
@@ -58,6 +59,7 @@ class Maintenance:
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
         self.pauses = PauseMarkers(store, dispatcher, queues=queues)
         self.limits = LimitGauges(store, settings)
+        self.ordering = OrderingGauges(store, settings, queues=queues)
         self.audit_retention = AuditRetention(store, settings)
         self.auditor = Auditor(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
@@ -75,7 +77,7 @@ class Maintenance:
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
                                 ("reconciler", self.reconciler), ("rebuilder", self.rebuilder),
                                 ("depths", self.depths), ("pauses", self.pauses),
-                                ("limits", self.limits),
+                                ("limits", self.limits), ("ordering", self.ordering),
                                 ("audit_retention", self.audit_retention),
                                 ("audit", self.auditor),
                                 ("retention", self.retention),
@@ -103,6 +105,7 @@ class Maintenance:
         self.depths.clear()
         self.pauses.clear()
         self.limits.clear()
+        self.ordering.clear()
 
 
 def type_labels(settings: Settings) -> TypeLabels:

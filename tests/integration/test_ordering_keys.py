@@ -6,12 +6,15 @@ run a key's jobs in order; the API takes, shows and validates the field."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
+from taskline_maintenance.ordering import OrderingGauges, OrderingResult
 from tests.helpers import enqueue, fail, succeed, wait_for
 from tests.integration import worker_handlers as th
 from tests.integration.worker_handlers import running_worker
@@ -100,40 +103,44 @@ def test_a_scheduled_job_holds_the_ones_behind_it(store):
     assert store.get_job(behind.id).status == "queued"
 
 
+def claim_and_succeed_until_done(store, name: str, errors: list[BaseException]) -> None:
+    try:
+        for _ in range(200):
+            for claim in store.claim_held(["default"], 3, name, 30).claimed:
+                succeed(store, claim.lease_id, name)
+    except BaseException as err:
+        errors.append(err)
+
+
+def leases_by_key(store) -> dict[str, list]:
+    with store.transaction() as conn:
+        rows = conn.execute(text(
+            "SELECT j.ordering_key AS key, l.leased_at, l.released_at, j.created_at, j.id "
+            "FROM taskline.job_leases l JOIN taskline.jobs j ON j.id = l.job_id "
+            "ORDER BY j.ordering_key, l.leased_at")).all()
+    found: dict[str, list] = {}
+    for row in rows:
+        found.setdefault(row.key, []).append(row)
+    return found
+
+
 def test_concurrent_claimers_never_overlap_a_key_nor_reorder_it(store):
     keys = [f"k{i}" for i in range(4)]
     for _ in range(10):
         for key in keys:
             keyed(store, 1, key)
     errors: list[BaseException] = []
-
-    def claimer(name: str) -> None:
-        try:
-            for _ in range(200):
-                got = store.claim_held(["default"], 3, name, 30).claimed
-                for claim in got:
-                    succeed(store, claim.lease_id, name)
-        except BaseException as err:  # noqa: BLE001 - reported by the test thread
-            errors.append(err)
-
-    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(6)]
+    threads = [threading.Thread(target=claim_and_succeed_until_done,
+                                args=(store, f"w{i}", errors)) for i in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert errors == []
-    with store.transaction() as conn:
-        left = conn.execute(text("SELECT count(*) FROM taskline.jobs "
-                                 "WHERE status <> 'succeeded'")).scalar_one()
-        leases = conn.execute(text(
-            "SELECT j.ordering_key AS key, l.leased_at, l.released_at, j.created_at, j.id "
-            "FROM taskline.job_leases l JOIN taskline.jobs j ON j.id = l.job_id "
-            "ORDER BY j.ordering_key, l.leased_at")).all()
-    assert left == 0
-    for key in keys:
-        mine = [r for r in leases if r.key == key]
-        assert len(mine) == 10
-        for a, b in zip(mine, mine[1:], strict=False):
+    leases = leases_by_key(store)
+    assert sorted(leases) == keys and all(len(mine) == 10 for mine in leases.values())
+    for mine in leases.values():
+        for a, b in itertools.pairwise(mine):
             assert a.released_at is not None and a.released_at <= b.leased_at  # no overlap
             assert (a.created_at, str(a.id)) < (b.created_at, str(b.id))  # enqueue order
 
@@ -171,3 +178,24 @@ def test_api_takes_shows_and_validates_the_ordering_key(client):
         assert answer.status_code == 422
         assert "ordering_key" in str(answer.get_json()["error"])
     assert uuid.UUID(job_id)
+
+
+def test_maintenance_exports_each_queues_keys_and_their_queued_jobs(store, settings):
+    keyed(store, 3, "k")
+    keyed(store, 1, "k2")
+    keyed(store, 2, "k", queue="other")
+    gauges = OrderingGauges(store, settings)
+    assert gauges.run_once() == OrderingResult(keys=3, queued=6)
+
+    def sample(name: str, queue: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"queue": queue})
+
+    assert (sample("taskline_ordering_keys", "default"),
+            sample("taskline_ordering_queued_jobs", "default")) == (2, 4)
+    assert sample("taskline_ordering_queued_jobs", "other") == 2
+    for claim in started(store):
+        succeed(store, claim.lease_id, W)
+    gauges.run_once()
+    assert sample("taskline_ordering_queued_jobs", "default") == 2
+    gauges.clear()
+    assert sample("taskline_ordering_keys", "default") is None

@@ -347,6 +347,14 @@ FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
       WHERE id = ANY(CAST(:ids AS uuid[])) AND ordering_key IS NOT NULL
       ORDER BY queue, ordering_key) k;
 
+-- name: ordering_key_counts
+-- Per queue, the ordering keys with unfinished jobs and their queued jobs (read through the
+-- index jobs_ordering, which holds keyed unfinished jobs only).
+SELECT queue, count(DISTINCT ordering_key) AS keys, count(*) FILTER (WHERE status = 'queued') AS queued
+FROM taskline.jobs
+WHERE ordering_key IS NOT NULL AND status IN ('queued', 'scheduled', 'retrying', 'running')
+GROUP BY queue;
+
 -- name: flow_limit_scopes
 -- The scopes that have a limit.
 SELECT scope FROM taskline.flow_limits;

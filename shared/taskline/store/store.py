@@ -655,6 +655,10 @@ class Store:
         """Every limit with its use now (running, started in the window) and the jobs it holds."""
         return [dict(r._mapping) for r in self._run("list_flow_limits", {})]
 
+    def ordering_key_counts(self) -> list:
+        """Per queue: `keys` (ordering keys with unfinished jobs) and their `queued` jobs."""
+        return self._run("ordering_key_counts", {})
+
     def flow_limit_scopes(self) -> set[str]:
         """The scopes that have a limit (workers read this once a second)."""
         return {r.scope for r in self._run("flow_limit_scopes", {})}
