@@ -48,7 +48,8 @@ class HeldWork:
         self._lock = threading.Lock()
         self._scopes: frozenset[str] = frozenset()
         self._read_at = float("-inf")
-        self._pending = False
+        # Keyed jobs waiting in PostgreSQL since before this worker started are found only here.
+        self._pending = True
         self._next_try = 0.0
         self._started: dict[str, str] = {}  # job id -> queue, for the attempts started here
 

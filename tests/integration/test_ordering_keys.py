@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import text
 
+from taskline.dispatch.keys import QueueKeys
 from taskline_maintenance.ordering import OrderingGauges, OrderingResult
 from tests.helpers import enqueue, fail, succeed, wait_for
 from tests.integration import worker_handlers as th
@@ -199,3 +200,24 @@ def test_maintenance_exports_each_queues_keys_and_their_queued_jobs(store, setti
     assert sample("taskline_ordering_queued_jobs", "default") == 2
     gauges.clear()
     assert sample("taskline_ordering_keys", "default") is None
+
+
+@pytest.mark.usefixtures("clean_handlers")
+def test_a_head_cancelled_while_its_line_waits_hands_the_turn_to_a_running_worker(
+        settings, store, dispatcher):
+    head = enqueue(store, dispatcher, "t.held", {"tag": "head"}, ordering_key="k")
+    with store.transaction() as conn:  # not due for an hour: it keeps its place meanwhile
+        conn.execute(text("UPDATE taskline.jobs SET status = 'scheduled', "
+                          "next_run_at = now() + interval '1 hour' WHERE id = :id"),
+                     {"id": head.id})
+    enqueue(store, dispatcher, "t.held", {"tag": "next"}, ordering_key="k")
+    with running_worker(settings, concurrency=2):
+        wait_for(lambda: not dispatcher_holds(dispatcher), timeout=10,
+                 message="the refused id left Redis")
+        assert th.tags() == []
+        assert store.cancel_pending_job(head.id) is not None
+        wait_for(lambda: th.tags() == ["next"], timeout=10, message="the next one ran")
+
+
+def dispatcher_holds(dispatcher) -> bool:
+    return bool(dispatcher.client.llen(QueueKeys("default").ready(5)))

@@ -347,6 +347,14 @@ FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
       WHERE id = ANY(CAST(:ids AS uuid[])) AND ordering_key IS NOT NULL
       ORDER BY queue, ordering_key) k;
 
+-- name: keyed_waiting
+-- Whether queued jobs with an ordering key, other than :skip, wait in these queues (behind
+-- their key's head, or its head itself): the budgeted claim keeps looking for them.
+SELECT EXISTS (SELECT 1 FROM taskline.jobs j
+               WHERE j.ordering_key IS NOT NULL AND j.status = 'queued'
+                 AND j.queue = ANY(CAST(:queues AS text[]))
+                 AND j.id <> ALL(CAST(:skip AS uuid[]))) AS waiting;
+
 -- name: ordering_key_counts
 -- Per queue, the ordering keys with unfinished jobs and their queued jobs (read through the
 -- index jobs_ordering, which holds keyed unfinished jobs only).
@@ -871,14 +879,16 @@ FROM unnest(CAST(:statuses AS text[])) AS s(status);
 -- name: pending_page
 -- One keyset page of pending jobs (which Redis should hold), last touched before :before.
 -- Queued jobs a flow limit applies to are claimed from PostgreSQL under their budget, never
--- from Redis, so they are left out (a worker that fetched one would only ack it away again).
+-- from Redis, so they are left out (a worker that fetched one would only ack it away again);
+-- so are queued jobs with an ordering key, started by the same claim as their key's head.
 SELECT id, queue, priority, status,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
 FROM taskline.jobs j
 WHERE status IN ('queued', 'scheduled', 'retrying') AND id > :after AND updated_at < :before
   AND NOT (status = 'queued'
-           AND EXISTS (SELECT 1 FROM taskline.flow_limits f
-                       WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue)))
+           AND (j.ordering_key IS NOT NULL
+                OR EXISTS (SELECT 1 FROM taskline.flow_limits f
+                           WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))))
 ORDER BY id
 LIMIT :limit;
 

@@ -591,6 +591,10 @@ class Store:
             now = rows[0].now if rows else run("database_now", {})[0].now
             usage = _usage(run("flow_usage", {})) if rows else flow.Usage({}, {}, {})
             picked, held, frees_at = self._admit(run, queues, slots, limits, usage, now)
+            # Keyed jobs behind a head wait without a refusal to announce them: a dead or
+            # cancelled head gives them the turn in PostgreSQL alone.
+            held = held or run("keyed_waiting", {"queues": list(queues),
+                                                 "skip": _uuid_array(picked)})[0].waiting
             claimed = self._claim_picked(run, picked, worker_id, lease_s, limits)
         return HeldClaim(claimed, held=held, frees_at=frees_at, now=now)
 
