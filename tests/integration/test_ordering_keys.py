@@ -14,7 +14,9 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import text
 
+from taskline.audit_verify import verify
 from taskline.dispatch.keys import QueueKeys
+from taskline.store.history import HistoryReader
 from taskline_maintenance.ordering import OrderingGauges, OrderingResult
 from tests.helpers import enqueue, fail, succeed, wait_for
 from tests.integration import worker_handlers as th
@@ -221,3 +223,23 @@ def test_a_head_cancelled_while_its_line_waits_hands_the_turn_to_a_running_worke
 
 def dispatcher_holds(dispatcher) -> bool:
     return bool(dispatcher.client.llen(QueueKeys("default").ready(5)))
+
+
+def test_the_audit_finds_no_overlap_in_what_the_engine_ran_and_reports_a_forged_one(store):
+    for _ in range(3):
+        keyed(store, 1, "k")
+    for _ in range(3):
+        for claim in started(store):
+            succeed(store, claim.lease_id, W)
+    reader = HistoryReader(store.engine)
+    assert [v for v in verify(reader) if v.rule == "ordering_overlap"] == []
+    a, b = keyed(store, 2, "forged")
+    with store.transaction() as conn:  # b leased while a's lease is still open
+        for job, offset in ((a, 0), (b, 1)):
+            conn.execute(text(
+                "INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, "
+                "leased_until) VALUES (:id, 1, 'w', now() + make_interval(secs => :s), "
+                "now() + interval '1 hour')"), {"id": job.id, "s": offset})
+    overlaps = [v for v in verify(reader) if v.rule == "ordering_overlap"]
+    assert [v.job_id for v in overlaps] == [str(b.id)]
+    assert str(a.id) in overlaps[0].message

@@ -1428,7 +1428,8 @@ FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 -- name: audit_jobs_page
 -- Up to :limit jobs created at or after :since, after (:after_created, :after_id) in
 -- (created_at, id) order (index jobs_created).
-SELECT id::text AS id, type, queue, status, attempts, limit_key, run_when, created_at
+SELECT id::text AS id, type, queue, status, attempts, limit_key, run_when, created_at,
+       ordering_key
 FROM taskline.jobs
 WHERE created_at >= CAST(:since AS timestamptz)
   AND (created_at, id) > (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
