@@ -20,7 +20,10 @@ PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After.
 limit in `flow_limits` (scope `type:<t>` or `queue:<q>`, per `limit_key` when `per_key`), judged
 from `job_leases` alone: at no instant were more leases of the scope open (from `leased_at`
 until `released_at`) than its `concurrency`, and no sliding window of `period_s` holds more
-`leased_at` than its `rate_limit`. Last, the product's own audit (`taskline audit verify`,
+`leased_at` than its `rate_limit`. For every queue and `ordering_key`, from `job_leases` alone:
+at no instant was more than one lease of the key's jobs open, and the key's jobs began (first
+lease) in enqueue order (`created_at`, id), a job requeued from the DLQ aside (it takes a new
+place). Last, the product's own audit (`taskline audit verify`,
 taskline.audit_verify, which judges the lifecycle by the product's table) must find nothing
 either: a false alarm of the audit fails a scenario as a real violation does.
 
@@ -194,6 +197,7 @@ class Checker:
         result.violations += dlq_violations(snap)
         result.violations += wait_violations(requests, snap)
         result.violations += flow_violations(snap)
+        result.violations += ordering_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
         result.violations += workflow_violations(self._query, snap)
         result.violations += self.schedule_violations()
@@ -227,7 +231,7 @@ class Checker:
     def snapshot(self) -> Snapshot:
         jobs = {str(r["id"]): r for r in self._query(
             "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key, "
-            "run_when FROM taskline.jobs")}
+            "run_when, ordering_key, created_at FROM taskline.jobs")}
         return Snapshot(
             jobs=jobs,
             events=_grouped(self._query(
@@ -565,6 +569,32 @@ def flow_violations(snap: Snapshot) -> list[str]:
                     problems.append(f"limit {name}: {worst} starts within {limit['period_s']} s "
                                     f"(rate {limit['rate_limit']})")
     return problems
+
+
+def ordering_violations(snap: Snapshot) -> list[str]:
+    """Per queue and ordering key: one lease open at a time, and first starts in enqueue order
+    (see the module)."""
+    lines: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for job_id, job in snap.jobs.items():
+        if job.get("ordering_key") is not None:
+            lines[(job["queue"], job["ordering_key"])].append(job_id)
+    problems = []
+    for (queue, key), ids in lines.items():
+        name = f"ordering key {key!r} of queue {queue}"
+        peak = peak_open(lease for job_id in ids for lease in snap.leases.get(job_id, []))
+        if peak > 1:
+            problems.append(f"{name}: {peak} leases open at once")
+        problems += [f"{name}: job {b} started before job {a}, enqueued earlier"
+                     for a, b in pairwise(_first_started_in_line(ids, snap))
+                     if snap.leases[b][0]["leased_at"] < snap.leases[a][0]["leased_at"]]
+    return problems
+
+
+def _first_started_in_line(ids: list[str], snap: Snapshot) -> list[str]:
+    """The key's jobs that started and kept their first place (never requeued), in line order."""
+    kept = [j for j in ids if snap.leases.get(j)
+            and not any(e["event"] == "requeued" for e in snap.events.get(j, []))]
+    return sorted(kept, key=lambda j: (snap.jobs[j]["created_at"], j))
 
 
 def _leases_by_budget(limit: Mapping[str, Any], snap: Snapshot) -> dict[str, list[dict]]:
