@@ -77,6 +77,8 @@ class StepJob:
     run_at: datetime | None = None
     limit_key: str | None = None
     """The budget it draws from under a `per_key` flow limit."""
+    ordering_key: str | None = None
+    """Its key's jobs start one at a time; a step with parents takes its place when released."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ def step_rows(steps: Sequence[StepSpec], db_now: datetime | None, *,
                      "status": _initial_status(step, db_now), "max_retries": job.max_retries,
                      "timeout_s": job.timeout_s, "run_at": job.run_at, "delay_s": job.delay_s,
                      "trace_context": trace_context, "actor": actor, "step": step.id,
-                     "limit_key": job.limit_key,
+                     "limit_key": job.limit_key, "ordering_key": job.ordering_key,
                      "pending_parents": len(set(step.after)),
                      "run_when": None if step.when == When.ALL_SUCCEEDED else step.when})
     return rows
@@ -293,7 +295,8 @@ def step_from_dict(data: Mapping[str, Any]) -> StepSpec:
     callers (`taskline.submit_workflow`); the API validates its input field by field first."""
     job = dict(data["job"])
     job_fields = {k: job[k] for k in ("payload", "queue", "priority", "max_retries",
-                                      "timeout_s", "delay_s", "run_at", "limit_key")
+                                      "timeout_s", "delay_s", "run_at", "limit_key",
+                                      "ordering_key")
                   if k in job}
     return StepSpec(str(data["id"]), StepJob(type=str(job["type"]), **job_fields),
                     tuple(str(p) for p in data.get("after", ())),

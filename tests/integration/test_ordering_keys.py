@@ -14,9 +14,11 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import text
 
+from taskline import transitions
 from taskline.audit_verify import verify
 from taskline.dispatch.keys import QueueKeys
 from taskline.store.history import HistoryReader
+from taskline.store.rows import Settlement
 from taskline_maintenance.ordering import OrderingGauges, OrderingResult
 from tests.helpers import enqueue, fail, succeed, wait_for
 from tests.integration import worker_handlers as th
@@ -243,3 +245,20 @@ def test_the_audit_finds_no_overlap_in_what_the_engine_ran_and_reports_a_forged_
     overlaps = [v for v in verify(reader) if v.rule == "ordering_overlap"]
     assert [v.job_id for v in overlaps] == [str(b.id)]
     assert str(a.id) in overlaps[0].message
+
+
+def test_a_keyed_workflow_step_takes_its_place_when_released(client, store):
+    made = client.post("/api/v1/workflows", json={"name": "w", "steps": [
+        {"id": "a", "job": {"type": "t.held", "ordering_key": "k"}},
+        {"id": "b", "job": {"type": "t.held", "ordering_key": "k"}, "after": ["a"]}]})
+    assert made.status_code == 201, made.get_json()
+    (a,) = started(store)
+    assert a.job.step == "a" and a.job.ordering_key == "k"
+    later = keyed(store, 1, "k")[0]  # enqueued after b was submitted, before b's release
+    store.settle([Settlement(a.lease_id, W, transitions.succeeded(None), releases=True)])
+    assert store.get_job(later.id).status == "queued"
+    (first,) = started(store)
+    assert first.job.id == later.id
+    succeed(store, first.lease_id, W)
+    (second,) = started(store)
+    assert second.job.step == "b"

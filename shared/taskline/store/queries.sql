@@ -629,6 +629,9 @@ FROM changed;
         next_run_at = CASE WHEN locked.unmet THEN NULL
                            WHEN locked.frees THEN now() ELSE j.next_run_at END,
         finished_at = CASE WHEN locked.unmet THEN now() ELSE j.finished_at END,
+        -- a keyed step takes its place in its key's line when released, not when submitted
+        ordered_at = CASE WHEN locked.frees AND NOT locked.unmet AND j.ordering_key IS NOT NULL
+                          THEN now() ELSE j.ordered_at END,
         updated_at = now()
     FROM locked LEFT JOIN starts ON starts.id = locked.id
     WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
@@ -1057,10 +1060,10 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             trace_context text, actor text, step text, pending_parents int, limit_key text,
-            run_when text))
+            run_when text, ordering_key text))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, trace_context, actor, step,
-                              pending_parents, limit_key, run_when, ord)
+                              pending_parents, limit_key, run_when, ordering_key, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -1081,10 +1084,10 @@ WITH input AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, trace_context, workflow_id, step, pending_parents, limit_key,
-                      run_when)
+                      run_when, ordering_key)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)), t.trace_context,
-           :workflow_id, t.step, t.pending_parents, t.limit_key, t.run_when
+           :workflow_id, t.step, t.pending_parents, t.limit_key, t.run_when, t.ordering_key
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
