@@ -262,3 +262,16 @@ def test_a_keyed_workflow_step_takes_its_place_when_released(client, store):
     succeed(store, first.lease_id, W)
     (second,) = started(store)
     assert second.job.step == "b"
+
+
+def test_a_large_batch_written_by_copy_keeps_its_order_within_a_key(client, store):
+    jobs = [{"type": "t.held", "payload": {"n": n}, "ordering_key": "bulk"} for n in range(120)]
+    answer = client.post("/api/v1/jobs/batch", json={"jobs": jobs})
+    assert answer.status_code == 201, answer.get_json()
+    order = []
+    for _ in range(5):
+        (claim,) = started(store)
+        order.append(claim.job.payload["n"])
+        assert claim.job.ordering_key == "bulk"
+        succeed(store, claim.lease_id, W)
+    assert order == [0, 1, 2, 3, 4]
