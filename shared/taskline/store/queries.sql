@@ -351,8 +351,9 @@ FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
 -- Whether queued jobs with an ordering key, other than :skip, wait in these queues (behind
 -- their key's head, or its head itself): the budgeted claim keeps looking for them.
 SELECT EXISTS (SELECT 1 FROM taskline.jobs j
-               WHERE j.ordering_key IS NOT NULL AND j.status = 'queued'
-                 AND j.queue = ANY(CAST(:queues AS text[]))
+               WHERE j.ordering_key IS NOT NULL
+                 AND j.status IN ('queued', 'scheduled', 'retrying', 'running')
+                 AND j.status = 'queued' AND j.queue = ANY(CAST(:queues AS text[]))
                  AND j.id <> ALL(CAST(:skip AS uuid[]))) AS waiting;
 
 -- name: ordering_key_counts
@@ -404,6 +405,21 @@ WHERE c.limited AND c.queue = ANY(CAST(:queues AS text[]))
   AND ('queue:' || c.queue || chr(31) || COALESCE(c.limit_key, ''))
       <> ALL(CAST(:full_keys AS text[]))
 ORDER BY c.priority DESC, c.created_at, c.id
+LIMIT :limit;
+
+-- name: keyed_heads
+-- held_candidates when no flow limit exists: the queued jobs with an ordering key of these
+-- queues that the claim rule lets through (their key's heads), most urgent first and FIFO,
+-- skipping :skip. Read through jobs_ordering, which holds keyed unfinished jobs only, so a
+-- long backlog of jobs without a key is never read; the rule is read by primary key, as
+-- claim_jobs reads it.
+SELECT j.id, j.type, j.queue, j.limit_key FROM taskline.jobs j
+WHERE j.ordering_key IS NOT NULL AND j.status IN ('queued', 'scheduled', 'retrying', 'running')
+  AND (j.status = 'queued') IS TRUE AND j.queue = ANY(CAST(:queues AS text[]))
+  AND j.id <> ALL(CAST(:skip AS uuid[]))
+  AND EXISTS (SELECT 1 FROM taskline.claimable_rule c
+              WHERE c.id = j.id AND (c.status = 'queued') IS TRUE)
+ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit;
 
 -- name: record_flow_starts

@@ -611,11 +611,13 @@ class Store:
         picked: list[str] = []
         window = max(4 * slots, 32)
         admission = None
+        # Without limits only keyed jobs are held: read them alone, through their own index.
+        candidates = "held_candidates" if limits else "keyed_heads"
         for _ in range(ADMIT_ROUNDS):
             full = flow.full_budgets(limits.values(), usage.running, usage.started)
             found = [flow.Candidate(str(r.id), r.type, r.queue, r.limit_key) for r in run(
-                "held_candidates", {"queues": list(queues), "limit": window, "skip": picked,
-                                    **_full_params(limits, full)})]
+                candidates, {"queues": list(queues), "limit": window, "skip": picked,
+                             **_full_params(limits, full)})]
             admission = flow.admit(found, limits, usage, slots - len(picked), now)
             picked += admission.picked
             usage = admission.usage
