@@ -1,5 +1,5 @@
 """Ordering keys: `jobs.ordering_key`, `jobs.ordered_at`, the index of keyed unfinished jobs,
-and the claim rule's head gate.
+and the claim rule's head gate; snoozes: `jobs.snoozes`.
 
 Jobs of one queue with the same `ordering_key` start one at a time in enqueue order. A keyed
 job's place in line is `COALESCE(ordered_at, created_at), id`: `ordered_at` stays NULL until a
@@ -8,10 +8,12 @@ dead or cancelled job is requeued (it then takes a new place at the back). The c
 running, and none still unfinished (queued, scheduled, retrying) stands before it; a `waiting`
 workflow step takes its place when it is released. A keyed job counts as `limited`: the plain
 claim from Redis refuses it, and the budgeted claim (Store.claim_held) starts it under a
-per-key transaction lock, so two claimers never both see their key free.
+per-key transaction lock, so two claimers never both see their key free. `snoozes` counts the
+times a job's handler raised `taskline.Snooze` (TASKLINE_MAX_SNOOZES bounds them).
 
 Online on a 100-million-row `jobs`:
-- ADD COLUMN of nullable columns without a default changes the catalog only (no rewrite),
+- ADD COLUMN of nullable columns, and of `snoozes` with the constant default 0 (PostgreSQL
+  11 and later keep a constant default in the catalog), changes the catalog only (no rewrite),
   under a lock held for milliseconds; `lock_timeout` makes it fail fast rather than queue
   every claim behind a long transaction (run `taskline migrate` again).
 - `jobs_ordering` is built with CREATE INDEX CONCURRENTLY outside a transaction; it holds only
@@ -19,7 +21,8 @@ Online on a 100-million-row `jobs`:
   failed leaves an INVALID index, dropped and built again on the next run.
 - CREATE OR REPLACE VIEW touches the catalog only; the views keep their columns.
 
-Rolling deploy beside the previous release: it neither writes nor reads the new columns. Its
+Rolling deploy beside the previous release: it neither writes nor reads the new columns (its
+settle leaves `snoozes` as it is; its handlers cannot snooze). Its
 plain claims read `claimable_rule`, which now refuses keyed jobs to them as `limited`; only this
 release's workers start keyed jobs, so run one before enqueueing with `ordering_key`.
 
@@ -71,7 +74,8 @@ WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = j.queue)
 def upgrade() -> None:
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS ordering_key text, "
-               "ADD COLUMN IF NOT EXISTS ordered_at timestamptz")
+               "ADD COLUMN IF NOT EXISTS ordered_at timestamptz, "
+               "ADD COLUMN IF NOT EXISTS snoozes integer NOT NULL DEFAULT 0")
     op.execute(CLAIMABLE_RULE)
     with op.get_context().autocommit_block():
         _drop_if_invalid(INDEX)
@@ -96,4 +100,4 @@ def downgrade() -> None:
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.execute(CLAIMABLE_RULE_0012)
     op.execute("ALTER TABLE jobs DROP COLUMN IF EXISTS ordering_key, "
-               "DROP COLUMN IF EXISTS ordered_at")
+               "DROP COLUMN IF EXISTS ordered_at, DROP COLUMN IF EXISTS snoozes")

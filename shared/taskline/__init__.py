@@ -31,6 +31,7 @@ from taskline.errors import (
     NonRetryableError,
     QueueLimitReached,
     RetryableError,
+    Snooze,
     TasklineError,
 )
 from taskline.finishing import wait
@@ -39,11 +40,11 @@ from taskline.handlers.registry import JobContext, handler, periodic
 from taskline.settings import Settings
 from taskline.store.caller import AppConnection, AsyncAppConnection
 
-__all__ = ["AsyncClient", "Client", "ClientError", "Handler", "IdempotencyConflict",
-           "InvalidJob", "InvalidPayload", "JobCancelled", "JobContext", "JobFailed",
-           "JobRequest", "NonRetryableError", "Payload", "Priority", "QueueLimitReached",
-           "RetryableError", "TasklineError", "aenqueue", "aenqueue_many", "asubmit_workflow",
-           "enqueue", "enqueue_many", "handler", "periodic", "submit_workflow", "wait"]
+__all__ = ["AsyncClient", "Client", "ClientError", "Handler", "IdempotencyConflict", "InvalidJob",
+           "InvalidPayload", "JobCancelled", "JobContext", "JobFailed", "JobRequest",
+           "NonRetryableError", "Payload", "Priority", "QueueLimitReached", "RetryableError",
+           "Snooze", "TasklineError", "aenqueue", "aenqueue_many", "asubmit_workflow", "enqueue",
+           "enqueue_many", "handler", "periodic", "submit_workflow", "wait"]
 
 
 def submit_workflow(conn: AppConnection, name: str, steps: Iterable[Mapping[str, Any]], *,

@@ -89,6 +89,7 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"
     LOST = "lost"  # lease expired; recovered by the reaper
     RELEASED = "released"  # handed back at shutdown, attempt not counted
+    SNOOZED = "snoozed"  # the handler raised Snooze: back to scheduled, attempt not counted
 
 
 class Event(enum.StrEnum):
@@ -110,6 +111,7 @@ class Event(enum.StrEnum):
     RESTORED = "restored"
     WAITING = "waiting"  # created as a workflow step that waits for its parents
     UNBLOCKED = "unblocked"  # its last parent succeeded: queued in that same transaction
+    SNOOZED = "snoozed"  # its handler raised Snooze: scheduled again, the attempt not counted
     EXPIRED = "expired"  # deleted by retention: names the move; no row records it (the
     # history goes with the job)
     PURGED = "purged"  # deleted from the DLQ by an operator: no row records it either
@@ -222,6 +224,8 @@ class Job:
     """The budget this job draws from under a `per_key` flow limit."""
     ordering_key: str | None = None
     """Jobs of the queue with this key start one at a time, in enqueue order."""
+    snoozes: int = 0
+    """How many times its handler snoozed it (TASKLINE_MAX_SNOOZES bounds them)."""
     schedule: str | None = None
     """The schedule whose slot enqueued the job (None for a job enqueued otherwise)."""
     scheduled_for: datetime | None = None
@@ -243,6 +247,7 @@ class Job:
             run_when=getattr(row, "run_when", None),
             limit_key=getattr(row, "limit_key", None),
             ordering_key=getattr(row, "ordering_key", None),
+            snoozes=getattr(row, "snoozes", 0) or 0,
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
         )

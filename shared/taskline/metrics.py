@@ -43,6 +43,8 @@ JOB_FAILED = Counter("job_failed_total", "Attempts that failed (any reason)",
 JOB_RETRIED = Counter("job_retried_total", "Failed attempts scheduled for a retry",
                       ["type", "queue"])
 JOB_DLQ = Counter("job_dlq_total", "Jobs dead-lettered", ["type", "queue"])
+JOB_SNOOZED = Counter("taskline_job_snoozed_total", "Attempts a handler ended with Snooze: "
+                      "scheduled again, the attempt not counted", ["type", "queue"])
 JOB_RECOVERED = Counter("job_recovered_total", "Jobs recovered by maintenance",
                         ["queue", "cause"])
 JOB_CANCELLED = Counter("job_cancelled_total", "Jobs cancelled", ["queue"])

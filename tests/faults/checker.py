@@ -11,7 +11,8 @@ API acknowledged (2xx) is classified as exactly one of:
 - unexpected: terminal, but in a state or with effects the scenario did not allow.
 Then every job in the database must satisfy: its history is a sequence of legal transitions
 (the checker's own model, `LEGAL`) ending in its current state; one terminal event per life
-(a dead job's requeue starts a new life); only the newest attempt completes; no two leases
+(a dead job's requeue starts a new life); only the newest attempt completes; a snooze consumes
+no attempt (the lease after a `snoozed` one runs the same attempt number); no two leases
 overlap (each starts after the previous one was released); two executions overlap only after
 the earlier one's lease had ended (expired, or released with an outcome such as a timeout);
 each lost lease was recovered once; the DLQ (status dead, dead_letter_jobs, the DLQ list)
@@ -93,6 +94,7 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("running", "dead_lettered"): frozenset({"dead"}),
     ("running", "recovered"): frozenset({"queued", "dead"}),
     ("running", "released"): frozenset({"queued"}),
+    ("running", "snoozed"): frozenset({"scheduled"}),
     ("running", "cancelled"): frozenset({"cancelled"}),
     ("running", "cancel_requested"): frozenset({"running"}),
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
@@ -383,6 +385,7 @@ def job_violations(job_id: str, snap: Snapshot) -> list[str]:
             + completion_violations(job, leases, snap.effects.get(job_id, []))
             + lease_overlap_violations(leases)
             + recovery_violations(leases, snap.events.get(job_id, []))
+            + snooze_violations(leases)
             + execution_overlap_violations(snap.execs.get(job_id, []), leases))
 
 
@@ -456,6 +459,15 @@ def lease_overlap_violations(leases: list[dict]) -> list[str]:
                             f"{nxt['leased_at']} while lease {prev['id']} was held "
                             f"(released {prev['released_at']})")
     return problems
+
+
+def snooze_violations(leases: list[dict]) -> list[str]:
+    """A snooze never consumes an attempt: the lease after a `snoozed` one runs the same
+    attempt number again."""
+    return [f"lease {nxt['id']} ran attempt {nxt['attempt']} after lease {prev['id']} of attempt "
+            f"{prev['attempt']} was snoozed"
+            for prev, nxt in pairwise(leases)
+            if prev["outcome"] == "snoozed" and nxt["attempt"] != prev["attempt"]]
 
 
 def recovery_violations(leases: list[dict], events: list[dict]) -> list[str]:

@@ -541,6 +541,7 @@ WITH input AS MATERIALIZED (
     UPDATE taskline.jobs j
     SET status = leases.s ->> 'status',
         attempts = j.attempts - CAST(leases.s ->> 'refund' AS int),
+        snoozes = j.snoozes + COALESCE(CAST(leases.s ->> 'snooze' AS int), 0),
         result = CASE WHEN CAST(leases.s ->> 'writes_result' AS boolean)
                       THEN leases.s -> 'result' ELSE j.result END,
         last_error = CASE WHEN CAST(leases.s ->> 'writes_error' AS boolean)

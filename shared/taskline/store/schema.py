@@ -72,6 +72,8 @@ jobs = Table(
     # COALESCE(ordered_at, created_at), id; a requeue from the DLQ sets `ordered_at` (0020).
     Column("ordering_key", Text, nullable=True),
     Column("ordered_at", DateTime(timezone=True), nullable=True),
+    # Times the job's handler raised Snooze, each ending an attempt not counted (0020).
+    Column("snoozes", Integer, nullable=False, server_default=text("0")),
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
     Column("schedule", Text, nullable=True),
     Column("scheduled_for", DateTime(timezone=True), nullable=True),
