@@ -11,7 +11,8 @@ Types:
 - `fault.work`: sleep `sleep_s` (cut short by the stop flag) and burn `cpu_ms`; fails while the
   job has had fewer than `fail_executions` earlier executions (counted in the log, so it holds
   across a dead job's requeue), or on attempts 1..`fail_first`; `non_retryable` makes the
-  failure permanent.
+  failure permanent. `snooze_executions` snoozes (`taskline.Snooze(snooze_s)`) while the job
+  has had fewer earlier executions than that, before anything else.
 - `fault.kill_worker`: SIGKILLs its own worker process (a poison job).
 - `fault.hang`: never returns and ignores the stop flag.
 - `fault.crash_before_commit`: succeeds, but on attempt 1 its completion hook SIGKILLs the
@@ -29,7 +30,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import text
 
-from taskline.errors import JobCancelled, NonRetryableError
+from taskline.errors import JobCancelled, NonRetryableError, Snooze
 from taskline.handlers.registry import JobContext, handler
 
 LOG_URL_ENV = "FAULT_LOG_DATABASE_URL"
@@ -146,6 +147,9 @@ def work(payload: Any, ctx: JobContext) -> dict[str, Any]:
     params = _params(payload)
     execution = Execution(ctx)
     try:
+        snoozes = int(params.get("snooze_executions", 0) or 0)
+        if snoozes > 0 and execution.earlier() < snoozes:
+            raise Snooze(float(params.get("snooze_s", 0) or 0))
         _work(params, ctx)
         if ctx.stopping:
             raise JobCancelled("stopped before the work finished")

@@ -1,13 +1,16 @@
-"""Ordering keys under faults: jobs of six keys enqueued through the API while a busy worker is
-SIGKILLed, Redis is flushed and a worker is frozen past its lease; and while PostgreSQL is
-stopped and started again. Each runs a real cluster on fresh servers and is judged by the
-offline checker, whose own model adds "at no instant two open leases of one queue's ordering
-key" and "a key's jobs first start in enqueue order", read from `job_leases` and `jobs`.
+"""Ordering keys and snoozes under faults: jobs of six keys enqueued through the API while a
+busy worker is SIGKILLed, Redis is flushed and a worker is frozen past its lease; and while
+PostgreSQL is stopped and started again; jobs that snooze while a busy worker is SIGKILLed and
+Redis is flushed. Each runs a real cluster on fresh servers and is judged by the offline
+checker, whose own model adds "at no instant two open leases of one queue's ordering key", "a
+key's jobs first start in enqueue order" and "a snooze consumes no attempt", read from
+`job_leases` and `jobs`.
 
 Invariant under test: a key's jobs start one at a time in enqueue order across every worker: a
 killed worker's head keeps its place until the reaper recovers it, a frozen worker's late
 outcome is refused by the fence, and Redis losing everything changes nothing, because a keyed
-job starts only through PostgreSQL's claim, as its key's head, under a per-key lock.
+job starts only through PostgreSQL's claim, as its key's head, under a per-key lock. A snooze
+never consumes an attempt, whichever worker runs the job next.
 """
 
 from __future__ import annotations
@@ -82,3 +85,26 @@ def test_ordering_keys_through_a_postgres_restart(fault_run):
         run.nemesis.start_postgres()
         wait_acked(answers, 90, timeout=90)
     assert_one_at_a_time(run, run.check(wait_s=150))
+
+
+@pytest.mark.timeout(180)
+def test_snoozes_consume_no_attempt_through_sigkill_and_a_redis_flush(fault_run):
+    """Jobs that snooze twice, then work, while a busy worker is SIGKILLed and Redis flushed:
+    the checker's own model requires the lease after each `snoozed` one to run the same
+    attempt, and every job to end succeeded with one effect."""
+    run = fault_run("snooze: worker SIGKILL, Redis flush", workers=2, concurrency=4,
+                    supervise=True)
+    snoozing = {"sleep_s": 0.2, "snooze_executions": 2, "snooze_s": 0.3}
+    with run.workload.background(lambda i: run.workload.enqueue(WORK, snoozing, max_retries=1),
+                                 threads=2, limit=60) as answers:
+        wait_acked(answers, 20)
+        run.nemesis.kill_busy_worker()
+        wait_acked(answers, 40)
+        run.nemesis.flushall()
+        wait_acked(answers, 60)
+    result = run.check(wait_s=150)
+    run.assert_clean(result)
+    assert result.count("lost") == 0 and result.count("duplicated") == 0
+    snoozed = run.cluster.query("SELECT count(*) FROM taskline.job_leases "
+                                "WHERE outcome = 'snoozed'")[0][0]
+    assert snoozed >= 100  # most of the 60 jobs snoozed twice; none counted an attempt for it
