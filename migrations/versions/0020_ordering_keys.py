@@ -1,5 +1,5 @@
 """Ordering keys: `jobs.ordering_key`, `jobs.ordered_at`, the index of keyed unfinished jobs,
-and the claim rule's head gate; snoozes: `jobs.snoozes`.
+and the claim rule's head gate; snoozes: `jobs.snoozes`; tags: `jobs.tags` and its index.
 
 Jobs of one queue with the same `ordering_key` start one at a time in enqueue order. A keyed
 job's place in line is `COALESCE(ordered_at, created_at), id`: `ordered_at` stays NULL until a
@@ -9,14 +9,16 @@ running, and none still unfinished (queued, scheduled, retrying) stands before i
 workflow step takes its place when it is released. A keyed job counts as `limited`: the plain
 claim from Redis refuses it, and the budgeted claim (Store.claim_held) starts it under a
 per-key transaction lock, so two claimers never both see their key free. `snoozes` counts the
-times a job's handler raised `taskline.Snooze` (TASKLINE_MAX_SNOOZES bounds them).
+times a job's handler raised `taskline.Snooze` (TASKLINE_MAX_SNOOZES bounds them). `tags`
+(up to 20 strings) is what `GET /api/v1/jobs?tag=` filters by, through the GIN index
+`jobs_tags` of the jobs that have tags.
 
 Online on a 100-million-row `jobs`:
 - ADD COLUMN of nullable columns, and of `snoozes` with the constant default 0 (PostgreSQL
   11 and later keep a constant default in the catalog), changes the catalog only (no rewrite),
   under a lock held for milliseconds; `lock_timeout` makes it fail fast rather than queue
   every claim behind a long transaction (run `taskline migrate` again).
-- `jobs_ordering` is built with CREATE INDEX CONCURRENTLY outside a transaction; it holds only
+- `jobs_ordering` and `jobs_tags` are built with CREATE INDEX CONCURRENTLY outside a transaction; it holds only
   keyed unfinished jobs, so it starts empty and jobs without a key never enter it. A build that
   failed leaves an INVALID index, dropped and built again on the next run.
 - CREATE OR REPLACE VIEW touches the catalog only; the views keep their columns.
@@ -40,6 +42,7 @@ depends_on = None
 
 LOCK_TIMEOUT = "5s"
 INDEX = "jobs_ordering"
+TAGS_INDEX = "jobs_tags"
 UNFINISHED = "('queued', 'scheduled', 'retrying', 'running')"
 
 CLAIMABLE_RULE = f"""
@@ -75,13 +78,17 @@ def upgrade() -> None:
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS ordering_key text, "
                "ADD COLUMN IF NOT EXISTS ordered_at timestamptz, "
-               "ADD COLUMN IF NOT EXISTS snoozes integer NOT NULL DEFAULT 0")
+               "ADD COLUMN IF NOT EXISTS snoozes integer NOT NULL DEFAULT 0, "
+               "ADD COLUMN IF NOT EXISTS tags text[]")
     op.execute(CLAIMABLE_RULE)
     with op.get_context().autocommit_block():
         _drop_if_invalid(INDEX)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} "
                    f"ON jobs (queue, ordering_key) "
                    f"WHERE ordering_key IS NOT NULL AND status IN {UNFINISHED}")
+        _drop_if_invalid(TAGS_INDEX)
+        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {TAGS_INDEX} "
+                   "ON jobs USING gin (tags) WHERE tags IS NOT NULL")
 
 
 def _drop_if_invalid(name: str) -> None:
@@ -97,7 +104,9 @@ def _drop_if_invalid(name: str) -> None:
 def downgrade() -> None:
     with op.get_context().autocommit_block():
         op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {INDEX}")
+        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {TAGS_INDEX}")
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.execute(CLAIMABLE_RULE_0012)
     op.execute("ALTER TABLE jobs DROP COLUMN IF EXISTS ordering_key, "
-               "DROP COLUMN IF EXISTS ordered_at, DROP COLUMN IF EXISTS snoozes")
+               "DROP COLUMN IF EXISTS ordered_at, DROP COLUMN IF EXISTS snoozes, "
+               "DROP COLUMN IF EXISTS tags")

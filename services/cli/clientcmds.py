@@ -89,7 +89,7 @@ def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
         args.type, _payload(args.payload), queue=args.queue, priority=_priority(args.priority),
         max_retries=args.max_retries, timeout_s=args.timeout, delay_s=args.delay,
         run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key,
-        ordering_key=args.ordering_key)
+        ordering_key=args.ordering_key, tags=args.tag)
     if not args.wait:
         _emit(args, job, lambda: print(f"{job.get('id')}  {job.get('status')}"))
         return EXIT_OK
@@ -456,6 +456,8 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
                    help="the budget it draws from under a per_key flow limit (e.g. a tenant)")
     p.add_argument("--ordering-key", metavar="K",
                    help="jobs of the queue with this key start one at a time, in enqueue order")
+    p.add_argument("--tag", action="append", metavar="T",
+                   help="a label to find the job by (GET /api/v1/jobs?tag=); repeatable, up to 20")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to finish; exit 1 unless it succeeded")
     p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",

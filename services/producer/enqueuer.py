@@ -66,7 +66,7 @@ def _row(spec: JobSpec, db_now: datetime | None, trace_context: str | None,
             "run_at": spec.run_at, "delay_s": spec.delay_s,
             "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
             "trace_context": trace_context, "actor": actor, "limit_key": spec.limit_key,
-            "ordering_key": spec.ordering_key}
+            "ordering_key": spec.ordering_key, "tags": spec.tags}
 
 
 def _job(row: dict[str, Any], stored: Any) -> Job:
@@ -78,7 +78,7 @@ def _job(row: dict[str, Any], stored: Any) -> Job:
                last_error=None, result=None, created_at=stored.created_at,
                updated_at=stored.updated_at, cancel_requested=False,
                trace_context=row["trace_context"], limit_key=row["limit_key"],
-               ordering_key=row["ordering_key"])
+               ordering_key=row["ordering_key"], tags=row["tags"])
 
 
 def needs_transaction(specs: Sequence[JobSpec]) -> bool:

@@ -160,4 +160,5 @@ def _job(where: str, body: Any, settings: Settings, *,
     return StepJob(type=parsed.type, payload=parsed.payload, queue=parsed.queue,
                    priority=parsed.priority, max_retries=parsed.max_retries,
                    timeout_s=parsed.timeout_s, delay_s=parsed.delay_s, run_at=parsed.run_at,
-                   limit_key=parsed.limit_key, ordering_key=parsed.ordering_key)
+                   limit_key=parsed.limit_key, ordering_key=parsed.ordering_key,
+                   tags=parsed.tags)

@@ -33,7 +33,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -156,12 +156,13 @@ class Client:
                 run_at: datetime | str | None = None,
                 idempotency_key: str | None = None,
                 limit_key: str | None = None,
-                ordering_key: str | None = None) -> dict[str, Any]:
+                ordering_key: str | None = None,
+                tags: Sequence[str] | None = None) -> dict[str, Any]:
         """Enqueue one job and return it (status 201 new, 200 when the key was seen before)."""
         spec = job_spec(type, payload, queue=queue, priority=priority, max_retries=max_retries,
                         timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                         idempotency_key=idempotency_key or self.new_key(),
-                        limit_key=limit_key, ordering_key=ordering_key)
+                        limit_key=limit_key, ordering_key=ordering_key, tags=tags)
         return self._call("POST", "/jobs", body=spec)
 
     def enqueue_batch(self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any:
@@ -186,10 +187,10 @@ class Client:
 
     def list(self, status: str | None = None, type: str | None = None,
              queue: str | None = None, limit: int | None = None,
-             cursor: str | None = None) -> dict[str, Any]:
+             cursor: str | None = None, tag: str | None = None) -> dict[str, Any]:
         """One page of jobs matching the filters; pass the page's cursor to get the next."""
         params = {"status": status, "type": type, "queue": queue, "limit": limit,
-                  "cursor": cursor}
+                  "cursor": cursor, "tag": tag}
         return self._call("GET", "/jobs", params=params)
 
     def cancel(self, job_id: str | uuid.UUID) -> dict[str, Any]:
@@ -471,7 +472,8 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
              timeout_s: float | None = None, delay_s: float | None = None,
              run_at: datetime | str | None = None,
              idempotency_key: str | None = None, limit_key: str | None = None,
-             ordering_key: str | None = None, keyed: bool = True) -> dict[str, Any]:
+             ordering_key: str | None = None, tags: Sequence[str] | None = None,
+             keyed: bool = True) -> dict[str, Any]:
     """The JSON body of one enqueue; fields left None take the API's defaults. Without an
     `idempotency_key`, a fresh one is made unless `keyed` is false."""
     spec: dict[str, Any] = {
@@ -480,6 +482,7 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
         "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at,
         "idempotency_key": idempotency_key or (str(uuid.uuid4()) if keyed else None),
         "limit_key": limit_key, "ordering_key": ordering_key,
+        "tags": None if tags is None else list(tags),
     }
     return {k: v for k, v in spec.items() if v is not None}
 
@@ -514,14 +517,16 @@ class AsyncClient(Client):
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None, idempotency_key: str | None = None,
                 limit_key: str | None = None,
-                ordering_key: str | None = None) -> dict[str, Any]: ...
+                ordering_key: str | None = None,
+                tags: Sequence[str] | None = None) -> dict[str, Any]: ...
         async def enqueue_batch(  # type: ignore[override]
                 self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any: ...
         async def get(  # type: ignore[override]
                 self, job_id: str | uuid.UUID) -> dict[str, Any]: ...
         async def list(  # type: ignore[override]
                 self, status: str | None = None, type: str | None = None, queue: str | None = None,
-                limit: int | None = None, cursor: str | None = None) -> dict[str, Any]: ...
+                limit: int | None = None, cursor: str | None = None,
+                tag: str | None = None) -> dict[str, Any]: ...
         async def cancel(  # type: ignore[override]
                 self, job_id: str | uuid.UUID) -> dict[str, Any]: ...
         async def retry(  # type: ignore[override]

@@ -81,6 +81,7 @@ class JobRequest(TypedDict, total=False):
     idempotency_key: str
     limit_key: str
     ordering_key: str
+    tags: Sequence[str]
 
 
 def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
@@ -88,7 +89,8 @@ def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
             max_retries: int | None = None, timeout_s: float | None = None,
             delay_s: float | None = None, run_at: datetime | str | None = None,
             idempotency_key: str | None = None, limit_key: str | None = None,
-            ordering_key: str | None = None, settings: Settings | None = None) -> uuid.UUID:
+            ordering_key: str | None = None, tags: Sequence[str] | None = None,
+            settings: Settings | None = None) -> uuid.UUID:
     """Enqueue one job inside `conn`'s transaction; its id. The fields are those of POST
     /api/v1/jobs (None: not given, the default applies); give `delay_s` or `run_at`, not
     both. Defaults for max_retries and timeout_s come from `settings` (the documented ones
@@ -96,7 +98,7 @@ def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
     fields = given(queue=queue, priority=priority, max_retries=max_retries,
                    timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                    idempotency_key=idempotency_key, limit_key=limit_key,
-                   ordering_key=ordering_key)
+                   ordering_key=ordering_key, tags=tags)
     spec, schema = _one(type, payload, fields, settings)
     return caller.drive(conn, _write([spec], _limit(settings)), schema)[0]
 
@@ -106,14 +108,14 @@ async def aenqueue(conn: AsyncAppConnection, type: str, payload: Payload = None,
                    max_retries: int | None = None, timeout_s: float | None = None,
                    delay_s: float | None = None, run_at: datetime | str | None = None,
                    idempotency_key: str | None = None, limit_key: str | None = None,
-                   ordering_key: str | None = None,
+                   ordering_key: str | None = None, tags: Sequence[str] | None = None,
                    settings: Settings | None = None) -> uuid.UUID:
     """`enqueue` on an async connection (psycopg AsyncConnection, SQLAlchemy AsyncConnection,
     AsyncSession or async_scoped_session), inside its transaction."""
     fields = given(queue=queue, priority=priority, max_retries=max_retries,
                    timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                    idempotency_key=idempotency_key, limit_key=limit_key,
-                   ordering_key=ordering_key)
+                   ordering_key=ordering_key, tags=tags)
     spec, schema = _one(type, payload, fields, settings)
     return (await caller.adrive(conn, _write([spec], _limit(settings)), schema))[0]
 
@@ -235,7 +237,8 @@ def _row(spec: JobSpec) -> dict[str, Any]:
             "priority": spec.priority, "max_retries": spec.max_retries,
             "timeout_s": spec.timeout_s, "run_at": spec.run_at, "delay_s": spec.delay_s,
             "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
-            "limit_key": spec.limit_key, "ordering_key": spec.ordering_key}
+            "limit_key": spec.limit_key, "ordering_key": spec.ordering_key,
+            "tags": spec.tags}
 
 
 def _replayed(spec: JobSpec) -> caller.Plan[uuid.UUID]:

@@ -226,6 +226,8 @@ class Job:
     """Jobs of the queue with this key start one at a time, in enqueue order."""
     snoozes: int = 0
     """How many times its handler snoozed it (TASKLINE_MAX_SNOOZES bounds them)."""
+    tags: tuple[str, ...] | None = None
+    """Up to 20 labels, what `GET /api/v1/jobs?tag=` filters by."""
     schedule: str | None = None
     """The schedule whose slot enqueued the job (None for a job enqueued otherwise)."""
     scheduled_for: datetime | None = None
@@ -248,6 +250,7 @@ class Job:
             limit_key=getattr(row, "limit_key", None),
             ordering_key=getattr(row, "ordering_key", None),
             snoozes=getattr(row, "snoozes", 0) or 0,
+            tags=_tuple(getattr(row, "tags", None)),
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
         )
@@ -261,13 +264,17 @@ class Job:
             "idempotency_key": visible_key(self.idempotency_key),
             "last_error": self.last_error, "result": self.result,
             "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
-            "ordering_key": self.ordering_key,
+            "ordering_key": self.ordering_key, "tags": list(self.tags or ()),
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
             **({} if self.workflow_id is None else
                {"workflow_id": str(self.workflow_id), "step": self.step,
                 "when": self.run_when or "all_succeeded"}),
             "schedule": self.schedule, "scheduled_for": _iso(self.scheduled_for),
         }
+
+
+def _tuple(values: Any) -> tuple[str, ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _iso(value: datetime | None) -> str | None:

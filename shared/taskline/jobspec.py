@@ -29,13 +29,15 @@ from taskline.settings import Settings
 
 MAX_TYPE_CHARS = 200
 MAX_LIMIT_KEY_CHARS = 200
+MAX_TAGS = 20
+MAX_TAG_CHARS = 100
 MAX_KEY_CHARS = 255
 MAX_TIMEOUT_S = 86_400.0
 MAX_DELAY_S = 365 * 86_400.0
 MAX_RETRIES = 100
 MAX_BATCH = 1000
 FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries", "timeout_s",
-                    "delay_s", "run_at", "idempotency_key", "limit_key", "ordering_key"})
+                    "delay_s", "run_at", "idempotency_key", "limit_key", "ordering_key", "tags"})
 # Kept a day inside Python's calendar, so a datetime read back in any session time zone fits.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
@@ -82,6 +84,7 @@ class JobSpec:
     request_hash: str | None  # None for a job without an idempotency key
     limit_key: str | None = None
     ordering_key: str | None = None
+    tags: tuple[str, ...] | None = None
 
 
 def parse_job(body: object, settings: Settings,
@@ -166,6 +169,7 @@ def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
         delay_s=values.get("delay_s", 0.0), run_at=values.get("run_at"),
         idempotency_key=values.get("idempotency_key", header_key), request_hash=digest,
         limit_key=values.get("limit_key"), ordering_key=values.get("ordering_key"),
+        tags=values.get("tags"),
     )
 
 
@@ -202,6 +206,16 @@ def _key(value: object) -> str:
 
 def _limit_key(value: object) -> str:
     return _text(value, MAX_LIMIT_KEY_CHARS)
+
+
+def _tags(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or len(value) > MAX_TAGS:
+        raise ValueError(f"must be an array of at most {MAX_TAGS} strings")
+    try:
+        tags = [_text(tag, MAX_TAG_CHARS) for tag in value]
+    except ValueError as err:
+        raise ValueError(f"each tag {err}") from None
+    return tuple(dict.fromkeys(tags))  # a tag given twice is kept once, in first place
 
 
 def _payload(value: object) -> object:
@@ -314,4 +328,5 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "type": _type, "payload": _payload, "queue": _queue, "priority": _priority,
     "max_retries": _max_retries, "timeout_s": _timeout, "delay_s": _delay, "run_at": _run_at,
     "idempotency_key": _key, "limit_key": _limit_key, "ordering_key": _limit_key,
+    "tags": _tags,
 }

@@ -19,11 +19,11 @@
 -- Insert one job unless its (queue, idempotency key) exists; returns the row only when inserted.
 INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                   next_run_at, idempotency_key, request_hash, trace_context, limit_key,
-                  ordering_key)
+                  ordering_key, tags)
 VALUES (:id, :type, :queue, CAST(:payload AS jsonb), :priority, :status, :max_retries,
         :timeout_s, COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)),
         :idempotency_key, :request_hash, :trace_context, CAST(:limit_key AS text),
-        CAST(:ordering_key AS text))
+        CAST(:ordering_key AS text), CAST(:tags AS text[]))
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
@@ -47,10 +47,10 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             idempotency_key text, request_hash text, trace_context text, actor text,
-            limit_key text, ordering_key text))
+            limit_key text, ordering_key text, tags text[]))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, idempotency_key, request_hash,
-                              trace_context, actor, limit_key, ordering_key, ord)
+                              trace_context, actor, limit_key, ordering_key, tags, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit (TASKLINE_MAX_QUEUES): a job for one queue more than :max_queues holding
     -- unfinished jobs is refused, and nothing of the input is written. Only the input's queues
@@ -74,10 +74,11 @@ WITH input AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, trace_context, limit_key,
-                      ordering_key)
+                      ordering_key, tags)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
-           t.idempotency_key, t.request_hash, t.trace_context, t.limit_key, t.ordering_key
+           t.idempotency_key, t.request_hash, t.trace_context, t.limit_key, t.ordering_key,
+           t.tags
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -108,10 +109,11 @@ WITH input AS MATERIALIZED (
     FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
-            idempotency_key text, request_hash text, limit_key text, ordering_key text))
+            idempotency_key text, request_hash text, limit_key text, ordering_key text,
+            tags text[]))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
                               run_at, delay_s, idempotency_key, request_hash, limit_key,
-                              ordering_key, ord)
+                              ordering_key, tags, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -131,11 +133,12 @@ WITH input AS MATERIALIZED (
     WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, idempotency_key, request_hash, limit_key, ordering_key)
+                      next_run_at, idempotency_key, request_hash, limit_key, ordering_key,
+                      tags)
     SELECT t.id, t.type, t.queue, t.payload, t.priority,
            CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
            t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key,
-           t.ordering_key
+           t.ordering_key, t.tags
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -252,8 +255,10 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS oldest,
 
 -- name: list_jobs
 -- Jobs newest first, filtered, paged by the (created_at, id) of the previous page's last row.
+-- A :tag is matched through the GIN index jobs_tags (`tags @> ARRAY[tag]`).
 SELECT * FROM taskline.jobs
 WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:tag AS text) IS NULL OR tags @> ARRAY[CAST(:tag AS text)])
   AND (CAST(:type AS text) IS NULL OR type = :type)
   AND (CAST(:queue AS text) IS NULL OR queue = :queue)
   AND (CAST(:after_created AS timestamptz) IS NULL
@@ -1077,10 +1082,10 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             trace_context text, actor text, step text, pending_parents int, limit_key text,
-            run_when text, ordering_key text))
+            run_when text, ordering_key text, tags text[]))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, trace_context, actor, step,
-                              pending_parents, limit_key, run_when, ordering_key, ord)
+                              pending_parents, limit_key, run_when, ordering_key, tags, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -1101,10 +1106,11 @@ WITH input AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, trace_context, workflow_id, step, pending_parents, limit_key,
-                      run_when, ordering_key)
+                      run_when, ordering_key, tags)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)), t.trace_context,
-           :workflow_id, t.step, t.pending_parents, t.limit_key, t.run_when, t.ordering_key
+           :workflow_id, t.step, t.pending_parents, t.limit_key, t.run_when, t.ordering_key,
+           t.tags
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord

@@ -74,6 +74,8 @@ jobs = Table(
     Column("ordered_at", DateTime(timezone=True), nullable=True),
     # Times the job's handler raised Snooze, each ending an attempt not counted (0020).
     Column("snoozes", Integer, nullable=False, server_default=text("0")),
+    # Up to 20 labels; GET /api/v1/jobs?tag= reads them through jobs_tags (0020).
+    Column("tags", ARRAY(Text), nullable=True),
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
     Column("schedule", Text, nullable=True),
     Column("scheduled_for", DateTime(timezone=True), nullable=True),
@@ -104,6 +106,8 @@ Index("jobs_finished_unstamped", jobs.c.status, jobs.c.updated_at,
       postgresql_where=text(f"finished_at IS NULL AND status IN {TERMINAL_SQL}"))
 Index("jobs_workflow", jobs.c.workflow_id, jobs.c.step,
       postgresql_where=text("workflow_id IS NOT NULL"))
+Index("jobs_tags", jobs.c.tags, postgresql_using="gin",
+      postgresql_where=text("tags IS NOT NULL"))
 # The claim rule's head gate reads a key's unfinished jobs through this; unkeyed jobs never enter.
 Index("jobs_ordering", jobs.c.queue, jobs.c.ordering_key,
       postgresql_where=text("ordering_key IS NOT NULL AND status IN "

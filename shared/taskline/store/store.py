@@ -279,8 +279,9 @@ class Store:
     def insert_job(self, conn: Connection, **fields: Any) -> Job | None:
         """Insert a job; None when its idempotency key already exists in its queue."""
         params = {"run_at": None, "delay_s": 0.0, "trace_context": None, "limit_key": None,
-                  "ordering_key": None, **fields}
+                  "ordering_key": None, "tags": None, **fields}
         params["payload"] = _json(params["payload"])
+        params["tags"] = None if params["tags"] is None else list(params["tags"])
         rows = self._run("insert_job", params, conn)
         return Job.from_row(rows[0]) if rows else None
 
@@ -417,8 +418,9 @@ class Store:
         return int(row.oldest), int(row.next)
 
     def list_jobs(self, *, status: str | None, type: str | None, queue: str | None,
-                  after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[Job]:
-        params = {"status": status, "type": type, "queue": queue, "limit": limit,
+                  after: tuple[datetime, uuid.UUID] | None, limit: int,
+                  tag: str | None = None) -> list[Job]:
+        params = {"status": status, "type": type, "queue": queue, "limit": limit, "tag": tag,
                   "after_created": after[0] if after else None,
                   "after_id": after[1] if after else None}
         return [Job.from_row(r) for r in self._run("list_jobs", params)]
