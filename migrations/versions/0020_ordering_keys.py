@@ -1,5 +1,6 @@
 """Ordering keys: `jobs.ordering_key`, `jobs.ordered_at`, the index of keyed unfinished jobs,
-and the claim rule's head gate; snoozes: `jobs.snoozes`; tags: `jobs.tags` and its index.
+and the claim rule's head gate; snoozes: `jobs.snoozes`; tags: `jobs.tags` and its index;
+progress: `jobs.progress`.
 
 Jobs of one queue with the same `ordering_key` start one at a time in enqueue order. A keyed
 job's place in line is `COALESCE(ordered_at, created_at), id`: `ordered_at` stays NULL until a
@@ -11,7 +12,8 @@ claim from Redis refuses it, and the budgeted claim (Store.claim_held) starts it
 per-key transaction lock, so two claimers never both see their key free. `snoozes` counts the
 times a job's handler raised `taskline.Snooze` (TASKLINE_MAX_SNOOZES bounds them). `tags`
 (up to 20 strings) is what `GET /api/v1/jobs?tag=` filters by, through the GIN index
-`jobs_tags` of the jobs that have tags.
+`jobs_tags` of the jobs that have tags. `progress` holds the last value a running handler
+reported (`ctx.progress`).
 
 Online on a 100-million-row `jobs`:
 - ADD COLUMN of nullable columns, and of `snoozes` with the constant default 0 (PostgreSQL
@@ -79,7 +81,8 @@ def upgrade() -> None:
     op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS ordering_key text, "
                "ADD COLUMN IF NOT EXISTS ordered_at timestamptz, "
                "ADD COLUMN IF NOT EXISTS snoozes integer NOT NULL DEFAULT 0, "
-               "ADD COLUMN IF NOT EXISTS tags text[]")
+               "ADD COLUMN IF NOT EXISTS tags text[], "
+               "ADD COLUMN IF NOT EXISTS progress jsonb")
     op.execute(CLAIMABLE_RULE)
     with op.get_context().autocommit_block():
         _drop_if_invalid(INDEX)
@@ -109,4 +112,4 @@ def downgrade() -> None:
     op.execute(CLAIMABLE_RULE_0012)
     op.execute("ALTER TABLE jobs DROP COLUMN IF EXISTS ordering_key, "
                "DROP COLUMN IF EXISTS ordered_at, DROP COLUMN IF EXISTS snoozes, "
-               "DROP COLUMN IF EXISTS tags")
+               "DROP COLUMN IF EXISTS tags, DROP COLUMN IF EXISTS progress")

@@ -111,6 +111,7 @@ class Event(enum.StrEnum):
     RESTORED = "restored"
     WAITING = "waiting"  # created as a workflow step that waits for its parents
     UNBLOCKED = "unblocked"  # its last parent succeeded: queued in that same transaction
+    PROGRESS = "progress"  # its running handler reported progress (detail.progress); no move
     SNOOZED = "snoozed"  # its handler raised Snooze: scheduled again, the attempt not counted
     EXPIRED = "expired"  # deleted by retention: names the move; no row records it (the
     # history goes with the job)
@@ -228,6 +229,8 @@ class Job:
     """How many times its handler snoozed it (TASKLINE_MAX_SNOOZES bounds them)."""
     tags: tuple[str, ...] | None = None
     """Up to 20 labels, what `GET /api/v1/jobs?tag=` filters by."""
+    progress: Any = None
+    """The last progress its handler reported (`ctx.progress`): 0..1 or a JSON object."""
     schedule: str | None = None
     """The schedule whose slot enqueued the job (None for a job enqueued otherwise)."""
     scheduled_for: datetime | None = None
@@ -251,6 +254,7 @@ class Job:
             ordering_key=getattr(row, "ordering_key", None),
             snoozes=getattr(row, "snoozes", 0) or 0,
             tags=_tuple(getattr(row, "tags", None)),
+            progress=getattr(row, "progress", None),
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
         )
@@ -265,6 +269,7 @@ class Job:
             "last_error": self.last_error, "result": self.result,
             "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
             "ordering_key": self.ordering_key, "tags": list(self.tags or ()),
+            "progress": self.progress,
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
             **({} if self.workflow_id is None else
                {"workflow_id": str(self.workflow_id), "step": self.step,

@@ -116,6 +116,9 @@ CANCEL = Move("cancel", PENDING | {Status.WAITING}, Status.CANCELLED, Event.CANC
               Step.UNSCHEDULE)
 REQUEST_CANCEL = Move("request_cancel", _RUNNING, Status.RUNNING, Event.CANCEL_REQUESTED,
                       Step.NONE)
+PROGRESS = Move("progress", _RUNNING, Status.RUNNING, Event.PROGRESS, Step.NONE)
+"""A running handler reported progress (`ctx.progress`): written under its lease, at most once a
+second; the job stays running."""
 REQUEUE = Move("requeue", frozenset({Status.DEAD}), Status.QUEUED, Event.REQUEUED, Step.UNDEAD)
 EXPIRE = Move("expire", TERMINAL, Gone.DELETED, Event.EXPIRED, Step.FORGET)
 """Retention deletes a job finished longer ago than its status's retention, with its events,
@@ -132,7 +135,8 @@ leases and DLQ row, as retention would; only a dead one."""
 
 MOVES: Mapping[str, Move] = MappingProxyType({m.name: m for m in (
     ENQUEUE, SCHEDULE, PROMOTE, CLAIM, SUCCEED, RETRY, DEAD, RECOVER, RECOVER_DEAD, HAND_BACK,
-    SNOOZE, STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE, PURGE, WAIT, UNBLOCK)})
+    SNOOZE, STOP_CANCELLED, CANCEL, REQUEST_CANCEL, PROGRESS, REQUEUE, EXPIRE, PURGE, WAIT,
+    UNBLOCK)})
 
 
 CREATED: Mapping[Status, Move] = MappingProxyType(

@@ -97,6 +97,7 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("running", "snoozed"): frozenset({"scheduled"}),
     ("running", "cancelled"): frozenset({"cancelled"}),
     ("running", "cancel_requested"): frozenset({"running"}),
+    ("running", "progress"): frozenset({"running"}),
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
     (None, "waiting"): frozenset({"waiting"}),
     ("waiting", "unblocked"): frozenset({"queued"}),

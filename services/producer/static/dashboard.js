@@ -679,6 +679,10 @@
     if (job.when && job.when !== "all_succeeded") rows.push(["Runs when", job.when]);
     if (job.ordering_key) rows.push(["Ordering key", job.ordering_key]);
     if (job.tags && job.tags.length) rows.push(["Tags", job.tags.join(", ")]);
+    if (job.progress !== null && job.progress !== undefined) {
+      rows.push(["Progress", typeof job.progress === "number"
+        ? `${Math.round(job.progress * 100)} %` : JSON.stringify(job.progress)]);
+    }
     if (job.last_error) rows.push(["Last error", job.last_error]);
     if (job.result !== null && job.result !== undefined) rows.push(["Result", JSON.stringify(job.result)]);
     for (const [name, value] of rows) {

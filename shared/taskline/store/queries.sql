@@ -224,9 +224,10 @@ FROM taskline.job_leases WHERE job_id = :id ORDER BY id;
 -- name: events_after
 -- The first :limit history entries above id :after, oldest first, with their job's queue, type and priority.
 SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
-       e.recorded_status, e.error, j.queue, j.type, j.priority
+       e.recorded_status, e.error, e.progress, j.queue, j.type, j.priority
 FROM (SELECT id, job_id, attempt, event, worker_id, actor, created_at,
-             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
+             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error,
+             detail -> 'progress' AS progress
       FROM taskline.job_events WHERE id > :after ORDER BY id LIMIT :limit) e
 -- One primary-key lookup per entry: OFFSET 0 keeps the planner from hash-joining all of jobs.
 LEFT JOIN LATERAL (SELECT queue, type, priority FROM taskline.jobs WHERE jobs.id = e.job_id OFFSET 0) j
@@ -236,9 +237,10 @@ ORDER BY e.id;
 -- name: newest_events_after
 -- The newest :limit history entries with an id in (:after, :upto], newest first, as events_after returns them.
 SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
-       e.recorded_status, e.error, j.queue, j.type, j.priority
+       e.recorded_status, e.error, e.progress, j.queue, j.type, j.priority
 FROM (SELECT id, job_id, attempt, event, worker_id, actor, created_at,
-             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
+             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error,
+             detail -> 'progress' AS progress
       FROM taskline.job_events WHERE id > :after AND id <= :upto ORDER BY id DESC LIMIT :limit) e
 LEFT JOIN LATERAL (SELECT queue, type, priority FROM taskline.jobs WHERE jobs.id = e.job_id OFFSET 0) j
     ON true
@@ -740,6 +742,22 @@ WITH changed AS (
     INSERT INTO taskline.job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
 )
 SELECT * FROM changed;
+
+-- name: write_progress
+-- A running attempt's progress (`ctx.progress`), only while its lease is live (live_leases, the
+-- fence), with its event :event (detail.progress); returns the job only when written.
+WITH changed AS (
+    UPDATE taskline.jobs j SET progress = CAST(:progress AS jsonb)
+    FROM taskline.live_leases l
+    WHERE l.id = :lease_id AND l.worker_id = :worker_id AND j.id = l.job_id
+      AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING j.id, j.attempts
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, worker_id, detail)
+    SELECT id, attempts, :event, :worker_id, jsonb_build_object('progress', CAST(:progress AS jsonb))
+    FROM changed
+)
+SELECT id FROM changed;
 
 -- name: list_dead
 -- Dead-lettered jobs, newest failure first, paged by (failed_at, job_id).

@@ -76,6 +76,8 @@ jobs = Table(
     Column("snoozes", Integer, nullable=False, server_default=text("0")),
     # Up to 20 labels; GET /api/v1/jobs?tag= reads them through jobs_tags (0020).
     Column("tags", ARRAY(Text), nullable=True),
+    # The last progress a running handler reported: 0..1 or a JSON object <= 4 KiB (0020).
+    Column("progress", JSONB, nullable=True),
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
     Column("schedule", Text, nullable=True),
     Column("scheduled_for", DateTime(timezone=True), nullable=True),

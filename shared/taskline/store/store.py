@@ -663,6 +663,14 @@ class Store:
         """Every limit with its use now (running, started in the window) and the jobs it holds."""
         return [dict(r._mapping) for r in self._run("list_flow_limits", {})]
 
+    def write_progress(self, lease_id: int, worker_id: str, value: Any) -> bool:
+        """Write a running attempt's progress under its lease; False when the lease is gone."""
+        rows = self._run_on_driver("write_progress", {
+            "lease_id": lease_id, "worker_id": worker_id, "progress": _json(value),
+            "sources": transitions.PROGRESS.source_names,
+            "event": transitions.PROGRESS.event.value})
+        return bool(rows)
+
     def ordering_key_counts(self) -> list:
         """Per queue: `keys` (ordering keys with unfinished jobs) and their `queued` jobs."""
         return self._run("ordering_key_counts", {})

@@ -128,7 +128,8 @@ class Drainer:
 
     def _run(self, claimed: Claimed, sent_at: float) -> dict[str, Any]:
         attempt = Attempt.begin(claimed, WORKER_ID, sent_at, DRAIN_LEASE_S,
-                                self._settings.fence_margin_s, self._store.parent_results)
+                                self._settings.fence_margin_s, self._store.parent_results,
+                                self._store.write_progress)
         self._attempts.add(attempt)
         started = time.monotonic()
         result: Any = None
