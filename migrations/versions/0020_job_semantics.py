@@ -1,6 +1,6 @@
-"""Ordering keys: `jobs.ordering_key`, `jobs.ordered_at`, the index of keyed unfinished jobs,
-and the claim rule's head gate; snoozes: `jobs.snoozes`; tags: `jobs.tags` and its index;
-progress: `jobs.progress`.
+"""New job semantics: ordering keys (`jobs.ordering_key`, `jobs.ordered_at`, the index of keyed
+unfinished jobs, the claim rule's head gate); snoozes (`jobs.snoozes`); tags (`jobs.tags` and
+its index); progress (`jobs.progress`).
 
 Jobs of one queue with the same `ordering_key` start one at a time in enqueue order. A keyed
 job's place in line is `COALESCE(ordered_at, created_at), id`: `ordered_at` stays NULL until a
