@@ -4,7 +4,7 @@ its index); progress (`jobs.progress`).
 
 Jobs of one queue with the same `ordering_key` start one at a time in enqueue order. A keyed
 job's place in line is `COALESCE(ordered_at, created_at), id`: `ordered_at` stays NULL until a
-dead or cancelled job is requeued (it then takes a new place at the back). The claim rule
+dead job is requeued from the DLQ (it then takes a new place at the back). The claim rule
 (`claimable_rule`) lets a keyed job through only as its key's head: no job of its key is
 running, and none still unfinished (queued, scheduled, retrying) stands before it; a `waiting`
 workflow step takes its place when it is released. A keyed job counts as `limited`: the plain
