@@ -89,7 +89,8 @@ def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
         args.type, _payload(args.payload), queue=args.queue, priority=_priority(args.priority),
         max_retries=args.max_retries, timeout_s=args.timeout, delay_s=args.delay,
         run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key,
-        ordering_key=args.ordering_key, tags=args.tag)
+        ordering_key=args.ordering_key, tags=args.tag, expires_at=args.expires_at,
+        start_within_s=args.start_within)
     if not args.wait:
         _emit(args, job, lambda: print(f"{job.get('id')}  {job.get('status')}"))
         return EXIT_OK
@@ -456,6 +457,11 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
                    help="the budget it draws from under a per_key flow limit (e.g. a tenant)")
     p.add_argument("--ordering-key", metavar="K",
                    help="jobs of the queue with this key start one at a time, in enqueue order")
+    expiry = p.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-at", metavar="TIME",
+                        help="never started after this RFC 3339 time: cancelled (lapsed)")
+    expiry.add_argument("--start-within", type=float, metavar="S",
+                        help="never started more than S seconds from now: cancelled (lapsed)")
     p.add_argument("--tag", action="append", metavar="T",
                    help="a label to find the job by (GET /api/v1/jobs?tag=); repeatable, up to 20")
     p.add_argument("--wait", action="store_true",

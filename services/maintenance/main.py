@@ -27,6 +27,7 @@ from taskline.store.store import Store
 from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.auditor import Auditor
 from taskline_maintenance.depths import DepthGauges
+from taskline_maintenance.lapser import Lapser
 from taskline_maintenance.leader import Leader, leader_ttl
 from taskline_maintenance.limits import LimitGauges
 from taskline_maintenance.ordering import OrderingGauges
@@ -54,6 +55,7 @@ class Maintenance:
         self.leader = Leader(store, leader_ttl(settings), holder)
         self.reaper = Reaper(store, dispatcher, settings, types=types, queues=queues)
         self.promoter = Promoter(store, dispatcher, settings, queues=queues)
+        self.lapser = Lapser(store, dispatcher, queues=queues)
         self.reconciler = Reconciler(store, dispatcher, settings, queues=queues)
         self.rebuilder = Rebuilder(store, dispatcher, self.reconciler)
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
@@ -75,6 +77,7 @@ class Maintenance:
     def start(self) -> None:
         self._spawn("leader", lambda: self.leader.run(self._stop))
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
+                                ("lapser", self.lapser),
                                 ("reconciler", self.reconciler), ("rebuilder", self.rebuilder),
                                 ("depths", self.depths), ("pauses", self.pauses),
                                 ("limits", self.limits), ("ordering", self.ordering),

@@ -157,12 +157,15 @@ class Client:
                 idempotency_key: str | None = None,
                 limit_key: str | None = None,
                 ordering_key: str | None = None,
-                tags: Sequence[str] | None = None) -> dict[str, Any]:
+                tags: Sequence[str] | None = None,
+                expires_at: datetime | str | None = None,
+                start_within_s: float | None = None) -> dict[str, Any]:
         """Enqueue one job and return it (status 201 new, 200 when the key was seen before)."""
         spec = job_spec(type, payload, queue=queue, priority=priority, max_retries=max_retries,
                         timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                         idempotency_key=idempotency_key or self.new_key(),
-                        limit_key=limit_key, ordering_key=ordering_key, tags=tags)
+                        limit_key=limit_key, ordering_key=ordering_key, tags=tags,
+                        expires_at=expires_at, start_within_s=start_within_s)
         return self._call("POST", "/jobs", body=spec)
 
     def enqueue_batch(self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any:
@@ -473,6 +476,7 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
              run_at: datetime | str | None = None,
              idempotency_key: str | None = None, limit_key: str | None = None,
              ordering_key: str | None = None, tags: Sequence[str] | None = None,
+             expires_at: datetime | str | None = None, start_within_s: float | None = None,
              keyed: bool = True) -> dict[str, Any]:
     """The JSON body of one enqueue; fields left None take the API's defaults. Without an
     `idempotency_key`, a fresh one is made unless `keyed` is false."""
@@ -483,6 +487,8 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
         "idempotency_key": idempotency_key or (str(uuid.uuid4()) if keyed else None),
         "limit_key": limit_key, "ordering_key": ordering_key,
         "tags": None if tags is None else list(tags),
+        "expires_at": expires_at.isoformat() if isinstance(expires_at, datetime) else expires_at,
+        "start_within_s": start_within_s,
     }
     return {k: v for k, v in spec.items() if v is not None}
 
@@ -518,7 +524,9 @@ class AsyncClient(Client):
                 run_at: datetime | str | None = None, idempotency_key: str | None = None,
                 limit_key: str | None = None,
                 ordering_key: str | None = None,
-                tags: Sequence[str] | None = None) -> dict[str, Any]: ...
+                tags: Sequence[str] | None = None,
+                expires_at: datetime | str | None = None,
+                start_within_s: float | None = None) -> dict[str, Any]: ...
         async def enqueue_batch(  # type: ignore[override]
                 self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any: ...
         async def get(  # type: ignore[override]

@@ -112,6 +112,7 @@ class Event(enum.StrEnum):
     WAITING = "waiting"  # created as a workflow step that waits for its parents
     UNBLOCKED = "unblocked"  # its last parent succeeded: queued in that same transaction
     PROGRESS = "progress"  # its running handler reported progress (detail.progress); no move
+    LAPSED = "lapsed"  # not started by its expires_at: cancelled by maintenance
     SNOOZED = "snoozed"  # its handler raised Snooze: scheduled again, the attempt not counted
     EXPIRED = "expired"  # deleted by retention: names the move; no row records it (the
     # history goes with the job)
@@ -231,6 +232,8 @@ class Job:
     """Up to 20 labels, what `GET /api/v1/jobs?tag=` filters by."""
     progress: Any = None
     """The last progress its handler reported (`ctx.progress`): 0..1 or a JSON object."""
+    expires_at: datetime | None = None
+    """Not started by then, it is never leased and maintenance cancels it (event `lapsed`)."""
     schedule: str | None = None
     """The schedule whose slot enqueued the job (None for a job enqueued otherwise)."""
     scheduled_for: datetime | None = None
@@ -255,6 +258,7 @@ class Job:
             snoozes=getattr(row, "snoozes", 0) or 0,
             tags=_tuple(getattr(row, "tags", None)),
             progress=getattr(row, "progress", None),
+            expires_at=getattr(row, "expires_at", None),
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
         )
@@ -269,7 +273,7 @@ class Job:
             "last_error": self.last_error, "result": self.result,
             "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
             "ordering_key": self.ordering_key, "tags": list(self.tags or ()),
-            "progress": self.progress,
+            "progress": self.progress, "expires_at": _iso(self.expires_at),
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
             **({} if self.workflow_id is None else
                {"workflow_id": str(self.workflow_id), "step": self.step,

@@ -37,7 +37,8 @@ MAX_DELAY_S = 365 * 86_400.0
 MAX_RETRIES = 100
 MAX_BATCH = 1000
 FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries", "timeout_s",
-                    "delay_s", "run_at", "idempotency_key", "limit_key", "ordering_key", "tags"})
+                    "delay_s", "run_at", "idempotency_key", "limit_key", "ordering_key", "tags",
+                    "expires_at", "start_within_s"})
 # Kept a day inside Python's calendar, so a datetime read back in any session time zone fits.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
@@ -85,6 +86,8 @@ class JobSpec:
     limit_key: str | None = None
     ordering_key: str | None = None
     tags: tuple[str, ...] | None = None
+    expires_at: datetime | None = None
+    start_within_s: float | None = None
 
 
 def parse_job(body: object, settings: Settings,
@@ -169,7 +172,8 @@ def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
         delay_s=values.get("delay_s", 0.0), run_at=values.get("run_at"),
         idempotency_key=values.get("idempotency_key", header_key), request_hash=digest,
         limit_key=values.get("limit_key"), ordering_key=values.get("ordering_key"),
-        tags=values.get("tags"),
+        tags=values.get("tags"), expires_at=values.get("expires_at"),
+        start_within_s=values.get("start_within_s"),
     )
 
 
@@ -180,6 +184,11 @@ def _cross_field_errors(body: dict[str, Any], values: dict[str, Any],
         errors.append(FieldError("type", "required"))
     if "delay_s" in body and "run_at" in body:
         errors.append(FieldError("run_at", "give delay_s or run_at, not both"))
+    if "expires_at" in body and "start_within_s" in body:
+        errors.append(FieldError("start_within_s", "give expires_at or start_within_s, not both"))
+    expires = values.get("expires_at")
+    if expires is not None and expires <= datetime.now(UTC):
+        errors.append(FieldError("expires_at", "is in the past: the job could never start"))
     body_key = values.get("idempotency_key")
     if header_key is not None and body_key is not None and body_key != header_key:
         errors.append(FieldError("idempotency_key", "differs from the Idempotency-Key header"))
@@ -269,6 +278,10 @@ def _delay(value: object) -> float:
     return _number(value, 0.0, MAX_DELAY_S, low_open=False)
 
 
+def _within(value: object) -> float:
+    return _number(value, 0.0, MAX_DELAY_S, low_open=True)
+
+
 def _run_at(value: object) -> datetime:
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 date-time string with a timezone")
@@ -328,5 +341,5 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "type": _type, "payload": _payload, "queue": _queue, "priority": _priority,
     "max_retries": _max_retries, "timeout_s": _timeout, "delay_s": _delay, "run_at": _run_at,
     "idempotency_key": _key, "limit_key": _limit_key, "ordering_key": _limit_key,
-    "tags": _tags,
+    "tags": _tags, "expires_at": _run_at, "start_within_s": _within,
 }

@@ -43,6 +43,8 @@ JOB_FAILED = Counter("job_failed_total", "Attempts that failed (any reason)",
 JOB_RETRIED = Counter("job_retried_total", "Failed attempts scheduled for a retry",
                       ["type", "queue"])
 JOB_DLQ = Counter("job_dlq_total", "Jobs dead-lettered", ["type", "queue"])
+JOBS_LAPSED = Counter("taskline_jobs_lapsed_total", "Jobs cancelled because they had not started "
+                      "by their expires_at (event lapsed)", ["queue"])
 JOB_SNOOZED = Counter("taskline_job_snoozed_total", "Attempts a handler ended with Snooze: "
                       "scheduled again, the attempt not counted", ["type", "queue"])
 JOB_RECOVERED = Counter("job_recovered_total", "Jobs recovered by maintenance",

@@ -119,6 +119,9 @@ REQUEST_CANCEL = Move("request_cancel", _RUNNING, Status.RUNNING, Event.CANCEL_R
 PROGRESS = Move("progress", _RUNNING, Status.RUNNING, Event.PROGRESS, Step.NONE)
 """A running handler reported progress (`ctx.progress`): written under its lease, at most once a
 second; the job stays running."""
+LAPSE = Move("lapse", PENDING, Status.CANCELLED, Event.LAPSED, Step.UNSCHEDULE)
+"""A job not started by its `expires_at` (maintenance's lapser, in PostgreSQL's clock); the
+claim rule already refuses it. A running job is not affected."""
 REQUEUE = Move("requeue", frozenset({Status.DEAD}), Status.QUEUED, Event.REQUEUED, Step.UNDEAD)
 EXPIRE = Move("expire", TERMINAL, Gone.DELETED, Event.EXPIRED, Step.FORGET)
 """Retention deletes a job finished longer ago than its status's retention, with its events,
@@ -135,8 +138,8 @@ leases and DLQ row, as retention would; only a dead one."""
 
 MOVES: Mapping[str, Move] = MappingProxyType({m.name: m for m in (
     ENQUEUE, SCHEDULE, PROMOTE, CLAIM, SUCCEED, RETRY, DEAD, RECOVER, RECOVER_DEAD, HAND_BACK,
-    SNOOZE, STOP_CANCELLED, CANCEL, REQUEST_CANCEL, PROGRESS, REQUEUE, EXPIRE, PURGE, WAIT,
-    UNBLOCK)})
+    SNOOZE, STOP_CANCELLED, CANCEL, REQUEST_CANCEL, PROGRESS, LAPSE, REQUEUE, EXPIRE, PURGE,
+    WAIT, UNBLOCK)})
 
 
 CREATED: Mapping[Status, Move] = MappingProxyType(

@@ -80,6 +80,8 @@ class StepJob:
     ordering_key: str | None = None
     """Its key's jobs start one at a time; a step with parents takes its place when released."""
     tags: tuple[str, ...] | None = None
+    start_within_s: float | None = None
+    """Not started this long after its release (a root step: its submission), it lapses."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ def step_rows(steps: Sequence[StepSpec], db_now: datetime | None, *,
                      "timeout_s": job.timeout_s, "run_at": job.run_at, "delay_s": job.delay_s,
                      "trace_context": trace_context, "actor": actor, "step": step.id,
                      "limit_key": job.limit_key, "ordering_key": job.ordering_key,
-                     "tags": job.tags,
+                     "tags": job.tags, "start_within_s": job.start_within_s,
                      "pending_parents": len(set(step.after)),
                      "run_when": None if step.when == When.ALL_SUCCEEDED else step.when})
     return rows
@@ -298,7 +300,7 @@ def step_from_dict(data: Mapping[str, Any]) -> StepSpec:
     job = dict(data["job"])
     job_fields = {k: job[k] for k in ("payload", "queue", "priority", "max_retries",
                                       "timeout_s", "delay_s", "run_at", "limit_key",
-                                      "ordering_key", "tags")
+                                      "ordering_key", "tags", "start_within_s")
                   if k in job}
     return StepSpec(str(data["id"]), StepJob(type=str(job["type"]), **job_fields),
                     tuple(str(p) for p in data.get("after", ())),

@@ -67,7 +67,7 @@ from tests.faults.history import History
 from tests.faults.workflowcheck import workflow_violations
 
 TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
-TERMINAL_EVENTS = frozenset({"succeeded", "dead_lettered", "cancelled"})
+TERMINAL_EVENTS = frozenset({"succeeded", "dead_lettered", "cancelled", "lapsed"})
 REPAIR_EVENTS = frozenset({"recovered", "released", "requeued"})
 EFFECT_TYPES = frozenset({"fault.work", "fault.crash_before_commit"})
 DEFAULT_EXPECT: Mapping[str, frozenset[str]] = {
@@ -99,6 +99,7 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("running", "cancel_requested"): frozenset({"running"}),
     ("running", "progress"): frozenset({"running"}),
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
+    **{(state, "lapsed"): frozenset({"cancelled"}) for state in _PENDING},
     (None, "waiting"): frozenset({"waiting"}),
     ("waiting", "unblocked"): frozenset({"queued"}),
     ("waiting", "cancelled"): frozenset({"cancelled"}),

@@ -679,6 +679,7 @@
     if (job.when && job.when !== "all_succeeded") rows.push(["Runs when", job.when]);
     if (job.ordering_key) rows.push(["Ordering key", job.ordering_key]);
     if (job.tags && job.tags.length) rows.push(["Tags", job.tags.join(", ")]);
+    if (job.expires_at) rows.push(["Expires", new Date(job.expires_at).toLocaleString()]);
     if (job.progress !== null && job.progress !== undefined) {
       rows.push(["Progress", typeof job.progress === "number"
         ? `${Math.round(job.progress * 100)} %` : JSON.stringify(job.progress)]);

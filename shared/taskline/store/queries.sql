@@ -19,11 +19,13 @@
 -- Insert one job unless its (queue, idempotency key) exists; returns the row only when inserted.
 INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                   next_run_at, idempotency_key, request_hash, trace_context, limit_key,
-                  ordering_key, tags)
+                  ordering_key, tags, expires_at)
 VALUES (:id, :type, :queue, CAST(:payload AS jsonb), :priority, :status, :max_retries,
         :timeout_s, COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)),
         :idempotency_key, :request_hash, :trace_context, CAST(:limit_key AS text),
-        CAST(:ordering_key AS text), CAST(:tags AS text[]))
+        CAST(:ordering_key AS text), CAST(:tags AS text[]),
+        COALESCE(CAST(:expires_at AS timestamptz),
+                 now() + make_interval(secs => CAST(:start_within_s AS float8))))
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
@@ -47,10 +49,12 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             idempotency_key text, request_hash text, trace_context text, actor text,
-            limit_key text, ordering_key text, tags text[]))
+            limit_key text, ordering_key text, tags text[], expires_at timestamptz,
+            start_within_s float8))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, idempotency_key, request_hash,
-                              trace_context, actor, limit_key, ordering_key, tags, ord)
+                              trace_context, actor, limit_key, ordering_key, tags, expires_at,
+                              start_within_s, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit (TASKLINE_MAX_QUEUES): a job for one queue more than :max_queues holding
     -- unfinished jobs is refused, and nothing of the input is written. Only the input's queues
@@ -74,11 +78,11 @@ WITH input AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, trace_context, limit_key,
-                      ordering_key, tags)
+                      ordering_key, tags, expires_at)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
            t.idempotency_key, t.request_hash, t.trace_context, t.limit_key, t.ordering_key,
-           t.tags
+           t.tags, COALESCE(t.expires_at, now() + make_interval(secs => t.start_within_s))
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -110,10 +114,10 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             idempotency_key text, request_hash text, limit_key text, ordering_key text,
-            tags text[]))
+            tags text[], expires_at timestamptz, start_within_s float8))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
                               run_at, delay_s, idempotency_key, request_hash, limit_key,
-                              ordering_key, tags, ord)
+                              ordering_key, tags, expires_at, start_within_s, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -134,11 +138,11 @@ WITH input AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, limit_key, ordering_key,
-                      tags)
+                      tags, expires_at)
     SELECT t.id, t.type, t.queue, t.payload, t.priority,
            CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
            t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key,
-           t.ordering_key, t.tags
+           t.ordering_key, t.tags, COALESCE(t.expires_at, now() + make_interval(secs => t.start_within_s))
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -656,6 +660,9 @@ FROM changed;
         -- a keyed step takes its place in its key's line when released, not when submitted
         ordered_at = CASE WHEN locked.frees AND NOT locked.unmet AND j.ordering_key IS NOT NULL
                           THEN now() ELSE j.ordered_at END,
+        expires_at = CASE WHEN locked.frees AND NOT locked.unmet
+                          THEN now() + make_interval(secs => j.start_within_s)
+                          ELSE j.expires_at END,
         updated_at = now()
     FROM locked LEFT JOIN starts ON starts.id = locked.id
     WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
@@ -758,6 +765,29 @@ WITH changed AS (
     FROM changed
 )
 SELECT id FROM changed;
+
+-- name: lapse_due
+-- Up to :limit jobs not started by their expires_at (PostgreSQL's clock), earliest expiry first,
+-- skipping rows another transaction holds: cancelled (:target, from :sources only, so a job
+-- that started meanwhile is left alone) with the event :event. Read through jobs_lapsing, which
+-- holds only the jobs with an expiry that have not started.
+WITH due AS (
+    SELECT id FROM taskline.jobs
+    WHERE expires_at IS NOT NULL AND status IN ('queued', 'scheduled', 'retrying')
+      AND expires_at <= clock_timestamp()
+    ORDER BY expires_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE taskline.jobs j SET status = :target, updated_at = now(), next_run_at = NULL,
+                               finished_at = now()
+    FROM due WHERE j.id = due.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING j.*
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, detail)
+    SELECT id, attempts, :event, jsonb_build_object('expires_at', expires_at) FROM changed
+)
+SELECT * FROM changed;
 
 -- name: list_dead
 -- Dead-lettered jobs, newest failure first, paged by (failed_at, job_id).
@@ -1100,10 +1130,11 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             trace_context text, actor text, step text, pending_parents int, limit_key text,
-            run_when text, ordering_key text, tags text[]))
+            run_when text, ordering_key text, tags text[], start_within_s float8))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, trace_context, actor, step,
-                              pending_parents, limit_key, run_when, ordering_key, tags, ord)
+                              pending_parents, limit_key, run_when, ordering_key, tags,
+                              start_within_s, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -1124,11 +1155,14 @@ WITH input AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, trace_context, workflow_id, step, pending_parents, limit_key,
-                      run_when, ordering_key, tags)
+                      run_when, ordering_key, tags, start_within_s, expires_at)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)), t.trace_context,
            :workflow_id, t.step, t.pending_parents, t.limit_key, t.run_when, t.ordering_key,
-           t.tags
+           t.tags, t.start_within_s,
+           -- a step with parents counts its start_within_s from its release
+           CASE WHEN t.pending_parents = 0
+                THEN now() + make_interval(secs => t.start_within_s) END
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -1507,7 +1541,7 @@ SELECT job_id::text AS job_id, id, event, detail ->> 'status' AS recorded, creat
        xmin::text AS xid
 FROM taskline.job_events
 WHERE job_id = ANY(CAST(:ids AS uuid[]))
-  AND event IN ('succeeded', 'dead_lettered', 'cancelled', 'recovered');
+  AND event IN ('succeeded', 'dead_lettered', 'cancelled', 'lapsed', 'recovered');
 
 -- name: audit_limit_changes
 -- Up to :limit flow limit changes in the audit trail after (:after_at, :after_id), oldest first.

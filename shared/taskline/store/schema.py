@@ -78,6 +78,10 @@ jobs = Table(
     Column("tags", ARRAY(Text), nullable=True),
     # The last progress a running handler reported: 0..1 or a JSON object <= 4 KiB (0020).
     Column("progress", JSONB, nullable=True),
+    # Not started by `expires_at`, a job is never leased and lapses (cancelled, event lapsed); a
+    # step with parents keeps `start_within_s` until its release sets `expires_at` (0020).
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("start_within_s", Float, nullable=True),
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
     Column("schedule", Text, nullable=True),
     Column("scheduled_for", DateTime(timezone=True), nullable=True),
@@ -108,6 +112,9 @@ Index("jobs_finished_unstamped", jobs.c.status, jobs.c.updated_at,
       postgresql_where=text(f"finished_at IS NULL AND status IN {TERMINAL_SQL}"))
 Index("jobs_workflow", jobs.c.workflow_id, jobs.c.step,
       postgresql_where=text("workflow_id IS NOT NULL"))
+Index("jobs_lapsing", jobs.c.expires_at,
+      postgresql_where=text("expires_at IS NOT NULL AND status IN "
+                            "('queued', 'scheduled', 'retrying')"))
 Index("jobs_tags", jobs.c.tags, postgresql_using="gin",
       postgresql_where=text("tags IS NOT NULL"))
 # The claim rule's head gate reads a key's unfinished jobs through this; unkeyed jobs never enter.

@@ -279,7 +279,8 @@ class Store:
     def insert_job(self, conn: Connection, **fields: Any) -> Job | None:
         """Insert a job; None when its idempotency key already exists in its queue."""
         params = {"run_at": None, "delay_s": 0.0, "trace_context": None, "limit_key": None,
-                  "ordering_key": None, "tags": None, **fields}
+                  "ordering_key": None, "tags": None, "expires_at": None,
+                  "start_within_s": None, **fields}
         params["payload"] = _json(params["payload"])
         params["tags"] = None if params["tags"] is None else list(params["tags"])
         rows = self._run("insert_job", params, conn)
@@ -662,6 +663,18 @@ class Store:
     def list_flow_limits(self) -> list[dict]:
         """Every limit with its use now (running, started in the window) and the jobs it holds."""
         return [dict(r._mapping) for r in self._run("list_flow_limits", {})]
+
+    def lapse_due(self, limit: int) -> tuple[list[Job], list[Job]]:
+        """Cancel up to `limit` jobs not started by their expiry (event `lapsed`) and, for
+        workflow steps among them, their waiting dependents, in one transaction: (the lapsed
+        jobs, the dependents cancelled and the `when` steps queued)."""
+        with self.transaction() as conn:
+            lapsed = [Job.from_row(r) for r in self._run(
+                "lapse_due", {"limit": limit, **_move_params(transitions.LAPSE)}, conn)]
+            steps = [j.id for j in lapsed if j.workflow_id is not None]
+            if not steps:
+                return lapsed, []
+            return lapsed, self.cancel_waiting_dependents(steps, None, conn, ended=steps)
 
     def write_progress(self, lease_id: int, worker_id: str, value: Any) -> bool:
         """Write a running attempt's progress under its lease; False when the lease is gone."""
