@@ -12,7 +12,8 @@ API acknowledged (2xx) is classified as exactly one of:
 Then every job in the database must satisfy: its history is a sequence of legal transitions
 (the checker's own model, `LEGAL`) ending in its current state; one terminal event per life
 (a dead job's requeue starts a new life); only the newest attempt completes; a snooze consumes
-no attempt (the lease after a `snoozed` one runs the same attempt number); no two leases
+no attempt (the lease after a `snoozed` one runs the same attempt number); no lease begins
+after the job's `expires_at`; no two leases
 overlap (each starts after the previous one was released); two executions overlap only after
 the earlier one's lease had ended (expired, or released with an outcome such as a timeout);
 each lost lease was recovered once; the DLQ (status dead, dead_letter_jobs, the DLQ list)
@@ -235,7 +236,7 @@ class Checker:
     def snapshot(self) -> Snapshot:
         jobs = {str(r["id"]): r for r in self._query(
             "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key, "
-            "run_when, ordering_key, created_at FROM taskline.jobs")}
+            "run_when, ordering_key, created_at, expires_at FROM taskline.jobs")}
         return Snapshot(
             jobs=jobs,
             events=_grouped(self._query(
@@ -388,6 +389,7 @@ def job_violations(job_id: str, snap: Snapshot) -> list[str]:
             + lease_overlap_violations(leases)
             + recovery_violations(leases, snap.events.get(job_id, []))
             + snooze_violations(leases)
+            + expiry_violations(job, leases)
             + execution_overlap_violations(snap.execs.get(job_id, []), leases))
 
 
@@ -461,6 +463,21 @@ def lease_overlap_violations(leases: list[dict]) -> list[str]:
                             f"{nxt['leased_at']} while lease {prev['id']} was held "
                             f"(released {prev['released_at']})")
     return problems
+
+
+LEASE_AFTER_EXPIRY_SLACK_S = 0.5
+"""How far a lease's `leased_at` may trail its job's expiry: the claim tests the expiry, then
+stamps the lease a few statements' time later (both in PostgreSQL's clock)."""
+
+
+def expiry_violations(job: Mapping[str, Any], leases: list[dict]) -> list[str]:
+    """No lease after expiry: a job with `expires_at` is leased only before it."""
+    expires = job.get("expires_at")
+    if expires is None:
+        return []
+    return [f"lease {lease['id']} began at {lease['leased_at']}, after the job's expiry {expires}"
+            for lease in leases
+            if (lease["leased_at"] - expires).total_seconds() > LEASE_AFTER_EXPIRY_SLACK_S]
 
 
 def snooze_violations(leases: list[dict]) -> list[str]:

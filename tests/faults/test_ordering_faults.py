@@ -1,9 +1,10 @@
-"""Ordering keys and snoozes under faults: jobs of six keys enqueued through the API while a
+"""Ordering keys, snoozes and expiring jobs under faults: jobs of six keys enqueued through the API while a
 busy worker is SIGKILLed, Redis is flushed and a worker is frozen past its lease; and while
 PostgreSQL is stopped and started again; jobs that snooze while a busy worker is SIGKILLed and
-Redis is flushed. Each runs a real cluster on fresh servers and is judged by the offline
+Redis is flushed; jobs that must start within 1 s under the same faults. Each runs a real cluster on fresh servers and is judged by the offline
 checker, whose own model adds "at no instant two open leases of one queue's ordering key", "a
-key's jobs first start in enqueue order" and "a snooze consumes no attempt", read from
+key's jobs first start in enqueue order", "a snooze consumes no attempt" and "no lease after a
+job's expiry", read from
 `job_leases` and `jobs`.
 
 Invariant under test: a key's jobs start one at a time in enqueue order across every worker: a
@@ -108,3 +109,29 @@ def test_snoozes_consume_no_attempt_through_sigkill_and_a_redis_flush(fault_run)
     snoozed = run.cluster.query("SELECT count(*) FROM taskline.job_leases "
                                 "WHERE outcome = 'snoozed'")[0][0]
     assert snoozed >= 100  # most of the 60 jobs snoozed twice; none counted an attempt for it
+
+
+@pytest.mark.timeout(180)
+def test_expiring_jobs_are_never_leased_late_through_a_redis_flush_and_sigkill(fault_run):
+    """Jobs that must start within 1 s, more than two workers can start in time: the late ones
+    lapse (cancelled, event lapsed), the rest run once; the checker's own model requires no
+    lease after a job's expiry."""
+    run = fault_run("expiry: worker SIGKILL, Redis flush", workers=2, concurrency=2,
+                    supervise=True)
+    expect = {}
+    with run.workload.background(
+            lambda i: run.workload.enqueue(WORK, {"sleep_s": 0.2}, start_within_s=1.0),
+            threads=2, limit=80) as answers:
+        wait_acked(answers, 20)
+        run.nemesis.kill_busy_worker()
+        wait_acked(answers, 50)
+        run.nemesis.flushall()
+        wait_acked(answers, 80)
+    for answer in answers:
+        if answer.ok:
+            expect[answer.job_id] = {"succeeded", "cancelled"}
+    result = run.check(wait_s=150, expect=expect)
+    run.assert_clean(result)
+    assert result.count("lost") == 0 and result.count("duplicated") == 0
+    lapsed = run.cluster.query("SELECT count(*) FROM taskline.job_events WHERE event = 'lapsed'")
+    assert lapsed[0][0] > 0  # the load outran the workers: some jobs lapsed

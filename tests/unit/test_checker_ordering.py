@@ -1,12 +1,13 @@
-"""The fault checker's ordering-key judge (its own model, not the product's): one lease open at
+"""The fault checker's own judges of the new job semantics (not the product's): one lease open at
 a time per queue and key, first starts in enqueue order, a requeued job judged by its new place
-only, other keys and queues apart; on hand-made snapshots."""
+only, other keys and queues apart; and no lease begun after the job's expiry; on hand-made
+snapshots."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from tests.faults.checker import Snapshot, ordering_violations
+from tests.faults.checker import Snapshot, expiry_violations, ordering_violations
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -48,3 +49,12 @@ def test_a_later_job_starting_first_is_reported_unless_the_earlier_was_requeued(
     assert ordering_violations(snapshot(jobs, leases)) == [
         "ordering key 'k' of queue q: job b started before job a, enqueued earlier"]
     assert ordering_violations(snapshot(jobs, leases, requeued=frozenset({"a"}))) == []
+
+
+def test_no_lease_begins_after_the_jobs_expiry():
+    job = {"expires_at": at(10)}
+    early = {"id": 1, "leased_at": at(9.9)}
+    late = {"id": 2, "leased_at": at(11)}
+    assert expiry_violations(job, [early]) == []
+    assert expiry_violations({"expires_at": None}, [late]) == []
+    assert [v.split(" began")[0] for v in expiry_violations(job, [early, late])] == ["lease 2"]
