@@ -1,11 +1,11 @@
-"""Ordering keys, snoozes and expiring jobs under faults: jobs of six keys enqueued through the API while a
-busy worker is SIGKILLed, Redis is flushed and a worker is frozen past its lease; and while
-PostgreSQL is stopped and started again; jobs that snooze while a busy worker is SIGKILLed and
-Redis is flushed; jobs that must start within 1 s under the same faults. Each runs a real cluster on fresh servers and is judged by the offline
-checker, whose own model adds "at no instant two open leases of one queue's ordering key", "a
-key's jobs first start in enqueue order", "a snooze consumes no attempt" and "no lease after a
-job's expiry", read from
-`job_leases` and `jobs`.
+"""Ordering keys, snoozes and expiring jobs under faults: jobs of six keys enqueued through the
+API while a busy worker is SIGKILLed, Redis is flushed and a worker is frozen past its lease,
+and while PostgreSQL is stopped and started again; jobs that snooze, and jobs that must start
+within 1 s, while a busy worker is SIGKILLed and Redis is flushed. Each runs a real cluster on
+fresh servers and is judged by the offline checker, whose own model adds "at no instant two
+open leases of one queue's ordering key", "a key's jobs first start in enqueue order", "a
+snooze consumes no attempt" and "no lease after a job's expiry", read from `job_leases` and
+`jobs`.
 
 Invariant under test: a key's jobs start one at a time in enqueue order across every worker: a
 killed worker's head keeps its place until the reaper recovers it, a frozen worker's late
