@@ -16,13 +16,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 def test_the_job_view_shows_the_ordering_key(api_port: int, page: Page) -> None:  # noqa: F811
     sign_in(page, api_port)
     with Client(f"http://127.0.0.1:{api_port}", token=TOKEN) as client:
-        job = client.enqueue("simulate", {"sleep_s": 0}, ordering_key="account-42")
+        job = client.enqueue("simulate", {"sleep_s": 0}, ordering_key="account-42",
+                             start_within_s=3600)
     page.fill("#search-input", job["id"])
     page.keyboard.press("Enter")
     history = page.locator("#history")
     expect(history).to_contain_text(job["id"])
     expect(history).to_contain_text("Ordering key")
     expect(history).to_contain_text("account-42")
+    expect(history).to_contain_text("Expires")
 
 
 def test_the_search_finds_jobs_by_tag_and_opens_one(api_port: int, page: Page) -> None:  # noqa: F811
