@@ -39,13 +39,15 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10.0, interval: float 
 
 def enqueue(store: Store, dispatcher: Dispatcher, job_type: str = "echo", payload: Any = None,
             *, queue: str = "default", priority: int = 5, max_retries: int = 3,
-            timeout_s: float = 30.0, push: bool = True, limit_key: str | None = None) -> Job:
+            timeout_s: float = 30.0, push: bool = True, limit_key: str | None = None,
+            ordering_key: str | None = None) -> Job:
     """Insert a queued job and (unless push=False) make it dispatchable, as the producer does."""
     with store.transaction() as conn:
         job = store.insert_job(conn, id=uuid.uuid4(), type=job_type, queue=queue,
                                payload={} if payload is None else payload, priority=priority,
                                status="queued", max_retries=max_retries, timeout_s=timeout_s,
-                               idempotency_key=None, request_hash=None, limit_key=limit_key)
+                               idempotency_key=None, request_hash=None, limit_key=limit_key,
+                               ordering_key=ordering_key)
         store.insert_event(conn, job.id, 0, "enqueued")
     if push:
         dispatcher.push([(queue, priority, str(job.id))])

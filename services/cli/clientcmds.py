@@ -89,7 +89,9 @@ def cmd_enqueue(args: argparse.Namespace, client: Client) -> int:
         args.type, _payload(args.payload), queue=args.queue, priority=_priority(args.priority),
         max_retries=args.max_retries, timeout_s=args.timeout, delay_s=args.delay,
         run_at=args.run_at, idempotency_key=args.idempotency_key, limit_key=args.limit_key,
-        unique=_unique(args), debounce=_debounce(args))
+        unique=_unique(args), debounce=_debounce(args),
+        ordering_key=args.ordering_key, tags=args.tag, expires_at=args.expires_at,
+        start_within_s=args.start_within)
     if not args.wait:
         folded = [name for name in ("duplicate", "replaced", "debounced") if job.get(name)]
         _emit(args, job, lambda: print("  ".join([f"{job.get('id')}", f"{job.get('status')}",
@@ -487,6 +489,15 @@ def _enqueue_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentPa
                         "delay; it runs once with every payload")
     p.add_argument("--debounce-delay", type=float, metavar="S",
                    help="run S seconds after the last arrival (at most 10 x S after the first)")
+    p.add_argument("--ordering-key", metavar="K",
+                   help="jobs of the queue with this key start one at a time, in enqueue order")
+    expiry = p.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-at", metavar="TIME",
+                        help="never started after this RFC 3339 time: cancelled (lapsed)")
+    expiry.add_argument("--start-within", type=float, metavar="S",
+                        help="never started more than S seconds from now: cancelled (lapsed)")
+    p.add_argument("--tag", action="append", metavar="T",
+                   help="a label to find the job by (GET /api/v1/jobs?tag=); repeatable, up to 20")
     p.add_argument("--wait", action="store_true",
                    help="wait for the job to finish; exit 1 unless it succeeded")
     p.add_argument("--wait-timeout", type=float, default=60.0, metavar="S",

@@ -27,8 +27,10 @@ from taskline.store.store import Store
 from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.auditor import Auditor
 from taskline_maintenance.depths import DepthGauges
+from taskline_maintenance.lapser import Lapser
 from taskline_maintenance.leader import Leader, leader_ttl
 from taskline_maintenance.limits import LimitGauges
+from taskline_maintenance.ordering import OrderingGauges
 from taskline_maintenance.outbox import OutboxRelay
 from taskline_maintenance.pauses import PauseMarkers
 from taskline_maintenance.promoter import Promoter
@@ -53,11 +55,13 @@ class Maintenance:
         self.leader = Leader(store, leader_ttl(settings), holder)
         self.reaper = Reaper(store, dispatcher, settings, types=types, queues=queues)
         self.promoter = Promoter(store, dispatcher, settings, queues=queues)
+        self.lapser = Lapser(store, dispatcher, queues=queues)
         self.reconciler = Reconciler(store, dispatcher, settings, queues=queues)
         self.rebuilder = Rebuilder(store, dispatcher, self.reconciler)
         self.depths = DepthGauges(store, dispatcher, settings, queues=queues)
         self.pauses = PauseMarkers(store, dispatcher, queues=queues)
         self.limits = LimitGauges(store, settings)
+        self.ordering = OrderingGauges(store, settings, queues=queues)
         self.audit_retention = AuditRetention(store, settings)
         self.auditor = Auditor(store, settings)
         # Checks leadership between its batches too: a pass can be long after an outage.
@@ -73,9 +77,10 @@ class Maintenance:
     def start(self) -> None:
         self._spawn("leader", lambda: self.leader.run(self._stop))
         for name, component in (("reaper", self.reaper), ("promoter", self.promoter),
+                                ("lapser", self.lapser),
                                 ("reconciler", self.reconciler), ("rebuilder", self.rebuilder),
                                 ("depths", self.depths), ("pauses", self.pauses),
-                                ("limits", self.limits),
+                                ("limits", self.limits), ("ordering", self.ordering),
                                 ("audit_retention", self.audit_retention),
                                 ("audit", self.auditor),
                                 ("retention", self.retention),
@@ -103,6 +108,7 @@ class Maintenance:
         self.depths.clear()
         self.pauses.clear()
         self.limits.clear()
+        self.ordering.clear()
 
 
 def type_labels(settings: Settings) -> TypeLabels:

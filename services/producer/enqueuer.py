@@ -77,7 +77,9 @@ def _row(spec: JobSpec, db_now: datetime | None, trace_context: str | None,
             "max_retries": spec.max_retries, "timeout_s": spec.timeout_s,
             "run_at": spec.run_at, "delay_s": spec.delay_s,
             "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
-            "trace_context": trace_context, "actor": actor, "limit_key": spec.limit_key}
+            "trace_context": trace_context, "actor": actor, "limit_key": spec.limit_key,
+            "ordering_key": spec.ordering_key, "tags": spec.tags,
+            "expires_at": spec.expires_at, "start_within_s": spec.start_within_s}
 
 
 def _job(row: dict[str, Any], stored: Any) -> Job:
@@ -88,7 +90,16 @@ def _job(row: dict[str, Any], stored: Any) -> Job:
                next_run_at=stored.next_run_at, idempotency_key=row["idempotency_key"],
                last_error=None, result=None, created_at=stored.created_at,
                updated_at=stored.updated_at, cancel_requested=False,
-               trace_context=row["trace_context"], limit_key=row["limit_key"])
+               trace_context=row["trace_context"], limit_key=row["limit_key"],
+               ordering_key=row["ordering_key"], tags=row["tags"],
+               expires_at=_expiry(row, stored.created_at))
+
+
+def _expiry(row: dict[str, Any], created_at: datetime) -> datetime | None:
+    """The insert's expiry: the instant given, or its statement's now() + start_within_s."""
+    within = row["start_within_s"]
+    return row["expires_at"] or (None if within is None
+                                 else created_at + timedelta(seconds=within))
 
 
 def needs_transaction(specs: Sequence[JobSpec]) -> bool:

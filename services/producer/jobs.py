@@ -119,7 +119,7 @@ def _job_detail(job_id: uuid.UUID) -> tuple[dict, bool]:
 def list_jobs() -> Response:
     args = request.args
     filters = {"status": paging.status(args), "type": paging.job_type(args),
-               "queue": paging.queue(args)}
+               "queue": paging.queue(args), "tag": paging.tag(args)}
     size = paging.limit(args)
     after = paging.decode_cursor(args.get("cursor"))
     rows = backends().store.list_jobs(**filters, after=after, limit=size + 1)

@@ -121,6 +121,14 @@ def queue(args: MultiDict[str, str]) -> str | None:
     return raw
 
 
+def tag(args: MultiDict[str, str]) -> str | None:
+    raw = args.get("tag")
+    if raw is not None and (not 1 <= len(raw) <= 100 or "\x00" in raw):
+        raise InvalidParameter("tag must be 1..100 characters without NUL",
+                               {"parameter": "tag"})
+    return raw
+
+
 def job_type(args: MultiDict[str, str]) -> str | None:
     raw = args.get("type")
     if raw is not None and (not 1 <= len(raw) <= 200 or "\x00" in raw):

@@ -147,6 +147,10 @@ def _step(index: int, item: object, settings: Settings) -> StepSpec | list[Field
 
 def _job(where: str, body: Any, settings: Settings, *,
          has_parents: bool) -> StepJob | list[FieldError]:
+    if isinstance(body, dict) and "expires_at" in body:
+        return [FieldError(f"{where}.job.expires_at",
+                           "a step takes start_within_s (counted from its release), not "
+                           "expires_at")]
     if isinstance(body, dict) and "idempotency_key" in body:
         return [FieldError(f"{where}.job.idempotency_key",
                            "a step takes no idempotency key (the workflow has one)")]
@@ -164,4 +168,5 @@ def _job(where: str, body: Any, settings: Settings, *,
     return StepJob(type=parsed.type, payload=parsed.payload, queue=parsed.queue,
                    priority=parsed.priority, max_retries=parsed.max_retries,
                    timeout_s=parsed.timeout_s, delay_s=parsed.delay_s, run_at=parsed.run_at,
-                   limit_key=parsed.limit_key)
+                   limit_key=parsed.limit_key, ordering_key=parsed.ordering_key,
+                   tags=parsed.tags, start_within_s=parsed.start_within_s)

@@ -1,4 +1,5 @@
-"""Held work: the limited jobs this worker claims from PostgreSQL under their flow budgets.
+"""Held work: the limited jobs this worker claims from PostgreSQL under their flow budgets,
+and the jobs with an ordering key, which start only through the same claim, as their key's head.
 
 Invariant: a job a flow limit applies to is started only by `Store.claim_held`, which takes
 budget under the limits' row locks; Redis never starts one (the plain claim refuses it and the
@@ -6,7 +7,8 @@ loop acks its id away: it stays `queued`, consuming no attempt and writing nothi
 object only decides when trying is worth a transaction, so a worker never spins on a full
 budget: after the limits change, when a claim refused a limited id, when one of the attempts it
 started ends (its lease released: budget freed), or when a full rate window frees. With no
-limit defined it costs one small query a second and nothing on the claim path.
+limit defined it costs one small query a second and nothing on the claim path, until a claim
+refuses a keyed job.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class HeldWork:
         self._lock = threading.Lock()
         self._scopes: frozenset[str] = frozenset()
         self._read_at = float("-inf")
-        self._pending = False
+        # Keyed jobs waiting in PostgreSQL since before this worker started are found only here.
+        self._pending = True
         self._next_try = 0.0
         self._started: dict[str, str] = {}  # job id -> queue, for the attempts started here
 
@@ -60,22 +63,19 @@ class HeldWork:
             except StoreUnavailable:
                 return bool(self._scopes)
             with self._lock:
-                if scopes != self._scopes:
-                    self._pending, self._next_try = bool(scopes), now
+                if scopes != self._scopes and scopes:
+                    self._pending, self._next_try = True, now
                 self._scopes = scopes
         return bool(self._scopes)
 
     def due(self) -> bool:
         """Whether the budgeted claim is worth running now."""
-        if not self.active():
-            return False
+        self.active()  # a new limit wakes the claim; a refused keyed job does without limits
         with self._lock:
             return self._pending and self._clock() >= self._next_try
 
     def wait_s(self, default: float) -> float:
         """How long an idle loop may block in Redis before it should try held work again."""
-        if not self._scopes:
-            return default
         with self._lock:
             if not self._pending:
                 return default

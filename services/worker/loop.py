@@ -190,7 +190,10 @@ class FetchLoop:
             claimed = self.claim_due(reserved)
             self._turns.wait(ticket)
             self._execute(claimed, sent_at)
-            # Limited jobs go through their budgeted claim, as on the Redis path.
+            # Limited and keyed jobs go through their budgeted claim, as on the Redis path; no
+            # refusal tells of keyed ones here, so a turn with free slots looks for them.
+            if self._held is not None and reserved > len(claimed):
+                self._held.refused()
             if self._held is not None and reserved > len(claimed) and self._held.due():
                 self._start_held(reserved - len(claimed), ticket)
         finally:

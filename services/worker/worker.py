@@ -301,7 +301,8 @@ class Worker:
         `freeing` (workflow steps whose success released and claimed them)."""
         s = self.settings
         attempts = [Attempt.begin(c, self.worker_id, sent_at, s.lease_s, s.fence_margin_s,
-                                  self.store.parent_results) for c in claimed]
+                                  self.store.parent_results, self.store.write_progress)
+                    for c in claimed]
         if log.isEnabledFor(logging.INFO):  # spares building the fields per job
             for attempt in attempts:
                 log.info("job claimed", extra=attempt.log_extra("claimed"))

@@ -34,6 +34,7 @@ from taskline.errors import (
     NonRetryableError,
     QueueLimitReached,
     RetryableError,
+    Snooze,
     TasklineError,
 )
 from taskline.finishing import wait
@@ -45,9 +46,9 @@ from taskline.store.caller import AppConnection, AsyncAppConnection
 __all__ = ["AlreadyStarted", "AsyncClient", "Client", "ClientError", "DebounceOptions", "Handler",
            "IdempotencyConflict", "InvalidJob", "InvalidPayload", "JobCancelled", "JobContext",
            "JobFailed", "JobRequest", "NonRetryableError", "Payload", "Priority",
-           "QueueLimitReached", "RetryableError", "TasklineError", "UniqueOptions", "aenqueue",
-           "aenqueue_many", "asubmit_workflow", "enqueue", "enqueue_many", "handler", "periodic",
-           "submit_workflow", "wait"]
+           "QueueLimitReached", "RetryableError", "Snooze", "TasklineError", "UniqueOptions",
+           "aenqueue", "aenqueue_many", "asubmit_workflow", "enqueue", "enqueue_many", "handler",
+           "periodic", "submit_workflow", "wait"]
 
 
 def submit_workflow(conn: AppConnection, name: str, steps: Iterable[Mapping[str, Any]], *,

@@ -11,10 +11,11 @@ or claimed before its condition held (`when`: every parent succeeded; any_failed
 ended dead or cancelled; always: every parent finished), nor cancelled as condition_unmet
 before every parent succeeded, each no later than the parents' events that decided it (or in
 their very transaction); no flow limit admitted a start beyond its concurrency or rate while
-its setting was in force.
+its setting was in force; no two jobs of one queue and ordering key ever held leases at once.
 
 `verify(reader, ...)` walks the history a page at a time (each page one consistent snapshot,
-paged by creation time and id), so its memory is a page's and its work linear in jobs.
+paged by creation time and id), so its memory is a page's, plus the leases of jobs with an
+ordering key (their key's other jobs may lie on any page), and its work linear in jobs.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from taskline.transitions import MOVES, TABLE, status_after
 PAGE_JOBS = 1000
 """Jobs per page: one page's jobs, events and leases are held at once."""
 RULES = ("lease_overlap", "terminal_outcome", "illegal_sequence", "step_before_parents",
-         "flow_limit")
+         "flow_limit", "ordering_overlap")
 
 
 @dataclass(frozen=True)
@@ -380,6 +381,31 @@ def hasty_starts(leases: Sequence[Mapping[str, Any]],
     return found
 
 
+# --- ordering keys -------------------------------------------------------------------------
+
+def ordering_overlaps(leases: Iterable[Mapping[str, Any]]) -> list[Violation]:
+    """Each lease of a key's jobs (`job_id` on each) begins only once every earlier one of the
+    key was released; a lease released as the next begins does not overlap it."""
+    found = []
+    held: Mapping[str, Any] | None = None  # of the leases so far, the one released last
+    for lease in sorted(leases, key=lambda x: (x["leased_at"], x["id"])):
+        if held is not None and (held["released_at"] is None
+                                 or lease["leased_at"] < held["released_at"]):
+            found.append(Violation("ordering_overlap", str(lease["job_id"]), (
+                f"lease {lease['id']} began at {lease['leased_at']} while job {held['job_id']} "
+                f"of its ordering key held lease {held['id']} (released {held['released_at']})")))
+        if held is None or (held["released_at"] is not None and (
+                lease["released_at"] is None or lease["released_at"] > held["released_at"])):
+            held = lease
+    return found
+
+
+def _keyed_leases(page: Page, into: dict[tuple[str, str], list[Mapping[str, Any]]]) -> None:
+    for job in page.jobs:
+        if job.get("ordering_key") is not None:
+            into[(job["queue"], job["ordering_key"])] += page.leases.get(str(job["id"]), [])
+
+
 # --- the whole history ---------------------------------------------------------------------
 
 def verify(reader: Reader, since: datetime | None = None, page_size: int = PAGE_JOBS,
@@ -389,9 +415,13 @@ def verify(reader: Reader, since: datetime | None = None, page_size: int = PAGE_
     judged (`jobs`, `limit_settings`)."""
     stats = {} if stats is None else stats
     stats.update(jobs=0, limit_settings=0)
+    keyed: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for page in reader.pages(since, page_size):
         stats["jobs"] += len(page.jobs)
         yield from page_violations(page)
+        _keyed_leases(page, keyed)
+    for leases in keyed.values():
+        yield from ordering_overlaps(leases)
     for setting in reader.limit_settings(since):
         stats["limit_settings"] += 1
         yield from flow_violations(setting, list(reader.scope_leases(setting)))

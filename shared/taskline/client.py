@@ -33,7 +33,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -156,7 +156,9 @@ class Client:
                 run_at: datetime | str | None = None,
                 idempotency_key: str | None = None,
                 limit_key: str | None = None, unique: Mapping[str, Any] | None = None,
-                debounce: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                debounce: Mapping[str, Any] | None = None, ordering_key: str | None = None,
+                tags: Sequence[str] | None = None, expires_at: datetime | str | None = None,
+                start_within_s: float | None = None) -> dict[str, Any]:
         """Enqueue one job and return it (status 201 new, 200 when the key was seen before).
 
         `unique` (`{"key", "period_s", "states", "on_conflict"}`, each optional) answers with
@@ -165,15 +167,17 @@ class Client:
         (`"debounced": true`). A debounced enqueue carries no idempotency key (the API refuses
         one), so it is retried only when it never reached the API: a replay would join twice.
         """
+        semantics = {"ordering_key": ordering_key, "tags": tags, "expires_at": expires_at,
+                     "start_within_s": start_within_s}
         if debounce is not None:
             spec = job_spec(type, payload, queue=queue, priority=priority,
                             max_retries=max_retries, timeout_s=timeout_s, limit_key=limit_key,
-                            debounce=debounce, keyed=False)
+                            debounce=debounce, keyed=False, **semantics)
             return self._call("POST", "/jobs", body=spec, replay_safe=False)
         spec = job_spec(type, payload, queue=queue, priority=priority, max_retries=max_retries,
                         timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                         idempotency_key=idempotency_key or self.new_key(),
-                        limit_key=limit_key, unique=unique)
+                        limit_key=limit_key, unique=unique, **semantics)
         return self._call("POST", "/jobs", body=spec)
 
     def enqueue_batch(self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any:
@@ -201,10 +205,10 @@ class Client:
 
     def list(self, status: str | None = None, type: str | None = None,
              queue: str | None = None, limit: int | None = None,
-             cursor: str | None = None) -> dict[str, Any]:
+             cursor: str | None = None, tag: str | None = None) -> dict[str, Any]:
         """One page of jobs matching the filters; pass the page's cursor to get the next."""
         params = {"status": status, "type": type, "queue": queue, "limit": limit,
-                  "cursor": cursor}
+                  "cursor": cursor, "tag": tag}
         return self._call("GET", "/jobs", params=params)
 
     def cancel(self, job_id: str | uuid.UUID) -> dict[str, Any]:
@@ -488,6 +492,8 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
              idempotency_key: str | None = None, limit_key: str | None = None,
              unique: Mapping[str, Any] | None = None,
              debounce: Mapping[str, Any] | None = None,
+             ordering_key: str | None = None, tags: Sequence[str] | None = None,
+             expires_at: datetime | str | None = None, start_within_s: float | None = None,
              keyed: bool = True) -> dict[str, Any]:
     """The JSON body of one enqueue; fields left None take the API's defaults. Without an
     `idempotency_key`, a fresh one is made unless `keyed` is false (or the job is debounced:
@@ -501,6 +507,10 @@ def job_spec(type: str, payload: Any = None, *, queue: str | None = None,
         "limit_key": limit_key,
         "unique": None if unique is None else dict(unique),
         "debounce": None if debounce is None else dict(debounce),
+        "ordering_key": ordering_key,
+        "tags": None if tags is None else list(tags),
+        "expires_at": expires_at.isoformat() if isinstance(expires_at, datetime) else expires_at,
+        "start_within_s": start_within_s,
     }
     return {k: v for k, v in spec.items() if v is not None}
 
@@ -534,14 +544,20 @@ class AsyncClient(Client):
                 priority: int | str | None = None, max_retries: int | None = None,
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None, idempotency_key: str | None = None,
-                limit_key: str | None = None) -> dict[str, Any]: ...
+                limit_key: str | None = None, unique: Mapping[str, Any] | None = None,
+                debounce: Mapping[str, Any] | None = None,
+                ordering_key: str | None = None,
+                tags: Sequence[str] | None = None,
+                expires_at: datetime | str | None = None,
+                start_within_s: float | None = None) -> dict[str, Any]: ...
         async def enqueue_batch(  # type: ignore[override]
                 self, specs: Iterable[Mapping[str, Any]], *, keyed: bool = True) -> Any: ...
         async def get(  # type: ignore[override]
                 self, job_id: str | uuid.UUID) -> dict[str, Any]: ...
         async def list(  # type: ignore[override]
                 self, status: str | None = None, type: str | None = None, queue: str | None = None,
-                limit: int | None = None, cursor: str | None = None) -> dict[str, Any]: ...
+                limit: int | None = None, cursor: str | None = None,
+                tag: str | None = None) -> dict[str, Any]: ...
         async def cancel(  # type: ignore[override]
                 self, job_id: str | uuid.UUID) -> dict[str, Any]: ...
         async def retry(  # type: ignore[override]

@@ -99,6 +99,10 @@ class JobRequest(TypedDict, total=False):
     limit_key: str
     unique: UniqueOptions
     debounce: DebounceOptions
+    ordering_key: str
+    tags: Sequence[str]
+    expires_at: datetime | str
+    start_within_s: float
 
 
 def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
@@ -107,6 +111,8 @@ def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
             delay_s: float | None = None, run_at: datetime | str | None = None,
             idempotency_key: str | None = None, limit_key: str | None = None,
             unique: UniqueOptions | None = None, debounce: DebounceOptions | None = None,
+            ordering_key: str | None = None, tags: Sequence[str] | None = None,
+            expires_at: datetime | str | None = None, start_within_s: float | None = None,
             settings: Settings | None = None) -> uuid.UUID:
     """Enqueue one job inside `conn`'s transaction; its id. The fields are those of POST
     /api/v1/jobs (None: not given, the default applies); give `delay_s` or `run_at`, not
@@ -115,7 +121,8 @@ def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
     fields = given(queue=queue, priority=priority, max_retries=max_retries,
                    timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                    idempotency_key=idempotency_key, limit_key=limit_key, unique=unique,
-                   debounce=debounce)
+                   debounce=debounce, ordering_key=ordering_key, tags=tags,
+                   expires_at=expires_at, start_within_s=start_within_s)
     spec, schema = _one(type, payload, fields, settings)
     return caller.drive(conn, _plan([spec], settings), schema)[0]
 
@@ -127,13 +134,17 @@ async def aenqueue(conn: AsyncAppConnection, type: str, payload: Payload = None,
                    idempotency_key: str | None = None, limit_key: str | None = None,
                    unique: UniqueOptions | None = None,
                    debounce: DebounceOptions | None = None,
+                   ordering_key: str | None = None, tags: Sequence[str] | None = None,
+                   expires_at: datetime | str | None = None,
+                   start_within_s: float | None = None,
                    settings: Settings | None = None) -> uuid.UUID:
     """`enqueue` on an async connection (psycopg AsyncConnection, SQLAlchemy AsyncConnection,
     AsyncSession or async_scoped_session), inside its transaction."""
     fields = given(queue=queue, priority=priority, max_retries=max_retries,
                    timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                    idempotency_key=idempotency_key, limit_key=limit_key, unique=unique,
-                   debounce=debounce)
+                   debounce=debounce, ordering_key=ordering_key, tags=tags,
+                   expires_at=expires_at, start_within_s=start_within_s)
     spec, schema = _one(type, payload, fields, settings)
     return (await caller.adrive(conn, _plan([spec], settings), schema))[0]
 
@@ -231,10 +242,11 @@ def _body(type: Any, payload: Any, fields: Mapping[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"type": type, **fields}
     if payload is not None:
         body["payload"] = payload
-    run_at = body.get("run_at")
-    if isinstance(run_at, datetime):
-        # A naive datetime names no instant: left without an offset, parse_job refuses it.
-        body["run_at"] = run_at.isoformat().replace("+00:00", "Z")
+    for name in ("run_at", "expires_at"):
+        instant = body.get(name)
+        if isinstance(instant, datetime):
+            # A naive datetime names no instant: left without an offset, parse_job refuses it.
+            body[name] = instant.isoformat().replace("+00:00", "Z")
     return body
 
 
@@ -272,7 +284,9 @@ def _row(spec: JobSpec) -> dict[str, Any]:
             "priority": spec.priority, "max_retries": spec.max_retries,
             "timeout_s": spec.timeout_s, "run_at": spec.run_at, "delay_s": spec.delay_s,
             "idempotency_key": spec.idempotency_key, "request_hash": spec.request_hash,
-            "limit_key": spec.limit_key}
+            "limit_key": spec.limit_key, "ordering_key": spec.ordering_key,
+            "tags": spec.tags, "expires_at": spec.expires_at,
+            "start_within_s": spec.start_within_s}
 
 
 def _replayed(spec: JobSpec) -> caller.Plan[uuid.UUID]:

@@ -62,6 +62,21 @@ class RetryableError(TasklineError):
         self.delay_s = delay_s
 
 
+class Snooze(TasklineError):
+    """Raised by a handler: the job goes back to `scheduled` for `delay_s` seconds without
+    consuming an attempt (event `snoozed`); past TASKLINE_MAX_SNOOZES snoozes it is dead."""
+
+    MAX_DELAY_S = 365 * 86_400.0
+
+    def __init__(self, delay_s: float) -> None:
+        if isinstance(delay_s, bool) or not isinstance(delay_s, int | float) \
+                or not 0 <= delay_s <= self.MAX_DELAY_S:  # NaN fails this too
+            raise TypeError(f"Snooze(delay_s) takes a number of seconds 0..{self.MAX_DELAY_S:.0f}, "
+                            f"not {delay_s!r}")
+        super().__init__(f"snoozed for {delay_s} s")
+        self.delay_s = float(delay_s)
+
+
 class JobCancelled(TasklineError):
     """The job was cancelled while running (raised by a handler that stops); also what waiting
     for a result raises when the job was cancelled, with `job` the job as the API shows it."""

@@ -46,6 +46,8 @@ class Change:
     type: str | None
     priority: int | None
     error: str | None
+    progress: Any = None
+    """A `progress` event's value (0..1 or a JSON object); None for every other event."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Change:
@@ -56,7 +58,7 @@ class Change:
             worker_id=row["worker_id"], actor=row.get("actor"), created_at=_iso(row["created_at"]),
             queue=row["queue"], type=row["type"],
             priority=None if row["priority"] is None else int(row["priority"]),
-            error=row["error"])
+            error=row["error"], progress=row.get("progress"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -89,6 +89,7 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"
     LOST = "lost"  # lease expired; recovered by the reaper
     RELEASED = "released"  # handed back at shutdown, attempt not counted
+    SNOOZED = "snoozed"  # the handler raised Snooze: back to scheduled, attempt not counted
 
 
 class Event(enum.StrEnum):
@@ -112,6 +113,9 @@ class Event(enum.StrEnum):
     UNBLOCKED = "unblocked"  # its last parent succeeded: queued in that same transaction
     JOINED = "joined"  # a debounced arrival joined this waiting job (taskline.uniqueness)
     REPLACED = "replaced"  # a unique enqueue with on_conflict "replace" rewrote it
+    PROGRESS = "progress"  # its running handler reported progress (detail.progress); no move
+    LAPSED = "lapsed"  # not started by its expires_at: cancelled by maintenance
+    SNOOZED = "snoozed"  # its handler raised Snooze: scheduled again, the attempt not counted
     EXPIRED = "expired"  # deleted by retention: names the move; no row records it (the
     # history goes with the job)
     PURGED = "purged"  # deleted from the DLQ by an operator: no row records it either
@@ -222,6 +226,16 @@ class Job:
     """A step's condition (`any_failed`, `always`); None waits for every parent's success."""
     limit_key: str | None = None
     """The budget this job draws from under a `per_key` flow limit."""
+    ordering_key: str | None = None
+    """Jobs of the queue with this key start one at a time, in enqueue order."""
+    snoozes: int = 0
+    """How many times its handler snoozed it (TASKLINE_MAX_SNOOZES bounds them)."""
+    tags: tuple[str, ...] | None = None
+    """Up to 20 labels, what `GET /api/v1/jobs?tag=` filters by."""
+    progress: Any = None
+    """The last progress its handler reported (`ctx.progress`): 0..1 or a JSON object."""
+    expires_at: datetime | None = None
+    """Not started by then, it is never leased and maintenance cancels it (event `lapsed`)."""
     schedule: str | None = None
     """The schedule whose slot enqueued the job (None for a job enqueued otherwise)."""
     scheduled_for: datetime | None = None
@@ -248,6 +262,11 @@ class Job:
             workflow_id=getattr(row, "workflow_id", None), step=getattr(row, "step", None),
             run_when=getattr(row, "run_when", None),
             limit_key=getattr(row, "limit_key", None),
+            ordering_key=getattr(row, "ordering_key", None),
+            snoozes=getattr(row, "snoozes", 0) or 0,
+            tags=_tuple(getattr(row, "tags", None)),
+            progress=getattr(row, "progress", None),
+            expires_at=getattr(row, "expires_at", None),
             schedule=getattr(row, "schedule", None),
             scheduled_for=getattr(row, "scheduled_for", None),
             unique_key=getattr(row, "unique_key", None),
@@ -264,6 +283,8 @@ class Job:
             "idempotency_key": visible_key(self.idempotency_key),
             "last_error": self.last_error, "result": self.result,
             "cancel_requested": self.cancel_requested, "limit_key": self.limit_key,
+            "ordering_key": self.ordering_key, "tags": list(self.tags or ()),
+            "progress": self.progress, "expires_at": _iso(self.expires_at),
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
             **({} if self.workflow_id is None else
                {"workflow_id": str(self.workflow_id), "step": self.step,
@@ -274,6 +295,10 @@ class Job:
                {"debounce": {"key": visible_key(self.debounce_key),
                              "joined": len(self.coalesced or ())}}),
         }
+
+
+def _tuple(values: Any) -> tuple[str, ...] | None:
+    return None if values is None else tuple(values)
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -30,13 +30,16 @@ from taskline.uniquespec import DebounceSpec, UniqueSpec, parse_debounce, parse_
 
 MAX_TYPE_CHARS = 200
 MAX_LIMIT_KEY_CHARS = 200
+MAX_TAGS = 20
+MAX_TAG_CHARS = 100
 MAX_KEY_CHARS = 255
 MAX_TIMEOUT_S = 86_400.0
 MAX_DELAY_S = 365 * 86_400.0
 MAX_RETRIES = 100
 MAX_BATCH = 1000
 FIELDS = frozenset({"type", "payload", "queue", "priority", "max_retries", "timeout_s",
-                    "delay_s", "run_at", "idempotency_key", "limit_key", "unique", "debounce"})
+                    "delay_s", "run_at", "idempotency_key", "limit_key", "unique", "debounce",
+                    "ordering_key", "tags", "expires_at", "start_within_s"})
 # Kept a day inside Python's calendar, so a datetime read back in any session time zone fits.
 _EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
 _LATEST = datetime(9999, 12, 30, tzinfo=UTC)
@@ -86,6 +89,10 @@ class JobSpec:
     """taskline.uniqueness: at most one job of the queue holds this key in its scope."""
     debounce: DebounceSpec | None = None
     """taskline.uniqueness: arrivals with this key join the job waiting out its delay."""
+    ordering_key: str | None = None
+    tags: tuple[str, ...] | None = None
+    expires_at: datetime | None = None
+    start_within_s: float | None = None
 
     @property
     def keyed(self) -> bool:
@@ -206,6 +213,8 @@ def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
         run_at=values.get("run_at"),
         idempotency_key=values.get("idempotency_key", header_key), request_hash=digest,
         limit_key=values.get("limit_key"), unique=values.get("unique"), debounce=debounce,
+        ordering_key=values.get("ordering_key"), tags=values.get("tags"),
+        expires_at=values.get("expires_at"), start_within_s=values.get("start_within_s"),
     )
 
 
@@ -216,6 +225,11 @@ def _cross_field_errors(body: dict[str, Any], values: dict[str, Any],
         errors.append(FieldError("type", "required"))
     if "delay_s" in body and "run_at" in body:
         errors.append(FieldError("run_at", "give delay_s or run_at, not both"))
+    if "expires_at" in body and "start_within_s" in body:
+        errors.append(FieldError("start_within_s", "give expires_at or start_within_s, not both"))
+    expires = values.get("expires_at")
+    if expires is not None and expires <= datetime.now(UTC):
+        errors.append(FieldError("expires_at", "is in the past: the job could never start"))
     body_key = values.get("idempotency_key")
     if header_key is not None and body_key is not None and body_key != header_key:
         errors.append(FieldError("idempotency_key", "differs from the Idempotency-Key header"))
@@ -242,6 +256,16 @@ def _key(value: object) -> str:
 
 def _limit_key(value: object) -> str:
     return _text(value, MAX_LIMIT_KEY_CHARS)
+
+
+def _tags(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or len(value) > MAX_TAGS:
+        raise ValueError(f"must be an array of at most {MAX_TAGS} strings")
+    try:
+        tags = [_text(tag, MAX_TAG_CHARS) for tag in value]
+    except ValueError as err:
+        raise ValueError(f"each tag {err}") from None
+    return tuple(dict.fromkeys(tags))  # a tag given twice is kept once, in first place
 
 
 def _payload(value: object) -> object:
@@ -293,6 +317,10 @@ def _timeout(value: object) -> float:
 
 def _delay(value: object) -> float:
     return _number(value, 0.0, MAX_DELAY_S, low_open=False)
+
+
+def _within(value: object) -> float:
+    return _number(value, 0.0, MAX_DELAY_S, low_open=True)
 
 
 def _run_at(value: object) -> datetime:
@@ -353,5 +381,6 @@ def _from_rfc3339(match: re.Match[str]) -> datetime:
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "type": _type, "payload": _payload, "queue": _queue, "priority": _priority,
     "max_retries": _max_retries, "timeout_s": _timeout, "delay_s": _delay, "run_at": _run_at,
-    "idempotency_key": _key, "limit_key": _limit_key,
+    "idempotency_key": _key, "limit_key": _limit_key, "ordering_key": _limit_key,
+    "tags": _tags, "expires_at": _run_at, "start_within_s": _within,
 }

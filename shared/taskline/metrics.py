@@ -48,6 +48,10 @@ JOB_FAILED = Counter("job_failed_total", "Attempts that failed (any reason)",
 JOB_RETRIED = Counter("job_retried_total", "Failed attempts scheduled for a retry",
                       ["type", "queue"])
 JOB_DLQ = Counter("job_dlq_total", "Jobs dead-lettered", ["type", "queue"])
+JOBS_LAPSED = Counter("taskline_jobs_lapsed_total", "Jobs cancelled because they had not started "
+                      "by their expires_at (event lapsed)", ["queue"])
+JOB_SNOOZED = Counter("taskline_job_snoozed_total", "Attempts a handler ended with Snooze: "
+                      "scheduled again, the attempt not counted", ["type", "queue"])
 JOB_RECOVERED = Counter("job_recovered_total", "Jobs recovered by maintenance",
                         ["queue", "cause"])
 JOB_CANCELLED = Counter("job_cancelled_total", "Jobs cancelled", ["queue"])
@@ -98,7 +102,15 @@ PAUSE_HELD = Counter("taskline_queue_pause_held_total",
 # Flow limits: jobs the budgeted claim started (workers), and per scope (maintenance only,
 # from PostgreSQL) the limits, what they hold back and what uses their budget now.
 HELD_CLAIMS = Counter("taskline_limit_claimed_total",
-                      "Limited jobs started by the budgeted claim, within their budgets")
+                      "Limited jobs started by the budgeted claim, within their budgets (jobs "
+                      "with an ordering key included: they start through it too)")
+# Ordering keys, per queue (maintenance only, from PostgreSQL): the keys with unfinished jobs,
+# and their queued jobs, of which each key's head may start and the rest wait their turn.
+ORDERING_KEYS = Gauge("taskline_ordering_keys", "Ordering keys with unfinished jobs",
+                      ["queue"], multiprocess_mode="livemax")
+ORDERING_QUEUED = Gauge("taskline_ordering_queued_jobs", "Queued jobs with an ordering key "
+                        "(each key's head may start; the others wait their turn)", ["queue"],
+                        multiprocess_mode="livemax")
 LIMIT_HELD = Gauge("taskline_limit_held_jobs", "Queued jobs a flow limit applies to (held back "
                    "while its budget is used)", ["scope"], multiprocess_mode="livemax")
 LIMIT_RUNNING = Gauge("taskline_limit_running", "Open leases of jobs a flow limit applies to",

@@ -113,6 +113,8 @@ class Settings:
     """Handler timeout of a job that names none, seconds; > 0."""
     default_max_retries: int = 3
     """Retries of a job that names none; 0..100."""
+    max_snoozes: int = 100
+    """Snoozes (`raise taskline.Snooze`) a job may take; the next one makes it dead. 0..10^6."""
     log_format: str = "json"
     """`json` (one event per line) or `text` (for make run)."""
     log_level: str = "INFO"
@@ -211,6 +213,7 @@ class Settings:
             (0 <= self.metrics_port <= 65535, "TASKLINE_METRICS_PORT must be 0..65535"),
             (self.default_timeout_s > 0, "TASKLINE_DEFAULT_TIMEOUT_S must be > 0"),
             (0 <= self.default_max_retries <= 100, "TASKLINE_DEFAULT_MAX_RETRIES must be 0..100"),
+            (0 <= self.max_snoozes <= 1_000_000, "TASKLINE_MAX_SNOOZES must be 0..1000000"),
             (self.log_format in ("json", "text"), "TASKLINE_LOG_FORMAT must be json or text"),
             (0 <= self.claim_batch <= 1000, "TASKLINE_CLAIM_BATCH must be 0..1000"),
             (0 <= self.jwt_leeway_s <= 300, "TASKLINE_JWT_LEEWAY_S must be 0..300"),

@@ -60,7 +60,9 @@ class Move:
     outcomes: frozenset[Outcome] = frozenset()
     """How the attempt's lease may end; empty when the move ends no attempt."""
     refunds_attempt: bool = False
-    """The ended attempt is not counted (a hand-back at shutdown)."""
+    """The ended attempt is not counted (a hand-back at shutdown, a snooze)."""
+    counts_snooze: bool = False
+    """The job's `snoozes` grows by one (the handler snoozed it)."""
     writes_result: bool = False
     writes_error: bool = True
 
@@ -103,12 +105,23 @@ RECOVER_DEAD = Move("recover_dead", _RUNNING, Status.DEAD, Event.RECOVERED, Step
                     frozenset({Outcome.LOST}))
 HAND_BACK = Move("hand_back", _RUNNING, Status.QUEUED, Event.RELEASED, Step.REQUEUE,
                  frozenset({Outcome.RELEASED}), refunds_attempt=True, writes_error=False)
+SNOOZE = Move("snooze", _RUNNING, Status.SCHEDULED, Event.SNOOZED, Step.RETRY_LATER,
+               frozenset({Outcome.SNOOZED}), refunds_attempt=True, writes_error=False,
+               counts_snooze=True)
+"""The handler raised `taskline.Snooze(delay_s)`: scheduled again for `delay_s`, the attempt not
+counted; an ordering key's job keeps its place meanwhile."""
 STOP_CANCELLED = Move("stop_cancelled", _RUNNING, Status.CANCELLED, Event.CANCELLED, Step.ACK,
                       frozenset({Outcome.CANCELLED}))
 CANCEL = Move("cancel", PENDING | {Status.WAITING}, Status.CANCELLED, Event.CANCELLED,
               Step.UNSCHEDULE)
 REQUEST_CANCEL = Move("request_cancel", _RUNNING, Status.RUNNING, Event.CANCEL_REQUESTED,
                       Step.NONE)
+PROGRESS = Move("progress", _RUNNING, Status.RUNNING, Event.PROGRESS, Step.NONE)
+"""A running handler reported progress (`ctx.progress`): written under its lease, at most once a
+second; the job stays running."""
+LAPSE = Move("lapse", PENDING, Status.CANCELLED, Event.LAPSED, Step.UNSCHEDULE)
+"""A job not started by its `expires_at` (maintenance's lapser, in PostgreSQL's clock); the
+claim rule already refuses it. A running job is not affected."""
 REQUEUE = Move("requeue", frozenset({Status.DEAD}), Status.QUEUED, Event.REQUEUED, Step.UNDEAD)
 EXPIRE = Move("expire", TERMINAL, Gone.DELETED, Event.EXPIRED, Step.FORGET)
 """Retention deletes a job finished longer ago than its status's retention, with its events,
@@ -137,8 +150,8 @@ claim drops the stale entry)."""
 
 MOVES: Mapping[str, Move] = MappingProxyType({m.name: m for m in (
     ENQUEUE, SCHEDULE, PROMOTE, CLAIM, SUCCEED, RETRY, DEAD, RECOVER, RECOVER_DEAD, HAND_BACK,
-    STOP_CANCELLED, CANCEL, REQUEST_CANCEL, REQUEUE, EXPIRE, PURGE, WAIT, UNBLOCK, JOIN,
-    REPLACE_SCHEDULED, REPLACE_QUEUED)})
+    SNOOZE, STOP_CANCELLED, CANCEL, REQUEST_CANCEL, PROGRESS, LAPSE, REQUEUE, EXPIRE, PURGE,
+    WAIT, UNBLOCK, JOIN, REPLACE_SCHEDULED, REPLACE_QUEUED)})
 
 
 CREATED: Mapping[Status, Move] = MappingProxyType(
@@ -224,8 +237,8 @@ class Transition:
         if (self.outcome is None) == self.move.ends_attempt or (
                 self.outcome is not None and self.outcome not in self.move.outcomes):
             raise ValueError(f"{self.move.name} cannot end an attempt as {self.outcome}")
-        if (self.delay_s is not None) != (self.move is RETRY):
-            raise ValueError("only a retry has a delay")
+        if (self.delay_s is not None) != (self.move in (RETRY, SNOOZE)):
+            raise ValueError("only a retry or a snooze has a delay")
 
     @property
     def target(self) -> Status | Gone:
@@ -265,6 +278,19 @@ def recovered(worker_id: str, *, last: bool) -> Transition:
 
 def handed_back() -> Transition:
     return Transition(HAND_BACK, Outcome.RELEASED)
+
+
+def snoozed(delay_s: float) -> Transition:
+    return Transition(SNOOZE, Outcome.SNOOZED, delay_s=max(delay_s, 0.0),
+                      detail={"delay_s": round(delay_s, 3)}, reason="snoozed by handler")
+
+
+def decide_snooze(snoozes: int, max_snoozes: int, delay_s: float) -> Transition:
+    """A snooze, unless the job already snoozed `max_snoozes` times: then dead, with the cause."""
+    if snoozes >= max_snoozes:
+        return dead(f"snoozed more than TASKLINE_MAX_SNOOZES ({max_snoozes}) times",
+                    outcome=Outcome.FAILED, reason="snoozes exhausted")
+    return snoozed(delay_s)
 
 
 def cancelled_while_running(error: str) -> Transition:

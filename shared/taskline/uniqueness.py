@@ -177,6 +177,9 @@ def _row(spec: JobSpec, ctx: Context) -> dict[str, Any]:
             "trace_context": ctx.trace_context, "limit_key": spec.limit_key,
             "unique_key": None if spec.unique is None else spec.unique.key,
             "debounce_key": None if spec.debounce is None else spec.debounce.key,
+            "ordering_key": spec.ordering_key,
+            "tags": None if spec.tags is None else list(spec.tags),
+            "expires_at": spec.expires_at, "start_within_s": spec.start_within_s,
             "actor": ctx.actor, "announce": ctx.announce, **_FIRST}
 
 

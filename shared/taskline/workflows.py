@@ -77,6 +77,11 @@ class StepJob:
     run_at: datetime | None = None
     limit_key: str | None = None
     """The budget it draws from under a `per_key` flow limit."""
+    ordering_key: str | None = None
+    """Its key's jobs start one at a time; a step with parents takes its place when released."""
+    tags: tuple[str, ...] | None = None
+    start_within_s: float | None = None
+    """Not started this long after its release (a root step: its submission), it lapses."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,8 @@ def step_rows(steps: Sequence[StepSpec], db_now: datetime | None, *,
                      "status": _initial_status(step, db_now), "max_retries": job.max_retries,
                      "timeout_s": job.timeout_s, "run_at": job.run_at, "delay_s": job.delay_s,
                      "trace_context": trace_context, "actor": actor, "step": step.id,
-                     "limit_key": job.limit_key,
+                     "limit_key": job.limit_key, "ordering_key": job.ordering_key,
+                     "tags": job.tags, "start_within_s": job.start_within_s,
                      "pending_parents": len(set(step.after)),
                      "run_when": None if step.when == When.ALL_SUCCEEDED else step.when})
     return rows
@@ -298,7 +304,8 @@ def step_from_dict(data: Mapping[str, Any]) -> StepSpec:
                                "message": f"a workflow step takes no {name}: it runs once "
                                           "per workflow"}])
     job_fields = {k: job[k] for k in ("payload", "queue", "priority", "max_retries",
-                                      "timeout_s", "delay_s", "run_at", "limit_key")
+                                      "timeout_s", "delay_s", "run_at", "limit_key",
+                                      "ordering_key", "tags", "start_within_s")
                   if k in job}
     return StepSpec(str(data["id"]), StepJob(type=str(job["type"]), **job_fields),
                     tuple(str(p) for p in data.get("after", ())),

@@ -11,7 +11,9 @@ API acknowledged (2xx) is classified as exactly one of:
 - unexpected: terminal, but in a state or with effects the scenario did not allow.
 Then every job in the database must satisfy: its history is a sequence of legal transitions
 (the checker's own model, `LEGAL`) ending in its current state; one terminal event per life
-(a dead job's requeue starts a new life); only the newest attempt completes; no two leases
+(a dead job's requeue starts a new life); only the newest attempt completes; a snooze consumes
+no attempt (the lease after a `snoozed` one runs the same attempt number); no lease begins
+after the job's `expires_at`; no two leases
 overlap (each starts after the previous one was released); two executions overlap only after
 the earlier one's lease had ended (expired, or released with an outcome such as a timeout);
 each lost lease was recovered once; the DLQ (status dead, dead_letter_jobs, the DLQ list)
@@ -20,7 +22,10 @@ PostgreSQL; every API answer was JSON and the only 5xx was 503 with Retry-After.
 limit in `flow_limits` (scope `type:<t>` or `queue:<q>`, per `limit_key` when `per_key`), judged
 from `job_leases` alone: at no instant were more leases of the scope open (from `leased_at`
 until `released_at`) than its `concurrency`, and no sliding window of `period_s` holds more
-`leased_at` than its `rate_limit`. Last, the product's own audit (`taskline audit verify`,
+`leased_at` than its `rate_limit`. For every queue and `ordering_key`, from `job_leases` alone:
+at no instant was more than one lease of the key's jobs open, and the key's jobs began (first
+lease) in enqueue order (`created_at`, id), a job requeued from the DLQ aside (it takes a new
+place). Last, the product's own audit (`taskline audit verify`,
 taskline.audit_verify, which judges the lifecycle by the product's table) must find nothing
 either: a false alarm of the audit fails a scenario as a real violation does.
 
@@ -64,7 +69,7 @@ from tests.faults.uniquecheck import debounce_violations, unique_violations
 from tests.faults.workflowcheck import workflow_violations
 
 TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
-TERMINAL_EVENTS = frozenset({"succeeded", "dead_lettered", "cancelled"})
+TERMINAL_EVENTS = frozenset({"succeeded", "dead_lettered", "cancelled", "lapsed"})
 REPAIR_EVENTS = frozenset({"recovered", "released", "requeued"})
 EFFECT_TYPES = frozenset({"fault.work", "fault.work_async", "fault.crash_before_commit",
                           "fault.crash_before_commit_async"})
@@ -93,9 +98,12 @@ LEGAL: Mapping[tuple[str | None, str], frozenset[str]] = {
     ("running", "dead_lettered"): frozenset({"dead"}),
     ("running", "recovered"): frozenset({"queued", "dead"}),
     ("running", "released"): frozenset({"queued"}),
+    ("running", "snoozed"): frozenset({"scheduled"}),
     ("running", "cancelled"): frozenset({"cancelled"}),
     ("running", "cancel_requested"): frozenset({"running"}),
+    ("running", "progress"): frozenset({"running"}),
     **{(state, "cancelled"): frozenset({"cancelled"}) for state in _PENDING},
+    **{(state, "lapsed"): frozenset({"cancelled"}) for state in _PENDING},
     (None, "waiting"): frozenset({"waiting"}),
     ("waiting", "unblocked"): frozenset({"queued"}),
     ("waiting", "cancelled"): frozenset({"cancelled"}),
@@ -202,6 +210,7 @@ class Checker:
         result.violations += dlq_violations(snap)
         result.violations += wait_violations(requests, snap)
         result.violations += flow_violations(snap)
+        result.violations += ordering_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
         result.violations += workflow_violations(self._query, snap)
         result.violations += unique_violations(self._query)
@@ -237,7 +246,7 @@ class Checker:
     def snapshot(self) -> Snapshot:
         jobs = {str(r["id"]): r for r in self._query(
             "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key, "
-            "run_when FROM taskline.jobs")}
+            "run_when, ordering_key, created_at, expires_at FROM taskline.jobs")}
         return Snapshot(
             jobs=jobs,
             events=_grouped(self._query(
@@ -389,6 +398,8 @@ def job_violations(job_id: str, snap: Snapshot) -> list[str]:
             + completion_violations(job, leases, snap.effects.get(job_id, []))
             + lease_overlap_violations(leases)
             + recovery_violations(leases, snap.events.get(job_id, []))
+            + snooze_violations(leases)
+            + expiry_violations(job, leases)
             + execution_overlap_violations(snap.execs.get(job_id, []), leases))
 
 
@@ -462,6 +473,30 @@ def lease_overlap_violations(leases: list[dict]) -> list[str]:
                             f"{nxt['leased_at']} while lease {prev['id']} was held "
                             f"(released {prev['released_at']})")
     return problems
+
+
+LEASE_AFTER_EXPIRY_SLACK_S = 0.5
+"""How far a lease's `leased_at` may trail its job's expiry: the claim tests the expiry, then
+stamps the lease a few statements' time later (both in PostgreSQL's clock)."""
+
+
+def expiry_violations(job: Mapping[str, Any], leases: list[dict]) -> list[str]:
+    """No lease after expiry: a job with `expires_at` is leased only before it."""
+    expires = job.get("expires_at")
+    if expires is None:
+        return []
+    return [f"lease {lease['id']} began at {lease['leased_at']}, after the job's expiry {expires}"
+            for lease in leases
+            if (lease["leased_at"] - expires).total_seconds() > LEASE_AFTER_EXPIRY_SLACK_S]
+
+
+def snooze_violations(leases: list[dict]) -> list[str]:
+    """A snooze never consumes an attempt: the lease after a `snoozed` one runs the same
+    attempt number again."""
+    return [f"lease {nxt['id']} ran attempt {nxt['attempt']} after lease {prev['id']} of attempt "
+            f"{prev['attempt']} was snoozed"
+            for prev, nxt in pairwise(leases)
+            if prev["outcome"] == "snoozed" and nxt["attempt"] != prev["attempt"]]
 
 
 def recovery_violations(leases: list[dict], events: list[dict]) -> list[str]:
@@ -575,6 +610,32 @@ def flow_violations(snap: Snapshot) -> list[str]:
                     problems.append(f"limit {name}: {worst} starts within {limit['period_s']} s "
                                     f"(rate {limit['rate_limit']})")
     return problems
+
+
+def ordering_violations(snap: Snapshot) -> list[str]:
+    """Per queue and ordering key: one lease open at a time, and first starts in enqueue order
+    (see the module)."""
+    lines: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for job_id, job in snap.jobs.items():
+        if job.get("ordering_key") is not None:
+            lines[(job["queue"], job["ordering_key"])].append(job_id)
+    problems = []
+    for (queue, key), ids in lines.items():
+        name = f"ordering key {key!r} of queue {queue}"
+        peak = peak_open(lease for job_id in ids for lease in snap.leases.get(job_id, []))
+        if peak > 1:
+            problems.append(f"{name}: {peak} leases open at once")
+        problems += [f"{name}: job {b} started before job {a}, enqueued earlier"
+                     for a, b in pairwise(_first_started_in_line(ids, snap))
+                     if snap.leases[b][0]["leased_at"] < snap.leases[a][0]["leased_at"]]
+    return problems
+
+
+def _first_started_in_line(ids: list[str], snap: Snapshot) -> list[str]:
+    """The key's jobs that started and kept their first place (never requeued), in line order."""
+    kept = [j for j in ids if snap.leases.get(j)
+            and not any(e["event"] == "requeued" for e in snap.events.get(j, []))]
+    return sorted(kept, key=lambda j: (snap.jobs[j]["created_at"], j))
 
 
 def _leases_by_budget(limit: Mapping[str, Any], snap: Snapshot) -> dict[str, list[dict]]:

@@ -12,7 +12,9 @@ Types:
   job has had fewer than `fail_executions` earlier executions (counted in the log, so it holds
   across a dead job's requeue), or on attempts 1..`fail_first`; `non_retryable` makes the
   failure permanent. A debounce arrival's payload (`arrival`) makes it return `ctx.coalesced`,
-  so the checker sees what the one run covered.
+  so the checker sees what the one run covered. `snooze_executions` snoozes
+  (`taskline.Snooze(snooze_s)`) while the job has had fewer earlier executions than that,
+  before anything else.
 - `fault.kill_worker`: SIGKILLs its own worker process (a poison job).
 - `fault.hang`: never returns and ignores the stop flag.
 - `fault.work_async`, `fault.hang_async`, `fault.crash_before_commit_async`: `fault.work`,
@@ -35,7 +37,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import text
 
-from taskline.errors import JobCancelled, NonRetryableError
+from taskline.errors import JobCancelled, NonRetryableError, Snooze
 from taskline.handlers.registry import JobContext, handler
 
 LOG_URL_ENV = "FAULT_LOG_DATABASE_URL"
@@ -152,6 +154,9 @@ def work(payload: Any, ctx: JobContext) -> dict[str, Any]:
     params = _params(payload)
     execution = Execution(ctx)
     try:
+        snoozes = int(params.get("snooze_executions", 0) or 0)
+        if snoozes > 0 and execution.earlier() < snoozes:
+            raise Snooze(float(params.get("snooze_s", 0) or 0))
         _work(params, ctx)
         if ctx.stopping:
             raise JobCancelled("stopped before the work finished")

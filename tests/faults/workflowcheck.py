@@ -73,7 +73,8 @@ def ended(event: Mapping[str, Any]) -> str | None:
     name = event["event"]
     if name == "recovered":
         return "dead" if (event.get("detail") or {}).get("status") == "dead" else None
-    return {"succeeded": "succeeded", "dead_lettered": "dead", "cancelled": "cancelled"}.get(name)
+    return {"succeeded": "succeeded", "dead_lettered": "dead", "cancelled": "cancelled",
+            "lapsed": "cancelled"}.get(name)
 
 
 def step_violations(child: str, parents: list[str], snap: Snapshot,

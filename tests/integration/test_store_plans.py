@@ -223,3 +223,17 @@ def test_a_claim_reads_its_ids_by_primary_key_after_statistics_of_an_empty_queue
         for scan in ("jobs_claimable", "jobs_status_created", "jobs_pending_id",
                      "Seq Scan on jobs"):
             assert scan not in shown, (name, shown)
+
+
+def test_keyed_jobs_are_read_through_their_index_never_the_unkeyed_backlog(store: Store):
+    """The budgeted claim's keyed reads (no flow limit) and the claim rule's head gate read
+    jobs_ordering: a queue's long backlog of jobs without a key is never read for them."""
+    insert_queued(store, QUEUED)
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("ANALYZE taskline.jobs"))
+    params = {"queues": ["default"], "limit": 32, "skip": [], "ids": [str(uuid.uuid4())]}
+    for name in ("keyed_heads", "keyed_waiting", "ordering_key_counts"):
+        shown = plan(store, name, params)
+        assert "jobs_ordering" in shown, (name, shown)
+        assert "jobs_claimable" not in shown and "Seq Scan on jobs" not in shown, (name, shown)

@@ -220,6 +220,13 @@ def test_drain_runs_limited_jobs_through_the_budgeted_claim(database_url, store)
     assert drain(database_url).succeeded == 3
 
 
+def test_drain_runs_a_keys_jobs_in_enqueue_order_through_the_library(database_url):
+    commit_jobs(database_url, *[("tt.greet", {"name": str(n)},
+                                 {"ordering_key": "acct", "priority": n}) for n in range(4)])
+    assert drain(database_url).succeeded == 4
+    assert [c["payload"]["name"] for c in CALLS] == ["0", "1", "2", "3"]  # not by priority
+
+
 def test_drain_fences_an_outcome_whose_lease_was_taken(database_url, store):
     (job,) = commit_jobs(database_url, ("tt.zombie", {"url": database_url}, {}))
     drained = drain(database_url)

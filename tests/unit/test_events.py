@@ -22,11 +22,13 @@ ROW = {"id": 7, "job_id": uuid.UUID("5d0c2f9e-8a9b-4c3e-9f51-0b6f3f1f2a10"), "at
 def test_every_event_has_a_known_outcome() -> None:
     # Every event a move writes has a state after it; the rest record and move nothing.
     assert set(STATUS_AFTER) == set(Event) - {Event.FAILED, Event.CANCEL_REQUESTED,
-                                              Event.RESTORED, Event.JOINED, Event.REPLACED}
+                                              Event.RESTORED, Event.JOINED, Event.REPLACED,
+                                              Event.PROGRESS}
     assert STATUS_AFTER[Event.RECOVERED] is None  # its row records which
     assert status_after("claimed") == "running"
     assert status_after("dead_lettered") == "dead"
     assert status_after("cancel_requested") is None  # still running until the worker stops
+    assert status_after("progress") is None  # a running handler's report moves nothing
 
 
 @pytest.mark.parametrize("recorded", [s.value for s in Status])
@@ -49,7 +51,7 @@ def test_a_row_becomes_a_change() -> None:
                     "event": "retry_scheduled", "status": "retrying", "worker_id": "w-1",
                     "actor": "ops",
                     "created_at": "2026-01-02T03:04:05.000120Z", "queue": "mail", "type": "send",
-                    "priority": 7, "error": "Boom: x"}
+                    "priority": 7, "error": "Boom: x", "progress": None}
 
 
 def test_a_row_of_a_deleted_job_has_no_queue() -> None:

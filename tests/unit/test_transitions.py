@@ -51,9 +51,10 @@ def test_only_a_dead_job_is_purged_and_redis_forgets_it_from_the_dlq() -> None:
 
 def test_finished_at_is_stamped_by_exactly_the_moves_into_a_terminal_state() -> None:
     stamping = {name for name, move in t.MOVES.items() if move.finishes}
-    assert stamping == {"succeed", "dead", "recover_dead", "stop_cancelled", "cancel"}
+    assert stamping == {"succeed", "dead", "recover_dead", "stop_cancelled", "cancel", "lapse"}
     queries = {name: str(q) for name, q in load_queries().items()}
     assert "finished_at = now()" in queries["cancel_pending_job"]
+    assert "finished_at = now()" in queries["lapse_due"]
     assert "finished_at = NULL" in queries["requeue_dead_job"]
     assert "finished_at = CASE WHEN CAST(leases.s ->> 'finishes' AS boolean) THEN now() END" in (
         queries["settle"])

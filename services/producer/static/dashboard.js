@@ -613,11 +613,44 @@
   function onSearch(event) {
     event.preventDefault();
     const id = $("search-input").value.trim();
+    if (id.startsWith("tag:")) {
+      searchTag(id.slice(4).trim());
+      return;
+    }
     if (!UUID.test(id)) {
-      $("history").replaceChildren(paragraph("A job id is a UUID, like 3f2b8c1e-…", "error"));
+      $("history").replaceChildren(
+        paragraph("A job id is a UUID, like 3f2b8c1e-…; tag:name finds jobs by tag", "error"));
       return;
     }
     openJob(id.toLowerCase());
+  }
+
+  // The newest jobs carrying a tag, each a button that opens its history.
+  async function searchTag(tag) {
+    state.historyId = null;
+    const history = $("history");
+    try {
+      const data = await api("GET", `/jobs?tag=${encodeURIComponent(tag)}&limit=50`);
+      if (!data.jobs.length) {
+        history.replaceChildren(paragraph(`No job is tagged ${tag}.`));
+        return;
+      }
+      const list = document.createElement("ul");
+      list.className = "tagged";
+      for (const job of data.jobs) {
+        const item = document.createElement("li");
+        item.dataset.job = job.id;
+        const open = document.createElement("button");
+        open.type = "button";
+        open.textContent = job.id;
+        open.addEventListener("click", () => openJob(job.id));
+        item.append(open, " ", badge(job.status), ` ${job.type}`);
+        list.append(item);
+      }
+      history.replaceChildren(paragraph(`Jobs tagged ${tag}, newest first:`), list);
+    } catch (err) {
+      history.replaceChildren(paragraph(`Could not search tag ${tag}: ${err.message}`, "error"));
+    }
   }
 
   function paragraph(text, className) {
@@ -648,6 +681,13 @@
     if (job.debounce) {
       const joined = job.debounce.joined === 1 ? "1 payload" : `${job.debounce.joined} payloads`;
       rows.push(["Debounce", `${job.debounce.key} (${joined})`]);
+    }
+    if (job.ordering_key) rows.push(["Ordering key", job.ordering_key]);
+    if (job.tags && job.tags.length) rows.push(["Tags", job.tags.join(", ")]);
+    if (job.expires_at) rows.push(["Expires", new Date(job.expires_at).toLocaleString()]);
+    if (job.progress !== null && job.progress !== undefined) {
+      rows.push(["Progress", typeof job.progress === "number"
+        ? `${Math.round(job.progress * 100)} %` : JSON.stringify(job.progress)]);
     }
     if (job.last_error) rows.push(["Last error", job.last_error]);
     if (job.result !== null && job.result !== undefined) rows.push(["Result", JSON.stringify(job.result)]);

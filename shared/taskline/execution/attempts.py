@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskline import progress
 from taskline.handlers.registry import JobContext
 from taskline.jobs import Job
 from taskline.store.store import Claimed
@@ -71,9 +72,11 @@ class Attempt:
     @classmethod
     def begin(cls, claimed: Claimed, worker_id: str, sent_at: float, lease_s: float,
               margin_s: float,
-              parent_results: Callable[[uuid.UUID], dict[str, Any]] | None = None) -> Attempt:
+              parent_results: Callable[[uuid.UUID], dict[str, Any]] | None = None,
+              write_progress: Callable[[int, str, Any], bool] | None = None) -> Attempt:
         """An attempt for a job just claimed; `sent_at` is when the claim was sent (monotonic).
-        `parent_results` reads a workflow step's parents' results (used by steps only)."""
+        `parent_results` reads a workflow step's parents' results (used by steps only);
+        `write_progress(lease_id, worker_id, value)` writes a progress value under the lease."""
         job = claimed.job
         ctx = JobContext(job_id=job.id, attempt=job.attempts, queue=job.queue, type=job.type,
                          worker_id=worker_id,
@@ -82,6 +85,9 @@ class Attempt:
             ctx.workflow_id, ctx.step = job.workflow_id, job.step
             if parent_results is not None:
                 ctx.load_parent_results = functools.partial(parent_results, job.id)
+        if write_progress is not None:
+            ctx.progress_reporter = progress.Reporter(
+                functools.partial(write_progress, claimed.lease_id, worker_id))
         attempt = cls(claimed=claimed, ctx=ctx, lease_deadline=sent_at + lease_s - margin_s)
         if job.cancel_requested:
             attempt.request_cancel()

@@ -24,7 +24,7 @@ import tenacity
 
 from taskline import tracing, transitions
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.errors import DispatchUnavailable, NonRetryableError, StoreUnavailable
+from taskline.errors import DispatchUnavailable, NonRetryableError, Snooze, StoreUnavailable
 from taskline.execution.attempts import Attempt, Attempts
 from taskline.execution.eventloop import on_event_loop
 from taskline.execution.runner import BadResult, NoHandler
@@ -35,6 +35,7 @@ from taskline.metrics import (
     JOB_DLQ,
     JOB_FAILED,
     JOB_RETRIED,
+    JOB_SNOOZED,
     STALE_COMPLETIONS,
     STEPS_RELEASED,
     STEPS_STARTED_IN_PLACE,
@@ -207,6 +208,7 @@ class Recorder:
         self._forget = forget
         self._backoff = Backoff(settings.backoff_base_s, settings.backoff_factor,
                                 settings.backoff_max_s)
+        self._max_snoozes = settings.max_snoozes
         self._queue: queue.SimpleQueue[Report | Written | None] = queue.SimpleQueue()
         self._here = threading.Lock()
         """Held by the handler thread writing a step's success itself (at most one at once)."""
@@ -447,9 +449,27 @@ class Recorder:
         self._follow(released_steps([row]), [])  # `when` dependents it decided
         self._follow([row.committed(transition.move)], [])
 
+    def _snooze(self, report: Report, err: Snooze) -> None:
+        attempt = report.attempt
+        transition = transitions.decide_snooze(attempt.job.snoozes, self._max_snoozes,
+                                               err.delay_s)
+        if transition.move is not transitions.SNOOZE:
+            self._fail(replace(report, error=NonRetryableError(transition.error)))
+            return
+        row = self._settle_one(report, transition)
+        if row is None:
+            return
+        JOB_SNOOZED.labels(self._types(attempt.job.type), attempt.queue).inc()
+        log.info("job snoozed", extra=attempt.log_extra("snoozed", delay_s=err.delay_s))
+        self._traced(report, transition.event.value)
+        self._follow([row.committed(transition.move)], [])
+
     def _fail(self, report: Report) -> None:
         attempt, err = report.attempt, report.error
         assert err is not None
+        if isinstance(err, Snooze):
+            self._snooze(report, err)
+            return
         job = attempt.job
         text = error_text(err)
         transition = transitions.decide_retry(

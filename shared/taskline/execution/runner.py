@@ -78,9 +78,12 @@ def call_handler(attempt: Attempt) -> Any:
         fn = registry.get(attempt.job.type)
         if fn is None:
             raise NoHandler(f"no handler registered for type {attempt.job.type}")
-        result = fn.run(attempt.job.payload, attempt.ctx)  # validated into its payload type
-        if fn.is_async:
-            result = run_coroutine(result)
+        try:
+            result = fn.run(attempt.job.payload, attempt.ctx)  # validated into its payload type
+            if fn.is_async:
+                result = run_coroutine(result)
+        finally:
+            _flush_progress(attempt)
         check_result(result)
         return result
 
@@ -91,7 +94,10 @@ async def call_async_handler(attempt: Attempt) -> Any:
         fn = registry.get(attempt.job.type)
         if fn is None:
             raise NoHandler(f"no handler registered for type {attempt.job.type}")
-        result = await fn.run(attempt.job.payload, attempt.ctx)
+        try:
+            result = await fn.run(attempt.job.payload, attempt.ctx)
+        finally:
+            _flush_progress(attempt)
         check_result(result)
         return result
 
@@ -118,6 +124,19 @@ def run_coroutine(coroutine: Any) -> Any:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def _flush_progress(attempt: Attempt) -> None:
+    """The last progress value, written before the outcome is reported (best effort: a write
+    PostgreSQL refuses now would not let the outcome through either)."""
+    reporter = attempt.ctx.progress_reporter
+    if reporter is None:
+        return
+    try:
+        reporter.flush()
+    except Exception as err:
+        log.warning("could not write the last progress", extra=attempt.log_extra(
+            "progress", error=str(err)))
 
 
 class Ready:

@@ -114,14 +114,14 @@ class Handler(Generic[P, R]):
                 timeout_s: float | None = None, delay_s: float | None = None,
                 run_at: datetime | str | None = None, idempotency_key: str | None = None,
                 limit_key: str | None = None, unique: UniqueOptions | None = None,
-                debounce: DebounceOptions | None = None,
+                debounce: DebounceOptions | None = None, ordering_key: str | None = None,
                 settings: Settings | None = None) -> uuid.UUID:
         """Validate `payload`, then `taskline.enqueue` it with this type's defaults inside
         `conn`'s transaction; InvalidJob naming the field, before anything is written."""
         fields = given(queue=queue, priority=priority, max_retries=max_retries,
                        timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                        idempotency_key=idempotency_key, limit_key=limit_key,
-                       unique=unique, debounce=debounce)
+                       unique=unique, debounce=debounce, ordering_key=ordering_key)
         return enqueue(conn, self.type, self._json(payload), settings=settings,
                        **{**self.defaults.fields(), **fields})
 
@@ -131,12 +131,13 @@ class Handler(Generic[P, R]):
                        run_at: datetime | str | None = None, idempotency_key: str | None = None,
                        limit_key: str | None = None, unique: UniqueOptions | None = None,
                        debounce: DebounceOptions | None = None,
+                       ordering_key: str | None = None,
                        settings: Settings | None = None) -> uuid.UUID:
         """`enqueue` on an async connection, awaited."""
         fields = given(queue=queue, priority=priority, max_retries=max_retries,
                        timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                        idempotency_key=idempotency_key, limit_key=limit_key,
-                       unique=unique, debounce=debounce)
+                       unique=unique, debounce=debounce, ordering_key=ordering_key)
         return await aenqueue(conn, self.type, self._json(payload), settings=settings,
                               **{**self.defaults.fields(), **fields})
 

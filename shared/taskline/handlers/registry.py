@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from taskline import progress
 from taskline.enqueuing import Priority
 from taskline.handlers.declared import Defaults, Handler, check_signature
 from taskline.handlers.payloads import PayloadModel
@@ -57,6 +58,10 @@ class JobContext:
     payloads: list[Any] = field(default_factory=list, repr=False)
     """What `coalesced` returns; set by the worker from the claimed row."""
     _parent_results: dict[str, Any] | None = field(default=None, repr=False)
+    progress_reporter: progress.Reporter | None = field(default=None, repr=False)
+    """Writes `progress` values for the worker (None: they are only kept on the context)."""
+    last_progress: Any = None
+    """The last value given to `progress`, validated."""
     _stopped: bool = field(default=False, repr=False)
     _event: threading.Event | None = field(default=None, repr=False)
 
@@ -112,6 +117,14 @@ class JobContext:
         that joined it (the first included; at most 1,000, or the payload size limit in
         total); for any other job, its one payload."""
         return self.payloads
+
+    def progress(self, value: Any) -> None:
+        """Report how far the job is: a number in 0..1 or a JSON object of at most 4 KiB,
+        shown as the job's `progress`. Written at most once a second; the last value is
+        written before the attempt's outcome. A bad value raises here and writes nothing."""
+        self.last_progress = progress.validate(value)
+        if self.progress_reporter is not None:
+            self.progress_reporter.report(self.last_progress)
 
     def on_complete(self, hook: Callable[[Any], None]) -> None:
         """Run `hook(connection)` inside the transaction that records this attempt's success.

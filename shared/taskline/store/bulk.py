@@ -33,9 +33,10 @@ COPY_MIN_JOBS = 100
 
 _JOB_COLUMNS = ("id", "type", "queue", "payload", "priority", "status", "max_retries",
                 "timeout_s", "next_run_at", "request_hash", "trace_context", "created_at",
-                "updated_at", "limit_key")
+                "updated_at", "limit_key", "ordering_key", "tags", "expires_at")
 _JOB_TYPES = ("uuid", "text", "text", "jsonb", "int2", "text", "int4", "float8", "timestamptz",
-              "text", "text", "timestamptz", "timestamptz", "text")
+              "text", "text", "timestamptz", "timestamptz", "text", "text", "text[]",
+              "timestamptz")
 _COPY_JOBS = f"COPY taskline.jobs ({', '.join(_JOB_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 _COPY_EVENTS = "COPY taskline.job_events (job_id, attempt, event, actor) FROM STDIN (FORMAT BINARY)"
 _EVENT_TYPES = ("uuid", "int4", "text", "text")
@@ -78,12 +79,23 @@ def copy_jobs_with_events(driver: psycopg.Connection, jobs: Sequence[dict[str, A
                 copy.write_row((row.id, job["type"], job["queue"], row.payload, job["priority"],
                                 job["status"], job["max_retries"], job["timeout_s"],
                                 row.next_run_at, job["request_hash"], job["trace_context"],
-                                now, now, job.get("limit_key")))
+                                now, now, job.get("limit_key"), job.get("ordering_key"),
+                                _tags(job.get("tags")), _expires_at(job, now)))
         with cursor.copy(in_schema(_COPY_EVENTS, schema)) as copy:
             copy.set_types(_EVENT_TYPES)
             for job, row in zip(jobs, inserted, strict=True):
                 copy.write_row((row.id, 0, _first_event(job["status"]), job.get("actor")))
     return inserted
+
+
+def _expires_at(job: dict[str, Any], now: datetime) -> datetime | None:
+    """As the insert statements compute it: the given instant, or now + start_within_s."""
+    within = job.get("start_within_s")
+    return job.get("expires_at") or (None if within is None else now + timedelta(seconds=within))
+
+
+def _tags(tags: Any) -> list[str] | None:
+    return None if tags is None else list(tags)
 
 
 def _inserted(job: dict[str, Any], now: datetime) -> Inserted:

@@ -18,10 +18,14 @@
 -- name: insert_job
 -- Insert one job unless its (queue, idempotency key) exists; returns the row only when inserted.
 INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                  next_run_at, idempotency_key, request_hash, trace_context, limit_key)
+                  next_run_at, idempotency_key, request_hash, trace_context, limit_key,
+                  ordering_key, tags, expires_at)
 VALUES (:id, :type, :queue, CAST(:payload AS jsonb), :priority, :status, :max_retries,
         :timeout_s, COALESCE(CAST(:run_at AS timestamptz), now() + make_interval(secs => :delay_s)),
-        :idempotency_key, :request_hash, :trace_context, CAST(:limit_key AS text))
+        :idempotency_key, :request_hash, :trace_context, CAST(:limit_key AS text),
+        CAST(:ordering_key AS text), CAST(:tags AS text[]),
+        COALESCE(CAST(:expires_at AS timestamptz),
+                 now() + make_interval(secs => CAST(:start_within_s AS float8))))
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
@@ -45,10 +49,12 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             idempotency_key text, request_hash text, trace_context text, actor text,
-            limit_key text))
+            limit_key text, ordering_key text, tags text[], expires_at timestamptz,
+            start_within_s float8))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, idempotency_key, request_hash,
-                              trace_context, actor, limit_key, ord)
+                              trace_context, actor, limit_key, ordering_key, tags, expires_at,
+                              start_within_s, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit (TASKLINE_MAX_QUEUES): a job for one queue more than :max_queues holding
     -- unfinished jobs is refused, and nothing of the input is written. Only the input's queues
@@ -71,10 +77,12 @@ WITH input AS MATERIALIZED (
     WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, idempotency_key, request_hash, trace_context, limit_key)
+                      next_run_at, idempotency_key, request_hash, trace_context, limit_key,
+                      ordering_key, tags, expires_at)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)),
-           t.idempotency_key, t.request_hash, t.trace_context, t.limit_key
+           t.idempotency_key, t.request_hash, t.trace_context, t.limit_key, t.ordering_key,
+           t.tags, COALESCE(t.expires_at, now() + make_interval(secs => t.start_within_s))
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -105,9 +113,11 @@ WITH input AS MATERIALIZED (
     FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
-            idempotency_key text, request_hash text, limit_key text))
+            idempotency_key text, request_hash text, limit_key text, ordering_key text,
+            tags text[], expires_at timestamptz, start_within_s float8))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
-                              run_at, delay_s, idempotency_key, request_hash, limit_key, ord)
+                              run_at, delay_s, idempotency_key, request_hash, limit_key,
+                              ordering_key, tags, expires_at, start_within_s, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -127,10 +137,12 @@ WITH input AS MATERIALIZED (
     WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, idempotency_key, request_hash, limit_key)
+                      next_run_at, idempotency_key, request_hash, limit_key, ordering_key,
+                      tags, expires_at)
     SELECT t.id, t.type, t.queue, t.payload, t.priority,
            CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
-           t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key
+           t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key,
+           t.ordering_key, t.tags, COALESCE(t.expires_at, now() + make_interval(secs => t.start_within_s))
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -216,9 +228,10 @@ FROM taskline.job_leases WHERE job_id = :id ORDER BY id;
 -- name: events_after
 -- The first :limit history entries above id :after, oldest first, with their job's queue, type and priority.
 SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
-       e.recorded_status, e.error, j.queue, j.type, j.priority
+       e.recorded_status, e.error, e.progress, j.queue, j.type, j.priority
 FROM (SELECT id, job_id, attempt, event, worker_id, actor, created_at,
-             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
+             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error,
+             detail -> 'progress' AS progress
       FROM taskline.job_events WHERE id > :after ORDER BY id LIMIT :limit) e
 -- One primary-key lookup per entry: OFFSET 0 keeps the planner from hash-joining all of jobs.
 LEFT JOIN LATERAL (SELECT queue, type, priority FROM taskline.jobs WHERE jobs.id = e.job_id OFFSET 0) j
@@ -228,9 +241,10 @@ ORDER BY e.id;
 -- name: newest_events_after
 -- The newest :limit history entries with an id in (:after, :upto], newest first, as events_after returns them.
 SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
-       e.recorded_status, e.error, j.queue, j.type, j.priority
+       e.recorded_status, e.error, e.progress, j.queue, j.type, j.priority
 FROM (SELECT id, job_id, attempt, event, worker_id, actor, created_at,
-             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error
+             detail ->> 'status' AS recorded_status, left(detail ->> 'error', 300) AS error,
+             detail -> 'progress' AS progress
       FROM taskline.job_events WHERE id > :after AND id <= :upto ORDER BY id DESC LIMIT :limit) e
 LEFT JOIN LATERAL (SELECT queue, type, priority FROM taskline.jobs WHERE jobs.id = e.job_id OFFSET 0) j
     ON true
@@ -247,8 +261,10 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS oldest,
 
 -- name: list_jobs
 -- Jobs newest first, filtered, paged by the (created_at, id) of the previous page's last row.
+-- A :tag is matched through the GIN index jobs_tags (`tags @> ARRAY[tag]`).
 SELECT * FROM taskline.jobs
 WHERE (CAST(:status AS text) IS NULL OR status = :status)
+  AND (CAST(:tag AS text) IS NULL OR tags @> ARRAY[CAST(:tag AS text)])
   AND (CAST(:type AS text) IS NULL OR type = :type)
   AND (CAST(:queue AS text) IS NULL OR queue = :queue)
   AND (CAST(:after_created AS timestamptz) IS NULL
@@ -301,6 +317,7 @@ WHERE j.status = 'queued' AND j.queue = :queue
   AND NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = :queue)
   AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f WHERE f.scope = 'queue:' || :queue)
   AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM taskline.flow_limits f))
+  AND j.ordering_key IS NULL  -- keyed jobs start through the budgeted claim, as their key's head
 ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
@@ -312,11 +329,13 @@ SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])
 
 -- name: claim_refusals
 -- Of ids a claim did not take, those still queued, and why: held by a pause (they go back to
--- their ready lists), or limited (they are claimed from PostgreSQL, under their budget).
+-- their ready lists), or limited (they are claimed from PostgreSQL, under their budget). A
+-- keyed job counts as limited whether or not it is its key's head: it is the budgeted claim's.
 SELECT j.id, j.queue, j.priority,
        EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = j.queue) AS paused,
        EXISTS (SELECT 1 FROM taskline.claimable_rule c
-               WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited) AS limited
+               WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited)
+           OR j.ordering_key IS NOT NULL AS limited
 FROM taskline.jobs j
 WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 
@@ -327,6 +346,34 @@ WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 SELECT scope, concurrency, rate_limit, period_s, per_key, clock_timestamp() AS now
 FROM taskline.flow_limits
 ORDER BY scope FOR UPDATE;
+
+-- name: lock_ordering_keys
+-- Lock, until the budgeted claim's transaction ends, the ordering keys of the ids it is about
+-- to claim (in key order, so two claims never deadlock): claim_jobs, the next statement, then
+-- reads with a snapshot that holds every claim of those keys committed before, so its head gate
+-- (claimable_rule: none of the key running) cannot pass for two jobs of a key at once. The
+-- two-number form keeps these locks apart from the migrations' one-number lock.
+SELECT pg_advisory_xact_lock(29804, hashtext(k.queue || chr(31) || k.ordering_key))
+FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
+      WHERE id = ANY(CAST(:ids AS uuid[])) AND ordering_key IS NOT NULL
+      ORDER BY queue, ordering_key) k;
+
+-- name: keyed_waiting
+-- Whether queued jobs with an ordering key, other than :skip, wait in these queues (behind
+-- their key's head, or its head itself): the budgeted claim keeps looking for them.
+SELECT EXISTS (SELECT 1 FROM taskline.jobs j
+               WHERE j.ordering_key IS NOT NULL
+                 AND j.status IN ('queued', 'scheduled', 'retrying', 'running')
+                 AND j.status = 'queued' AND j.queue = ANY(CAST(:queues AS text[]))
+                 AND j.id <> ALL(CAST(:skip AS uuid[]))) AS waiting;
+
+-- name: ordering_key_counts
+-- Per queue, the ordering keys with unfinished jobs and their queued jobs (read through the
+-- index jobs_ordering, which holds keyed unfinished jobs only).
+SELECT queue, count(DISTINCT ordering_key) AS keys, count(*) FILTER (WHERE status = 'queued') AS queued
+FROM taskline.jobs
+WHERE ordering_key IS NOT NULL AND status IN ('queued', 'scheduled', 'retrying', 'running')
+GROUP BY queue;
 
 -- name: flow_limit_scopes
 -- The scopes that have a limit.
@@ -369,6 +416,21 @@ WHERE c.limited AND c.queue = ANY(CAST(:queues AS text[]))
   AND ('queue:' || c.queue || chr(31) || COALESCE(c.limit_key, ''))
       <> ALL(CAST(:full_keys AS text[]))
 ORDER BY c.priority DESC, c.created_at, c.id
+LIMIT :limit;
+
+-- name: keyed_heads
+-- held_candidates when no flow limit exists: the queued jobs with an ordering key of these
+-- queues that the claim rule lets through (their key's heads), most urgent first and FIFO,
+-- skipping :skip. Read through jobs_ordering, which holds keyed unfinished jobs only, so a
+-- long backlog of jobs without a key is never read; the rule is read by primary key, as
+-- claim_jobs reads it.
+SELECT j.id, j.type, j.queue, j.limit_key FROM taskline.jobs j
+WHERE j.ordering_key IS NOT NULL AND j.status IN ('queued', 'scheduled', 'retrying', 'running')
+  AND (j.status = 'queued') IS TRUE AND j.queue = ANY(CAST(:queues AS text[]))
+  AND j.id <> ALL(CAST(:skip AS uuid[]))
+  AND EXISTS (SELECT 1 FROM taskline.claimable_rule c
+              WHERE c.id = j.id AND (c.status = 'queued') IS TRUE)
+ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit;
 
 -- name: record_flow_starts
@@ -490,6 +552,7 @@ WITH input AS MATERIALIZED (
     UPDATE taskline.jobs j
     SET status = leases.s ->> 'status',
         attempts = j.attempts - CAST(leases.s ->> 'refund' AS int),
+        snoozes = j.snoozes + COALESCE(CAST(leases.s ->> 'snooze' AS int), 0),
         result = CASE WHEN CAST(leases.s ->> 'writes_result' AS boolean)
                       THEN leases.s -> 'result' ELSE j.result END,
         last_error = CASE WHEN CAST(leases.s ->> 'writes_error' AS boolean)
@@ -594,6 +657,12 @@ FROM changed;
         next_run_at = CASE WHEN locked.unmet THEN NULL
                            WHEN locked.frees THEN now() ELSE j.next_run_at END,
         finished_at = CASE WHEN locked.unmet THEN now() ELSE j.finished_at END,
+        -- a keyed step takes its place in its key's line when released, not when submitted
+        ordered_at = CASE WHEN locked.frees AND NOT locked.unmet AND j.ordering_key IS NOT NULL
+                          THEN now() ELSE j.ordered_at END,
+        expires_at = CASE WHEN locked.frees AND NOT locked.unmet
+                          THEN now() + make_interval(secs => j.start_within_s)
+                          ELSE j.expires_at END,
         updated_at = now()
     FROM locked LEFT JOIN starts ON starts.id = locked.id
     WHERE j.id = locked.id AND (j.status = ANY(CAST(:release_sources AS text[]))) IS TRUE
@@ -665,16 +734,58 @@ SELECT * FROM changed;
 
 -- name: requeue_dead_job
 -- Put a dead job back in the queue with a fresh retry budget; returns it only when requeued.
+-- A job with an ordering key takes a new place at the back of its key's line (ordered_at).
 WITH changed AS (
     UPDATE taskline.jobs SET status = :target, attempts = 0, last_error = NULL, result = NULL,
                     cancel_requested = false, next_run_at = now(), updated_at = now(),
-                    finished_at = NULL
+                    finished_at = NULL,
+                    -- a keyed job takes a new place at the back of its key's line
+                    ordered_at = CASE WHEN ordering_key IS NULL THEN NULL ELSE now() END
     WHERE id = :id AND (status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING *
 ), undead AS (
     DELETE FROM taskline.dead_letter_jobs d USING changed WHERE d.job_id = changed.id
 ), events AS (
     INSERT INTO taskline.job_events (job_id, attempt, event, actor) SELECT id, 0, :event, :actor FROM changed
+)
+SELECT * FROM changed;
+
+-- name: write_progress
+-- A running attempt's progress (`ctx.progress`), only while its lease is live (live_leases, the
+-- fence), with its event :event (detail.progress); returns the job only when written.
+WITH changed AS (
+    UPDATE taskline.jobs j SET progress = CAST(:progress AS jsonb)
+    FROM taskline.live_leases l
+    WHERE l.id = :lease_id AND l.worker_id = :worker_id AND j.id = l.job_id
+      AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING j.id, j.attempts
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, worker_id, detail)
+    SELECT id, attempts, :event, :worker_id, jsonb_build_object('progress', CAST(:progress AS jsonb))
+    FROM changed
+)
+SELECT id FROM changed;
+
+-- name: lapse_due
+-- Up to :limit jobs not started by their expires_at (PostgreSQL's clock), earliest expiry first,
+-- skipping rows another transaction holds: cancelled (:target, from :sources only, so a job
+-- that started meanwhile is left alone) with the event :event. Read through jobs_lapsing, which
+-- holds only the jobs with an expiry that have not started.
+WITH due AS (
+    SELECT id FROM taskline.jobs
+    WHERE expires_at IS NOT NULL AND status IN ('queued', 'scheduled', 'retrying')
+      AND expires_at <= clock_timestamp()
+    ORDER BY expires_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE taskline.jobs j SET status = :target, updated_at = now(), next_run_at = NULL,
+                               finished_at = now()
+    FROM due WHERE j.id = due.id AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
+    RETURNING j.*
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, detail)
+    SELECT id, attempts, :event, jsonb_build_object('expires_at', expires_at) FROM changed
 )
 SELECT * FROM changed;
 
@@ -706,7 +817,8 @@ WITH picked AS (
 ), changed AS (
     UPDATE taskline.jobs j SET status = :target, attempts = 0, last_error = NULL, result = NULL,
                       cancel_requested = false, next_run_at = now(), updated_at = now(),
-                      finished_at = NULL
+                      finished_at = NULL,
+                      ordered_at = CASE WHEN j.ordering_key IS NULL THEN NULL ELSE now() END
     FROM picked WHERE j.id = picked.id AND j.status = ANY(CAST(:sources AS text[]))
     RETURNING j.id, j.queue, j.priority, j.type
 ), undead AS (
@@ -840,14 +952,16 @@ FROM unnest(CAST(:statuses AS text[])) AS s(status);
 -- name: pending_page
 -- One keyset page of pending jobs (which Redis should hold), last touched before :before.
 -- Queued jobs a flow limit applies to are claimed from PostgreSQL under their budget, never
--- from Redis, so they are left out (a worker that fetched one would only ack it away again).
+-- from Redis, so they are left out (a worker that fetched one would only ack it away again);
+-- so are queued jobs with an ordering key, started by the same claim as their key's head.
 SELECT id, queue, priority, status,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
 FROM taskline.jobs j
 WHERE status IN ('queued', 'scheduled', 'retrying') AND id > :after AND updated_at < :before
   AND NOT (status = 'queued'
-           AND EXISTS (SELECT 1 FROM taskline.flow_limits f
-                       WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue)))
+           AND (j.ordering_key IS NOT NULL
+                OR EXISTS (SELECT 1 FROM taskline.flow_limits f
+                           WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))))
 ORDER BY id
 LIMIT :limit;
 
@@ -1016,10 +1130,11 @@ WITH input AS MATERIALIZED (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
             trace_context text, actor text, step text, pending_parents int, limit_key text,
-            run_when text))
+            run_when text, ordering_key text, tags text[], start_within_s float8))
          WITH ORDINALITY AS t(id, type, queue, payload, priority, status, max_retries,
                               timeout_s, run_at, delay_s, trace_context, actor, step,
-                              pending_parents, limit_key, run_when, ord)
+                              pending_parents, limit_key, run_when, ordering_key, tags,
+                              start_within_s, ord)
 ), fresh AS MATERIALIZED (
     -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
     -- queued or running job may add a queue, so only then are the queues counted.
@@ -1040,10 +1155,14 @@ WITH input AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, trace_context, workflow_id, step, pending_parents, limit_key,
-                      run_when)
+                      run_when, ordering_key, tags, start_within_s, expires_at)
     SELECT t.id, t.type, t.queue, t.payload, t.priority, t.status, t.max_retries, t.timeout_s,
            COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)), t.trace_context,
-           :workflow_id, t.step, t.pending_parents, t.limit_key, t.run_when
+           :workflow_id, t.step, t.pending_parents, t.limit_key, t.run_when, t.ordering_key,
+           t.tags, t.start_within_s,
+           -- a step with parents counts its start_within_s from its release
+           CASE WHEN t.pending_parents = 0
+                THEN now() + make_interval(secs => t.start_within_s) END
     FROM input t
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
@@ -1405,7 +1524,8 @@ FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 -- name: audit_jobs_page
 -- Up to :limit jobs created at or after :since, after (:after_created, :after_id) in
 -- (created_at, id) order (index jobs_created).
-SELECT id::text AS id, type, queue, status, attempts, limit_key, run_when, created_at
+SELECT id::text AS id, type, queue, status, attempts, limit_key, run_when, created_at,
+       ordering_key
 FROM taskline.jobs
 WHERE created_at >= CAST(:since AS timestamptz)
   AND (created_at, id) > (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
@@ -1439,7 +1559,7 @@ SELECT job_id::text AS job_id, id, event, detail ->> 'status' AS recorded, creat
        xmin::text AS xid
 FROM taskline.job_events
 WHERE job_id = ANY(CAST(:ids AS uuid[]))
-  AND event IN ('succeeded', 'dead_lettered', 'cancelled', 'recovered');
+  AND event IN ('succeeded', 'dead_lettered', 'cancelled', 'lapsed', 'recovered');
 
 -- name: audit_limit_changes
 -- Up to :limit flow limit changes in the audit trail after (:after_at, :after_id), oldest first.
@@ -1583,6 +1703,7 @@ WITH joined AS (
                     AND status = 'scheduled'
                   ORDER BY created_at DESC LIMIT 1)
       AND (j.status = 'scheduled') IS TRUE
+      AND j.snoozes = 0  -- a snoozed job has started: an arrival now begins a new job
       AND jsonb_array_length(j.coalesced) < :max_joined
       AND octet_length(CAST(j.coalesced AS text)) + octet_length(CAST(:payload AS text)) + 2
           <= :max_bytes
@@ -1606,7 +1727,8 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, idempotency_key, request_hash, trace_context, limit_key,
-                      unique_key, debounce_key, coalesced, created_at, updated_at)
+                      unique_key, debounce_key, coalesced, ordering_key, tags, expires_at,
+                      created_at, updated_at)
     SELECT :id, :type, :queue, CAST(:payload AS jsonb), :priority,
            CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
            :max_retries, :timeout_s, t.due, CAST(:idempotency_key AS text),
@@ -1614,6 +1736,9 @@ WITH input AS (
            CAST(:unique_key AS text), CAST(:debounce_key AS text),
            CASE WHEN CAST(:debounce_key AS text) IS NOT NULL
                 THEN jsonb_build_array(CAST(:payload AS jsonb)) END,
+           CAST(:ordering_key AS text), CAST(:tags AS text[]),
+           COALESCE(CAST(:expires_at AS timestamptz),
+                    now() + make_interval(secs => CAST(:start_within_s AS float8))),
            statement_timestamp(), statement_timestamp()
     FROM input t
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING

@@ -41,7 +41,8 @@ class Settlement:
                 "event": move.event.value, "error": t.error, "result": t.result,
                 "writes_result": move.writes_result, "writes_error": move.writes_error,
                 "delay_s": t.delay_s, "detail": dict(t.detail) if t.detail else None,
-                "refund": int(move.refunds_attempt), "dead_letter": move.dead_letter,
+                "refund": int(move.refunds_attempt), "snooze": int(move.counts_snooze),
+                "dead_letter": move.dead_letter,
                 "fingerprint": fingerprint(t.error) if move.dead_letter else None,
                 "finishes": move.finishes, "lapsed": lapsed, "releases": self.releases}
 

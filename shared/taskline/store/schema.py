@@ -68,6 +68,20 @@ jobs = Table(
     Column("run_when", Text, nullable=True),
     # The budget the job draws from under a `per_key` flow limit (migration 0010).
     Column("limit_key", Text, nullable=True),
+    # Jobs of a queue with one `ordering_key` start one at a time, in the order of
+    # COALESCE(ordered_at, created_at), id; a requeue from the DLQ sets `ordered_at` (0020).
+    Column("ordering_key", Text, nullable=True),
+    Column("ordered_at", DateTime(timezone=True), nullable=True),
+    # Times the job's handler raised Snooze, each ending an attempt not counted (0020).
+    Column("snoozes", Integer, nullable=False, server_default=text("0")),
+    # Up to 20 labels; GET /api/v1/jobs?tag= reads them through jobs_tags (0020).
+    Column("tags", ARRAY(Text), nullable=True),
+    # The last progress a running handler reported: 0..1 or a JSON object <= 4 KiB (0020).
+    Column("progress", JSONB, nullable=True),
+    # Not started by `expires_at`, a job is never leased and lapses (cancelled, event lapsed); a
+    # step with parents keeps `start_within_s` until its release sets `expires_at` (0020).
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("start_within_s", Float, nullable=True),
     # The schedule whose slot enqueued the job, and that slot's instant (migration 0005).
     Column("schedule", Text, nullable=True),
     Column("scheduled_for", DateTime(timezone=True), nullable=True),
@@ -107,6 +121,15 @@ Index("jobs_unique_key", jobs.c.queue, jobs.c.unique_key, jobs.c.created_at,
       postgresql_where=text("unique_key IS NOT NULL"))
 Index("jobs_debounce", jobs.c.queue, jobs.c.type, jobs.c.debounce_key,
       postgresql_where=text("debounce_key IS NOT NULL AND status = 'scheduled'"))
+Index("jobs_lapsing", jobs.c.expires_at,
+      postgresql_where=text("expires_at IS NOT NULL AND status IN "
+                            "('queued', 'scheduled', 'retrying')"))
+Index("jobs_tags", jobs.c.tags, postgresql_using="gin",
+      postgresql_where=text("tags IS NOT NULL"))
+# The claim rule's head gate reads a key's unfinished jobs through this; unkeyed jobs never enter.
+Index("jobs_ordering", jobs.c.queue, jobs.c.ordering_key,
+      postgresql_where=text("ordering_key IS NOT NULL AND status IN "
+                            "('queued', 'scheduled', 'retrying', 'running')"))
 
 job_leases = Table(
     "job_leases",

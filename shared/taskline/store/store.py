@@ -280,8 +280,10 @@ class Store:
     def insert_job(self, conn: Connection, **fields: Any) -> Job | None:
         """Insert a job; None when its idempotency key already exists in its queue."""
         params = {"run_at": None, "delay_s": 0.0, "trace_context": None, "limit_key": None,
-                  **fields}
+                  "ordering_key": None, "tags": None, "expires_at": None,
+                  "start_within_s": None, **fields}
         params["payload"] = _json(params["payload"])
+        params["tags"] = None if params["tags"] is None else list(params["tags"])
         rows = self._run("insert_job", params, conn)
         return Job.from_row(rows[0]) if rows else None
 
@@ -418,8 +420,9 @@ class Store:
         return int(row.oldest), int(row.next)
 
     def list_jobs(self, *, status: str | None, type: str | None, queue: str | None,
-                  after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[Job]:
-        params = {"status": status, "type": type, "queue": queue, "limit": limit,
+                  after: tuple[datetime, uuid.UUID] | None, limit: int,
+                  tag: str | None = None) -> list[Job]:
+        params = {"status": status, "type": type, "queue": queue, "limit": limit, "tag": tag,
                   "after_created": after[0] if after else None,
                   "after_id": after[1] if after else None}
         return [Job.from_row(r) for r in self._run("list_jobs", params)]
@@ -611,12 +614,15 @@ class Store:
         # and SQLAlchemy's execution layer would cost the worker more CPU than the statements.
         with self._driver_transaction() as run:
             rows = run("lock_flow_limits", {})
-            if not rows:
-                return HeldClaim([], held=False, frees_at=None, now=None)
             limits = {r.scope: flow.Limit.from_row(r) for r in rows}
-            now = rows[0].now
-            usage = _usage(run("flow_usage", {}))
+            # Without limits only keyed jobs wait here (their key's head starts unbudgeted).
+            now = rows[0].now if rows else run("database_now", {})[0].now
+            usage = _usage(run("flow_usage", {})) if rows else flow.Usage({}, {}, {})
             picked, held, frees_at = self._admit(run, queues, slots, limits, usage, now)
+            # Keyed jobs behind a head wait without a refusal to announce them: a dead or
+            # cancelled head gives them the turn in PostgreSQL alone.
+            held = held or run("keyed_waiting", {"queues": list(queues),
+                                                 "skip": _uuid_array(picked)})[0].waiting
             claimed = self._claim_picked(run, picked, worker_id, lease_s, limits)
         return HeldClaim(claimed, held=held, frees_at=frees_at, now=now)
 
@@ -633,11 +639,13 @@ class Store:
         picked: list[str] = []
         window = max(4 * slots, 32)
         admission = None
+        # Without limits only keyed jobs are held: read them alone, through their own index.
+        candidates = "held_candidates" if limits else "keyed_heads"
         for _ in range(ADMIT_ROUNDS):
             full = flow.full_budgets(limits.values(), usage.running, usage.started)
             found = [flow.Candidate(str(r.id), r.type, r.queue, r.limit_key) for r in run(
-                "held_candidates", {"queues": list(queues), "limit": window, "skip": picked,
-                                    **_full_params(limits, full)})]
+                candidates, {"queues": list(queues), "limit": window, "skip": picked,
+                             **_full_params(limits, full)})]
             admission = flow.admit(found, limits, usage, slots - len(picked), now)
             picked += admission.picked
             usage = admission.usage
@@ -653,6 +661,7 @@ class Store:
                       limits: dict[str, flow.Limit]) -> list[Claimed]:
         if not ids:
             return []
+        run("lock_ordering_keys", {"ids": _uuid_array(ids)})
         rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, True))
         starts = [{"scope": lim.scope, "key": lim.key_of(r.limit_key),
                    "at": r.leased_at.isoformat()}
@@ -679,6 +688,30 @@ class Store:
     def list_flow_limits(self) -> list[dict]:
         """Every limit with its use now (running, started in the window) and the jobs it holds."""
         return [dict(r._mapping) for r in self._run("list_flow_limits", {})]
+
+    def lapse_due(self, limit: int) -> tuple[list[Job], list[Job]]:
+        """Cancel up to `limit` jobs not started by their expiry (event `lapsed`) and, for
+        workflow steps among them, their waiting dependents, in one transaction: (the lapsed
+        jobs, the dependents cancelled and the `when` steps queued)."""
+        with self.transaction() as conn:
+            lapsed = [Job.from_row(r) for r in self._run(
+                "lapse_due", {"limit": limit, **_move_params(transitions.LAPSE)}, conn)]
+            steps = [j.id for j in lapsed if j.workflow_id is not None]
+            if not steps:
+                return lapsed, []
+            return lapsed, self.cancel_waiting_dependents(steps, None, conn, ended=steps)
+
+    def write_progress(self, lease_id: int, worker_id: str, value: Any) -> bool:
+        """Write a running attempt's progress under its lease; False when the lease is gone."""
+        rows = self._run_on_driver("write_progress", {
+            "lease_id": lease_id, "worker_id": worker_id, "progress": _json(value),
+            "sources": transitions.PROGRESS.source_names,
+            "event": transitions.PROGRESS.event.value})
+        return bool(rows)
+
+    def ordering_key_counts(self) -> list:
+        """Per queue: `keys` (ordering keys with unfinished jobs) and their `queued` jobs."""
+        return self._run("ordering_key_counts", {})
 
     def flow_limit_scopes(self) -> set[str]:
         """The scopes that have a limit (workers read this once a second)."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskline.errors import Snooze
 from taskline.execution import runner
 from taskline.execution.attempts import Attempt, Attempts, Settler
 from taskline.execution.outcomes import Recorder
@@ -54,6 +55,10 @@ class Drained:
         return self._count("retried")
 
     @property
+    def snoozed(self) -> int:
+        return self._count("snoozed")
+
+    @property
     def dead(self) -> int:
         return self._count("dead")
 
@@ -70,7 +75,8 @@ def drain(conn_or_url: Any, *, queues: Sequence[str] | None = None, max_jobs: in
     or Session, or a psycopg Connection; drain opens connections of its own to the same
     database, so it sees what the caller committed. With `skip_backoff`, a failed attempt's
     retry is due at once; without it, drain leaves it for its backoff. A job scheduled for
-    later is not due.
+    later is not due, nor is a job its handler snoozed (`taskline.Snooze(delay_s)`) until its
+    delay passed.
     """
     url = database_url(conn_or_url)
     settings = settings or Settings.from_env(database_url=url)
@@ -123,7 +129,8 @@ class Drainer:
 
     def _run(self, claimed: Claimed, sent_at: float) -> dict[str, Any]:
         attempt = Attempt.begin(claimed, WORKER_ID, sent_at, DRAIN_LEASE_S,
-                                self._settings.fence_margin_s, self._store.parent_results)
+                                self._settings.fence_margin_s, self._store.parent_results,
+                                self._store.write_progress)
         self._attempts.add(attempt)
         started = time.monotonic()
         result: Any = None
@@ -148,6 +155,8 @@ class Drainer:
         job = self._store.get_job(attempt.job.id)
         status = job.status if job is not None else None
         outcome = OUTCOMES.get(status, "not recorded") if status is not None else "not recorded"
+        if isinstance(error, Snooze) and status is Status.SCHEDULED:
+            outcome = "snoozed"  # its attempt not counted; due again after its delay
         return {"id": attempt.job_id, "type": attempt.job.type, "queue": attempt.queue,
                 "attempt": attempt.job.attempts, "outcome": outcome,
                 "result": result if error is None else None,
