@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -115,13 +115,16 @@ class Handler(Generic[P, R]):
                 run_at: datetime | str | None = None, idempotency_key: str | None = None,
                 limit_key: str | None = None, unique: UniqueOptions | None = None,
                 debounce: DebounceOptions | None = None, ordering_key: str | None = None,
+                tags: Sequence[str] | None = None, expires_at: datetime | str | None = None,
+                start_within_s: float | None = None,
                 settings: Settings | None = None) -> uuid.UUID:
         """Validate `payload`, then `taskline.enqueue` it with this type's defaults inside
         `conn`'s transaction; InvalidJob naming the field, before anything is written."""
         fields = given(queue=queue, priority=priority, max_retries=max_retries,
                        timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                        idempotency_key=idempotency_key, limit_key=limit_key,
-                       unique=unique, debounce=debounce, ordering_key=ordering_key)
+                       unique=unique, debounce=debounce, ordering_key=ordering_key,
+                       tags=tags, expires_at=expires_at, start_within_s=start_within_s)
         return enqueue(conn, self.type, self._json(payload), settings=settings,
                        **{**self.defaults.fields(), **fields})
 
@@ -131,13 +134,16 @@ class Handler(Generic[P, R]):
                        run_at: datetime | str | None = None, idempotency_key: str | None = None,
                        limit_key: str | None = None, unique: UniqueOptions | None = None,
                        debounce: DebounceOptions | None = None,
-                       ordering_key: str | None = None,
+                       ordering_key: str | None = None, tags: Sequence[str] | None = None,
+                       expires_at: datetime | str | None = None,
+                       start_within_s: float | None = None,
                        settings: Settings | None = None) -> uuid.UUID:
         """`enqueue` on an async connection, awaited."""
         fields = given(queue=queue, priority=priority, max_retries=max_retries,
                        timeout_s=timeout_s, delay_s=delay_s, run_at=run_at,
                        idempotency_key=idempotency_key, limit_key=limit_key,
-                       unique=unique, debounce=debounce, ordering_key=ordering_key)
+                       unique=unique, debounce=debounce, ordering_key=ordering_key,
+                       tags=tags, expires_at=expires_at, start_within_s=start_within_s)
         return await aenqueue(conn, self.type, self._json(payload), settings=settings,
                               **{**self.defaults.fields(), **fields})
 
