@@ -33,6 +33,8 @@ each job's finishing commit to its waiter's answer (bench/waiting.py).
 `--only audit_verify` (only when named) builds a history of 250,000, 500,000 and 1,000,000 jobs
 (1, 5 and 10 million with --big) by copying a template of 1,000 jobs run by a worker, and times
 `taskline audit verify` over each with its CPU and peak memory (bench/audit.py).
+`ordering_keys` drains no-op jobs over 100 ordering keys and without keys (2 x 16 slots) in
+interleaved pairs and prints keyed / plain (bench/ordering.py).
 `drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
 PostgreSQL) in interleaved pairs and prints the share; `pickup_redis_down` is an idle worker's
 pickup while neither it nor the API reaches Redis.
@@ -68,6 +70,7 @@ import audit
 import clustered
 import degraded
 import limits
+import ordering
 import peers
 import pooled
 import producers
@@ -418,6 +421,9 @@ def behind_pgbouncer(stack: Stack, args: argparse.Namespace, only: set[str],
         for case, values in results["pgbouncer_pairs"].items():
             for name, value in values.items():
                 show(f"pgbouncer {case} {name}", value)
+    if not only or "ordering_keys" in only:
+        results["ordering_keys"] = ordering.pairs(stack, args.jobs, args.repeat)
+        show("ordering_keys keyed/plain", results["ordering_keys"]["ratio_keyed_over_plain"])
     if not only or "cluster_pairs" in only:
         results["cluster_pairs"] = clustered.pairs(stack, args.jobs, args.repeat)
         for case, values in results["cluster_pairs"].items():
