@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BIND ?= 127.0.0.1:8000
 # Every fault scenario is marked `faults` (run by `make faults`, with the Redis Cluster matrix
-# of tests/integration/test_redis_cluster_paths.py); the quick ones are also
+# of tests/integration/test_redis_cluster_paths.py and the supported-versions run of
+# tests/integration/test_supported_versions.py); the quick ones are also
 # marked `fast`, and `make test` runs those too. A missing folder is skipped (git keeps none empty).
 TEST_DIRS := $(wildcard tests/unit tests/integration tests/browser tests/faults)
 
@@ -34,7 +35,8 @@ lint: venv
 	$(BIN)/mypy --strict tests/typing
 
 faults: venv
-	$(BIN)/pytest -q -m faults tests/faults tests/integration/test_redis_cluster_paths.py
+	$(BIN)/pytest -q -m faults tests/faults tests/integration/test_redis_cluster_paths.py \
+		tests/integration/test_supported_versions.py
 
 bench: venv
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'

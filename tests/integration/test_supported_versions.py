@@ -28,7 +28,8 @@ from taskline_cli import wheelservers
 from taskline_cli.localservers import PrivatePostgres, PrivateRedis
 from tests.servers import scratch_dir
 
-pytestmark = pytest.mark.slow
+# Slow (a child pytest against two more servers): `make faults` runs it, beside the cluster matrix.
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 REPO = Path(__file__).resolve().parents[2]
 
