@@ -18,8 +18,11 @@ import sys
 import time
 from typing import Any
 
+import psycopg
 import scenarios as sc
 from stack import Stack, wait_until
+
+from taskline.store.queries import in_schema
 
 TEMPLATE = 1000
 COPY_BATCH = 100  # template copies per statement: 100,000 jobs
@@ -68,16 +71,21 @@ def _template(stack: Stack) -> list[str]:
     return [str(r[0]) for r in stack.sql("SELECT id FROM taskline.jobs")]
 
 
+def _execute(stack: Stack, statement: str, *params: object) -> None:
+    """A statement that returns no rows, on a connection of its own."""
+    with psycopg.connect(stack.url, autocommit=True) as conn:
+        conn.execute(in_schema(statement, stack.schema), params)
+
+
 def _grow(stack: Stack, template: list[str], statement: str, jobs: int) -> None:
     """Copy the template until the database holds `jobs` jobs."""
     while (have := stack.count("succeeded", "dead")) < jobs:
         copies = min(COPY_BATCH, (jobs - have) // len(template))
         if copies < 1:
             break
-        stack.sql(statement + " RETURNING 1", copies, template)
-    stack.sql("ANALYZE taskline.jobs")
-    stack.sql("ANALYZE taskline.job_leases")
-    stack.sql("ANALYZE taskline.job_events")
+        _execute(stack, statement, copies, template)
+    for table in ("jobs", "job_leases", "job_events"):
+        _execute(stack, f"ANALYZE taskline.{table}")
 
 
 def _audit(stack: Stack) -> dict[str, Any]:
