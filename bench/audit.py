@@ -55,9 +55,11 @@ WITH m AS MATERIALIZED (
 ), nl AS (
     INSERT INTO taskline.job_leases (job_id, {", ".join(leases)})
     SELECT m.new, {cols(leases, "l")} FROM m JOIN taskline.job_leases l ON l.job_id = m.old
+    ORDER BY l.id
 )
 INSERT INTO taskline.job_events (job_id, {", ".join(events)})
 SELECT m.new, {cols(events, "e")} FROM m JOIN taskline.job_events e ON e.job_id = m.old
+ORDER BY e.id  -- a copy's events keep their order (the audit reads them by id)
 """
 
 
