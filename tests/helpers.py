@@ -163,7 +163,11 @@ def _established_inodes(port: int) -> set[str]:
 def _socket_inodes(pid: int) -> set[str]:
     """Inodes of the sockets process `pid` holds open."""
     found = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except FileNotFoundError:  # the process exited since it was listed (a replaced worker)
+        return found
+    for fd in fds:
         try:
             target = os.readlink(fd)
         except OSError:  # closed since listed
