@@ -5,7 +5,7 @@ line (bench/stack.py); these hooks give its worker class the shared table it bal
 the floor places connections as the API does.
 """
 
-from taskline_producer.balancer import assign_slot, free_slot, share_table
+from taskline_producer.http.balancer import assign_slot, free_slot, share_table
 
 on_starting = share_table
 pre_fork = assign_slot

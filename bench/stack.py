@@ -148,7 +148,7 @@ class Stack:
     def http_floor(self, workers: int = 2) -> Iterator[str]:
         """bench/floor_app.py under gunicorn with the API's worker class, threads, sockets and
         connection balancing (bench/floor_gunicorn.conf.py)."""
-        conf = runpy.run_path(str(ROOT / "services" / "producer" / "gunicorn.conf.py"))
+        conf = runpy.run_path(str(ROOT / "services" / "producer" / "http" / "gunicorn.conf.py"))
         port = free_port()
         args = [sys.executable, "-m", "gunicorn", "--workers", str(workers),
                 "--config", str(BENCH_DIR / "floor_gunicorn.conf.py"),
@@ -178,7 +178,7 @@ class Stack:
 
         Until change 29 the kernel placed connections by a hash, blind to load, and two
         keep-alive clients shared one process in about half the runs (docs/performance.md,
-        change 27); the processes now accept by least connections (taskline_producer.balancer).
+        change 27); the processes now accept by least connections (taskline_producer.http.balancer).
         Recorded with every enqueue measurement so that its spread can be read against it.
         """
         counts = connections_per_process(self.api_pid, urlsplit(base).port or 0)

@@ -133,7 +133,7 @@ def connections_per_process(parent_pid: int, port: int) -> dict[int, int]:
 
 def every_process_serving(parent_pid: int, port: int, processes: int) -> bool:
     """Whether each of the `processes` children of a gunicorn master serves: as many
-    connections held at once land one on each (taskline_producer.balancer). A process still
+    connections held at once land one on each (taskline_producer.http.balancer). A process still
     loading its app is not yet counted by its siblings, so all would land on the others. Any
     answer to the request will do (a 404 too): it only proves the connection was accepted."""
     held = [http.client.HTTPConnection("127.0.0.1", port, timeout=5) for _ in range(processes)]

@@ -40,7 +40,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     if not _api_installed("api"):
         return 2
-    from taskline_producer.serve import run
+    from taskline_producer.http.serve import run
     return run(settings, bind=args.bind, workers=args.workers)
 
 

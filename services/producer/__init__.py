@@ -4,7 +4,7 @@ Invariant: a job is committed to PostgreSQL before its id reaches Redis, and no 
 malformed, is answered with a 500; `create_app` is the Flask app factory, `serve.run` runs it
 under gunicorn.
 
-`create_app` is imported lazily: importing `taskline_producer.serve` must not import
+`create_app` is imported lazily: importing `taskline_producer.http.serve` must not import
 prometheus-client before `serve.run` has prepared PROMETHEUS_MULTIPROC_DIR.
 """
 

@@ -18,7 +18,6 @@ from taskline.store.store import Store
 from taskline_producer import (
     apidoc,
     audit,
-    auth,
     bulkdlq,
     dashboard,
     errors,
@@ -28,15 +27,13 @@ from taskline_producer import (
     jobtypes,
     limits,
     operations,
-    origins,
     pauses,
-    request_metrics,
     schedules,
-    waiting,
     workflows,
 )
 from taskline_producer.backends import Backends
-from taskline_producer.encoder import ResponseEncoder
+from taskline_producer.http import auth, origins, request_metrics, waiting
+from taskline_producer.http.encoder import ResponseEncoder
 
 
 def create_app(settings: Settings | None = None, store: Store | None = None,
@@ -44,7 +41,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     """The producer API; `settings` default to the environment, `store`/`dispatcher` to new ones.
 
     `binds` are the addresses it is served on (gunicorn's `bind`): their host names are names
-    the API answers to in a request's Host (taskline_producer.origins).
+    the API answers to in a request's Host (taskline_producer.http.origins).
     """
     settings = settings or Settings.from_env()
     app = Flask(__name__, static_folder=None)

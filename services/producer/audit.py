@@ -22,9 +22,9 @@ from sqlalchemy import Connection
 from werkzeug.datastructures import MultiDict
 
 from taskline_producer import paging
-from taskline_producer.auth import principal
 from taskline_producer.backends import backends
 from taskline_producer.errors import InvalidParameter
+from taskline_producer.http.auth import principal
 from taskline_producer.shapes import plain
 
 log = logging.getLogger(__name__)

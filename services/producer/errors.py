@@ -4,7 +4,7 @@ Invariant: every response that is not a success is `{"error": {"code", "message"
 with a status from this module; an exception nobody anticipated becomes a logged 500 with the
 same shape (a 500 is always a bug), PostgreSQL or Redis being unreachable becomes a 503 with
 Retry-After. An error raised because the request's body was not (or could not be) read in full
-sets CLOSE_CONNECTION, so its answer says `Connection: close` (taskline_producer.intake): the
+sets CLOSE_CONNECTION, so its answer says `Connection: close` (taskline_producer.http.intake): the
 rest of that body must never be taken for the client's next request.
 """
 

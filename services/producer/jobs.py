@@ -18,7 +18,7 @@ from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
-from taskline_producer import audit, auth, paging, quotas, replays, shapes, waiting, workflows
+from taskline_producer import audit, paging, quotas, replays, shapes, workflows
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.errors import (
@@ -27,6 +27,7 @@ from taskline_producer.errors import (
     NotFound,
     ValidationFailed,
 )
+from taskline_producer.http import auth, waiting
 
 log = logging.getLogger(__name__)
 

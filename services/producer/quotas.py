@@ -9,9 +9,9 @@ Idempotent replays count too: whether a job is new is known only after it is wri
 from __future__ import annotations
 
 from taskline.quota import Decision
-from taskline_producer.auth import principal
 from taskline_producer.backends import backends
 from taskline_producer.errors import ApiError
+from taskline_producer.http.auth import principal
 
 
 class QuotaExceeded(ApiError):

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from taskline.access import READ
 from taskline.jobs import scoped_key
-from taskline_producer import auth
+from taskline_producer.http import auth
 
 Spec = TypeVar("Spec")
 REDACTED_JOB_FIELDS = ("result", "last_error")

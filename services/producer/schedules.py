@@ -18,11 +18,12 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline.schedules import NO_SLOT, QUOTA_CLIENT, Cron, InvalidSchedule, next_due, valid_name
 from taskline.store.rows import ScheduleRow
-from taskline_producer import audit, auth, paging
+from taskline_producer import audit, paging
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.declared import Checked
 from taskline_producer.errors import ApiError, NotFound, ValidationFailed
+from taskline_producer.http import auth
 from taskline_producer.schedulespec import ScheduleSpec, parse_schedule
 from taskline_producer.shapes import plain
 

@@ -214,7 +214,7 @@ PAYLOAD_REFUSED = Counter(
     "reject; type is 'other', a client's invention is no label)", ["type", "reason"])
 HTTP_LATENCY = Histogram("taskline_http_request_duration_seconds", "API request latency",
                          ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
-# Requests held by `wait_s` until their job or workflow finishes (taskline_producer.waiting).
+# Requests held by `wait_s` until their job or workflow finishes (taskline_producer.http.waiting).
 WAITING_REQUESTS = Gauge("taskline_api_waiting_requests", "Requests waiting (wait_s) for a job or "
                          "workflow to finish, holding no thread", multiprocess_mode="livesum")
 WAITS_ENDED = Counter("taskline_api_waits_total", "Waiting requests answered, by what ended the "

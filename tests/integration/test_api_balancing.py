@@ -1,5 +1,6 @@
 """`taskline api` with two gunicorn processes places keep-alive connections by least
-connections (taskline_producer.balancer), and a stopped or replaced process costs no connection.
+connections (taskline_producer.http.balancer), and a stopped or replaced process costs no
+connection.
 
 Invariant checked: after each new connection the processes' counts differ by at most one; a
 process that stops turning its event loop delays new connections by at most MAX_YIELD_S and
@@ -20,7 +21,7 @@ import pytest
 
 from taskline.settings import Settings
 from taskline_cli.localservers import free_port
-from taskline_producer.balancer import MAX_YIELD_S
+from taskline_producer.http.balancer import MAX_YIELD_S
 from tests.helpers import (
     connections_per_process,
     every_process_serving,

@@ -2,7 +2,7 @@
 read, list, cancel or retry the job it created) against `taskline api` under gunicorn.
 
 Beside test_openapi_schemathesis.py (each operation alone, through WSGI), this run goes through
-the server's own reading of requests (taskline_producer.intake) with the connection pooling of
+the server's own reading of requests (taskline_producer.http.intake) with the connection pooling of
 a real client. Invariant checked: no 5xx and every answer is one the document declares. The
 run is bounded: a fixed number of scenarios and steps, a fixed seed, and the test's timeout.
 """

@@ -17,7 +17,7 @@ from flask.testing import FlaskClient
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_producer.app import close_app, create_app
-from taskline_producer.serve import ProducerServer, gunicorn_options
+from taskline_producer.http.serve import ProducerServer, gunicorn_options
 from tests.integration.test_api_jobs import make_dead
 
 FOREIGN = {"Origin": "http://evil.example"}

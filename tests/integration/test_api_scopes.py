@@ -2,7 +2,7 @@
 tokens kept out of logs and Referers.
 
 The route list is read from the app's url_map, so a route added without a scope in
-taskline_producer.scopes fails here, and so does one whose documented x-required-scope differs.
+taskline_producer.http.scopes fails here, and so does one whose documented x-required-scope differs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from taskline.access import OPERATE, READ, SCOPES, WRITE
 from taskline.settings import Settings
 from taskline_producer.apidoc import document
 from taskline_producer.app import close_app, create_app
-from taskline_producer.scopes import ANY_SCOPE, ROUTE_SCOPES
+from taskline_producer.http.scopes import ANY_SCOPE, ROUTE_SCOPES
 
 TOKENS = ("writer:w-secret:jobs:write", "reader:r-secret:jobs:read",
           "operator:o-secret:jobs:operate", "all:a-secret:jobs:write+jobs:read+jobs:operate",

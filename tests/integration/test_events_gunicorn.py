@@ -17,7 +17,7 @@ import pytest
 
 from taskline.settings import Settings
 from taskline_cli.localservers import free_port
-from taskline_producer.serve import CONFIG_FILE
+from taskline_producer.http.serve import CONFIG_FILE
 from tests.helpers import service, service_env, wait_for
 from tests.integration.events_client import SseClient
 

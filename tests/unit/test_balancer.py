@@ -1,5 +1,5 @@
 """The shared table the API's gunicorn processes balance connections by
-(taskline_producer.balancer); the processes themselves are exercised in
+(taskline_producer.http.balancer); the processes themselves are exercised in
 tests/integration/test_api_balancing.py.
 """
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from taskline_producer.balancer import STALE_S, ConnectionTable
+from taskline_producer.http.balancer import STALE_S, ConnectionTable
 
 
 def test_slots_are_claimed_once_and_freed_for_reuse() -> None:

@@ -1,11 +1,11 @@
-"""Where a request ends (taskline_producer.framing), fed byte by byte and in one piece: no
+"""Where a request ends (taskline_producer.http.framing), fed byte by byte and in one piece: no
 sockets, only the decisions the API's event loop acts on."""
 
 from __future__ import annotations
 
 import pytest
 
-from taskline_producer.framing import HEAD_LIMIT, Framed, Refused, RequestFramer
+from taskline_producer.http.framing import HEAD_LIMIT, Framed, Refused, RequestFramer
 
 HEAD = b"POST /api/v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
 JOB = b'{"type": "echo"}'

@@ -1,4 +1,4 @@
-"""The list lane's classification and admission (taskline_producer.lanes), without sockets."""
+"""The list lane's classification and admission (taskline_producer.http.lanes), without sockets."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from taskline_producer.lanes import ListLane, is_list_read
+from taskline_producer.http.lanes import ListLane, is_list_read
 
 
 @pytest.mark.parametrize("line", [

@@ -4,7 +4,7 @@
 Invariant: a waiting request holds no thread and no pooled connection. Its finish is watched
 (taskline.finishing: one LISTEN connection per process) before its state is read, so a finish
 committed in between still wakes it. Under the API's gunicorn worker the route then raises
-Parked: the worker keeps the connection on its event loop (taskline_producer.intake) and, when
+Parked: the worker keeps the connection on its event loop (taskline_producer.http.intake) and, when
 the watch fires or the deadline passes, runs the same request again with the wait over, which
 reads the state once more and answers. Served otherwise (Flask's own server, tests), the
 request's thread waits instead.

@@ -3,7 +3,7 @@ whole request is handed to a thread.
 
 gthread reads a request's head and body inside a pool thread, with no deadline: a few dozen
 clients that send half a request and stay silent hold every thread, and nothing is answered.
-Here the event loop reads every connection without blocking (taskline_producer.framing says
+Here the event loop reads every connection without blocking (taskline_producer.http.framing says
 where a request ends), so a silent or slow connection costs a file descriptor and a buffer,
 never a thread.
 
@@ -37,11 +37,11 @@ from gunicorn.http import errors as http_errors
 
 from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED
 from taskline.settings import Settings
-from taskline_producer.balancer import BalancedThreadWorker
 from taskline_producer.errors import CLOSE_CONNECTION, error_bytes
-from taskline_producer.framing import Framed, Refused, RequestFramer
-from taskline_producer.lanes import ListLane, is_list_read
-from taskline_producer.waiting import PARKING, WAIT_UNTIL, Parked
+from taskline_producer.http.balancer import BalancedThreadWorker
+from taskline_producer.http.framing import Framed, Refused, RequestFramer
+from taskline_producer.http.lanes import ListLane, is_list_read
+from taskline_producer.http.waiting import PARKING, WAIT_UNTIL, Parked
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class _Reading:
 
 
 class IntakeWorker(BalancedThreadWorker):
-    """gunicorn's gthread worker (balanced, taskline_producer.balancer) reading on its loop."""
+    """gunicorn's gthread worker (balanced, taskline_producer.http.balancer) reading on its loop."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,7 +84,7 @@ class IntakeWorker(BalancedThreadWorker):
         self._seq = itertools.count()
         self._lane = ListLane(settings.api_list_threads)
         self._parked: dict[Any, tuple[Parked, float]] = {}
-        """Connections whose answer waits for a job to finish (taskline_producer.waiting),
+        """Connections whose answer waits for a job to finish (taskline_producer.http.waiting),
         with its deadline: on the event loop, holding no thread."""
         self._serving = threading.local()
 
@@ -231,7 +231,7 @@ class IntakeWorker(BalancedThreadWorker):
             timeout = min(timeout, max(self._deadlines[0][0] - time.monotonic(), 0.0))
         super().wait_for_and_dispatch_events(timeout)
 
-    # --- waiting requests (taskline_producer.waiting) ---------------------------------------
+    # --- waiting requests (taskline_producer.http.waiting) ---------------------------------------
 
     def _park(self, conn: Any, parked: Parked) -> None:
         """Hold `conn`'s answer until its watch fires (`wake`) or its deadline passes."""

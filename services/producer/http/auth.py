@@ -3,7 +3,7 @@
 Invariant: when authentication is on (any token or a JWT key configured), a request to /api/*
 is answered 401 before any route runs unless it carries a valid token (unknown paths too, so
 routes are not revealed), and 403 `forbidden`, naming the scope, unless the token holds the
-scope taskline_producer.scopes assigns to the route. The principal (who, with which scopes) is
+scope taskline_producer.http.scopes assigns to the route. The principal (who, with which scopes) is
 `flask.g.principal` for the rest of the request (`principal()`); its name is the actor of what
 the request does. Static tokens are compared with hmac.compare_digest against every configured
 token, without stopping at the first match, so timing says nothing about which one or how much
@@ -22,9 +22,9 @@ from flask import Blueprint, Flask, Response, g, jsonify, request
 
 from taskline.access import SCOPES, StaticToken, parse_tokens
 from taskline.settings import Settings
-from taskline_producer import scopes
 from taskline_producer.errors import ApiError, Unauthorized
-from taskline_producer.webtokens import InvalidJwt, JwksUnavailable, JwtVerifier
+from taskline_producer.http import scopes
+from taskline_producer.http.webtokens import InvalidJwt, JwksUnavailable, JwtVerifier
 
 PROTECTED_PREFIX = "/api/"
 REALM = 'Bearer realm="taskline"'

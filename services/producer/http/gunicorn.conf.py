@@ -9,14 +9,14 @@ of a worker's threads and end when the worker is told to stop.
 # gthread: threads keep a slow PostgreSQL round trip from idling a process. An event stream
 # (/api/v1/events) holds a thread for as long as its browser stays, so streams may take at most
 # half of them (post_worker_init below); the other half always serves ordinary requests.
-# It accepts by least connections (taskline_producer.balancer): all processes share
+# It accepts by least connections (taskline_producer.http.balancer): all processes share
 # one listening socket, and one holding more connections than a live sibling leaves a new
 # connection to it. With a socket per process (SO_REUSEPORT) the kernel placed connections by
 # a hash, blind to load: two keep-alive clients landed on one process in half the runs, which
 # then served both under one GIL while the other idled (docs/performance.md).
 # Requests are read on each process's event loop, with deadlines, and handed to a thread only
-# once whole (taskline_producer.intake): a slow or silent client holds no thread.
-worker_class = "taskline_producer.intake.IntakeWorker"
+# once whole (taskline_producer.http.intake): a slow or silent client holds no thread.
+worker_class = "taskline_producer.http.intake.IntakeWorker"
 threads = 16
 # Open connections per process, slow ones included (each costs a descriptor and a buffer, not a
 # thread); past it the process stops accepting until some close.
@@ -32,7 +32,7 @@ keepalive = 5
 accesslog = None
 errorlog = "-"
 # gunicorn's messages go to the root logger, formatted like every other line of the service.
-logger_class = "taskline_producer.serve.ServiceLogger"
+logger_class = "taskline_producer.http.serve.ServiceLogger"
 loglevel = "info"
 proc_name = "taskline-api"
 # No control socket: its default path is per user, so two APIs on one host would share it.
@@ -44,13 +44,13 @@ limit_request_field_size = 8190
 
 
 def on_starting(server):
-    from taskline_producer.balancer import share_table
+    from taskline_producer.http.balancer import share_table
 
     share_table(server)
 
 
 def pre_fork(server, worker):
-    from taskline_producer.balancer import assign_slot
+    from taskline_producer.http.balancer import assign_slot
 
     assign_slot(server, worker)
 
@@ -67,7 +67,7 @@ def post_worker_init(worker):
 def child_exit(server, worker):
     from prometheus_client import multiprocess
 
-    from taskline_producer.balancer import free_slot
+    from taskline_producer.http.balancer import free_slot
 
     multiprocess.mark_process_dead(worker.pid)
     free_slot(server, worker)
