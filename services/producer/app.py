@@ -20,7 +20,6 @@ from taskline_producer import (
     audit,
     bulkdlq,
     dashboard,
-    errors,
     events,
     health,
     jobs,
@@ -34,6 +33,7 @@ from taskline_producer import (
 from taskline_producer.backends import Backends
 from taskline_producer.http import auth, origins, request_metrics, waiting
 from taskline_producer.http.encoder import ResponseEncoder
+from taskline_producer.schemas import errors
 
 
 def create_app(settings: Settings | None = None, store: Store | None = None,
@@ -47,9 +47,10 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app = Flask(__name__, static_folder=None)
     app.config.update(
         TASKLINE_MAX_PAYLOAD_BYTES=settings.max_payload_bytes,
-        # One byte over the limit: taskline_producer.body reads one byte past a body of exactly
-        # the limit to learn that it ended, and Werkzeug refuses any read at its own maximum.
-        # The limit itself is enforced there, in the error shape; this only bounds the stream.
+        # One byte over the limit: taskline_producer.schemas.body reads one byte past a body of
+        # exactly the limit to learn that it ended, and Werkzeug refuses any read at its own
+        # maximum. The limit itself is enforced there, in the error shape; this only bounds the
+        # stream.
         MAX_CONTENT_LENGTH=settings.max_payload_bytes + 1,
         # Automatic OPTIONS answers are empty text/html; without them OPTIONS is a JSON 405.
         PROVIDE_AUTOMATIC_OPTIONS=False,

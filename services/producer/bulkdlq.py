@@ -25,10 +25,10 @@ from taskline.store.rows import DeadChanged
 from taskline.store.store import DeadFilter, Store
 from taskline_producer import audit
 from taskline_producer.backends import backends
-from taskline_producer.body import read_json
-from taskline_producer.bulkspec import BulkRequest, parse_bulk
-from taskline_producer.errors import ValidationFailed
 from taskline_producer.http import auth
+from taskline_producer.schemas.body import read_json
+from taskline_producer.schemas.bulkspec import BulkRequest, parse_bulk
+from taskline_producer.schemas.errors import ValidationFailed
 
 log = logging.getLogger(__name__)
 

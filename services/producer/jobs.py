@@ -18,16 +18,17 @@ from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
-from taskline_producer import audit, paging, quotas, replays, shapes, workflows
+from taskline_producer import audit, quotas, replays, workflows
 from taskline_producer.backends import backends
-from taskline_producer.body import read_json
-from taskline_producer.errors import (
+from taskline_producer.http import auth, waiting
+from taskline_producer.schemas import paging, shapes
+from taskline_producer.schemas.body import read_json
+from taskline_producer.schemas.errors import (
     InvalidIdempotencyKey,
     InvalidState,
     NotFound,
     ValidationFailed,
 )
-from taskline_producer.http import auth, waiting
 
 log = logging.getLogger(__name__)
 

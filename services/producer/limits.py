@@ -19,9 +19,9 @@ from taskline import flow
 from taskline.errors import DispatchUnavailable
 from taskline_producer import audit
 from taskline_producer.backends import backends
-from taskline_producer.body import read_json
-from taskline_producer.errors import InvalidParameter, NotFound, ValidationFailed
-from taskline_producer.shapes import plain
+from taskline_producer.schemas.body import read_json
+from taskline_producer.schemas.errors import InvalidParameter, NotFound, ValidationFailed
+from taskline_producer.schemas.shapes import plain
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import DispatchUnavailable
 from taskline_producer import audit
 from taskline_producer.backends import backends
-from taskline_producer.errors import InvalidParameter
 from taskline_producer.http.auth import principal
-from taskline_producer.shapes import pause_state
+from taskline_producer.schemas.errors import InvalidParameter
+from taskline_producer.schemas.shapes import pause_state
 
 log = logging.getLogger(__name__)
 

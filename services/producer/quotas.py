@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from taskline.quota import Decision
 from taskline_producer.backends import backends
-from taskline_producer.errors import ApiError
 from taskline_producer.http.auth import principal
+from taskline_producer.schemas.errors import ApiError
 
 
 class QuotaExceeded(ApiError):

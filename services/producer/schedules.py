@@ -1,11 +1,11 @@
 """The schedules blueprint: create or replace, read, list and remove periodic jobs.
 
-Invariant: a body is validated whole (taskline_producer.schedulespec) before any SQL runs, and
-a change and its audit record commit in one transaction; a creation that would make more than
-TASKLINE_MAX_SCHEDULES schedules rolls back (422; concurrent creations may pass it by at most
-their number). The schedule records the principal that wrote it, whose enqueue quota its
-slots' jobs count against (taskline.schedules.QUOTA_CLIENT); it is never shown. A name outside
-the name rule names no schedule: GET and DELETE answer 404 before any SQL. `next_runs` are
+Invariant: a body is validated whole (taskline_producer.schemas.schedulespec) before any SQL runs,
+and a change and its audit record commit in one transaction; a creation that would make more than
+TASKLINE_MAX_SCHEDULES schedules rolls back (422; concurrent creations may pass it by at most their
+number). The schedule records the principal that wrote it, whose enqueue quota its slots' jobs count
+against (taskline.schedules.QUOTA_CLIENT); it is never shown. A name outside the name rule names no
+schedule: GET and DELETE answer 404 before any SQL. `next_runs` are
 computed from the stored definition in PostgreSQL's clock; a paused schedule has none.
 Removing a schedule leaves its jobs and the record of its fired slots where they are.
 """
@@ -18,14 +18,15 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline.schedules import NO_SLOT, QUOTA_CLIENT, Cron, InvalidSchedule, next_due, valid_name
 from taskline.store.rows import ScheduleRow
-from taskline_producer import audit, paging
+from taskline_producer import audit
 from taskline_producer.backends import backends
-from taskline_producer.body import read_json
 from taskline_producer.declared import Checked
-from taskline_producer.errors import ApiError, NotFound, ValidationFailed
 from taskline_producer.http import auth
-from taskline_producer.schedulespec import ScheduleSpec, parse_schedule
-from taskline_producer.shapes import plain
+from taskline_producer.schemas import paging
+from taskline_producer.schemas.body import read_json
+from taskline_producer.schemas.errors import ApiError, NotFound, ValidationFailed
+from taskline_producer.schemas.schedulespec import ScheduleSpec, parse_schedule
+from taskline_producer.schemas.shapes import plain
 
 bp = Blueprint("schedules", __name__, url_prefix="/api/v1/schedules")
 

@@ -249,7 +249,7 @@ def test_an_unexpected_error_is_a_logged_500_in_the_error_shape(
         raise RuntimeError("a bug")
 
     app.add_url_rule("/api/v1/broken", view_func=broken)
-    with caplog.at_level(logging.ERROR, logger="taskline_producer.errors"):
+    with caplog.at_level(logging.ERROR, logger="taskline_producer.schemas.errors"):
         r = app.test_client().get("/api/v1/broken")
     error = assert_error(r, 500, "internal_error")
     assert "a bug" not in error["message"]

@@ -23,10 +23,12 @@ from taskline.jobspec import (
     request_hash,
 )
 from taskline.settings import Settings
-from taskline_producer import body, paging
 from taskline_producer.app import create_app
 from taskline_producer.enqueuer import due_ms, initial_status, lock_order, needs_transaction
-from taskline_producer.errors import (
+from taskline_producer.http import auth
+from taskline_producer.http.auth import bearer_token, token_matches
+from taskline_producer.schemas import body, paging
+from taskline_producer.schemas.errors import (
     DuplicateKey,
     InvalidJson,
     InvalidParameter,
@@ -34,8 +36,6 @@ from taskline_producer.errors import (
     NestingTooDeep,
     NonFiniteNumber,
 )
-from taskline_producer.http import auth
-from taskline_producer.http.auth import bearer_token, token_matches
 
 SETTINGS = Settings.from_env(env={}, default_max_retries=7, default_timeout_s=12.5)
 

@@ -16,7 +16,7 @@ from taskline.workflows import (
     topological,
     workflow_status,
 )
-from taskline_producer.workflowspec import WorkflowSpec, parse_workflow
+from taskline_producer.schemas.workflowspec import WorkflowSpec, parse_workflow
 
 JOB = StepJob("echo")
 

@@ -22,9 +22,9 @@ from flask import Blueprint, Flask, Response, g, jsonify, request
 
 from taskline.access import SCOPES, StaticToken, parse_tokens
 from taskline.settings import Settings
-from taskline_producer.errors import ApiError, Unauthorized
 from taskline_producer.http import scopes
 from taskline_producer.http.webtokens import InvalidJwt, JwksUnavailable, JwtVerifier
+from taskline_producer.schemas.errors import ApiError, Unauthorized
 
 PROTECTED_PREFIX = "/api/"
 REALM = 'Bearer realm="taskline"'

@@ -7,13 +7,13 @@ Here the event loop reads every connection without blocking (taskline_producer.h
 where a request ends), so a silent or slow connection costs a file descriptor and a buffer,
 never a thread.
 
-Invariant: a thread only ever parses bytes already received, so it never waits on a client to
-send; a connection whose head does not arrive within `http_header_timeout_s`, or whose body
-does not arrive within `http_body_timeout_s` after its head, is answered 408 and closed; a
-request the framing refuses is answered (400, 431, 501) and closed; an answer to a request whose
-body was not read in full says `Connection: close` (taskline_producer.errors.CLOSE_CONNECTION
-lets the application ask for the same); a closing connection is drained on the event loop
-for at most LINGER_S, so the client reads its answer before the close and no thread waits.
+Invariant: a thread only ever parses bytes already received, so it never waits on a client to send;
+a connection whose head does not arrive within `http_header_timeout_s`, or whose body does not
+arrive within `http_body_timeout_s` after its head, is answered 408 and closed; a request the
+framing refuses is answered (400, 431, 501) and closed; an answer to a request whose body was not
+read in full says `Connection: close` (taskline_producer.schemas.errors.CLOSE_CONNECTION lets the
+application ask for the same); a closing connection is drained on the event loop for at most
+LINGER_S, so the client reads its answer before the close and no thread waits.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from gunicorn.http import errors as http_errors
 
 from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED
 from taskline.settings import Settings
-from taskline_producer.errors import CLOSE_CONNECTION, error_bytes
 from taskline_producer.http.balancer import BalancedThreadWorker
 from taskline_producer.http.framing import Framed, Refused, RequestFramer
 from taskline_producer.http.lanes import ListLane, is_list_read
 from taskline_producer.http.waiting import PARKING, WAIT_UNTIL, Parked
+from taskline_producer.schemas.errors import CLOSE_CONNECTION, error_bytes
 
 log = logging.getLogger(__name__)
 

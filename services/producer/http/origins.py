@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from flask import Flask, request
 
 from taskline.settings import Settings
-from taskline_producer.errors import ApiError
+from taskline_producer.schemas.errors import ApiError
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})

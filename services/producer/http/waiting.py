@@ -24,7 +24,7 @@ from flask import Flask, current_app, request
 from taskline.finishing import FinishListener, Watch
 from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED
 from taskline.settings import Settings
-from taskline_producer.errors import InvalidParameter
+from taskline_producer.schemas.errors import InvalidParameter
 
 EXTENSION = "taskline_waits"
 MAX_WAIT_S = 30.0

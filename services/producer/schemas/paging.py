@@ -19,7 +19,7 @@ from werkzeug.datastructures import MultiDict
 
 from taskline.dispatch.keys import valid_queue_name
 from taskline.jobs import Status
-from taskline_producer.errors import InvalidParameter
+from taskline_producer.schemas.errors import InvalidParameter
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500

@@ -18,7 +18,7 @@ from typing import Any
 from flask import Request
 from gunicorn.http.errors import NoMoreData, ParseException
 
-from taskline_producer.errors import (
+from taskline_producer.schemas.errors import (
     ApiError,
     DuplicateKey,
     InvalidFraming,
