@@ -15,24 +15,24 @@ from flask import Flask
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_producer import (
+from taskline_producer.backends import Backends
+from taskline_producer.http import auth, origins, request_metrics, waiting
+from taskline_producer.http.encoder import ResponseEncoder
+from taskline_producer.routes import (
     apidoc,
     audit,
     bulkdlq,
     dashboard,
     events,
     health,
+    inspection,
     jobs,
     jobtypes,
     limits,
-    operations,
     pauses,
     schedules,
     workflows,
 )
-from taskline_producer.backends import Backends
-from taskline_producer.http import auth, origins, request_metrics, waiting
-from taskline_producer.http.encoder import ResponseEncoder
 from taskline_producer.schemas import errors
 
 
@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     errors.init_app(app)
     events.init_app(app)
     waiting.init_app(app, settings)
-    for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
+    for blueprint in (jobs.bp, inspection.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
                       auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp,
                       workflows.bp, jobtypes.bp):
         app.register_blueprint(blueprint)

@@ -1,5 +1,5 @@
 """Declared job types in the API: payloads checked against their type's schemas before a
-job is written (GET /api/v1/types, which lists them, is taskline_producer.jobtypes).
+job is written (GET /api/v1/types, which lists them, is taskline_producer.routes.jobtypes).
 
 Invariant: a job of a type some worker seen within TASKLINE_TYPE_TTL_S declared is accepted
 only when its payload satisfies at least one schema declared for that type (so both shapes

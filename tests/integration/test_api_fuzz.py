@@ -20,7 +20,7 @@ import schemathesis
 from hypothesis import HealthCheck
 from schemathesis.config import SchemathesisConfig
 
-from taskline_producer.apidoc import document
+from taskline_producer.routes.apidoc import document
 from tests.conftest import REDIS_URL
 from tests.integration.gunicorn_api import Api, running_api
 from tests.integration.test_openapi_schemathesis import CHECKS, STREAM

@@ -21,8 +21,8 @@ from flask.testing import FlaskClient
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_producer.apidoc import document
 from taskline_producer.app import close_app, create_app
+from taskline_producer.routes.apidoc import document
 
 TOKENS = ("first-token", "second-token")
 

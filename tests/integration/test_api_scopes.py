@@ -20,9 +20,9 @@ from werkzeug.routing import Rule
 
 from taskline.access import OPERATE, READ, SCOPES, WRITE
 from taskline.settings import Settings
-from taskline_producer.apidoc import document
 from taskline_producer.app import close_app, create_app
 from taskline_producer.http.scopes import ANY_SCOPE, ROUTE_SCOPES
+from taskline_producer.routes.apidoc import document
 
 TOKENS = ("writer:w-secret:jobs:write", "reader:r-secret:jobs:read",
           "operator:o-secret:jobs:operate", "all:a-secret:jobs:write+jobs:read+jobs:operate",

@@ -29,8 +29,8 @@ import taskline
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_producer import events
 from taskline_producer.app import close_app, create_app
+from taskline_producer.routes import events
 from tests.helpers import enqueue, succeed, wait_for
 from tests.integration.events_client import SseClient
 

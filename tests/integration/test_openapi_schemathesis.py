@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
 from taskline.settings import Settings
-from taskline_producer.apidoc import document, with_security
 from taskline_producer.app import close_app, create_app
+from taskline_producer.routes.apidoc import document, with_security
 
 TOKEN = "schemathesis-token"
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",

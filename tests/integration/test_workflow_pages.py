@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from taskline_producer import workflows
+from taskline_producer.routes import workflows
 
 
 def _step(step_id: str, after: list[str] = ()) -> dict:

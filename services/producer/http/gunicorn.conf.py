@@ -58,7 +58,7 @@ def pre_fork(server, worker):
 def post_worker_init(worker):
     # worker.wsgi is this process's Flask app; its signal handlers are installed by now.
     from taskline import heap
-    from taskline_producer.events import adopt_gunicorn_worker
+    from taskline_producer.routes.events import adopt_gunicorn_worker
 
     adopt_gunicorn_worker(worker.wsgi, worker.cfg.threads)
     heap.settle_after_start()

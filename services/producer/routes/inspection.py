@@ -1,6 +1,6 @@
 """The operations blueprint: the dead-letter queue, the worker registry and queue depths.
 
-Invariant: read-only (pausing a queue is taskline_producer.pauses). Counts come from
+Invariant: read-only (pausing a queue is taskline_producer.routes.pauses). Counts come from
 PostgreSQL (the truth); Redis depths are reported beside them for the queues either side knows,
 so an operator sees drift between the two at a glance, and are null (with the dispatch mode
 `postgres`) while Redis is unreachable.
