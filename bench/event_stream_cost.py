@@ -1,8 +1,9 @@
 """What the event stream costs the write path: tailing job_events versus a NOTIFY trigger.
 
-The API streams job events by tailing job_events (services/producer/broadcaster.py): nothing is
-added to any transaction, each API process with an open stream reads the table a few times a
-second. The design that was measured against it, and rejected, is a statement-level trigger on
+The API streams job events by tailing job_events (services/producer/operations/broadcaster.py):
+nothing is added to any transaction, each API process with an open stream reads the table a few
+times a second. The design that was measured against it, and rejected, is a statement-level trigger
+on
 job_events calling pg_notify (NOTIFY_SQL below, created here only), with a LISTEN connection per
 API process. This script times the Store calls producers and workers make under three variants:
 

@@ -15,9 +15,9 @@ from flask import Flask
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_producer.backends import Backends
 from taskline_producer.http import auth, origins, request_metrics, waiting
 from taskline_producer.http.encoder import ResponseEncoder
+from taskline_producer.operations.backends import Backends
 from taskline_producer.routes import (
     apidoc,
     audit,

@@ -44,8 +44,8 @@ NEAR_FULL = 0.8
 TIMEOUT_S = 3
 """Connect and read timeout of each server the doctor asks, seconds."""
 
-# What one process of each kind may hold at once; tests/unit/test_doctor.py keeps these equal
-# to the services' own (taskline_worker.worker, taskline_producer.backends, maintenance main).
+# What one process of each kind may hold at once; tests/unit/test_doctor.py keeps these equal to the
+# services' own (taskline_worker.worker, taskline_producer.operations.backends, maintenance main).
 WORKER_EXTRA_CONNECTIONS = 5
 """Pooled connections of a worker beyond its concurrency (fetch loops, lease keeper,
 recorder, heartbeat); its pool may overflow by its size again."""

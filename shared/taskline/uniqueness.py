@@ -1,7 +1,7 @@
 """Writing jobs with `unique` or `debounce`: one job for many requests, decided under a lock.
 
-Both the API (taskline_producer.enqueuer) and the library (`taskline.enqueue`, `aenqueue`,
-`enqueue_many`) write such jobs with this plan (taskline.store.caller: a generator of
+Both the API (taskline_producer.operations.enqueuer) and the library (`taskline.enqueue`,
+`aenqueue`, `enqueue_many`) write such jobs with this plan (taskline.store.caller: a generator of
 statements, run sync or async), inside one transaction; a schedule whose job is unique fires
 its slots under the same lock (Store.fire_unique_slot):
 
@@ -88,8 +88,8 @@ def keyed(specs: Sequence[JobSpec]) -> bool:
 
 
 def lock_text(spec: JobSpec) -> str | None:
-    """The text whose hash is the lock of the spec's unique key or debounce group. Both keys
-    arrive scoped to their principal already (taskline_producer.replays), as they are stored."""
+    """The text whose hash is the lock of the spec's unique key or debounce group. Both keys arrive
+    scoped to their principal already (taskline_producer.operations.replays), as they are stored."""
     if spec.unique is not None:
         return unique_lock(spec.queue, spec.unique.key)
     if spec.debounce is not None:

@@ -18,7 +18,7 @@ from werkzeug.test import TestResponse
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.settings import Settings
-from taskline_producer.backends import POOL_SIZE
+from taskline_producer.operations.backends import POOL_SIZE
 from tests.helpers import wait_for
 
 BURST = POOL_SIZE + 2  # more requests at once than the pool has connections
@@ -50,7 +50,7 @@ class PoolWatch:
 
 def _enqueue_keyed(app: Flask) -> int:
     """A keyed single enqueue: written alone, on a connection of its own (unkeyed ones that
-    arrive together share one write, taskline_producer.grouping)."""
+    arrive together share one write, taskline_producer.operations.grouping)."""
     response = app.test_client().post("/api/v1/jobs", json={"type": "noop"},
                                       headers={"Idempotency-Key": str(uuid.uuid4())})
     return response.status_code

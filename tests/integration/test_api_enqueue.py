@@ -344,7 +344,7 @@ def test_redis_down_after_commit_still_accepts(settings: Settings, store: Store,
                                                caplog: pytest.LogCaptureFixture) -> None:
     app = create_app(settings.replace(redis_url=f"redis://127.0.0.1:{unused_port}/0"))
     try:
-        with caplog.at_level(logging.WARNING, logger="taskline_producer.enqueuer"):
+        with caplog.at_level(logging.WARNING, logger="taskline_producer.operations.enqueuer"):
             r = app.test_client().post("/api/v1/jobs", json={"type": "echo"})
         assert r.status_code == 201
         assert store.get_job(r.get_json()["id"]).status == "queued"

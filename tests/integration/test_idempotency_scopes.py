@@ -1,4 +1,4 @@
-"""Idempotency keys per principal with authentication on (taskline_producer.replays).
+"""Idempotency keys per principal with authentication on (taskline_producer.operations.replays).
 
 Another principal's same key is another key: it neither replays, nor is refused, nor learns
 the first job's id; a replay shows `result` and `last_error` only to a principal that may

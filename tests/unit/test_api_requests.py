@@ -24,9 +24,14 @@ from taskline.jobspec import (
 )
 from taskline.settings import Settings
 from taskline_producer.app import create_app
-from taskline_producer.enqueuer import due_ms, initial_status, lock_order, needs_transaction
 from taskline_producer.http import auth
 from taskline_producer.http.auth import bearer_token, token_matches
+from taskline_producer.operations.enqueuer import (
+    due_ms,
+    initial_status,
+    lock_order,
+    needs_transaction,
+)
 from taskline_producer.schemas import body, paging
 from taskline_producer.schemas.errors import (
     DuplicateKey,

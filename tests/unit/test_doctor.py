@@ -154,7 +154,7 @@ def test_this_releases_head_is_alembics():
 
 
 def test_the_connection_counts_are_the_services_own():
-    from taskline_producer.backends import POOL_SIZE
+    from taskline_producer.operations.backends import POOL_SIZE
     from taskline_worker.worker import EXTRA_CONNECTIONS
 
     assert doctor.WORKER_EXTRA_CONNECTIONS == EXTRA_CONNECTIONS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from taskline_producer.grouping import GroupWriter
+from taskline_producer.operations.grouping import GroupWriter
 from tests.helpers import wait_for
 
 

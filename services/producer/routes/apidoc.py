@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from taskline_producer.backends import backends
+from taskline_producer.operations.backends import backends
 
 bp = Blueprint("apidoc", __name__, url_prefix="/api/v1")
 

@@ -21,8 +21,8 @@ from flask import Blueprint, Response, jsonify, request
 from sqlalchemy import Connection
 from werkzeug.datastructures import MultiDict
 
-from taskline_producer.backends import backends
 from taskline_producer.http.auth import principal
+from taskline_producer.operations.backends import backends
 from taskline_producer.schemas import paging
 from taskline_producer.schemas.errors import InvalidParameter
 from taskline_producer.schemas.shapes import plain

@@ -23,8 +23,8 @@ from sqlalchemy import Connection
 from taskline.metrics import DLQ_BULK
 from taskline.store.rows import DeadChanged
 from taskline.store.store import DeadFilter, Store
-from taskline_producer.backends import backends
 from taskline_producer.http import auth
+from taskline_producer.operations.backends import backends
 from taskline_producer.routes import audit
 from taskline_producer.schemas.body import read_json
 from taskline_producer.schemas.bulkspec import BulkRequest, parse_bulk

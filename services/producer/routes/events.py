@@ -27,8 +27,13 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, request
 
 from taskline.store.store import Store
-from taskline_producer.backends import backends
-from taskline_producer.broadcaster import Broadcaster, Frame, Subscription, TooManyStreams
+from taskline_producer.operations.backends import backends
+from taskline_producer.operations.broadcaster import (
+    Broadcaster,
+    Frame,
+    Subscription,
+    TooManyStreams,
+)
 from taskline_producer.schemas.errors import ApiError, InvalidParameter
 
 bp = Blueprint("events", __name__, url_prefix="/api/v1")

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from flask import Blueprint, Response, jsonify
 
 from taskline.errors import TasklineError
-from taskline_producer.backends import backends
 from taskline_producer.http import exposition
+from taskline_producer.operations.backends import backends
 
 log = logging.getLogger(__name__)
 

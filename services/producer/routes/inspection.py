@@ -14,8 +14,8 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import DispatchUnavailable
-from taskline_producer.backends import backends
-from taskline_producer.dispatch_state import dispatch_state, unreachable
+from taskline_producer.operations.backends import backends
+from taskline_producer.operations.dispatch_state import dispatch_state, unreachable
 from taskline_producer.schemas import paging, shapes
 
 bp = Blueprint("operations", __name__, url_prefix="/api/v1")

@@ -18,9 +18,9 @@ from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline.log import job_fields as job_log_extra
 from taskline.transitions import Committed, Move
-from taskline_producer import quotas, replays
-from taskline_producer.backends import backends
 from taskline_producer.http import auth, waiting
+from taskline_producer.operations import quotas, replays
+from taskline_producer.operations.backends import backends
 from taskline_producer.routes import audit, workflows
 from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json

@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from taskline_producer.backends import backends
+from taskline_producer.operations.backends import backends
 from taskline_producer.schemas.shapes import plain
 
 bp = Blueprint("jobtypes", __name__, url_prefix="/api/v1")

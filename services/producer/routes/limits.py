@@ -17,7 +17,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline import flow
 from taskline.errors import DispatchUnavailable
-from taskline_producer.backends import backends
+from taskline_producer.operations.backends import backends
 from taskline_producer.routes import audit
 from taskline_producer.schemas.body import read_json
 from taskline_producer.schemas.errors import InvalidParameter, NotFound, ValidationFailed

@@ -17,8 +17,8 @@ from flask import Blueprint, Response, jsonify
 
 from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import DispatchUnavailable
-from taskline_producer.backends import backends
 from taskline_producer.http.auth import principal
+from taskline_producer.operations.backends import backends
 from taskline_producer.routes import audit
 from taskline_producer.schemas.errors import InvalidParameter
 from taskline_producer.schemas.shapes import pause_state

@@ -18,9 +18,9 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline.schedules import NO_SLOT, QUOTA_CLIENT, Cron, InvalidSchedule, next_due, valid_name
 from taskline.store.rows import ScheduleRow
-from taskline_producer.backends import backends
-from taskline_producer.declared import Checked
 from taskline_producer.http import auth
+from taskline_producer.operations.backends import backends
+from taskline_producer.operations.declared import Checked
 from taskline_producer.routes import audit
 from taskline_producer.schemas import paging
 from taskline_producer.schemas.body import read_json

@@ -26,10 +26,10 @@ from taskline.metrics import WORKFLOWS_SUBMITTED
 from taskline.store.rows import StepCounts
 from taskline.transitions import CREATED, Committed
 from taskline.workflows import Submitted, WorkflowStatus, insert_workflow, workflow_status
-from taskline_producer import quotas, replays
-from taskline_producer.backends import backends
-from taskline_producer.enqueuer import due_ms
 from taskline_producer.http import auth, waiting
+from taskline_producer.operations import quotas, replays
+from taskline_producer.operations.backends import backends
+from taskline_producer.operations.enqueuer import due_ms
 from taskline_producer.routes import audit
 from taskline_producer.schemas import paging
 from taskline_producer.schemas.body import read_json

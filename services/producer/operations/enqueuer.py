@@ -2,9 +2,9 @@
 
 Invariant: a job and its first event are written by one INSERT statement (a batch's jobs by one
 statement for all of them; single enqueues without keys that wait at the same moment, by one
-statement for all of them, taskline_producer.grouping), atomic by itself, and no request is
-answered before the statement holding its job committed. It commits alone (autocommit, one
-round trip) unless it is a batch with idempotency keys, whose replay check may refuse the batch
+statement for all of them, taskline_producer.operations.grouping), atomic by itself, and no request
+is answered before the statement holding its job committed. It commits alone (autocommit, one round
+trip) unless it is a batch with idempotency keys, whose replay check may refuse the batch
 after part of it was inserted: that runs in one transaction, rolled back whole. (The store
 writes a large batch without keys by COPY instead, also in one transaction:
 taskline.store.bulk.) Redis hears of a job only after the commit, so Redis never holds an id
@@ -36,8 +36,8 @@ from taskline.mirror import Mirror
 from taskline.store import caller
 from taskline.store.store import STATEMENT_ERRORS, Store
 from taskline.transitions import CREATED, Committed
-from taskline_producer.grouping import GroupWriter
-from taskline_producer.job_metrics import JobMetrics
+from taskline_producer.operations.grouping import GroupWriter
+from taskline_producer.operations.job_metrics import JobMetrics
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +146,9 @@ class Enqueuer:
 
     def enqueue(self, spec: JobSpec, trace_context: str | None = None,
                 actor: str | None = None) -> Accepted:
-        """One job. Without an idempotency key it is written together with the single
-        enqueues of other requests waiting at the same moment (taskline_producer.grouping);
-        a keyed one alone, as a batch of one, so no two writes ever contend for a key."""
+        """One job. Without an idempotency key it is written together with the single enqueues of
+        other requests waiting at the same moment (taskline_producer.operations.grouping); a keyed
+        one alone, as a batch of one, so no two writes ever contend for a key."""
         if spec.idempotency_key is not None or spec.keyed:
             return self.enqueue_many([spec], trace_context, actor)[0]
         db_now = self._store.now() if spec.run_at is not None else None

@@ -9,8 +9,8 @@ Idempotent replays count too: whether a job is new is known only after it is wri
 from __future__ import annotations
 
 from taskline.quota import Decision
-from taskline_producer.backends import backends
 from taskline_producer.http.auth import principal
+from taskline_producer.operations.backends import backends
 from taskline_producer.schemas.errors import ApiError
 
 

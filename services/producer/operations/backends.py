@@ -20,9 +20,9 @@ from taskline.mirror import Mirror
 from taskline.quota import EnqueueQuotas
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_producer.declared import DeclaredTypes
-from taskline_producer.enqueuer import Enqueuer
-from taskline_producer.job_metrics import JobMetrics, type_labels
+from taskline_producer.operations.declared import DeclaredTypes
+from taskline_producer.operations.enqueuer import Enqueuer
+from taskline_producer.operations.job_metrics import JobMetrics, type_labels
 
 # gthread runs 16 threads per process, at most 8 of them in event streams (which use the pool
 # only to replay). The pool has no overflow: an overflow connection is closed when it is

@@ -23,8 +23,8 @@ from taskline.metrics import (
 
 log = logging.getLogger(__name__)
 
-# Only the API writes single enqueues in groups (taskline_producer.grouping), so only the API
-# creates this series.
+# Only the API writes single enqueues in groups (taskline_producer.operations.grouping), so only the
+# API creates this series.
 ENQUEUE_GROUP_SIZE = Histogram(
     "taskline_enqueue_group_size", "Single enqueues written by one statement (group commit)",
     buckets=(1, 2, 3, 4, 6, 8, 12, 16))
