@@ -16,7 +16,7 @@ from sqlalchemy import text
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.store.store import Store
-from taskline_producer.routes import bulkdlq
+from taskline_producer.operations import bulkdlq
 
 
 def make_dead(store: Store, dispatcher: Dispatcher, n: int, *, queue: str = "q1",

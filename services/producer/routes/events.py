@@ -26,7 +26,6 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, request
 
-from taskline.store.store import Store
 from taskline_producer.operations.backends import backends
 from taskline_producer.operations.broadcaster import (
     Broadcaster,
@@ -90,13 +89,14 @@ class _Streams:
         self._broadcaster: Broadcaster | None = None
         self._pid = 0
 
-    def broadcaster(self, store: Store) -> Broadcaster:
+    def broadcaster(self) -> Broadcaster:
         with self._lock:
             if self._broadcaster is None or self._pid != os.getpid():
                 limits = self.limits
                 self._broadcaster = Broadcaster(
-                    store, queue_limit=limits.queue_limit, max_streams=limits.max_streams,
-                    poll_s=limits.poll_s, gap_wait_s=limits.gap_wait_s)
+                    backends().store, queue_limit=limits.queue_limit,
+                    max_streams=limits.max_streams, poll_s=limits.poll_s,
+                    gap_wait_s=limits.gap_wait_s)
                 self._pid = os.getpid()
             return self._broadcaster
 
@@ -164,7 +164,7 @@ def stream() -> Response:
     streams: _Streams = current_app.extensions[EXTENSION]
     limits = streams.limits
     after = last_event_id()
-    broadcaster = streams.broadcaster(backends().store)
+    broadcaster = streams.broadcaster()
     try:
         sub = broadcaster.subscribe()
     except TooManyStreams:

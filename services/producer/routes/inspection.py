@@ -12,7 +12,6 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import DispatchUnavailable
 from taskline_producer.operations.backends import backends
 from taskline_producer.operations.dispatch_state import dispatch_state, unreachable
@@ -66,7 +65,7 @@ def list_queues() -> Response:
     fail while Redis is unreachable."""
     b = backends()
     size = paging.limit(request.args, QUEUE_PAGE)
-    after = paging.decode_name_cursor(request.args.get("cursor"), valid_queue_name)
+    after = paging.decode_name_cursor(request.args.get("cursor"), paging.valid_queue_name)
     counts = list(b.store.queue_counts())
     paused = b.store.paused_queues()
     dispatch = dispatch_state(b.store, b.dispatcher)
@@ -77,7 +76,7 @@ def list_queues() -> Response:
         except DispatchUnavailable:
             dispatch = unreachable()
     names = sorted(n for n in known | {row.queue for row in counts} | set(paused)
-                   if valid_queue_name(n) and (after is None or n > after))
+                   if paging.valid_queue_name(n) and (after is None or n > after))
     page = names[:size]
     depths = _depths(b.dispatcher, page) if dispatch["redis"] == "ok" else None
     if depths is None and dispatch["redis"] == "ok":

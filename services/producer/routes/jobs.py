@@ -13,15 +13,12 @@ import uuid
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline import tracing, transitions
+from taskline import tracing
 from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
-from taskline.log import job_fields as job_log_extra
-from taskline.transitions import Committed, Move
 from taskline_producer.http import auth, waiting
-from taskline_producer.operations import quotas, replays
+from taskline_producer.operations import jobmoves, quotas, replays
 from taskline_producer.operations.backends import backends
-from taskline_producer.routes import audit, workflows
 from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json
 from taskline_producer.schemas.errors import (
@@ -135,40 +132,22 @@ def list_jobs() -> Response:
 @bp.delete("/<uuid:job_id>")
 def cancel_job(job_id: uuid.UUID) -> Response:
     """Pending: cancelled now (200). Running: asked to stop at its next renewal (202)."""
-    b = backends()
-    actor = auth.principal().name
-    job, dependents = b.store.cancel_step(job_id, actor)
-    if job is not None:
-        b.metrics.cancelled(job.queue)
-        log.info("job cancelled", extra=job_log_extra("cancelled", job))
-        audit.record_after("job.cancel", str(job.id), {"queue": job.queue, "type": job.type})
-        _follow_in_redis(transitions.CANCEL, job)
-        workflows.follow_cancelled(dependents)
-        return jsonify(shapes.job(job))
-    job, dependents = b.store.request_cancel_step(job_id, actor)
-    if job is not None:
-        workflows.follow_cancelled(dependents)
-        log.info("cancel requested: the worker stops the job at its next lease renewal",
-                 extra=job_log_extra("cancel_requested", job))
-        audit.record_after("job.cancel_requested", str(job.id),
-                           {"queue": job.queue, "type": job.type})
-        response = jsonify(shapes.job(job))
+    result = jobmoves.cancel(job_id)
+    if not (result.moved or result.stopping):
+        raise _not_in_state(result.job, job_id, "cancelled")
+    response = jsonify(shapes.job(result.job))
+    if result.stopping:
         response.status_code = 202
-        return response
-    raise _not_in_state(b.store.get_job(job_id), job_id, "cancelled")
+    return response
 
 
 @bp.post("/<uuid:job_id>/retry")
 def retry_job(job_id: uuid.UUID) -> Response:
     """Requeue a dead job with a fresh retry budget; anything else is a 409."""
-    b = backends()
-    job = b.store.requeue_dead_job(job_id, auth.principal().name)
-    if job is None:
-        raise _not_in_state(b.store.get_job(job_id), job_id, "retried (only dead jobs can)")
-    log.info("dead job requeued", extra=job_log_extra("requeued", job))
-    audit.record_after("job.retry", str(job.id), {"queue": job.queue, "type": job.type})
-    _follow_in_redis(transitions.REQUEUE, job)
-    return jsonify(shapes.job(job))
+    result = jobmoves.requeue_dead(job_id)
+    if not result.moved:
+        raise _not_in_state(result.job, job_id, "retried (only dead jobs can)")
+    return jsonify(shapes.job(result.job))
 
 
 def _not_in_state(job: Job | None, job_id: uuid.UUID, action: str) -> Exception:
@@ -176,9 +155,3 @@ def _not_in_state(job: Job | None, job_id: uuid.UUID, action: str) -> Exception:
         return NotFound(details={"id": str(job_id)})
     return InvalidState(f"a {job.status} job cannot be {action}",
                         {"id": str(job_id), "status": job.status.value})
-
-
-def _follow_in_redis(move: Move, job: Job) -> None:
-    """Mirror a committed move in Redis; on failure, reconciliation repairs Redis later."""
-    backends().mirror.follow([Committed(move, str(job.id), job.queue, job.priority)],
-                             action=move.name)

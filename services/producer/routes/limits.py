@@ -17,8 +17,8 @@ from flask import Blueprint, Response, jsonify, request
 
 from taskline import flow
 from taskline.errors import DispatchUnavailable
+from taskline_producer.operations import auditing
 from taskline_producer.operations.backends import backends
-from taskline_producer.routes import audit
 from taskline_producer.schemas.body import read_json
 from taskline_producer.schemas.errors import InvalidParameter, NotFound, ValidationFailed
 from taskline_producer.schemas.shapes import plain
@@ -38,7 +38,7 @@ def put_limit(scope: str) -> Response:
     b = backends()
     with b.store.transaction() as conn:
         row = b.store.put_flow_limit(limit, conn)
-        audit.record_in(conn, "limit.set", scope, shape(row))
+        auditing.record_in(conn, "limit.set", scope, shape(row))
     log.info("flow limit set", extra={"action": "limit_set", "scope": scope})
     response = jsonify(shape(row))
     response.status_code = 201 if row["created"] else 200
@@ -59,7 +59,7 @@ def delete_limit(scope: str) -> Response:
     with b.store.transaction() as conn:
         row = b.store.delete_flow_limit(scope, conn)
         if row is not None:
-            audit.record_in(conn, "limit.delete", scope, shape(row))
+            auditing.record_in(conn, "limit.delete", scope, shape(row))
     if row is None:
         raise NotFound("no limit has this scope", {"scope": scope})
     released = _release(scope)

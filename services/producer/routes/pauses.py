@@ -15,11 +15,11 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from taskline.dispatch.keys import valid_queue_name
 from taskline.errors import DispatchUnavailable
 from taskline_producer.http.auth import principal
+from taskline_producer.operations import auditing
 from taskline_producer.operations.backends import backends
-from taskline_producer.routes import audit
+from taskline_producer.schemas import paging
 from taskline_producer.schemas.errors import InvalidParameter
 from taskline_producer.schemas.shapes import pause_state
 
@@ -35,7 +35,7 @@ def pause_queue(name: str) -> Response:
     with b.store.transaction() as conn:
         row = b.store.pause_queue(name, principal().name, conn)
         if row is not None:
-            audit.record_in(conn, "queue.pause", name)
+            auditing.record_in(conn, "queue.pause", name)
     if row is not None:
         log.info("queue paused", extra={"action": "queue_paused", "queue": name})
     _mark(name, paused=True)
@@ -50,7 +50,7 @@ def resume_queue(name: str) -> Response:
     with b.store.transaction() as conn:
         row = b.store.resume_queue(name, conn)
         if row is not None:
-            audit.record_in(conn, "queue.resume", name)
+            auditing.record_in(conn, "queue.resume", name)
     if row is not None:
         log.info("queue resumed", extra={"action": "queue_resumed", "queue": name})
     _mark(name, paused=False)
@@ -58,7 +58,7 @@ def resume_queue(name: str) -> Response:
 
 
 def _check(name: str) -> None:
-    if not valid_queue_name(name):
+    if not paging.valid_queue_name(name):
         raise InvalidParameter("queue must be 1..64 characters of A-Z a-z 0-9 _ . : -",
                                {"parameter": "name"})
 

@@ -16,42 +16,17 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline.schedules import NO_SLOT, QUOTA_CLIENT, Cron, InvalidSchedule, next_due, valid_name
-from taskline.store.rows import ScheduleRow
+from taskline.schedules import QUOTA_CLIENT, valid_name
 from taskline_producer.http import auth
+from taskline_producer.operations import auditing
 from taskline_producer.operations.backends import backends
 from taskline_producer.operations.declared import Checked
-from taskline_producer.routes import audit
-from taskline_producer.schemas import paging
+from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json
 from taskline_producer.schemas.errors import ApiError, NotFound, ValidationFailed
 from taskline_producer.schemas.schedulespec import ScheduleSpec, parse_schedule
-from taskline_producer.schemas.shapes import plain
 
 bp = Blueprint("schedules", __name__, url_prefix="/api/v1/schedules")
-
-
-def view(row: ScheduleRow) -> dict[str, Any]:
-    """A schedule as the API shows it, with its next five slots."""
-    job = {k: v for k, v in row.job.items() if k != QUOTA_CLIENT}
-    return {"name": row.name, "cron": row.cron, "timezone": row.timezone, "job": job,
-            "paused": row.paused, "catch_up": row.catch_up, "next_runs": _next_runs(row),
-            "last_slot": plain(row.last_slot), "last_job_id": plain(row.last_job_id),
-            "created_at": plain(row.created_at), "updated_at": plain(row.updated_at),
-            "declared_in_code": row.declared_in_code}
-
-
-def _next_runs(row: ScheduleRow) -> list[str]:
-    if row.paused:
-        return []
-    try:
-        cron = Cron.parse(row.cron, row.timezone)
-        since = max(row.since, row.last_slot or row.since)
-        first = next_due(cron, since, row.db_now)
-        rest = cron.next_runs(first, 4)
-    except (InvalidSchedule, *NO_SLOT):  # no slot for years to come
-        return []
-    return [plain(slot) for slot in (first, *rest)]
 
 
 @bp.put("/<name>")
@@ -74,11 +49,11 @@ def put_schedule(name: str) -> Response:
             raise ScheduleLimit(f"there are {b.settings.max_schedules} schedules already "
                                 "(TASKLINE_MAX_SCHEDULES); remove one first",
                                 {"limit": b.settings.max_schedules})
-        audit.record_in(conn, "schedule.create" if created else "schedule.replace", spec.name,
+        auditing.record_in(conn, "schedule.create" if created else "schedule.replace", spec.name,
                         {"cron": spec.cron, "timezone": spec.timezone,
                          "paused": spec.paused, "catch_up": spec.catch_up,
                          "queue": spec.job["queue"], "type": spec.job["type"]})
-    response = jsonify(view(row))
+    response = jsonify(shapes.schedule(row))
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/api/v1/schedules/{spec.name}"
     return response
@@ -103,7 +78,7 @@ def get_schedule(name: str) -> Response:
     row = backends().store.get_schedule(name) if valid_name(name) else None
     if row is None:
         raise NotFound("no schedule has this name", {"name": name})
-    return jsonify(view(row))
+    return jsonify(shapes.schedule(row))
 
 
 @bp.get("")
@@ -116,7 +91,7 @@ def list_schedules() -> Response:
     rows = backends().store.list_schedules(after, size + 1)
     page = rows[:size]
     cursor = paging.encode_name_cursor(page[-1].name) if len(rows) > size else None
-    return jsonify({"schedules": [view(r) for r in page], "next_cursor": cursor})
+    return jsonify({"schedules": [shapes.schedule(r) for r in page], "next_cursor": cursor})
 
 
 @bp.delete("/<name>")
@@ -127,5 +102,5 @@ def delete_schedule(name: str) -> Response:
     with b.store.transaction() as conn:
         if not b.store.delete_schedule(name, conn):
             raise NotFound("no schedule has this name", {"name": name})
-        audit.record_in(conn, "schedule.delete", name)
+        auditing.record_in(conn, "schedule.delete", name)
     return jsonify({"name": name, "deleted": True})

@@ -13,25 +13,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from taskline import tracing, transitions
-from taskline.errors import IdempotencyConflict
-from taskline.jobs import Job, Status, visible_key
+from taskline import tracing
 from taskline.jobspec import KEY_CODE, FieldError
-from taskline.metrics import WORKFLOWS_SUBMITTED
-from taskline.store.rows import StepCounts
-from taskline.transitions import CREATED, Committed
-from taskline.workflows import Submitted, WorkflowStatus, insert_workflow, workflow_status
-from taskline_producer.http import auth, waiting
-from taskline_producer.operations import quotas, replays
+from taskline.workflows import WorkflowStatus
+from taskline_producer.http import waiting
+from taskline_producer.operations import jobmoves, quotas, replays, submission
 from taskline_producer.operations.backends import backends
-from taskline_producer.operations.enqueuer import due_ms
-from taskline_producer.routes import audit
-from taskline_producer.schemas import paging
+from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json
 from taskline_producer.schemas.errors import (
     InvalidIdempotencyKey,
@@ -39,13 +31,11 @@ from taskline_producer.schemas.errors import (
     NotFound,
     ValidationFailed,
 )
-from taskline_producer.schemas.shapes import plain
 from taskline_producer.schemas.workflowspec import WorkflowSpec, parse_workflow
 
 log = logging.getLogger(__name__)
 
 bp = Blueprint("workflows", __name__, url_prefix="/api/v1/workflows")
-NO_STEPS = StepCounts({}, 0)
 
 STEP_PAGE = 200
 """Steps in one answer of GET /api/v1/workflows/{id} (and of a submit or a cancel) unless
@@ -69,20 +59,8 @@ def create_workflow() -> Response:
         raise ValidationFailed(details=[e.to_dict() for e in declared])
     spec = replays.scoped(spec)
     quotas.take(len(spec.steps))
-    with tracing.enqueue(request.headers) as trace_context, b.store.transaction() as conn:
-        submitted = insert_workflow(conn, spec.name, spec.steps,
-                                    idempotency_key=spec.idempotency_key,
-                                    request_hash=spec.request_hash, trace_context=trace_context,
-                                    actor=auth.principal().name, schema=b.store.schema,
-                                    max_queues=b.settings.max_queues)
-        if not submitted.created:
-            _check_replay(conn, spec, submitted)
-    if submitted.created:
-        WORKFLOWS_SUBMITTED.inc()
-        _dispatch(list(submitted.jobs.values()))
-        log.info("workflow accepted", extra={"action": "workflow_submitted",
-                                             "workflow_id": str(submitted.id),
-                                             "steps": len(spec.steps)})
+    with tracing.enqueue(request.headers) as trace_context:
+        submitted = submission.submit_workflow(spec, trace_context)
     view = _view(b.store.get_workflow(submitted.id) or {}, submitted.id)
     response = jsonify(replays.workflow_answer(view, submitted.created))
     response.status_code = 201 if submitted.created else 200
@@ -90,28 +68,11 @@ def create_workflow() -> Response:
     return response
 
 
-def _check_replay(conn: Any, spec: WorkflowSpec, submitted: Submitted) -> None:
-    """The key names a workflow already: the same body gets it, another body is a 422."""
-    found = backends().store.get_workflow_by_key(spec.idempotency_key or "", conn)
-    if found is None or found["request_hash"] != spec.request_hash:
-        key = visible_key(spec.idempotency_key)
-        raise IdempotencyConflict(f"idempotency key {key!r} was used for workflow "
-                                  f"{submitted.id} with a different body")
-
-
 def _invalid(errors: list[FieldError]) -> Exception:
     keys = [e.to_dict() for e in errors if e.code == KEY_CODE]
     if keys:
         return InvalidIdempotencyKey(details=keys)
     return ValidationFailed(details=[e.to_dict() for e in errors])
-
-
-def _dispatch(jobs: Sequence[Job]) -> None:
-    """Push the steps that start now (waiting ones wait in PostgreSQL only)."""
-    committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
-                           due_ms=None if j.next_run_at is None else due_ms(j.next_run_at))
-                 for j in jobs]
-    backends().mirror.follow(committed, action="workflow_submitted")
 
 
 @bp.get("/<uuid:workflow_id>")
@@ -144,8 +105,8 @@ def list_workflows() -> Response:
     counts = store.workflow_step_counts([r["id"] for r in page])
     cursor = (paging.encode_cursor(page[-1]["created_at"], page[-1]["id"])
               if len(rows) > size else None)
-    return jsonify({"workflows": [_summary(r, counts.get(r["id"], NO_STEPS)) for r in page],
-                    "next_cursor": cursor})
+    summaries = [shapes.workflow_summary(r, counts.get(r["id"], shapes.NO_STEPS)) for r in page]
+    return jsonify({"workflows": summaries, "next_cursor": cursor})
 
 
 @bp.delete("/<uuid:workflow_id>")
@@ -156,30 +117,13 @@ def cancel_workflow(workflow_id: uuid.UUID) -> Response:
     row = b.store.get_workflow(workflow_id)
     if row is None:
         raise NotFound("no workflow has this id", {"id": str(workflow_id)})
-    cancelled, asked = b.store.cancel_workflow(workflow_id, auth.principal().name)
+    moves = jobmoves.cancel_workflow(workflow_id)
     view = _view(row, workflow_id)
-    if not cancelled and not asked and view["status"] != "running":
+    if not moves.cancelled and not moves.asked and view["status"] != "running":
         raise InvalidState(f"a {view['status']} workflow cannot be cancelled",
                            {"id": str(workflow_id), "status": view["status"]})
-    audit.record_after("workflow.cancel", str(workflow_id),
-                       {"cancelled": len(cancelled), "stop_requested": len(asked)})
-    for job in cancelled:
-        b.metrics.cancelled(job.queue)
-    follow_cancelled(cancelled)
+    moves.announce()
     return jsonify(view)
-
-
-def follow_cancelled(jobs: Sequence[Job]) -> None:
-    """Redis after PostgreSQL: cancelled steps leave the retry and scheduled sets; `when`
-    steps the cancellations queued (status queued) are pushed."""
-    if not jobs:
-        return
-    backends().mirror.follow([Committed(_cascade_move(j), str(j.id), j.queue, j.priority)
-                              for j in jobs], action="cancel")
-
-
-def _cascade_move(job: Job) -> transitions.Move:
-    return transitions.UNBLOCK if job.status is Status.QUEUED else transitions.CANCEL
 
 
 def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None = None,
@@ -187,7 +131,7 @@ def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None =
     """The workflow's summary with one page of its steps: at most `size` steps, fewer when
     their `after` lists would pass MAX_PAGE_EDGES (at least one step a page)."""
     store = backends().store
-    counts = store.workflow_step_counts([workflow_id]).get(workflow_id, NO_STEPS)
+    counts = store.workflow_step_counts([workflow_id]).get(workflow_id, shapes.NO_STEPS)
     steps = store.workflow_steps_page(workflow_id, after, size + 1)
     page, edges = [], 0
     for step in steps[:size]:
@@ -196,21 +140,6 @@ def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None =
             break
         page.append(step)
     more = len(page) < len(steps)
-    return {**_summary(row, counts), "steps": [_step(s) for s in page],
+    return {**shapes.workflow_summary(row, counts),
+            "steps": [shapes.workflow_step(s) for s in page],
             "next_cursor": paging.encode_id_cursor(page[-1]["id"]) if more else None}
-
-
-def _summary(row: dict[str, Any], counts: StepCounts) -> dict[str, Any]:
-    by_status = counts.by_status
-    return {"id": str(row["id"]), "name": row["name"],
-            "status": workflow_status(by_status, counts.unmet),
-            "created_at": plain(row["created_at"]), "steps_total": sum(by_status.values()),
-            "step_counts": by_status, "condition_unmet": counts.unmet}
-
-
-def _step(s: dict[str, Any]) -> dict[str, Any]:
-    return {"id": s["step"], "job_id": str(s["id"]), "type": s["type"], "queue": s["queue"],
-            "status": s["status"], "after": list(s["after"]), "when": s["run_when"],
-            "attempts": s["attempts"], "pending_parents": s["pending_parents"],
-            "last_error": s["last_error"], "cancel_cause": s["cancel_cause"],
-            "updated_at": plain(s["updated_at"])}

@@ -17,7 +17,8 @@ from datetime import datetime
 
 from werkzeug.datastructures import MultiDict
 
-from taskline.dispatch.keys import valid_queue_name
+# The queue name rule, handed on to the routes, which import no taskline.dispatch module.
+from taskline.dispatch.keys import valid_queue_name as valid_queue_name
 from taskline.jobs import Status
 from taskline_producer.schemas.errors import InvalidParameter
 

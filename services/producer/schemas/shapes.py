@@ -13,6 +13,9 @@ from decimal import Decimal
 from typing import Any
 
 from taskline.jobs import Job
+from taskline.schedules import NO_SLOT, QUOTA_CLIENT, Cron, InvalidSchedule, next_due
+from taskline.store.rows import ScheduleRow, StepCounts
+from taskline.workflows import workflow_status
 
 STATUSES = ("scheduled", "queued", "retrying", "running", "dead", "waiting")
 
@@ -117,3 +120,46 @@ def _redis_depths(depth: Mapping[str, Any] | None) -> dict[str, Any]:
     ready = {str(p): n for p, n in sorted(depth["ready"].items())}
     return {"ready": ready, "ready_total": sum(ready.values()),
             **{k: depth[k] for k in ("processing", "retry", "scheduled", "dlq")}}
+
+
+def schedule(row: ScheduleRow) -> dict[str, Any]:
+    """A schedule as the API shows it, with its next five slots."""
+    job = {k: v for k, v in row.job.items() if k != QUOTA_CLIENT}
+    return {"name": row.name, "cron": row.cron, "timezone": row.timezone, "job": job,
+            "paused": row.paused, "catch_up": row.catch_up, "next_runs": _next_runs(row),
+            "last_slot": plain(row.last_slot), "last_job_id": plain(row.last_job_id),
+            "created_at": plain(row.created_at), "updated_at": plain(row.updated_at),
+            "declared_in_code": row.declared_in_code}
+
+
+def _next_runs(row: ScheduleRow) -> list[str]:
+    if row.paused:
+        return []
+    try:
+        cron = Cron.parse(row.cron, row.timezone)
+        since = max(row.since, row.last_slot or row.since)
+        first = next_due(cron, since, row.db_now)
+        rest = cron.next_runs(first, 4)
+    except (InvalidSchedule, *NO_SLOT):  # no slot for years to come
+        return []
+    return [plain(slot) for slot in (first, *rest)]
+
+
+NO_STEPS = StepCounts({}, 0)
+"""The counts of a workflow none of whose steps were found."""
+
+
+def workflow_summary(row: dict[str, Any], counts: StepCounts) -> dict[str, Any]:
+    by_status = counts.by_status
+    return {"id": str(row["id"]), "name": row["name"],
+            "status": workflow_status(by_status, counts.unmet),
+            "created_at": plain(row["created_at"]), "steps_total": sum(by_status.values()),
+            "step_counts": by_status, "condition_unmet": counts.unmet}
+
+
+def workflow_step(s: dict[str, Any]) -> dict[str, Any]:
+    return {"id": s["step"], "job_id": str(s["id"]), "type": s["type"], "queue": s["queue"],
+            "status": s["status"], "after": list(s["after"]), "when": s["run_when"],
+            "attempts": s["attempts"], "pending_parents": s["pending_parents"],
+            "last_error": s["last_error"], "cancel_cause": s["cancel_cause"],
+            "updated_at": plain(s["updated_at"])}
