@@ -25,7 +25,8 @@ DEBOUNCE_SPAN = 10
 """A debounced job runs at most this many times its delay_s after its first arrival."""
 MAX_COALESCED = 1000
 """Payloads one debounced job holds at most; the next arrival begins a new job."""
-UNFINISHED = ("scheduled", "queued", "running", "retrying", "waiting")
+UNFINISHED = tuple(s.value for s in Status if not s.terminal)
+"""A unique key's default `states`: every unfinished state, in Status order."""
 ON_CONFLICT = ("return", "replace")
 _UNIQUE_FIELDS = frozenset({"key", "period_s", "states", "on_conflict"})
 _DEBOUNCE_FIELDS = frozenset({"key", "delay_s"})

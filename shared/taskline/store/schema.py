@@ -26,6 +26,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
+from taskline.jobs import Status
+
 metadata = MetaData()
 
 NOW = text("now()")
@@ -33,6 +35,9 @@ NOW = text("now()")
 # matches predicates by text, so the order is kept); its states are jobs.PENDING (a unit test).
 PENDING_SQL = "status IN ('queued', 'scheduled', 'retrying')"
 TERMINAL_SQL = "('succeeded', 'dead', 'cancelled')"
+# Every state, in the words of the CHECK constraint migration 0007 wrote
+# (tests/unit/test_state_places.py holds it and the migrations to Status).
+STATES_SQL = "(" + ",".join(f"'{s.value}'" for s in Status) + ")"
 
 jobs = Table(
     "jobs",
@@ -90,11 +95,7 @@ jobs = Table(
     Column("unique_key", Text, nullable=True),
     Column("debounce_key", Text, nullable=True),
     Column("coalesced", JSONB, nullable=True),
-    CheckConstraint(
-        "status IN ('scheduled','queued','running','retrying','succeeded','dead','cancelled',"
-        "'waiting')",
-        name="jobs_status_allowed",
-    ),
+    CheckConstraint(f"status IN {STATES_SQL}", name="jobs_status_allowed"),
     CheckConstraint("priority BETWEEN 0 AND 9", name="jobs_priority_range"),
     CheckConstraint("attempts >= 0", name="jobs_attempts_nonnegative"),
 )
