@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable
@@ -86,6 +86,18 @@ class Mirror:
                           "repair it", extra={"action": action, "jobs": len(changes)})
             if strict:
                 raise
+            return False
+        self._recovered(action)
+        return True
+
+    def write(self, redis_write: Callable[[], object], *, action: str, jobs: int) -> bool:
+        """A Redis write that follows a commit but moves no job (a stale id acked away): True
+        when Redis took it. Redis unreachable counts toward the same outage as `follow`, logged
+        once; nothing needs announcing, as no job was made queued."""
+        try:
+            redis_write()
+        except DispatchUnavailable as err:
+            self._outage(action, jobs, err)
             return False
         self._recovered(action)
         return True

@@ -24,7 +24,7 @@ import tenacity
 
 from taskline import tracing, transitions
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.errors import DispatchUnavailable, NonRetryableError, Snooze, StoreUnavailable
+from taskline.errors import NonRetryableError, Snooze, StoreUnavailable
 from taskline.execution.attempts import Attempt, Attempts
 from taskline.execution.eventloop import on_event_loop
 from taskline.execution.runner import BadResult, NoHandler
@@ -286,28 +286,26 @@ class Recorder:
         first = self._queue.get()
         if first is None:
             return [], False
-        batch: list[Report | Written] = [first]
-        if isinstance(first, Written) or _releases(first):
-            return self._ready(batch)
-        deadline = time.monotonic() + BATCH_WINDOW_S
-        while len(batch) < BATCH_MAX:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                report = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if report is None:
-                return batch, False
-            batch.append(report)
-        return batch, True
+        held = not (isinstance(first, Written) or _releases(first))
+        return self._gather([first], time.monotonic() + BATCH_WINDOW_S if held else None)
 
     def _ready(self, batch: list[Report | Written]) -> tuple[list[Report | Written], bool]:
         """`batch` and the reports already queued, without waiting for more."""
+        return self._gather(batch, None)
+
+    def _gather(self, batch: list[Report | Written],
+                deadline: float | None) -> tuple[list[Report | Written], bool]:
+        """`batch` and the reports queued until `deadline` (time.monotonic(); None: only those
+        queued already), at most BATCH_MAX; False once the stop is taken."""
         while len(batch) < BATCH_MAX:
             try:
-                report = self._queue.get_nowait()
+                if deadline is None:
+                    report = self._queue.get_nowait()
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    report = self._queue.get(timeout=remaining)
             except queue.Empty:
                 break
             if report is None:
@@ -543,29 +541,15 @@ class Recorder:
         """Redis after PostgreSQL: each recorded move's step, and stale ids acked away."""
         if committed and self._on_settled is not None:
             self._on_settled(committed)  # leases released: flow budget freed
-        if self._dispatcher is None:
+        mirror = self._mirror
+        if mirror is None:
             return  # no Redis (taskline.testing.drain): PostgreSQL alone dispatches
-        dispatcher = self._dispatcher
-        if committed and self._mirror is not None:
+        if committed:
             # An unblocked workflow step is announced through PostgreSQL when Redis is down.
-            self._mirror.follow(committed, action="redis_after_record")
+            mirror.follow(committed, action="redis_after_record")
         if stale:
             items = [(r.attempt.queue, r.attempt.job_id) for r in stale]
-            self._redis(lambda: dispatcher.ack(items, self._worker_id),
-                        stale[0].attempt.job_id)
-
-    def _redis(self, write: Callable[[], object], job_id: str) -> None:
-        try:
-            write()
-        except DispatchUnavailable as err:
-            breaker = self._dispatcher.breaker if self._dispatcher is not None else None
-            if breaker is not None and breaker.open:
-                # Known down (the worker claims from PostgreSQL): one line per outcome would
-                # flood the log; reconciliation rebuilds Redis when it returns.
-                log.debug("Redis write skipped: Redis is unreachable",
-                          extra={"action": "redis_after_record", "job_id": job_id})
-                return
-            log.warning("Redis write failed after PostgreSQL recorded the outcome; "
-                        "reconciliation will repair it",
-                        extra={"action": "redis_after_record", "job_id": job_id,
-                               "worker": self._worker_id, "error": str(err)})
+            # Redis down counts toward the Mirror's one outage (the worker claims from
+            # PostgreSQL; reconciliation rebuilds Redis), not one log line per outcome.
+            mirror.write(lambda: mirror.dispatcher.ack(items, self._worker_id),
+                         action="stale_ack", jobs=len(items))
