@@ -13,7 +13,7 @@ import http.client
 import json
 import multiprocessing as mp
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -62,9 +62,15 @@ def run_together(target: Callable[..., None], args: tuple, count: int,
     """Start `count` processes of `target(*args, go, ready, done)`, wait until each has put
     on `ready` (connected and warmed up), run `on_ready`, then set `go` and time until each has
     put its count on `done`: (seconds, the counts added up). A process that fails raises."""
+    return run_each(target, [args] * count, on_ready)
+
+
+def run_each(target: Callable[..., None], args_each: Sequence[tuple],
+             on_ready: Callable[[], None] | None = None) -> tuple[float, int]:
+    """As run_together, one process per entry of `args_each`, each with its own arguments."""
     ctx = mp.get_context("fork")
     go, ready, done = ctx.Event(), ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*args, go, ready, done)) for _ in range(count)]
+    procs = [ctx.Process(target=target, args=(*args, go, ready, done)) for args in args_each]
     for proc in procs:
         proc.start()
     for _ in procs:

@@ -1,22 +1,20 @@
 """Enqueue rates of unique and debounced jobs, read beside the plain ones of the same run
 (`enqueue_single_8_clients`, `enqueue_batch`): what the per-key lock and lookups cost.
 
-Invariant: as in bench/clients.py, the client is not the bottleneck: each client is its own
-process on one keep-alive connection, with every request body serialised before the clock
-starts, and all start together. The bodies differ per request (a key each), so each scenario
-measures one path of taskline.uniqueness: a new unique job per request, duplicates of a few
-keys, or debounce arrivals joining a few waiting jobs.
+Invariant: as in bench/clients.py, the client is not the bottleneck: each client is its own process
+on one keep-alive connection, with every request body serialised before the clock starts, and all
+start together (clients.run_each). The bodies differ per request (a key each), so each scenario
+measures one path of taskline.uniqueness: a new unique job per request, duplicates of a few keys, or
+debounce arrivals joining a few waiting jobs.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-import time
 from collections.abc import Callable
 from typing import Any
 
-from clients import Connection
+from clients import Connection, run_each
 from stack import Stack
 
 KEYS = 64
@@ -42,22 +40,7 @@ def _client(base: str, path: str, bodies: list[bytes], warmup: int, go: Any, rea
 
 def _run_each(base: str, path: str, per_client: list[list[bytes]], warmup: int) -> float:
     """Seconds for every client to post its bodies (after its `warmup` first ones)."""
-    ctx = mp.get_context("fork")
-    go, ready, done = ctx.Event(), ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=_client, args=(base, path, bodies, warmup, go, ready, done))
-             for bodies in per_client]
-    for proc in procs:
-        proc.start()
-    for _ in procs:
-        ready.get(timeout=120)
-    started = time.perf_counter()
-    go.set()
-    finished = sum(done.get(timeout=600) for _ in procs)
-    elapsed = time.perf_counter() - started
-    for proc in procs:
-        proc.join()
-        if proc.exitcode != 0:
-            raise RuntimeError("a benchmark client failed")
+    elapsed, finished = run_each(_client, [(base, path, bodies, warmup) for bodies in per_client])
     if finished != sum(len(b) - warmup for b in per_client):
         raise RuntimeError("a benchmark client stopped early")
     return elapsed
