@@ -45,7 +45,7 @@ from taskline.jobspec import FieldError, JobSpec, parse_batch, parse_job
 from taskline.settings import Settings
 from taskline.store import caller
 from taskline.store.caller import AppConnection, AsyncAppConnection
-from taskline.store.store import _rows_json as rows_json
+from taskline.store.params import rows_json
 
 CHANNEL = "taskline_enqueued"
 """The channel the insert signals after commit, once per queue; its payload is the queue."""

@@ -29,11 +29,9 @@ from sqlalchemy import Connection
 from taskline.errors import InvalidJob, QueueLimitReached
 from taskline.jobs import TERMINAL, Job, Status, new_job_id
 from taskline.store import caller
+from taskline.store.params import FIRST_EVENTS, rows_json, uuid_array
 from taskline.store.queries import DEFAULT_SCHEMA
 from taskline.store.rows import CONDITION_UNMET
-from taskline.store.store import _FIRST_EVENTS as FIRST_EVENTS
-from taskline.store.store import _rows_json as rows_json
-from taskline.store.store import _uuid_array as uuid_array
 
 MAX_STEPS = 1000
 MAX_QUEUES = 1000

@@ -1,4 +1,4 @@
-"""The store: the one class that runs taskline's SQL against PostgreSQL.
+"""The store: the one class that runs taskline's SQL against PostgreSQL, and its jobs' statements.
 
 Method names are the query names in queries.sql. Each method is one statement, run alone in
 autocommit (one round trip) unless the caller passes a connection of its own transaction.
@@ -14,7 +14,7 @@ import functools
 import json
 import re
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,12 +28,23 @@ from sqlalchemy.engine import ExceptionContext
 
 from taskline import flow, transitions
 from taskline.errors import QueueLimitReached, StoreUnavailable
-from taskline.jobs import Job, Status, new_job_id, parse_job_id
+from taskline.jobs import Job, Status, new_job_id
 from taskline.store import bulk
+from taskline.store.aggregate import Aggregate
+from taskline.store.audit import AuditTrail
+from taskline.store.deadletters import DeadFilter as DeadFilter  # callers import it from here
+from taskline.store.deadletters import DeadLetters
+
+# Kept under the names this module always used (and that bulk, caller and the tests import).
+from taskline.store.params import FIRST_EVENTS as _FIRST_EVENTS
+from taskline.store.params import json_text as _json
+from taskline.store.params import move_params as _move_params
+from taskline.store.params import rows_json as _rows_json
+from taskline.store.params import uuid_array as _uuid_array
+from taskline.store.params import uuids as _uuids
 from taskline.store.queries import DEFAULT_SCHEMA, queries_for
 from taskline.store.rows import (
     CONDITION_UNMET,
-    DeadChanged,
     Deleted,
     Expired,
     Owed,
@@ -43,8 +54,10 @@ from taskline.store.rows import (
     ScheduleRow,
     Settled,
     Settlement,
-    StepCounts,
 )
+from taskline.store.schedules import Schedules
+from taskline.store.workers import Workers
+from taskline.store.workflows import Workflows
 from taskline.transitions import Move
 from taskline.uniquespec import unique_lock
 
@@ -134,58 +147,12 @@ def _json_loads(data: str | bytes) -> Any:
 
 
 @dataclass(frozen=True)
-class DeadFilter:
-    """Which dead jobs a bulk operation matches: every given field, combined with AND."""
-
-    queue: str | None = None
-    type: str | None = None
-    ids: tuple[uuid.UUID, ...] | None = None
-    fingerprint: str | None = None
-    """The cause (taskline.fingerprint) of their final error."""
-
-    def params(self) -> dict[str, Any]:
-        return {"queue": self.queue, "type": self.type,
-                "ids": None if self.ids is None else _uuid_array(self.ids),
-                "fingerprint": self.fingerprint}
-
-
-@dataclass(frozen=True)
 class Claimed:
     """A job this worker won, with the lease that fences every write of this attempt."""
 
     job: Job
     lease_id: int
     leased_until: datetime
-
-
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def _uuids(ids: Sequence[uuid.UUID | str]) -> list[str]:
-    """The ids that are UUIDs. Anything else pushed into Redis names no job, and must read as
-    absent rather than fail the whole statement (and with it every later reconciliation)."""
-    # Ids from Redis are canonical (str of a UUID): a match spares building a UUID per id.
-    return [text for text in map(str, ids)
-            if _CANONICAL_UUID.fullmatch(text) or parse_job_id(text) is not None]
-
-
-def _uuid_array(ids: Sequence[uuid.UUID | str]) -> str:
-    """`_uuids` as one PostgreSQL array literal: psycopg dumps a list element by element in
-    Python, a string at once (the id list of a claim showed in a busy worker's profile)."""
-    return "{" + ",".join(_uuids(ids)) + "}"
-
-
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, separators=(",", ":"))
-
-
-def _plain(value: Any) -> str:
-    """JSON for the ids and times of insert rows (json.dumps calls it for nothing else)."""
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 PREPARE = True
@@ -204,17 +171,12 @@ def driver_sql(name: str, schema: str = DEFAULT_SCHEMA) -> str:
     return str(queries_for(schema)[name].compile(dialect=sqlalchemy_psycopg.dialect()))
 
 
-def _rows_json(rows: Sequence[dict[str, Any]] | dict[str, Any]) -> str:
-    """Insert rows as one JSON array: orjson (ids and times included) unless a payload holds an
-    integer past 64 bits, which only the standard library writes."""
-    try:
-        return orjson.dumps(rows).decode()
-    except TypeError:  # orjson.JSONEncodeError
-        return json.dumps(rows, separators=(",", ":"), ensure_ascii=False, default=_plain)
+class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
+    """Runs named queries; every unreachable-database error surfaces as StoreUnavailable.
 
-
-class Store:
-    """Runs named queries; every unreachable-database error surfaces as StoreUnavailable."""
+    The jobs' own statements (enqueue, claim, settle, moves, maintenance passes) are here; each
+    other aggregate's are its mixin's (taskline.store.deadletters, workflows, schedules,
+    workers, audit), so a caller holds one `Store` and calls every method on it."""
 
     max_queues: int = 1000
     """TASKLINE_MAX_QUEUES (its default until a service sets it), which every insert of new
@@ -442,83 +404,6 @@ class Store:
 
     def requeue_dead_job(self, job_id: uuid.UUID, actor: str | None = None) -> Job | None:
         return self._move_job("requeue_dead_job", transitions.REQUEUE, job_id, actor)
-
-    def list_dead(self, *, queue: str | None, after: tuple[datetime, uuid.UUID] | None,
-                  limit: int) -> list[dict]:
-        params = {"queue": queue, "limit": limit, "after_failed": after[0] if after else None,
-                  "after_id": after[1] if after else None}
-        return [{"job": Job.from_row(r), "final_error": r.final_error,
-                 "fingerprint": r.fingerprint, "attempts": r.dead_attempts,
-                 "failed_at": r.failed_at}
-                for r in self._run("list_dead", params)]
-
-    def dlq_groups(self, *, queue: str | None, limit: int) -> list[dict]:
-        """Dead jobs grouped by the cause of their final error, most jobs first."""
-        return [dict(r._mapping) for r in self._run("dlq_groups", {"queue": queue,
-                                                                   "limit": limit})]
-
-    def requeue_dead_batch(self, match: DeadFilter, after: uuid.UUID, limit: int,
-                           actor: str | None = None,
-                           conn: Connection | None = None) -> list[DeadChanged]:
-        """Requeue up to `limit` dead jobs matching `match` with ids above `after` (one
-        statement); rows another transaction holds are skipped, not waited for."""
-        params = {**match.params(), "after": after, "limit": limit, "actor": actor,
-                  **_move_params(transitions.REQUEUE)}
-        return [DeadChanged.from_row(r, transitions.REQUEUE)
-                for r in self._run("requeue_dead_batch", params, conn)]
-
-    def purge_dead(self, match: DeadFilter, after: uuid.UUID, limit: int,
-                   conn: Connection | None = None, actor: str | None = None) -> list[DeadChanged]:
-        """Delete up to `limit` dead jobs matching `match` with ids above `after`, each whole
-        (events, leases, DLQ row), in one statement: the one place a purge deletes jobs. The
-        waiting dependents of a purged workflow step are cancelled in that statement, and the
-        `when` steps those cancellations queue ride on the last row's `released`."""
-        params = {**match.params(), "after": after, "limit": limit, "actor": actor,
-                  **_move_params(transitions.PURGE), **_cascade("parent_purged")}
-        rows = self._run("purge_dead_batch", params, conn)
-        purged = [DeadChanged.from_row(r, transitions.PURGE) for r in rows if r.kind == "purged"]
-        released = tuple(Released.from_row(r) for r in rows if r.kind == "released")
-        if released and purged:
-            purged[-1] = dataclasses.replace(purged[-1], released=released)
-        return purged
-
-    def count_dead_matching(self, match: DeadFilter) -> int:
-        return int(self._run("count_dead_matching", match.params())[0].n)
-
-    # --- schedules -----------------------------------------------------------------------
-
-    def upsert_schedule(self, *, name: str, cron: str, timezone: str, job: dict[str, Any],
-                        paused: bool, catch_up: str,
-                        conn: Connection | None = None) -> tuple[ScheduleRow, bool]:
-        """Create or replace a schedule: (the row, whether it was created)."""
-        rows = self._run("upsert_schedule", {"name": name, "cron": cron, "timezone": timezone,
-                                             "job": _json(job), "paused": paused,
-                                             "catch_up": catch_up}, conn)
-        return ScheduleRow.from_row(rows[0]), bool(rows[0].created)
-
-    def mark_declared_schedules(self, names: Sequence[str]) -> dict[str, bool]:
-        """Mark `names` as the schedules the code declares (and the others it declared before
-        as no longer); {name: declared in code now} of every schedule the code declares or
-        once did."""
-        rows = self._run("mark_declared_schedules", {"names": list(names)})
-        return {r.name: bool(r.declared_in_code) for r in rows}
-
-    def get_schedule(self, name: str) -> ScheduleRow | None:
-        rows = self._run("get_schedule", {"name": name})
-        return ScheduleRow.from_row(rows[0]) if rows else None
-
-    def list_schedules(self, after: str | None, limit: int) -> list[ScheduleRow]:
-        return [ScheduleRow.from_row(r)
-                for r in self._run("list_schedules", {"after": after, "limit": limit})]
-
-    def count_schedules(self, conn: Connection | None = None) -> int:
-        return int(self._run("count_schedules", {}, conn)[0].n)
-
-    def delete_schedule(self, name: str, conn: Connection | None = None) -> bool:
-        return bool(self._run("delete_schedule", {"name": name}, conn))
-
-    def active_schedules(self) -> list[ScheduleRow]:
-        return [ScheduleRow.from_row(r) for r in self._run("active_schedules", {})]
 
     def fire_slot(self, schedule: ScheduleRow, slot: datetime,
                   conn: Connection | None = None) -> Job | None:
@@ -799,40 +684,6 @@ class Store:
                 hook(conn)
         return settled
 
-    def upsert_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str],
-                      concurrency: int, metrics_port: int | None = None) -> None:
-        self._run("upsert_worker", {"id": worker_id, "hostname": hostname, "pid": pid,
-                                    "queues": list(queues), "concurrency": concurrency,
-                                    "metrics_port": metrics_port})
-
-    def heartbeat_worker(self, worker_id: str, active_jobs: int) -> None:
-        self._run("heartbeat_worker", {"id": worker_id, "active_jobs": active_jobs})
-
-    def stop_worker(self, worker_id: str) -> None:
-        self._run("stop_worker", {"id": worker_id})
-
-    def declare_types(self, worker_id: str, types: Sequence[Mapping[str, Any]],
-                      ttl_s: float) -> None:
-        """Replace `worker_id`'s declared types (each {"type", "queue", "schema"}) in one
-        transaction, and forget those of workers unseen for `ttl_s` seconds."""
-        with self.transaction() as conn:
-            self._run("forget_declared_types", {"worker_id": worker_id, "ttl_s": ttl_s}, conn)
-            if types:
-                self._run("declare_types", {"worker_id": worker_id,
-                                            "types": json.dumps(list(types))}, conn)
-
-    def declared_schemas(self, ttl_s: float) -> dict[str, list[Any]]:
-        """Type -> each payload schema (None: any payload) declared by a worker seen within
-        `ttl_s` seconds; a type no such worker declared is absent."""
-        schemas: dict[str, list[Any]] = {}
-        for row in self._run("declared_schemas", {"ttl_s": ttl_s}):
-            schemas.setdefault(row.type, []).append(row.schema)
-        return schemas
-
-    def list_declared_types(self, ttl_s: float) -> list[Any]:
-        """(type, queue, schema, workers, last_seen) rows, newest first within each type."""
-        return self._run("list_declared_types", {"ttl_s": ttl_s})
-
     # --- maintenance side ----------------------------------------------------------------
 
     def skip_backoff(self) -> None:
@@ -909,19 +760,6 @@ class Store:
     def oldest_ready(self) -> dict[str, float]:
         return {r.queue: float(r.age_s) for r in self._run("oldest_ready", {})}
 
-    def list_workers(self, within_s: float) -> list[dict]:
-        return [dict(r._mapping) for r in self._run("list_workers", {"within_s": within_s})]
-
-    def mark_silent_workers_stopped(self, silent_s: float) -> list[str]:
-        return [r.id for r in self._run("mark_silent_workers_stopped", {"silent_s": silent_s})]
-
-    def acquire_leader(self, name: str, holder: str, ttl_s: float) -> bool:
-        return bool(self._run("acquire_leader", {"name": name, "holder": holder,
-                                                 "ttl_s": ttl_s}))
-
-    def release_leader(self, name: str, holder: str) -> None:
-        self._run("release_leader", {"name": name, "holder": holder})
-
     def now(self) -> datetime:
         """PostgreSQL's clock: the only clock that decides leases and due times."""
         with self.transaction() as conn:
@@ -930,185 +768,10 @@ class Store:
     def ping(self) -> None:
         self._run("ping", {})
 
-    # --- audit trail ---------------------------------------------------------------------
-
-    def insert_audit(self, *, actor: str | None, action: str, target: str | None,
-                     detail: Any = None, conn: Connection | None = None) -> dict:
-        """Append one audit record; pass `conn` to commit it with the change it records."""
-        rows = self._run("insert_audit", {"actor": actor, "action": action, "target": target,
-                                          "detail": _json(detail)}, conn)
-        return dict(rows[0]._mapping)
-
-    def list_audit(self, *, actor: str | None, action: str | None,
-                   after: tuple[datetime, uuid.UUID] | None, limit: int) -> list[dict]:
-        params = {"actor": actor, "action": action, "limit": limit,
-                  "after_at": after[0] if after else None,
-                  "after_id": after[1] if after else None}
-        return [dict(r._mapping) for r in self._run("list_audit", params)]
-
-    def delete_expired_audit(self, retain_s: float, limit: int) -> int:
-        """Delete up to `limit` records older than `retain_s`; how many were deleted."""
-        return len(self._run("delete_expired_audit", {"retain_s": retain_s, "limit": limit}))
-
-    # --- workflows (taskline.workflows) --------------------------------------------------
-
-    def insert_workflow(self, conn: Connection, *, id: uuid.UUID, name: str,
-                        idempotency_key: str | None, request_hash: str | None) -> dict | None:
-        """Insert a workflow row; None when its idempotency key already exists."""
-        rows = self._run("insert_workflow", {"id": id, "name": name,
-                                             "idempotency_key": idempotency_key,
-                                             "request_hash": request_hash}, conn)
-        return dict(rows[0]._mapping) if rows else None
-
-    def get_workflow_by_key(self, key: str, conn: Connection | None = None) -> dict | None:
-        rows = self._run("get_workflow_by_key", {"idempotency_key": key}, conn)
-        return dict(rows[0]._mapping) if rows else None
-
-    def insert_steps(self, conn: Connection, workflow_id: uuid.UUID,
-                     jobs: Sequence[dict[str, Any]]) -> list[Job]:
-        """Insert a workflow's steps (insert_job's fields with `step` and `pending_parents`),
-        each with its first event; returns them as stored."""
-        rows = self._refusing(self._run("insert_steps", {
-            "jobs": _rows_json(list(jobs)), "workflow_id": workflow_id,
-            "first_events": _FIRST_EVENTS, "max_queues": self.max_queues}, conn))
-        return [Job.from_row(r) for r in rows]
-
-    def insert_dependencies(self, conn: Connection,
-                            edges: Sequence[tuple[uuid.UUID, uuid.UUID]]) -> None:
-        """Insert (parent id, child id) edges."""
-        if edges:
-            self._run("insert_dependencies", {"edges": _rows_json(
-                [{"parent_id": p, "child_id": c} for p, c in edges])}, conn)
-
-    def cancel_waiting_dependents(self, job_ids: Sequence[uuid.UUID], actor: str | None = None,
-                                  conn: Connection | None = None, *,
-                                  ended: Sequence[uuid.UUID] = ()) -> list[Job]:
-        """Cancel what waits for the success of `job_ids` (transitively); returns the jobs
-        cancelled, then the `when` steps those cancellations queued (status queued). `ended`
-        lists those of `job_ids` cancelled in this transaction: their `when` children count
-        them now (a running job asked to stop is counted when its attempt ends)."""
-        rows = self._run("cancel_waiting_dependents", {
-            "ids": _uuid_array(job_ids), "ended": _uuid_array(ended), "actor": actor,
-            **_cascade("parent_cancelled")}, conn)
-        return [Job.from_row(r) for r in rows]
-
-    def cancel_step(self, job_id: uuid.UUID, actor: str | None = None) -> tuple[Job | None,
-                                                                                 list[Job]]:
-        """Cancel a pending or waiting job and, when it is a workflow step, its waiting
-        dependents, in one transaction: (the job or None, the dependents cancelled and the
-        `when` steps queued, as cancel_waiting_dependents)."""
-        with self.transaction() as conn:
-            rows = self._run("cancel_pending_job", {"id": job_id, "actor": actor,
-                                                    **_move_params(transitions.CANCEL)}, conn)
-            job = Job.from_row(rows[0]) if rows else None
-            if job is None or job.workflow_id is None:
-                return job, []
-            return job, self.cancel_waiting_dependents([job.id], actor, conn, ended=[job.id])
-
-    def request_cancel_step(self, job_id: uuid.UUID,
-                            actor: str | None = None) -> tuple[Job | None, list[Job]]:
-        """Ask a running job to stop and, when it is a workflow step, cancel its waiting
-        dependents (they can no longer count on it), in one transaction."""
-        with self.transaction() as conn:
-            rows = self._run("cancel_running_job", {
-                "id": job_id, "actor": actor, **_move_params(transitions.REQUEST_CANCEL)}, conn)
-            job = Job.from_row(rows[0]) if rows else None
-            if job is None or job.workflow_id is None:
-                return job, []
-            return job, self.cancel_waiting_dependents([job.id], actor, conn)
-
-    def cancel_workflow(self, workflow_id: uuid.UUID,
-                        actor: str | None = None) -> tuple[list[Job], list[Job]]:
-        """Cancel every unfinished step of a workflow in one transaction: (cancelled, asked to
-        stop). Running steps are locked first, as a settling worker locks a parent before its
-        children, so the two cannot deadlock."""
-        with self.transaction() as conn:
-            stop = _move_params(transitions.REQUEST_CANCEL)
-            asked = self._run("stop_workflow_steps", {"workflow_id": workflow_id,
-                                                      "actor": actor, **stop}, conn)
-            cancelled = self._run("cancel_workflow_steps", {
-                "workflow_id": workflow_id, "actor": actor,
-                **_move_params(transitions.CANCEL)}, conn)
-        return [Job.from_row(r) for r in cancelled], [Job.from_row(r) for r in asked]
-
-    def get_workflow(self, workflow_id: uuid.UUID) -> dict | None:
-        rows = self._run("get_workflow", {"id": workflow_id})
-        return dict(rows[0]._mapping) if rows else None
-
-    def workflow_steps(self, workflow_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[dict]]:
-        """{workflow id: its steps (with `after`, the step ids of their parents)}."""
-        steps: dict[uuid.UUID, list[dict]] = {w: [] for w in workflow_ids}
-        if workflow_ids:
-            for r in self._run("workflow_steps", {"ids": _uuid_array(workflow_ids)}):
-                steps.setdefault(r.workflow_id, []).append(dict(r._mapping))
-        return steps
-
-    def workflow_steps_page(self, workflow_id: uuid.UUID, after: uuid.UUID | None,
-                            limit: int) -> list[dict]:
-        """Up to `limit` steps of a workflow after job id `after`, in job id order, each with
-        `after` (the step ids of its parents)."""
-        return [dict(r._mapping) for r in self._run("workflow_steps_page", {
-            "id": workflow_id, "after": after, "limit": limit})]
-
-    def workflow_step_counts(self, workflow_ids: Sequence[uuid.UUID]
-                             ) -> dict[uuid.UUID, StepCounts]:
-        """{workflow id: how many of its steps are in each status, and how many of the
-        cancelled ones are any_failed steps cancelled as condition_unmet}."""
-        counts: dict[uuid.UUID, StepCounts] = {w: StepCounts({}, 0) for w in workflow_ids}
-        if workflow_ids:
-            for r in self._run("workflow_step_counts", {"ids": _uuid_array(workflow_ids)}):
-                found = counts.setdefault(r.workflow_id, StepCounts({}, 0))
-                found.by_status[r.status] = int(r.n)
-                counts[r.workflow_id] = StepCounts(found.by_status, found.unmet + int(r.unmet))
-        return counts
-
-    def list_workflows(self, *, after: tuple[datetime, uuid.UUID] | None,
-                       limit: int) -> list[dict]:
-        params = {"limit": limit, "after_created": after[0] if after else None,
-                  "after_id": after[1] if after else None}
-        return [dict(r._mapping) for r in self._run("list_workflows", params)]
-
-    def parent_results(self, job_id: uuid.UUID) -> dict[str, Any]:
-        """{parent step id: its stored result} of a workflow step; a parent that did not
-        succeed (what a `when` step reads) gives {"status", "error", "attempts"} instead."""
-        return {r.step: r.result if r.status == Status.SUCCEEDED.value
-                else {"status": r.status, "error": r.last_error, "attempts": r.attempts}
-                for r in self._run("parent_results", {"id": job_id})}
-
-    def cancel_dependents_of_expired_dead(self, retain_s: float, limit: int) -> list[Job]:
-        """Cancel what waits for the success of workflow steps dead longer than `retain_s`;
-        the jobs cancelled, then the `when` steps that queued (as cancel_waiting_dependents)."""
-        return [Job.from_row(r) for r in self._run("cancel_dependents_of_expired_dead", {
-            "retain_s": retain_s, "limit": limit, "actor": None,
-            **_cascade("parent_expired")})]
-
-    def announce_steps(self, conn: Connection, job_ids: Sequence[uuid.UUID]) -> None:
-        """Owe new workflow steps to Redis through the enqueue outbox, on the caller's
-        transaction: the relay pushes them once it commits (taskline.enqueuing)."""
-        if job_ids:
-            self._run("announce_steps", {"ids": _uuid_array(job_ids)}, conn)
-
     def outbox_backlog(self) -> tuple[int, float]:
         """(outbox rows not relayed yet, the oldest one's age in seconds; 0 when none)."""
         row = self._run("outbox_backlog", {})[0]
         return int(row.n), float(row.oldest_s)
-
-    def waiting_counts(self) -> dict[str, int]:
-        """{queue: workflow steps waiting for their parents}."""
-        return {r.queue: int(r.n) for r in self._run("waiting_counts", {})}
-
-    def delete_empty_workflows(self, retain_s: float, limit: int) -> int:
-        """Delete workflows older than `retain_s` whose steps retention has all deleted."""
-        return len(self._run("delete_empty_workflows", {"retain_s": retain_s, "limit": limit}))
-
-
-def _cascade(cause: str) -> dict[str, Any]:
-    """step_cascade_ctes' parameters: the cancel move for what waits for a success, the
-    unblock move for the `when` steps the cancellations decide, and the cause recorded."""
-    return {"cascade_target": transitions.CANCEL.target.value,
-            "cascade_event": transitions.CANCEL.event.value, "cause": cause,
-            "release_target": transitions.UNBLOCK.target.value,
-            "release_event": transitions.UNBLOCK.event.value}
 
 
 @dataclass(frozen=True)
@@ -1142,13 +805,6 @@ def _full_params(limits: dict[str, flow.Limit], full: Sequence[flow.Budget]) -> 
     return {"full_scopes": scopes, "full_keys": keys}
 
 
-def _move_params(move: Move) -> dict[str, Any]:
-    """The states and event a statement takes from the lifecycle's table."""
-    return {"sources": move.source_names, "target": move.target.value,
-            "event": move.event.value}
-
-
-_FIRST_EVENTS = json.dumps(dict(transitions.FIRST_EVENTS))
 ADMIT_ROUNDS = 4
 """Most candidate windows one budgeted claim reads (see Store._admit)."""
 
