@@ -4,68 +4,53 @@ Invariant: a limit is a row of `flow_limits` (scope `type:<type>` or `queue:<que
 worker reads the set within a second and starts a job a limit applies to only through the
 budgeted claim (taskline_worker.held), so a limit binds the whole cluster, not one process.
 Bad input is a 4xx that changes nothing. Removing a limit hands the jobs it held back to Redis
-(in order, most urgent first), as they would have been dispatched without it.
+(in order, most urgent first), as they would have been dispatched without it
+(taskline_producer.operations.flowlimits).
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
 from taskline import flow
-from taskline.errors import DispatchUnavailable
-from taskline_producer.operations import auditing
+from taskline_producer.operations import flowlimits
 from taskline_producer.operations.backends import backends
+from taskline_producer.schemas import shapes
 from taskline_producer.schemas.body import read_json
 from taskline_producer.schemas.errors import InvalidParameter, NotFound, ValidationFailed
-from taskline_producer.schemas.shapes import plain
-
-log = logging.getLogger(__name__)
 
 bp = Blueprint("limits", __name__, url_prefix="/api/v1")
 
 FIELDS = frozenset({"concurrency", "rate", "per_key"})
-RELEASE_PAGE = 1000
 
 
 @bp.put("/limits/<path:scope>")
 def put_limit(scope: str) -> Response:
     _check_scope(scope)
     limit = parse_limit(scope, read_json(request, backends().settings.max_payload_bytes))
-    b = backends()
-    with b.store.transaction() as conn:
-        row = b.store.put_flow_limit(limit, conn)
-        auditing.record_in(conn, "limit.set", scope, shape(row))
-    log.info("flow limit set", extra={"action": "limit_set", "scope": scope})
-    response = jsonify(shape(row))
+    row = flowlimits.put(scope, limit)
+    response = jsonify(shapes.flow_limit(row))
     response.status_code = 201 if row["created"] else 200
     return response
 
 
 @bp.get("/limits")
 def list_limits() -> Response:
-    rows = backends().store.list_flow_limits()
-    return jsonify({"limits": [{**shape(r), "running": r["running"], "started": r["started"],
-                                "held": r["held"]} for r in rows]})
+    rows = flowlimits.listed()
+    return jsonify({"limits": [{**shapes.flow_limit(r), "running": r["running"],
+                                "started": r["started"], "held": r["held"]} for r in rows]})
 
 
 @bp.delete("/limits/<path:scope>")
 def delete_limit(scope: str) -> Response:
     _check_scope(scope)
-    b = backends()
-    with b.store.transaction() as conn:
-        row = b.store.delete_flow_limit(scope, conn)
-        if row is not None:
-            auditing.record_in(conn, "limit.delete", scope, shape(row))
-    if row is None:
+    removed = flowlimits.remove(scope)
+    if removed is None:
         raise NotFound("no limit has this scope", {"scope": scope})
-    released = _release(scope)
-    log.info("flow limit removed", extra={"action": "limit_deleted", "scope": scope,
-                                          "released": released})
-    return jsonify({**shape(row), "released": released})
+    row, released = removed
+    return jsonify({**shapes.flow_limit(row), "released": released})
 
 
 def parse_limit(scope: str, body: object) -> flow.Limit:
@@ -83,14 +68,6 @@ def parse_limit(scope: str, body: object) -> flow.Limit:
     if errors:
         raise ValidationFailed(details=errors)
     return flow.Limit(scope, concurrency, rate_limit, period_s, per_key)
-
-
-def shape(row: dict[str, Any]) -> dict[str, Any]:
-    rate = None
-    if row["rate_limit"] is not None:
-        rate = {"limit": row["rate_limit"], "period_s": float(row["period_s"])}
-    return {"scope": row["scope"], "concurrency": row["concurrency"], "rate": rate,
-            "per_key": row["per_key"], "updated_at": plain(row["updated_at"])}
 
 
 def _check_scope(scope: str) -> None:
@@ -131,22 +108,3 @@ def _rate(rate: object, errors: list[dict]) -> tuple[int | None, float | None]:
     if limit is None:
         return None, None
     return limit, float(period)
-
-
-def _release(scope: str) -> int:
-    """Push the jobs the removed limit held back to Redis; what is left (Redis down, or a
-    long backlog) reconciliation pushes within its interval."""
-    b = backends()
-    released, after = 0, None
-    try:
-        while page := b.store.released_of_scope(scope, RELEASE_PAGE, after):
-            b.dispatcher.push([(r.queue, r.priority, str(r.id)) for r in page])
-            released += len(page)
-            last = page[-1]
-            after = (last.priority, last.created_at, last.id)
-            if len(page) < RELEASE_PAGE:
-                break
-    except DispatchUnavailable as err:
-        log.warning("jobs held by a removed limit not pushed; reconciliation pushes them",
-                    extra={"action": "limit_release", "scope": scope, "error": str(err)})
-    return released

@@ -7,23 +7,21 @@ number). The schedule records the principal that wrote it, whose enqueue quota i
 against (taskline.schedules.QUOTA_CLIENT); it is never shown. A name outside the name rule names no
 schedule: GET and DELETE answer 404 before any SQL. `next_runs` are
 computed from the stored definition in PostgreSQL's clock; a paused schedule has none.
-Removing a schedule leaves its jobs and the record of its fired slots where they are.
+Removing a schedule leaves its jobs and the record of its fired slots where they are. The
+changes are the use case's (taskline_producer.operations.scheduling).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from flask import Blueprint, Response, jsonify, request
 
-from taskline.schedules import QUOTA_CLIENT, valid_name
-from taskline_producer.http import auth
-from taskline_producer.operations import auditing
+from taskline.schedules import valid_name
+from taskline_producer.operations import scheduling
 from taskline_producer.operations.backends import backends
 from taskline_producer.operations.declared import Checked
 from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json
-from taskline_producer.schemas.errors import ApiError, NotFound, ValidationFailed
+from taskline_producer.schemas.errors import NotFound, ValidationFailed
 from taskline_producer.schemas.schedulespec import ScheduleSpec, parse_schedule
 
 bp = Blueprint("schedules", __name__, url_prefix="/api/v1/schedules")
@@ -41,36 +39,11 @@ def put_schedule(name: str) -> Response:
                                  lambda index: "job.")
     if declared:
         raise ValidationFailed(details=[e.to_dict() for e in declared])
-    with b.store.transaction() as conn:
-        row, created = b.store.upsert_schedule(
-            name=spec.name, cron=spec.cron, timezone=spec.timezone, job=_owned(spec.job),
-            paused=spec.paused, catch_up=spec.catch_up, conn=conn)
-        if created and b.store.count_schedules(conn) > b.settings.max_schedules:
-            raise ScheduleLimit(f"there are {b.settings.max_schedules} schedules already "
-                                "(TASKLINE_MAX_SCHEDULES); remove one first",
-                                {"limit": b.settings.max_schedules})
-        auditing.record_in(conn, "schedule.create" if created else "schedule.replace", spec.name,
-                        {"cron": spec.cron, "timezone": spec.timezone,
-                         "paused": spec.paused, "catch_up": spec.catch_up,
-                         "queue": spec.job["queue"], "type": spec.job["type"]})
+    row, created = scheduling.put(spec)
     response = jsonify(shapes.schedule(row))
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/api/v1/schedules/{spec.name}"
     return response
-
-
-class ScheduleLimit(ApiError):
-    """Creating one more schedule would pass TASKLINE_MAX_SCHEDULES."""
-
-    status = 422
-    code = "schedule_limit"
-
-
-def _owned(job: dict[str, Any]) -> dict[str, Any]:
-    """The job to store: its slots' jobs count against the quota of the calling principal
-    (taskline.schedules.QUOTA_CLIENT), when it has a name."""
-    client = auth.principal().name
-    return job if client is None else {**job, QUOTA_CLIENT: client}
 
 
 @bp.get("/<name>")
@@ -96,11 +69,6 @@ def list_schedules() -> Response:
 
 @bp.delete("/<name>")
 def delete_schedule(name: str) -> Response:
-    b = backends()
-    if not valid_name(name):
+    if not valid_name(name) or not scheduling.remove(name):
         raise NotFound("no schedule has this name", {"name": name})
-    with b.store.transaction() as conn:
-        if not b.store.delete_schedule(name, conn):
-            raise NotFound("no schedule has this name", {"name": name})
-        auditing.record_in(conn, "schedule.delete", name)
     return jsonify({"name": name, "deleted": True})

@@ -163,3 +163,12 @@ def workflow_step(s: dict[str, Any]) -> dict[str, Any]:
             "attempts": s["attempts"], "pending_parents": s["pending_parents"],
             "last_error": s["last_error"], "cancel_cause": s["cancel_cause"],
             "updated_at": plain(s["updated_at"])}
+
+
+def flow_limit(row: dict[str, Any]) -> dict[str, Any]:
+    """A flow limit as the API shows it (and its audit records hold it)."""
+    rate = None
+    if row["rate_limit"] is not None:
+        rate = {"limit": row["rate_limit"], "period_s": float(row["period_s"])}
+    return {"scope": row["scope"], "concurrency": row["concurrency"], "rate": rate,
+            "per_key": row["per_key"], "updated_at": plain(row["updated_at"])}
