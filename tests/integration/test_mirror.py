@@ -57,6 +57,26 @@ def test_an_outage_is_logged_once_and_its_end_once(store, fresh_redis, caplog) -
         dispatcher.close()
 
 
+def test_a_stale_ack_counts_toward_the_same_outage_as_the_moves(store, fresh_redis,
+                                                                caplog) -> None:
+    """A worker acking away the id of an outcome that came too late moves no job: Redis down,
+    it joins the outage the moves reported (no second warning), nothing raised."""
+    dispatcher = Dispatcher(fresh_redis.url, breaker=True)
+    mirror = Mirror(dispatcher, store)
+    caplog.set_level(logging.DEBUG, logger=MIRROR_LOG)
+    ack = [("mail", str(uuid.uuid4()))]
+    try:
+        assert mirror.write(lambda: dispatcher.ack(ack, "w1"), action="stale_ack", jobs=1)
+        fresh_redis.kill()
+        assert not mirror.follow([_queued()], action="test")
+        assert not mirror.write(lambda: dispatcher.ack(ack, "w1"), action="stale_ack", jobs=1)
+        assert len(_warnings(caplog, logging.WARNING)) == 1
+        assert [r.action for r in caplog.records
+                if r.name == MIRROR_LOG and r.levelno == logging.DEBUG] == ["stale_ack"]
+    finally:
+        dispatcher.close()
+
+
 def _follow_until_reachable(mirror: Mirror, tries: int = 100) -> bool:
     """The breaker's probe closes it within a second or so of Redis answering again."""
     for _ in range(tries):
