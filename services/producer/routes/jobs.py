@@ -8,7 +8,6 @@ the change is logged, never reported as a failure of the change.
 
 from __future__ import annotations
 
-import logging
 import uuid
 
 from flask import Blueprint, Response, jsonify, request
@@ -27,8 +26,6 @@ from taskline_producer.schemas.errors import (
     NotFound,
     ValidationFailed,
 )
-
-log = logging.getLogger(__name__)
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
 

@@ -11,7 +11,6 @@ audited.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import Any
 
@@ -32,8 +31,6 @@ from taskline_producer.schemas.errors import (
     ValidationFailed,
 )
 from taskline_producer.schemas.workflowspec import WorkflowSpec, parse_workflow
-
-log = logging.getLogger(__name__)
 
 bp = Blueprint("workflows", __name__, url_prefix="/api/v1/workflows")
 
