@@ -41,21 +41,21 @@ def test_every_state_has_a_redis_home_and_a_move_into_it() -> None:
 def test_the_check_constraint_lists_the_states() -> None:
     check = next(c for c in schema.jobs.constraints if c.name == "jobs_status_allowed")
     assert set(QUOTED.findall(str(check.sqltext))) == STATES, "taskline.store.schema CHECK"
-    newest = _newest_migration_check()
-    assert set(QUOTED.findall(newest.group(2))) == STATES, (
-        f"migrations/versions/{newest.group(1)}: a new state needs a migration that replaces "
+    migration, states = _newest_migration_check()
+    assert set(QUOTED.findall(states)) == STATES, (
+        f"migrations/versions/{migration}: a new state needs a migration that replaces "
         "the CHECK constraint jobs_status_allowed (NOT VALID, then VALIDATE)")
 
 
-def _newest_migration_check() -> re.Match[str]:
-    """The state list of the newest migration that sets the CHECK (its upgrade, not its
-    downgrade)."""
+def _newest_migration_check() -> tuple[str, str]:
+    """(file, state list) of the newest migration that sets the CHECK, read from its upgrade
+    (its downgrade restores an older list)."""
     found = None
     for path in sorted((ROOT / "migrations" / "versions").glob("*.py")):
         upgrade = path.read_text().split("def downgrade")[0]
         if "jobs_status" in upgrade and "CHECK" in upgrade:
             for states in re.findall(r"\('scheduled',[^)]*\)", upgrade):
-                found = re.match(r"(.*)\|(.*)", f"{path.name}|{states}")
+                found = (path.name, states)
     assert found is not None
     return found
 
