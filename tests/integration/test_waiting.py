@@ -234,6 +234,23 @@ def test_woken_waiters_are_answered_at_once_what_a_read_answers(api_url, databas
     assert waiting_now(api_url) == 0
 
 
+def test_a_woken_waiter_is_answered_under_its_token_scope(settings, tmp_path, database_url):
+    tokens = "reader:r-secret:jobs:read,writer:w-secret:jobs:write"
+    for url in start_api(settings, tmp_path / "logs", TASKLINE_API_TOKENS=tokens):
+        job_id = commit(database_url, {"n": 12})
+        wait_url = f"{url}/api/v1/jobs/{job_id}?wait_s=25"
+        refused = requests.get(wait_url, headers={"Authorization": "Bearer w-secret"}, timeout=5)
+        assert refused.status_code == 403  # at once: a waiter is checked before it waits
+        reader = {"Authorization": "Bearer r-secret"}
+        waiting, out = in_thread(requests.get, wait_url, headers=reader, timeout=40)
+        wait_for(lambda u=url: waiting_now(u) == 1, timeout=10, message="the wait")
+        drain(database_url)
+        waiting.join(30)
+        read = requests.get(f"{url}/api/v1/jobs/{job_id}", headers=reader, timeout=5)
+        assert out["value"].content == read.content and read.json()["status"] == "succeeded"
+        assert metric(url, 'taskline_api_woken_answers_total{how="burst"}') == 1
+
+
 def json_status(body: bytes) -> str:
     return str(json.loads(body)["status"])
 
