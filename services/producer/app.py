@@ -27,6 +27,7 @@ from taskline_producer import (
     jobs,
     jobtypes,
     limits,
+    listcache,
     operations,
     origins,
     pauses,
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     errors.init_app(app)
     events.init_app(app)
     waiting.init_app(app, settings)
+    listcache.init_app(app, settings.api_list_cache_s)
     for blueprint in (jobs.bp, operations.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
                       auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp,
                       workflows.bp, jobtypes.bp):

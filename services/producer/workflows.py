@@ -26,7 +26,7 @@ from taskline.metrics import WORKFLOWS_SUBMITTED
 from taskline.store.rows import StepCounts
 from taskline.transitions import CREATED, Committed
 from taskline.workflows import Submitted, WorkflowStatus, insert_workflow, workflow_status
-from taskline_producer import audit, auth, paging, quotas, replays, waiting
+from taskline_producer import audit, auth, listcache, paging, quotas, replays, waiting
 from taskline_producer.backends import backends
 from taskline_producer.body import read_json
 from taskline_producer.enqueuer import due_ms
@@ -70,6 +70,7 @@ def create_workflow() -> Response:
         if not submitted.created:
             _check_replay(conn, spec, submitted)
     if submitted.created:
+        listcache.forget()
         WORKFLOWS_SUBMITTED.inc()
         _dispatch(list(submitted.jobs.values()))
         log.info("workflow accepted", extra={"action": "workflow_submitted",
@@ -125,6 +126,7 @@ def get_workflow(workflow_id: uuid.UUID) -> Response:
 
 
 @bp.get("")
+@listcache.cached
 def list_workflows() -> Response:
     """Workflows newest first, each with its step counts by status, never its steps: a page's
     size is bounded by its length alone, whatever its workflows hold."""
@@ -149,6 +151,7 @@ def cancel_workflow(workflow_id: uuid.UUID) -> Response:
     if row is None:
         raise NotFound("no workflow has this id", {"id": str(workflow_id)})
     cancelled, asked = b.store.cancel_workflow(workflow_id, auth.principal().name)
+    listcache.forget()
     view = _view(row, workflow_id)
     if not cancelled and not asked and view["status"] != "running":
         raise InvalidState(f"a {view['status']} workflow cannot be cancelled",
