@@ -252,8 +252,10 @@ class IntakeWorker(BalancedThreadWorker):
         self.poller.register(conn.sock, selectors.EVENT_READ,
                              partial(self._on_parked_readable, conn))
         heapq.heappush(self._deadlines, (deadline, next(self._seq), conn))
-        if parked.watch.fired or not self.alive:  # fired while its request was being read
+        if not self.alive:
             self._resume(conn, "signalled")
+        elif parked.watch.fired:  # fired while its request was being read
+            self.wake(conn)
 
     def wake(self, conn: Any) -> None:
         """Any thread (the finish listener's): answer `conn`'s waiting request now."""
