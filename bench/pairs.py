@@ -54,6 +54,11 @@ def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
             for way, q in first.items():
                 out[f"pickup {way} p50"] = (float(q["p50"]), False)
                 out[f"pickup {way} p99"] = (float(q["p99"]), False)
+        elif name == "enqueue_p99_beside_workflow_lists":
+            (first,) = value
+            out["enqueue p99 beside lists"] = (float(first["listing_ms"]["p99"]), False)
+            out["enqueue p99 beside lists / quiet"] = (float(first["p99_ratio"]), False)
+            out["lists/s"] = (float(first["lists_per_s"]), True)
         elif name == "workflow_chain_100_handoff":
             (first,) = value
             out["chain handoff p50"] = (float(first["handoff_ms"]["p50"]), False)

@@ -107,8 +107,15 @@ def _waiters(base: str, ids: list[str], ready: Any, out: Any) -> None:
                 continue
             sel.unregister(key.fileobj)
             key.fileobj.close()  # type: ignore[union-attr]
-            body = buffers[job_id].partition(b"\r\n\r\n")[2]
-            answered[job_id] = (time.time(), json.loads(body).get("status", "?"))
+            head, _, body = buffers[job_id].partition(b"\r\n\r\n")
+            try:
+                status = json.loads(body).get("status", "?")
+            except ValueError:
+                status = "?"
+            if status != "succeeded":  # what it was told instead, for the report
+                line = head.split(b"\r\n")[0].decode()
+                status = f"{status}: {line} {body[:200]!r}"
+            answered[job_id] = (time.time(), status)
     out.put(answered)
 
 
@@ -143,7 +150,8 @@ def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
                               "FROM taskline.jobs WHERE id = ANY(%s::uuid[])", ids))
     delays = [(at - float(finished[i])) * 1000 for i, (at, status) in answered.items()
               if status == "succeeded"]
-    return {"waiters": waiters, "answered_succeeded": len(delays),
+    others = [status for _, status in answered.values() if status != "succeeded"]
+    return {"waiters": waiters, "answered_succeeded": len(delays), "other_answers": others[:5],
             "enqueue_per_s": {"quiet": quiet_rate, "beside_waiters": held_rate,
                               "ratio": held_rate / quiet_rate},
             "other_requests_ms": {"quiet": quiet_reads, "beside_waiters": held_reads,

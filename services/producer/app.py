@@ -15,7 +15,7 @@ from flask import Flask
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_producer.http import auth, origins, request_metrics, waiting
+from taskline_producer.http import auth, listcache, origins, request_metrics, waiting
 from taskline_producer.http.encoder import ResponseEncoder
 from taskline_producer.operations.backends import Backends
 from taskline_producer.routes import (
@@ -66,6 +66,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     errors.init_app(app)
     events.init_app(app)
     waiting.init_app(app, settings)
+    listcache.init_app(app, settings.api_list_cache_s)
     for blueprint in (jobs.bp, inspection.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
                       auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp,
                       workflows.bp, jobtypes.bp):

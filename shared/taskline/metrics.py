@@ -220,6 +220,9 @@ WAITING_REQUESTS = Gauge("taskline_api_waiting_requests", "Requests waiting (wai
 WAITS_ENDED = Counter("taskline_api_waits_total", "Waiting requests answered, by what ended the "
                       "wait: signalled (the finish, or the listener reconnecting), timeout "
                       "(wait_s passed), stopping (the API process stops)", ["ended"])
+WOKEN_ANSWERS = Counter("taskline_api_woken_answers_total", "Waiting requests answered once "
+                        "signalled, by how: burst (written from one read of the jobs of every "
+                        "waiter woken together), request (their request run again)", ["how"])
 
 
 class MaintenanceMetrics:

@@ -90,6 +90,10 @@ class Settings:
     the job, workflow, DLQ, audit, queue and schedule lists, and a workflow's steps) at once;
     more such reads wait for one without holding a thread, so a storm of them never leaves
     enqueues waiting for a thread; 1 <= value <= 1024."""
+    api_list_cache_s: float = 1.0
+    """Seconds an API process answers GET /api/v1/workflows from what the same query by the
+    same principal was answered (its step counts, and workflows another API process created,
+    may be that old); 0 turns it off; 0 <= value <= 60."""
     http_header_timeout_s: float = 10.0
     """Seconds the API waits for a request's line and headers (from the connection's opening,
     or from a kept-alive request's first byte); a connection that misses it gets 408 and is
@@ -205,6 +209,7 @@ class Settings:
             (self.max_schedules >= 1, "TASKLINE_MAX_SCHEDULES must be >= 1"),
             (self.min_schedule_period_s >= 1, "TASKLINE_MIN_SCHEDULE_PERIOD_S must be >= 1"),
             (1 <= self.api_list_threads <= 1024, "TASKLINE_API_LIST_THREADS must be 1..1024"),
+            (0 <= self.api_list_cache_s <= 60, "TASKLINE_API_LIST_CACHE_S must be 0..60"),
             (0 < self.http_header_timeout_s <= 3600,
              "TASKLINE_HTTP_HEADER_TIMEOUT_S must be > 0 and <= 3600"),
             (0 < self.http_body_timeout_s <= 3600,

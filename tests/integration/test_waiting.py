@@ -6,6 +6,7 @@ Client / AsyncClient `wait` and `wait_workflow` raising JobFailed and JobCancell
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import uuid
@@ -184,6 +185,74 @@ def test_more_waiting_requests_than_threads_leave_the_api_answering(api_url, dat
         statuses = {a.result().json()["status"] for a in answers}
     assert statuses == {"succeeded"}
     assert waiting_now(api_url) == 0
+
+
+def metric(api_url: str, name: str) -> float:
+    lines = requests.get(api_url + "/metrics", timeout=5).text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
+
+
+def raw_answer(sock: socket.socket) -> tuple[dict[str, str], bytes]:
+    """One HTTP answer read from `sock`: its headers (lower-case names) and its body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    headers = dict(line.decode().lower().split(": ", 1) for line in head.split(b"\r\n")[1:])
+    while len(body) < int(headers["content-length"]):
+        body += sock.recv(65536)
+    return headers, body
+
+
+def test_woken_waiters_are_answered_at_once_what_a_read_answers(api_url, database_url):
+    ok, bad = commit(database_url, {"n": 11}), commit(database_url, {"fail": "no"}, max_retries=0)
+    host, port = api_url.removeprefix("http://").split(":")
+    waits = [ok, ok, bad]  # two waiters of one job share its read
+    socks = [socket.create_connection((host, int(port))) for _ in waits]
+    for sock, job_id in zip(socks, waits, strict=True):
+        sock.sendall(f"GET /api/v1/jobs/{job_id}?wait_s=25 HTTP/1.1\r\nHost: {host}\r\n\r\n"
+                     .encode())
+    wait_for(lambda: waiting_now(api_url) == len(waits), timeout=10, message="the waits")
+    burst = metric(api_url, 'taskline_api_woken_answers_total{how="burst"}')
+    drain(database_url)
+    answers = [raw_answer(sock) for sock in socks]
+    for (headers, body), job_id in zip(answers, waits, strict=True):
+        read = requests.get(f"{api_url}/api/v1/jobs/{job_id}", timeout=5)
+        assert body == read.content
+        for name in ("content-type", "referrer-policy"):
+            assert headers[name] == read.headers[name]
+        assert headers["connection"] == "keep-alive"
+    assert [json_status(body) for _, body in answers] == ["succeeded", "succeeded", "dead"]
+    # Written without running the requests again, and counted as answers of the route.
+    assert metric(api_url, 'taskline_api_woken_answers_total{how="burst"}') == burst + 3
+    assert metric(api_url, 'taskline_api_woken_answers_total{how="request"}') == 0
+    # The connections are kept alive: their next requests are read and answered.
+    for sock, job_id in zip(socks, waits, strict=True):
+        sock.sendall(f"GET /api/v1/jobs/{job_id} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert json_status(raw_answer(sock)[1]) in ("succeeded", "dead")
+        sock.close()
+    assert waiting_now(api_url) == 0
+
+
+def test_a_woken_waiter_is_answered_under_its_token_scope(settings, tmp_path, database_url):
+    tokens = "reader:r-secret:jobs:read,writer:w-secret:jobs:write"
+    for url in start_api(settings, tmp_path / "logs", TASKLINE_API_TOKENS=tokens):
+        job_id = commit(database_url, {"n": 12})
+        wait_url = f"{url}/api/v1/jobs/{job_id}?wait_s=25"
+        refused = requests.get(wait_url, headers={"Authorization": "Bearer w-secret"}, timeout=5)
+        assert refused.status_code == 403  # at once: a waiter is checked before it waits
+        reader = {"Authorization": "Bearer r-secret"}
+        waiting, out = in_thread(requests.get, wait_url, headers=reader, timeout=40)
+        wait_for(lambda u=url: waiting_now(u) == 1, timeout=10, message="the wait")
+        drain(database_url)
+        waiting.join(30)
+        read = requests.get(f"{url}/api/v1/jobs/{job_id}", headers=reader, timeout=5)
+        assert out["value"].content == read.content and read.json()["status"] == "succeeded"
+        assert metric(url, 'taskline_api_woken_answers_total{how="burst"}') == 1
+
+
+def json_status(body: bytes) -> str:
+    return str(json.loads(body)["status"])
 
 
 def test_a_waiting_client_that_leaves_is_forgotten_and_wait_s_ends_a_wait(api_url,

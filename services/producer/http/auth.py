@@ -18,7 +18,7 @@ import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flask import Blueprint, Flask, Response, g, jsonify, request
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 
 from taskline.access import SCOPES, StaticToken, parse_tokens
 from taskline.settings import Settings
@@ -30,6 +30,8 @@ PROTECTED_PREFIX = "/api/"
 REALM = 'Bearer realm="taskline"'
 # EventSource cannot send headers, so the event stream (only) also takes `?token=`.
 QUERY_TOKEN_PATHS = frozenset({"/api/v1/events"})
+AUTHENTICATOR = "taskline_authenticator"
+"""The app extension holding the Authenticator (absent when authentication is off)."""
 JWKS_RETRY_AFTER_S = 5
 
 bp = Blueprint("access", __name__, url_prefix="/api/v1")
@@ -149,11 +151,37 @@ def _require_scope(who: Principal) -> None:
                         {"scope": missing, "granted": sorted(who.scopes)})
 
 
-def _no_referrer(response: Response) -> Response:
+def answer_headers(path: str) -> list[tuple[str, str]]:
+    """The headers every answer to `path` carries (an answer written without Flask too)."""
     # A token in the event stream's URL must never travel to another site in a Referer.
-    if request.path.startswith(PROTECTED_PREFIX):
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
+    return [("Referrer-Policy", "no-referrer")] if path.startswith(PROTECTED_PREFIX) else []
+
+
+def _no_referrer(response: Response) -> Response:
+    for name, value in answer_headers(request.path):
+        response.headers.setdefault(name, value)
     return response
+
+
+def presented_token() -> str | None:
+    """The current request's bearer token when authentication is on (None when it is off)."""
+    return _presented_token() if AUTHENTICATOR in current_app.extensions else None
+
+
+def still_allowed(app: Flask, token: str | None, endpoint: str) -> bool:
+    """Whether `token` (presented_token's) may still call `endpoint`: a request answered
+    outside Flask (a woken waiter's) is checked again, as a run of its request would be; any
+    refusal is left to that run, which answers it in the error shape."""
+    authenticator = app.extensions.get(AUTHENTICATOR)
+    if authenticator is None:
+        return True
+    if token is None:
+        return False
+    try:
+        who = authenticator.principal_for(token)
+    except Exception:
+        return False
+    return scopes.allowed(endpoint, who.scopes) is None
 
 
 def init_app(app: Flask, settings: Settings) -> None:
@@ -162,6 +190,7 @@ def init_app(app: Flask, settings: Settings) -> None:
     if not settings.auth_enabled:
         return
     authenticator = Authenticator(settings)
+    app.extensions[AUTHENTICATOR] = authenticator
 
     @app.before_request
     def authenticate() -> None:

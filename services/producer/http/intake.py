@@ -34,13 +34,15 @@ from typing import Any
 
 from gunicorn import http
 from gunicorn.http import errors as http_errors
+from gunicorn.http import wsgi
 
-from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED
+from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED, WOKEN_ANSWERS
 from taskline.settings import Settings
+from taskline_producer.http import request_metrics, woken
 from taskline_producer.http.balancer import BalancedThreadWorker
 from taskline_producer.http.framing import Framed, Refused, RequestFramer
 from taskline_producer.http.lanes import ListLane, is_list_read
-from taskline_producer.http.waiting import PARKING, WAIT_UNTIL, Parked
+from taskline_producer.http.waiting import PARKING, WAIT_UNTIL, Parked, Reply
 from taskline_producer.schemas.errors import CLOSE_CONNECTION, error_bytes
 
 log = logging.getLogger(__name__)
@@ -86,10 +88,18 @@ class IntakeWorker(BalancedThreadWorker):
         self._parked: dict[Any, tuple[Parked, float]] = {}
         """Connections whose answer waits for a job to finish (taskline_producer.http.waiting),
         with its deadline: on the event loop, holding no thread."""
+        self._woken: list[Any] = []
+        """Waiting connections woken (by the finish listener's thread) since the loop looked."""
+        self._woken_lock = threading.Lock()
+        self._burst: list[tuple[Any, Reply, float]] = []
+        """Woken waiters the next burst answers (taskline_producer.http.woken), one at a time."""
+        self._bursting = False
+        self._flask: Any = None
         self._serving = threading.local()
 
     def run(self) -> None:
         # After post_worker_init, which needs the Flask app itself as worker.wsgi.
+        self._flask = self.wsgi
         self.wsgi = closing_when_asked(offering_parking(self.wsgi, self))
         super().run()
 
@@ -242,12 +252,96 @@ class IntakeWorker(BalancedThreadWorker):
         self.poller.register(conn.sock, selectors.EVENT_READ,
                              partial(self._on_parked_readable, conn))
         heapq.heappush(self._deadlines, (deadline, next(self._seq), conn))
-        if parked.watch.fired or not self.alive:  # fired while its request was being read
+        if not self.alive:
             self._resume(conn, "signalled")
+        elif parked.watch.fired:  # fired while its request was being read
+            self.wake(conn)
 
     def wake(self, conn: Any) -> None:
         """Any thread (the finish listener's): answer `conn`'s waiting request now."""
-        self.method_queue.defer(self._resume, conn, "signalled")
+        with self._woken_lock:
+            self._woken.append(conn)
+            if len(self._woken) > 1:
+                return  # the loop is told already
+        self.method_queue.defer(self._answer_woken)
+
+    def _answer_woken(self) -> None:
+        """Every waiter woken since the loop last looked: a job's waiter goes to the next
+        burst, any other (a workflow's, or any in a stopping worker) runs its request again."""
+        with self._woken_lock:
+            woken, self._woken = self._woken, []
+        for conn in woken:
+            entry = self._parked.pop(conn, None)
+            if entry is None:
+                continue  # answered already, or its client left
+            parked, deadline = entry
+            self._unpark(conn, parked)
+            WAITS_ENDED.labels("signalled").inc()
+            if parked.reply is None or not self.alive:
+                self._run_again(conn, deadline if self.alive else 0.0)
+            else:
+                self._burst.append((conn, parked.reply, deadline))
+        self._start_burst()
+
+    def _start_burst(self) -> None:
+        if not self._burst or self._bursting:
+            return  # a running burst starts the next when it ends
+        burst, self._burst = self._burst, []
+        self._bursting = True
+        done = self.tpool.submit(self._answer_burst, burst)
+        done.add_done_callback(lambda fs: self.method_queue.defer(self._burst_done, burst, fs))
+
+    def _answer_burst(self, burst: list[tuple[Any, Reply, float]]) -> list[str]:
+        """On a thread: read every job of `burst` at once and answer each waiter whose job is
+        finished; "keep", "close" or "again" (run its request) for each."""
+        try:
+            answers = woken.answers(self._flask, [reply for _, reply, _ in burst])
+        except Exception:
+            # PostgreSQL unreachable, say: each request, run again, answers in the error shape.
+            log.warning("woken waiters are answered by their requests", exc_info=True)
+            return ["again"] * len(burst)
+        return [self._send(conn, reply, answer) if answer is not None else "again"
+                for (conn, reply, _), answer in zip(burst, answers, strict=True)]
+
+    def _send(self, conn: Any, reply: Reply, answer: woken.Answer) -> str:
+        """Write `answer` as gunicorn writes an application's (its Response)."""
+        req, conn.parked_req = conn.parked_req, None
+        resp = wsgi.Response(req, conn.sock, self.cfg)
+        if not self.alive or not self.cfg.keepalive:
+            resp.force_close()
+        try:
+            conn.sock.settimeout(self.body_s)  # as a request's thread writes (handle_request)
+            resp.start_response("200 OK", answer.headers)
+            resp.write(answer.body)
+            resp.close()
+        except OSError:
+            return "close"  # the client left
+        request_metrics.record(reply.route, "GET", 200, reply.started)
+        WOKEN_ANSWERS.labels("burst").inc()
+        return "close" if resp.should_close() or not conn.framed.complete else "keep"
+
+    def _burst_done(self, burst: list[tuple[Any, Reply, float]], fs: Any) -> None:
+        self._bursting = False
+        try:
+            outcomes = fs.result()
+        except Exception:  # a bug: some answers may be written, so none is written again
+            log.exception("woken waiters could not be answered")
+            outcomes = ["close"] * len(burst)
+        for (conn, _, deadline), outcome in zip(burst, outcomes, strict=True):
+            if outcome == "keep":
+                self._read(conn, conn.framed.rest)
+            elif outcome == "close":
+                self._linger(conn)
+            else:
+                self._run_again(conn, deadline if self.alive else 0.0)
+        self._start_burst()
+
+    def _run_again(self, conn: Any, until: float, signalled: bool = True) -> None:
+        """Run a waiting request again: it answers, or waits on until `until` (0: at once)."""
+        conn.wait_until = until
+        if signalled:
+            WOKEN_ANSWERS.labels("request").inc()
+        self.enqueue_req(conn)
 
     def _resume(self, conn: Any, ended: str) -> None:
         """Run the waiting request again: it answers its job's state, or, woken by a signal
@@ -257,8 +351,8 @@ class IntakeWorker(BalancedThreadWorker):
             return  # answered already, or its client left
         self._unpark(conn, entry[0])
         WAITS_ENDED.labels(ended).inc()
-        conn.wait_until = entry[1] if ended == "signalled" and self.alive else 0.0
-        self.enqueue_req(conn)
+        signalled = ended == "signalled"
+        self._run_again(conn, entry[1] if signalled and self.alive else 0.0, signalled)
 
     def _unpark(self, conn: Any, parked: Parked) -> None:
         WAITING_REQUESTS.dec()
@@ -337,7 +431,10 @@ class IntakeWorker(BalancedThreadWorker):
         try:
             return bool(super().handle_request(req, conn))
         except Parked as parked:
+            # The frames of the request's run would stay alive for as long as it waits.
+            parked.__traceback__ = None
             conn.parked = parked  # finish_request holds it on the event loop
+            conn.parked_req = req  # a woken waiter's answer is written for it
             return True
         finally:
             self._serving.conn = None

@@ -20,16 +20,24 @@ def _start_timer() -> None:
     g.taskline_started = time.perf_counter()
 
 
+def started() -> float:
+    """time.perf_counter() at the current request's start."""
+    return float(g.get("taskline_started") or time.perf_counter())
+
+
 def _record(response: Response) -> Response:
     route = request.url_rule.rule if request.url_rule is not None else "unmatched"
     method = request.method if request.method in _METHODS else "other"
-    status = str(response.status_code)
-    HTTP_REQUESTS.labels(route=route, method=method, status=status).inc()
-    started = g.get("taskline_started")
-    if started is not None:
-        HTTP_LATENCY.labels(route=route, method=method, status=status).observe(
-            time.perf_counter() - started)
+    record(route, method, response.status_code, g.get("taskline_started"))
     return response
+
+
+def record(route: str, method: str, status: int, started_at: float | None) -> None:
+    """Count one answer of `route` (a template), and its latency since `started_at`."""
+    HTTP_REQUESTS.labels(route=route, method=method, status=str(status)).inc()
+    if started_at is not None:
+        HTTP_LATENCY.labels(route=route, method=method, status=str(status)).observe(
+            time.perf_counter() - started_at)
 
 
 def init_app(app: Flask) -> None:

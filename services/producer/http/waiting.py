@@ -4,10 +4,12 @@
 Invariant: a waiting request holds no thread and no pooled connection. Its finish is watched
 (taskline.finishing: one LISTEN connection per process) before its state is read, so a finish
 committed in between still wakes it. Under the API's gunicorn worker the route then raises
-Parked: the worker keeps the connection on its event loop (taskline_producer.http.intake) and, when
-the watch fires or the deadline passes, runs the same request again with the wait over, which
-reads the state once more and answers. Served otherwise (Flask's own server, tests), the
-request's thread waits instead.
+Parked: the worker keeps the connection on its event loop (taskline_producer.http.intake). When
+the watch of a job's waiter fires, the worker answers it without running its request again
+(taskline_producer.http.woken: every waiter woken together is answered from one read of their
+finished jobs); otherwise (a workflow, a job not finished after all, the deadline) it runs the
+same request again with the wait over, which reads the state once more and answers. Served
+otherwise (Flask's own server, tests), the request's thread waits instead.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, current_app, request
@@ -24,6 +27,7 @@ from flask import Flask, current_app, request
 from taskline.finishing import FinishListener, Watch
 from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED
 from taskline.settings import Settings
+from taskline_producer.http import auth, request_metrics
 from taskline_producer.schemas.errors import InvalidParameter
 
 EXTENSION = "taskline_waits"
@@ -39,15 +43,33 @@ Read = Callable[[], tuple[Any, bool]]
 """Reads the current answer and whether its job (workflow) is finished."""
 
 
+@dataclass(frozen=True)
+class Reply:
+    """How a woken waiter of one job is answered without its request (taskline_producer.http.woken):
+    GET /api/v1/jobs/{id}'s answer once the job is finished, from the same checks."""
+
+    job_id: str
+    route: str
+    """The route's template and endpoint (the request metrics' label, the scope check)."""
+    endpoint: str
+    path: str
+    token: str | None
+    """The bearer token presented, checked again at the answer (None: authentication off)."""
+    started: float
+    """time.perf_counter() at the request's start (the request metrics' latency)."""
+
+
 class Parked(BaseException):
     """Raised by a route whose answer waits on the event loop; the worker catches it (it
     passes Flask's error handlers, which would answer it 500)."""
 
-    def __init__(self, watch: Watch, wait_s: float, listener: FinishListener) -> None:
+    def __init__(self, watch: Watch, wait_s: float, listener: FinishListener,
+                 reply: Reply | None = None) -> None:
         super().__init__()
         self.watch = watch
         self.wait_s = wait_s
         self.listener = listener
+        self.reply = reply
 
 
 class Waits:
@@ -98,11 +120,21 @@ def wait_s() -> float | None:
     return value
 
 
-def answer(ids: Iterable[str], seconds: float | None, read: Read) -> Any:
+def job_reply(job_id: str) -> Reply:
+    """The current request's Reply for job `job_id` (inside GET /api/v1/jobs/{id})."""
+    rule = request.url_rule
+    assert rule is not None and rule.endpoint is not None
+    return Reply(job_id, rule.rule, rule.endpoint, request.path, auth.presented_token(),
+                 request_metrics.started())
+
+
+def answer(ids: Iterable[str], seconds: float | None, read: Read,
+           reply: Callable[[], Reply] | None = None) -> Any:
     """What `read` answers once the watched ids' job (workflow) is finished, or after
     `seconds`; at once without `seconds` or when it is finished already. A request run again
     after a wake-up that did not finish it (a reconnection of the listener) waits on until its
-    first deadline (WAIT_UNTIL)."""
+    first deadline (WAIT_UNTIL). `reply` makes the Reply that answers it once woken without
+    running it again (None: it is run again)."""
     until = request.environ.get(WAIT_UNTIL)
     if until is not None:
         seconds = until - time.monotonic()
@@ -121,7 +153,7 @@ def answer(ids: Iterable[str], seconds: float | None, read: Read) -> Any:
     view, done = _read_watched(listener, watch, read)
     if done:
         return view
-    raise Parked(watch, seconds, listener)
+    raise Parked(watch, seconds, listener, None if reply is None else reply())
 
 
 def _read_watched(listener: FinishListener, watch: Watch, read: Read) -> tuple[Any, bool]:

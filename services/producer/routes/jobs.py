@@ -100,7 +100,8 @@ def _check_declared(errors: list[FieldError]) -> None:
 def get_job(job_id: uuid.UUID) -> Response:
     """The job with its history; with `wait_s`, once it is finished or `wait_s` has passed."""
     seconds = waiting.wait_s()
-    return jsonify(waiting.answer([str(job_id)], seconds, lambda: _job_detail(job_id)))
+    return jsonify(waiting.answer([str(job_id)], seconds, lambda: _job_detail(job_id),
+                                  lambda: waiting.job_reply(str(job_id))))
 
 
 def _job_detail(job_id: uuid.UUID) -> tuple[dict, bool]:

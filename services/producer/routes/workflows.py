@@ -19,7 +19,7 @@ from flask import Blueprint, Response, jsonify, request
 from taskline import tracing
 from taskline.jobspec import KEY_CODE, FieldError
 from taskline.workflows import WorkflowStatus
-from taskline_producer.http import waiting
+from taskline_producer.http import listcache, waiting
 from taskline_producer.operations import jobmoves, quotas, replays, submission
 from taskline_producer.operations.backends import backends
 from taskline_producer.schemas import paging, shapes
@@ -58,6 +58,8 @@ def create_workflow() -> Response:
     quotas.take(len(spec.steps))
     with tracing.enqueue(request.headers) as trace_context:
         submitted = submission.submit_workflow(spec, trace_context)
+    if submitted.created:
+        listcache.forget()
     view = _view(b.store.get_workflow(submitted.id) or {}, submitted.id)
     response = jsonify(replays.workflow_answer(view, submitted.created))
     response.status_code = 201 if submitted.created else 200
@@ -91,6 +93,7 @@ def get_workflow(workflow_id: uuid.UUID) -> Response:
 
 
 @bp.get("")
+@listcache.cached
 def list_workflows() -> Response:
     """Workflows newest first, each with its step counts by status, never its steps: a page's
     size is bounded by its length alone, whatever its workflows hold."""
@@ -115,6 +118,7 @@ def cancel_workflow(workflow_id: uuid.UUID) -> Response:
     if row is None:
         raise NotFound("no workflow has this id", {"id": str(workflow_id)})
     moves = jobmoves.cancel_workflow(workflow_id)
+    listcache.forget()
     view = _view(row, workflow_id)
     if not moves.cancelled and not moves.asked and view["status"] != "running":
         raise InvalidState(f"a {view['status']} workflow cannot be cancelled",

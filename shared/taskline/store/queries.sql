@@ -225,6 +225,20 @@ FROM taskline.job_events WHERE job_id = :id ORDER BY id;
 SELECT id, attempt, worker_id, leased_at, leased_until, released_at, outcome
 FROM taskline.job_leases WHERE job_id = :id ORDER BY id;
 
+-- name: get_jobs
+-- The jobs :ids that exist (the answers of a burst of woken waiters, read at once).
+SELECT * FROM taskline.jobs WHERE id = ANY(CAST(:ids AS uuid[]));
+
+-- name: get_events_of
+-- get_events of each of the jobs :ids, by job, oldest first.
+SELECT job_id, id, attempt, event, worker_id, actor, detail, created_at
+FROM taskline.job_events WHERE job_id = ANY(CAST(:ids AS uuid[])) ORDER BY job_id, id;
+
+-- name: get_leases_of
+-- get_leases of each of the jobs :ids, by job, oldest first.
+SELECT job_id, id, attempt, worker_id, leased_at, leased_until, released_at, outcome
+FROM taskline.job_leases WHERE job_id = ANY(CAST(:ids AS uuid[])) ORDER BY job_id, id;
+
 -- name: events_after
 -- The first :limit history entries above id :after, oldest first, with their job's queue, type and priority.
 SELECT e.id, e.job_id, e.attempt, e.event, e.worker_id, e.actor, e.created_at,
