@@ -8,12 +8,17 @@ measured from the API's 201 (seen by the client) to the handler's start on the s
 (`bench.sleep` waits `payload["s"]` seconds: the flow-limit scenarios' jobs of a known length),
 with the job bodies the peers run too (iojobs.py). The worker gets the benchmark's Redis URL as
 REDIS_URL (bench/stack.py, Stack.env).
+With BENCH_DECLARED=1, `bench.noop` and `bench.stamp` are declared types (`payload=Empty`, a
+dataclass `{}` fits): the worker validates each payload and the API checks it against the
+recorded schema (bench/declare.py records it at each reset), so bench/pairs.py's
+`--after-env BENCH_DECLARED=1` measures declared types against undeclared ones.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import iojobs
@@ -21,12 +26,22 @@ import iojobs
 from taskline.handlers.registry import JobContext, handler
 
 
-@handler("bench.stamp")
+@dataclass
+class Empty:
+    """The declared payload of the no-op jobs: the `{}` they are sent with fits it."""
+
+    note: str = ""
+
+
+DECLARED: dict[str, Any] = {"payload": Empty} if os.environ.get("BENCH_DECLARED") == "1" else {}
+
+
+@handler("bench.stamp", **DECLARED)
 def stamp(payload: Any, ctx: JobContext) -> dict[str, float]:
     return {"started": time.time()}
 
 
-@handler("bench.noop")
+@handler("bench.noop", **DECLARED)
 def noop(payload: Any, ctx: JobContext) -> None:
     return None
 

@@ -7,7 +7,7 @@ repetition per run, the two orders alternating so neither side always runs secon
 
 Usage: python bench/pairs.py --before DIR --after DIR [--pairs 7]
            [--only drain_4_workers,enqueue_single_8_clients,pickup_idle_worker] [--jobs N]
-           [--bench-from DIR] [--out bench-results/pairs.json]
+           [--bench-from DIR] [--after-env NAME=VALUE] [--out bench-results/pairs.json]
 `--bench-from` runs one checkout's bench/ with both sides' code, so a scenario newer than the
 older side can still measure it. Prints, per metric, each pair's ratio and the median with
 min-max. For durations (ms, s) the ratio is before/after, so above 1 is better in every row,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,14 +29,17 @@ from typing import Any
 DEFAULT_ONLY = "drain_4_workers,enqueue_single_8_clients,pickup_idle_worker"
 
 
-def run_once(tree: Path, only: str, jobs: int, bench: Path | None) -> dict[str, Any]:
+def run_once(tree: Path, only: str, jobs: int, bench: Path | None,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
     """One repetition of the scenarios with `tree`'s code (its virtualenv); the benchmark's
-    own scripts are `bench`'s when given (to run a new scenario against older code)."""
+    own scripts are `bench`'s when given (to run a new scenario against older code); `env`
+    added to the environment."""
     script = (bench or tree) / "bench" / "run.py"
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([str(tree / ".venv" / "bin" / "python"), str(script), "--repeat", "1",
                         "--no-peers", "--only", only, "--jobs", str(jobs), "--out", out.name],
-                       cwd=tree, check=True, stdout=subprocess.DEVNULL)
+                       cwd=tree, check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, **(env or {})})
         return json.loads(Path(out.name).read_text())["results"]
 
 
@@ -59,6 +63,10 @@ def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
             out["enqueue p99 beside lists"] = (float(first["listing_ms"]["p99"]), False)
             out["enqueue p99 beside lists / quiet"] = (float(first["p99_ratio"]), False)
             out["lists/s"] = (float(first["lists_per_s"]), True)
+        elif name == "library_enqueue":
+            (first,) = value
+            for key, figure in first.items():  # jobs/s better higher, CPU (_us) lower
+                out[f"library {key}"] = (float(figure), not key.endswith("_us"))
         elif name == "workflow_chain_100_handoff":
             (first,) = value
             out["chain handoff p50"] = (float(first["handoff_ms"]["p50"]), False)
@@ -92,12 +100,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-results/pairs.json"))
     parser.add_argument("--bench-from", type=Path, default=None,
                         help="a checkout whose bench/ both sides run (default: each its own)")
+    parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set for the after side's runs only (BENCH_DECLARED=1: declared "
+                             "types against undeclared, --before and --after one checkout)")
     args = parser.parse_args()
+    after_env = dict(item.split("=", 1) for item in args.after_env)
     pairs: list[dict[str, Any]] = []
     for n in range(args.pairs):
         order = ("before", "after") if n % 2 == 0 else ("after", "before")
         runs = {side: metrics(run_once(getattr(args, side), args.only, args.jobs,
-                                       args.bench_from))
+                                       args.bench_from, after_env if side == "after" else None))
                 for side in order}
         pairs.append(runs)
         print(f"pair {n + 1}: " + json.dumps({

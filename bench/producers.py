@@ -1,7 +1,8 @@
 """The producer's ways in, measured on the real stack: the library's in-transaction enqueue
 (`taskline.enqueue` on an autocommit psycopg connection, and `taskline.aenqueue` on an async
 one) and the Python `Client`, single and bulk, and the enqueue call to handler start through
-each; beside pgqueuer in bench/run.py's `producers_side_by_side`.
+each; beside pgqueuer in bench/run.py's `producers_side_by_side`. `library_enqueue` alone: the
+library's two, with their CPU per call, for bench/pairs.py.
 
 Invariant: as in bench/clients.py, every producer is its own process, connected and warmed up
 before the clock starts, and the clock stops when the last one is done. Maintenance runs
@@ -40,46 +41,58 @@ def _maintenance(stack: Stack) -> Any:
 
 # --- single and bulk enqueue ------------------------------------------------------------------
 
-def _library_producer(url: str, calls: int, go: Any, ready: Any, done: Any) -> None:
+def _library_producer(url: str, calls: int, cpu: Any, go: Any, ready: Any,
+                      done: Any) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for _ in range(WARMUP):
             taskline.enqueue(conn, NOOP)
         ready.put(True)
         go.wait()
+        started = time.process_time()
         for _ in range(calls):
             taskline.enqueue(conn, NOOP)
+        cpu.put((time.process_time() - started) / calls)
     done.put(calls)
 
 
-def library_single(stack: Stack, jobs: int) -> float:
-    """Jobs/s of one process calling `taskline.enqueue` once per job, autocommit."""
+def _library(stack: Stack, producer: Any, jobs: int) -> tuple[float, float]:
+    """(jobs/s, the producer's CPU per call in us) of one process running `producer`."""
     stack.reset()
+    cpu = mp.get_context("fork").Queue()
     with _maintenance(stack):
-        seconds, finished = run_together(_library_producer, (stack.url, jobs), 1)
-    return finished / seconds
+        seconds, finished = run_together(producer, (stack.url, jobs, cpu), 1)
+    return finished / seconds, 1e6 * cpu.get(timeout=10)
 
 
-def _async_library_producer(url: str, calls: int, go: Any, ready: Any, done: Any) -> None:
+def _async_library_producer(url: str, calls: int, cpu: Any, go: Any, ready: Any,
+                            done: Any) -> None:
+    """`taskline.aenqueue` on a psycopg AsyncConnection, autocommit: the sync path's
+    statement through the async driver."""
     async def enqueue_all() -> None:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             for _ in range(WARMUP):
                 await taskline.aenqueue(conn, NOOP)
             ready.put(True)
             go.wait()  # blocks the loop before the clock starts: nothing else runs on it
+            started = time.process_time()
             for _ in range(calls):
                 await taskline.aenqueue(conn, NOOP)
+            cpu.put((time.process_time() - started) / calls)
 
     asyncio.run(enqueue_all())
     done.put(calls)
 
 
-def library_async_single(stack: Stack, jobs: int) -> float:
-    """Jobs/s of one process awaiting `taskline.aenqueue` once per job on a psycopg
-    AsyncConnection, autocommit: the sync path's statement through the async driver."""
-    stack.reset()
-    with _maintenance(stack):
-        seconds, finished = run_together(_async_library_producer, (stack.url, jobs), 1)
-    return finished / seconds
+def library_enqueue(stack: Stack, jobs: int) -> dict[str, float]:
+    """`taskline.enqueue` and `taskline.aenqueue` one after the other, each one process
+    enqueueing `jobs` jobs one per call: jobs/s and the producer's CPU per call (us), what
+    bench/pairs.py compares across two checkouts (the async one only where it exists)."""
+    rate, cpu = _library(stack, _library_producer, jobs)
+    out = {"sync_jobs_per_s": rate, "sync_cpu_us": cpu}
+    if hasattr(taskline, "aenqueue"):
+        rate, cpu = _library(stack, _async_library_producer, jobs)
+        out.update({"async_jobs_per_s": rate, "async_cpu_us": cpu})
+    return out
 
 
 def _client_producer(base: str, calls: int, batch: int, cpu: Any, go: Any, ready: Any,
@@ -163,8 +176,11 @@ def side_by_side_once(stack: Stack, jobs: int, peers: Any | None) -> dict[str, f
     bench/peers.py module, None without pgqueuer): name -> figure."""
     single, bulk = min(jobs, 2000), max(jobs, 2000)
     client = client_enqueue(stack, single)
-    out = {"library_single_jobs_per_s": library_single(stack, single),
-           "library_async_single_jobs_per_s": library_async_single(stack, single),
+    library = library_enqueue(stack, single)
+    out = {"library_single_jobs_per_s": library["sync_jobs_per_s"],
+           "library_cpu_us_per_enqueue": library["sync_cpu_us"],
+           "library_async_single_jobs_per_s": library["async_jobs_per_s"],
+           "library_cpu_us_per_aenqueue": library["async_cpu_us"],
            "client_single_jobs_per_s": client["jobs_per_s"],
            "client_cpu_ms_per_enqueue": client["client_cpu_ms_per_call"],
            "client_bulk_jobs_per_s": client_enqueue(stack, bulk, 1000, 2)["jobs_per_s"],

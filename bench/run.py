@@ -136,6 +136,8 @@ def scenario_table(n: int, big: bool) -> dict[str, Callable[[Stack], Any]]:
         "drain_4_workers": lambda s: sc.drain(s, n, 4),
         "drain_2_workers_1pct_failing": lambda s: sc.drain(s, n, 2, failing_per_1000=10),
         "pickup_idle_worker": lambda s: sc.pickup(s),
+        # taskline.enqueue / aenqueue, one process each: jobs/s and CPU per call (us).
+        "library_enqueue": lambda s: producers.library_enqueue(s, min(n, 2000)),
         "killed_worker_rerun_s": sc.killed_worker,
         "reconcile_100k_pending": lambda s: sc.reconcile(s, 100_000),
         # Normal requests' latency (ms) while 1,000 slow or half-open connections are held.

@@ -117,6 +117,9 @@ class Stack:
             conn.execute(f"CREATE DATABASE {DB_NAME}")
         subprocess.run([sys.executable, "-m", "taskline_cli.main", "migrate"], env=self.env(),
                        check=True, stdout=subprocess.DEVNULL)
+        if os.environ.get("BENCH_DECLARED") == "1":  # bench/benchjobs.py's declared types
+            subprocess.run([sys.executable, str(BENCH_DIR / "declare.py")], env=self.env(),
+                           check=True, stdout=subprocess.DEVNULL)
         self.redis.flushdb()
 
     def sql(self, query: str, *params: object) -> list[tuple]:

@@ -115,7 +115,8 @@ def parse_job(body: object, settings: Settings,
                 errors.append(_field_error(name, err))
     header, header_errors = _header_key(header_key)
     errors += header_errors + _cross_field_errors(body, values, header)
-    errors += _semantics(body, values, header)
+    if "unique" in body or "debounce" in body:  # a plain job pays for neither
+        errors += _semantics(body, values, header)
     if errors:
         return errors
     # Only a replay compares the hash, and only a job with a key can be replayed.
@@ -202,20 +203,19 @@ def request_hash(body: dict[str, Any]) -> str:
 
 def _spec(values: dict[str, Any], settings: Settings, header_key: str | None,
           digest: str | None) -> JobSpec:
+    # `values` is keyed by JobSpec's field names: the body's fields over the defaults. Set in
+    # one dict update, as Job.of does, skipping the frozen __init__'s setattr per field.
+    fields = {"payload": {}, "queue": "default", "priority": 5,
+              "max_retries": settings.default_max_retries,
+              "timeout_s": settings.default_timeout_s, "delay_s": 0.0, "run_at": None,
+              "idempotency_key": header_key, **values, "request_hash": digest}
     debounce: DebounceSpec | None = values.get("debounce")
-    return JobSpec(
-        type=values["type"], payload=values.get("payload", {}),
-        queue=values.get("queue", "default"), priority=values.get("priority", 5),
-        max_retries=values.get("max_retries", settings.default_max_retries),
-        timeout_s=values.get("timeout_s", settings.default_timeout_s),
+    if debounce is not None:
         # A debounced job starts scheduled, due its delay after its first arrival.
-        delay_s=debounce.delay_s if debounce else values.get("delay_s", 0.0),
-        run_at=values.get("run_at"),
-        idempotency_key=values.get("idempotency_key", header_key), request_hash=digest,
-        limit_key=values.get("limit_key"), unique=values.get("unique"), debounce=debounce,
-        ordering_key=values.get("ordering_key"), tags=values.get("tags"),
-        expires_at=values.get("expires_at"), start_within_s=values.get("start_within_s"),
-    )
+        fields["delay_s"] = debounce.delay_s
+    spec = object.__new__(JobSpec)
+    spec.__dict__.update(fields)
+    return spec
 
 
 def _cross_field_errors(body: dict[str, Any], values: dict[str, Any],

@@ -193,3 +193,37 @@ def test_taskline_testing_drains_without_the_web_stack(light: Path, settings: Se
     counts, web = done.stdout.strip().splitlines()
     assert counts == "2 1 [3, 7]", done.stdout
     assert web == "[]"
+
+
+DECLARE = """
+import dataclasses
+import taskline
+
+@dataclasses.dataclass
+class Receipt:
+    order: int
+
+try:
+    @taskline.handler("send_receipt", payload=Receipt)
+    def send(payload, ctx):
+        pass
+except ImportError as err:
+    print(err)
+"""
+
+
+def test_a_declared_payload_without_pydantic_names_the_extra(light: Path,
+                                                             tmp_path: Path) -> None:
+    """pydantic stays optional: the light install has none, a handler without `payload=`
+    registers, and one declaring a dataclass payload fails at import naming the extra."""
+    script = tmp_path / "declare.py"
+    script.write_text(DECLARE)
+    done = run(light, ["python", str(script)])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "payload=Receipt: declared payloads need pydantic: pip install 'taskline[pydantic]'")
+    plain = run(light, ["python", "-c", "import taskline\n@taskline.handler('t')\n"
+                        "def f(payload, ctx): pass\nimport importlib.util as u\n"
+                        "print(u.find_spec('pydantic'))"])
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() == "None"

@@ -1,10 +1,14 @@
-"""The pure job model: priorities, ids and backoff (retry decisions: test_transitions.py)."""
+"""The pure job model: priorities, ids, backoff and building jobs from rows (retry decisions:
+test_transitions.py)."""
 
 from __future__ import annotations
 
 import random
 import time
 import uuid
+from collections import namedtuple
+from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 
@@ -12,6 +16,7 @@ from taskline.jobs import (
     PENDING,
     TERMINAL,
     Backoff,
+    Job,
     Status,
     new_job_id,
     parse_job_id,
@@ -85,3 +90,39 @@ def test_every_state_has_one_redis_home_and_the_state_sets_follow_from_it():
 
     assert quoted(PENDING_SQL) == {s.value for s in PENDING}
     assert quoted(TERMINAL_SQL) == {s.value for s in TERMINAL}
+
+
+NOW = datetime(2026, 12, 3, 16, 0, tzinfo=UTC)
+REQUIRED = {"id": uuid.UUID(int=7), "type": "t", "queue": "q", "payload": {"a": 1},
+            "priority": 5, "status": Status.QUEUED, "attempts": 0, "max_retries": 3,
+            "timeout_s": 30.0, "next_run_at": None, "idempotency_key": None,
+            "last_error": None, "result": None, "created_at": NOW, "updated_at": NOW,
+            "cancel_requested": False}
+
+
+def test_of_builds_the_job_init_builds_with_unnamed_fields_at_their_defaults():
+    fields = {**REQUIRED, "tags": ("a", "b"), "ordering_key": "k"}
+    built = Job.of(fields)
+    assert built == Job(**fields)
+    assert (built.snoozes, built.workflow_id, built.coalesced) == (0, None, None)
+    assert built.to_dict() == Job(**fields).to_dict()
+
+
+def test_from_row_picks_the_job_columns_and_converts_them():
+    # A claim's row: job columns as the driver returns them, a lease's beside them.
+    names = (*REQUIRED, "tags", "snoozes", "lease_id", "leased_until")
+    row = namedtuple("Row", names)(**{**REQUIRED, "status": "running",
+                                      "timeout_s": Decimal("2.5")},
+                                   tags=["x"], snoozes=None, lease_id=9, leased_until=NOW)
+    job = Job.from_row(row)
+    assert job == Job(**{**REQUIRED, "status": Status.RUNNING, "timeout_s": 2.5,
+                         "tags": ("x",)})
+    assert type(job.timeout_s) is float and job.status is Status.RUNNING
+    assert not hasattr(job, "lease_id")
+
+
+def test_from_row_names_a_missing_required_column():
+    names = tuple(n for n in REQUIRED if n != "attempts")
+    row = namedtuple("Row", names)(**{n: REQUIRED[n] for n in names})
+    with pytest.raises(ValueError, match="attempts"):
+        Job.from_row(row)

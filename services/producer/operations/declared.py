@@ -76,18 +76,19 @@ class DeclaredTypes:
         """Field errors of the jobs whose payload breaks their declared type (or whose type is
         undeclared, under reject); `where(i)` prefixes the fields of the i-th (`jobs[2].`)."""
         declared = self._current()
+        if not declared and not self._reject_unknown:
+            return []  # no type declared: an enqueue pays no loop over its jobs
         problems: list[FieldError] = []
         for index, spec in enumerate(specs):
-            prefix = where(index)
             validators = declared.get(spec.type)
             if validators is None:
                 if self._reject_unknown:
                     PAYLOAD_REFUSED.labels(OTHER, "undeclared").inc()
-                    problems.append(FieldError(f"{prefix}type", (
+                    problems.append(FieldError(f"{where(index)}type", (
                         f"no worker seen within TASKLINE_TYPE_TTL_S declares type {spec.type!r} "
                         "(TASKLINE_UNKNOWN_TYPES=reject)")))
                 continue
-            misfit = _payload_errors(validators, spec.payload, f"{prefix}payload")
+            misfit = _payload_errors(validators, spec.payload, f"{where(index)}payload")
             if misfit:
                 PAYLOAD_REFUSED.labels(self._labels(spec.type), "schema").inc()
             problems += misfit

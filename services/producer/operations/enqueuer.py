@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import Connection
@@ -56,10 +57,15 @@ class Accepted:
     debounced: bool = False
     """The request joined the debounced job waiting out its delay."""
 
-    def flags(self) -> dict[str, bool]:
+    def flags(self) -> Mapping[str, bool]:
         """What the answer says beside the job: `duplicate`, `replaced`, `debounced`."""
+        if not (self.duplicate or self.replaced or self.debounced):
+            return _NO_FLAGS  # a plain job's answer: nothing to look up
         return {name: True for name in ("duplicate", "replaced", "debounced")
                 if getattr(self, name)}
+
+
+_NO_FLAGS: Mapping[str, bool] = MappingProxyType({})
 
 
 def initial_status(spec: JobSpec, db_now: datetime | None) -> Status:
@@ -84,15 +90,16 @@ def _row(spec: JobSpec, db_now: datetime | None, trace_context: str | None,
 
 def _job(row: dict[str, Any], stored: Any) -> Job:
     """The Job just inserted: the fields it was inserted with, plus those PostgreSQL set."""
-    return Job(id=stored.id, type=row["type"], queue=row["queue"], payload=stored.payload,
-               priority=row["priority"], status=row["status"], attempts=0,
-               max_retries=row["max_retries"], timeout_s=float(row["timeout_s"]),
-               next_run_at=stored.next_run_at, idempotency_key=row["idempotency_key"],
-               last_error=None, result=None, created_at=stored.created_at,
-               updated_at=stored.updated_at, cancel_requested=False,
-               trace_context=row["trace_context"], limit_key=row["limit_key"],
-               ordering_key=row["ordering_key"], tags=row["tags"],
-               expires_at=_expiry(row, stored.created_at))
+    return Job.of({
+        "id": stored.id, "type": row["type"], "queue": row["queue"], "payload": stored.payload,
+        "priority": row["priority"], "status": row["status"], "attempts": 0,
+        "max_retries": row["max_retries"], "timeout_s": float(row["timeout_s"]),
+        "next_run_at": stored.next_run_at, "idempotency_key": row["idempotency_key"],
+        "last_error": None, "result": None, "created_at": stored.created_at,
+        "updated_at": stored.updated_at, "cancel_requested": False,
+        "trace_context": row["trace_context"], "limit_key": row["limit_key"],
+        "ordering_key": row["ordering_key"], "tags": row["tags"],
+        "expires_at": _expiry(row, stored.created_at)})
 
 
 def _expiry(row: dict[str, Any], created_at: datetime) -> datetime | None:

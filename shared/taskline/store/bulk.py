@@ -38,6 +38,11 @@ _JOB_TYPES = ("uuid", "text", "text", "jsonb", "int2", "text", "int4", "float8",
               "text", "text", "timestamptz", "timestamptz", "text", "text", "text[]",
               "timestamptz")
 _COPY_JOBS = f"COPY taskline.jobs ({', '.join(_JOB_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+# A batch using none of the last three columns (ordering key, tags, expiry) leaves them to
+# their NULL default: less for Python to write and PostgreSQL to parse per job.
+_PLAIN = _JOB_COLUMNS.index("limit_key") + 1
+_COPY_PLAIN_JOBS = (f"COPY taskline.jobs ({', '.join(_JOB_COLUMNS[:_PLAIN])}) "
+                    "FROM STDIN (FORMAT BINARY)")
 _COPY_EVENTS = "COPY taskline.job_events (job_id, attempt, event, actor) FROM STDIN (FORMAT BINARY)"
 _EVENT_TYPES = ("uuid", "int4", "text", "text")
 
@@ -73,19 +78,28 @@ def copy_jobs_with_events(driver: psycopg.Connection, jobs: Sequence[dict[str, A
         set_json_dumps(_dumps, cursor)
         now = cursor.execute("SELECT now()").fetchone()[0]
         inserted = [_inserted(job, now) for job in jobs]
-        with cursor.copy(in_schema(_COPY_JOBS, schema)) as copy:
-            copy.set_types(_JOB_TYPES)
+        plain = not any(_extended(job) for job in jobs)
+        with cursor.copy(in_schema(_COPY_PLAIN_JOBS if plain else _COPY_JOBS, schema)) as copy:
+            copy.set_types(_JOB_TYPES[:_PLAIN] if plain else _JOB_TYPES)
             for job, row in zip(jobs, inserted, strict=True):
-                copy.write_row((row.id, job["type"], job["queue"], row.payload, job["priority"],
-                                job["status"], job["max_retries"], job["timeout_s"],
-                                row.next_run_at, job["request_hash"], job["trace_context"],
-                                now, now, job.get("limit_key"), job.get("ordering_key"),
-                                _tags(job.get("tags")), _expires_at(job, now)))
+                values = (row.id, job["type"], job["queue"], row.payload, job["priority"],
+                          job["status"], job["max_retries"], job["timeout_s"], row.next_run_at,
+                          job["request_hash"], job["trace_context"], now, now,
+                          job.get("limit_key"))
+                copy.write_row(values if plain else (
+                    *values, job.get("ordering_key"), _tags(job.get("tags")),
+                    _expires_at(job, now)))
         with cursor.copy(in_schema(_COPY_EVENTS, schema)) as copy:
             copy.set_types(_EVENT_TYPES)
             for job, row in zip(jobs, inserted, strict=True):
                 copy.write_row((row.id, 0, _first_event(job["status"]), job.get("actor")))
     return inserted
+
+
+def _extended(job: dict[str, Any]) -> bool:
+    """Whether `job` sets a column past limit_key (_COPY_PLAIN_JOBS leaves those NULL)."""
+    return (job.get("ordering_key") is not None or job.get("tags") is not None
+            or job.get("expires_at") is not None or job.get("start_within_s") is not None)
 
 
 def _expires_at(job: dict[str, Any], now: datetime) -> datetime | None:
