@@ -515,8 +515,8 @@ class Reconciler(Periodic):
             finally:
                 self.dispatcher.delete([drop])
             tally.moved[queue] += moved
-            busy = any(partition_of_key(k) == partition for k in self._processing_lists(queue))
-            if not busy and not _holds_any(self.dispatcher.depths_in(keys)):
+            lists = [k for k in self._processing_lists(queue) if partition_of_key(k) == partition]
+            if not _holds_any(self.dispatcher.depths_in(keys, lists)):
                 self.dispatcher.forget_partition(queue, partition)
 
     def _move_lists(self, keys: QueueKeys, drop: str) -> int:

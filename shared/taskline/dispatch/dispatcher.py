@@ -644,18 +644,18 @@ class Dispatcher:
         summed over its partitions."""
         return self.depths_of([queue], {queue: self.processing_lists(queue)})[queue]
 
-    def depths_in(self, keys: QueueKeys) -> dict[str, object]:
-        """`depths` of one partition, without its processing lists (counted as 0)."""
+    def depths_in(self, keys: QueueKeys, processing: Sequence[str] = ()) -> dict[str, object]:
+        """`depths` of one partition, counting the processing lists given."""
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            for key in keys.ready_by_urgency:
+            for key in [*keys.ready_by_urgency, *processing]:
                 pipe.llen(key)
             pipe.zcard(keys.retry)
             pipe.zcard(keys.scheduled)
             pipe.llen(keys.dlq)
             values = pipe.execute()
         return {"ready": dict(zip(range(9, -1, -1), values[:10], strict=True)),
-                "processing": 0, "retry": values[10], "scheduled": values[11],
-                "dlq": values[12]}
+                "processing": sum(values[10:-3]), "retry": values[-3], "scheduled": values[-2],
+                "dlq": values[-1]}
 
     def processing_lists_of(self, queues: Sequence[str]) -> dict[str, list[str]]:
         """`processing_lists` of many queues at once: their holders in one pipeline and, on a
