@@ -291,13 +291,13 @@ class Reconciler(Periodic):
         result = tally.result(duration_s)
         extra = {"action": "reconcile", "missing": dict(result.missing),
                  "corrupted": dict(result.corrupted), "stale": result.stale,
-                 "duration": round(duration_s, 3)}
+                 "moved": result.moved, "duration": round(duration_s, 3)}
         if result.missing or result.corrupted:
             log.warning("reconciliation repaired drift between Redis and PostgreSQL",
                         extra=extra)
         elif result.stale or result.moved:
             log.info("reconciliation removed ready-list ids of cancelled jobs or moved ids "
-                     "out of retired partitions", extra={**extra, "moved": result.moved})
+                     "out of retired partitions", extra=extra)
         else:
             log.debug("reconciliation pass: Redis matches PostgreSQL", extra=extra)
         return result

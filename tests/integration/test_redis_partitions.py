@@ -22,6 +22,7 @@ from taskline.dispatch.keys import QUEUES_SET, QueueKeys, partition_of
 from taskline.settings import Settings
 from taskline.store.store import Store
 from taskline_maintenance.reconciler import Reconciler
+from taskline_producer.app import close_app, create_app
 from tests.faults.checker import redis_drift
 from tests.faults.cluster import Cluster
 from tests.helpers import enqueue, fail, wait_for
@@ -217,3 +218,28 @@ def test_api_worker_and_maintenance_run_jobs_on_three_partitions(fresh_postgres,
         # The last acks may follow the last success by a moment.
         wait_for(lambda: redis_drift(services, jobs) == [], timeout=30,
                  message="Redis agrees with PostgreSQL on every partition")
+
+
+def test_the_api_sums_partitions_and_pauses_them_all(settings: Settings):
+    app = create_app(settings.replace(queue_partitions=3))
+    three = Dispatcher(settings.redis_url, partitions=3)
+    try:
+        client = app.test_client()
+        for i in range(30):
+            answer = client.post("/api/v1/jobs", json={"type": "echo", "priority": i % 3})
+            assert answer.status_code == 201, answer.get_json()
+        assert all(ready_ids(three, p) for p in range(3))
+        (queue,) = client.get("/api/v1/queues").get_json()["queues"]  # no `default#1` row
+        assert queue["name"] == Q
+        assert queue["redis"]["ready_total"] == 30
+        ready = {p: n for p, n in queue["redis"]["ready"].items() if n}
+        assert ready == {"0": 10, "1": 10, "2": 10}
+
+        assert client.post(f"/api/v1/queues/{Q}/pause").status_code == 200
+        assert three.paused_markers([Q]) == {Q}
+        assert three.fetch(Q, "w1", 30) == []
+        assert client.post(f"/api/v1/queues/{Q}/resume").status_code == 200
+        assert len(three.fetch(Q, "w1", 30)) == 30
+    finally:
+        three.close()
+        close_app(app)

@@ -338,6 +338,8 @@ class Dispatcher:
             for job_id in ids:
                 if partition_of(job_id, self.partitions) != keys.partition:
                     self._away[job_id] = keys.partition
+                elif self._away:
+                    self._away.pop(job_id, None)  # fetched at home again
             fetched += ids
             if len(fetched) >= count:
                 break
