@@ -17,6 +17,7 @@ import requests
 from redis.cluster import key_slot
 from sqlalchemy import text
 
+from taskline import doctor
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QUEUES_SET, QueueKeys, partition_of
 from taskline.settings import Settings
@@ -243,3 +244,15 @@ def test_the_api_sums_partitions_and_pauses_them_all(settings: Settings):
     finally:
         three.close()
         close_app(app)
+
+
+def test_the_doctor_warns_of_partitions_above_the_setting(cluster_redis_url):
+    three = Dispatcher(cluster_redis_url, partitions=3)
+    try:
+        three.push([(Q, 5, j) for p in range(3) for j in homed(3, p, 1)])
+    finally:
+        three.close()
+    facts = doctor.read_redis(cluster_redis_url)
+    assert not isinstance(facts, str) and facts.partitions_found == 3
+    assert doctor.check_partitions(facts, 3).status is doctor.Status.OK
+    assert doctor.check_partitions(facts, 1).status is doctor.Status.WARN
