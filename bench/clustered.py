@@ -1,6 +1,7 @@
 """On Redis Cluster in `make bench`: the 2-worker drain and 8 clients' single enqueues with a
 3-master, 3-replica Redis Cluster, in interleaved pairs with the same scenarios on the single
-Redis.
+Redis (`pairs`), and on the cluster with TASKLINE_QUEUE_PARTITIONS 3 against 1
+(`partition_pairs`: one queue's lists on three masters instead of one).
 
 Invariant: only the processes under test are given the cluster. The cluster is started once
 from the `redis-server` binary on free ports (tests/redis_cluster.py, as the tests do) and
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +32,57 @@ class _ClusterFlush(RedisCluster):
         return self.flushall(target_nodes=RedisCluster.PRIMARIES)
 
 
-def pairs(stack: Stack, jobs: int, repeat: int) -> dict[str, Any]:
-    """Single Redis then cluster, `repeat` interleaved pairs (bench/pooled.py's pairs)."""
+@contextlib.contextmanager
+def _cluster() -> Iterator[RedisClusterServers]:
     with tempfile.TemporaryDirectory(prefix="taskline-bench-cluster-") as root:
         cluster = RedisClusterServers(Path(root))
         try:
             cluster.start()
-
-            @contextlib.contextmanager
-            def on_cluster(stack: Stack) -> Iterator[None]:
-                kept_url, kept_client = stack.redis_url, stack.redis
-                stack.redis_url = cluster.url
-                stack.redis = _ClusterFlush.from_url(cluster.url)
-                try:
-                    yield
-                finally:
-                    stack.redis.close()
-                    stack.redis_url, stack.redis = kept_url, kept_client
-
-            return pooled.pairs(stack, jobs, repeat, arm=on_cluster, label="cluster",
-                                base="single")
+            yield cluster
         finally:
             cluster.close()
+
+
+def _on(cluster: RedisClusterServers) -> Callable[[Stack], contextlib.AbstractContextManager[None]]:
+    """An arm: processes started inside it are given the cluster."""
+
+    @contextlib.contextmanager
+    def on_cluster(stack: Stack) -> Iterator[None]:
+        kept_url, kept_client = stack.redis_url, stack.redis
+        stack.redis_url = cluster.url
+        stack.redis = _ClusterFlush.from_url(cluster.url)
+        try:
+            yield
+        finally:
+            stack.redis.close()
+            stack.redis_url, stack.redis = kept_url, kept_client
+
+    return on_cluster
+
+
+def pairs(stack: Stack, jobs: int, repeat: int) -> dict[str, Any]:
+    """Single Redis then cluster, `repeat` interleaved pairs (bench/pooled.py's pairs)."""
+    with _cluster() as cluster:
+        return pooled.pairs(stack, jobs, repeat, arm=_on(cluster), label="cluster",
+                            base="single")
+
+
+@contextlib.contextmanager
+def _partitions(stack: Stack, n: int) -> Iterator[None]:
+    kept = dict(stack.extra_env)
+    stack.extra_env["TASKLINE_QUEUE_PARTITIONS"] = str(n)
+    try:
+        yield
+    finally:
+        stack.extra_env.clear()
+        stack.extra_env.update(kept)
+
+
+def partition_pairs(stack: Stack, jobs: int, repeat: int, partitions: int = 3
+                    ) -> dict[str, Any]:
+    """On the cluster, the default single partition then `partitions`, `repeat` interleaved
+    pairs of the same two scenarios."""
+    with _cluster() as cluster, _on(cluster)(stack):
+        return pooled.pairs(stack, jobs, repeat,
+                            arm=lambda s: _partitions(s, partitions),
+                            label=f"partitions_{partitions}", base="partitions_1")

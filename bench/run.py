@@ -26,7 +26,8 @@ workflows, against a quiet run).
 drain and 8 clients' single enqueues directly and through a transaction-pooling PgBouncer in
 interleaved pairs, with the machine's CPU per job (bench/pooled.py).
 `cluster_pairs` runs the same two scenarios on the single Redis and on a 3-master, 3-replica
-Redis Cluster it starts from `redis-server` (bench/clustered.py), in interleaved pairs.
+Redis Cluster it starts from `redis-server` (bench/clustered.py), in interleaved pairs;
+`cluster_partition_pairs` runs them on that cluster with TASKLINE_QUEUE_PARTITIONS 3 against 1.
 `waiters_1000` holds 1,000 waiting requests (`wait_s`) on one API of 2 processes: one client's
 enqueue rate and job reads' p99 beside them against a quiet run, then the wake-up delay from
 each job's finishing commit to its waiter's answer (bench/waiting.py).
@@ -420,17 +421,23 @@ def behind_pgbouncer(stack: Stack, args: argparse.Namespace, only: set[str],
     a Redis Cluster (bench/clustered.py), with CPU per job."""
     if (not only and pooled.available()) or "pgbouncer_pairs" in only:
         results["pgbouncer_pairs"] = pooled.pairs(stack, args.jobs, args.repeat)
-        for case, values in results["pgbouncer_pairs"].items():
-            for name, value in values.items():
-                show(f"pgbouncer {case} {name}", value)
+        _show_pairs("pgbouncer", results["pgbouncer_pairs"])
     if not only or "ordering_keys" in only:
         results["ordering_keys"] = ordering.pairs(stack, args.jobs, args.repeat)
         show("ordering_keys keyed/plain", results["ordering_keys"]["ratio_keyed_over_plain"])
     if not only or "cluster_pairs" in only:
         results["cluster_pairs"] = clustered.pairs(stack, args.jobs, args.repeat)
-        for case, values in results["cluster_pairs"].items():
-            for name, value in values.items():
-                show(f"redis cluster {case} {name}", value)
+        _show_pairs("redis cluster", results["cluster_pairs"])
+    if not only or "cluster_partition_pairs" in only:
+        results["cluster_partition_pairs"] = clustered.partition_pairs(stack, args.jobs,
+                                                                       args.repeat)
+        _show_pairs("redis cluster partitions", results["cluster_partition_pairs"])
+
+
+def _show_pairs(label: str, pairs: dict[str, Any]) -> None:
+    for case, values in pairs.items():
+        for name, value in values.items():
+            show(f"{label} {case} {name}", value)
 
 
 def retention(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:

@@ -281,7 +281,7 @@ def reconcile(stack: Stack, jobs: int) -> dict[str, float]:
               "now() - interval '1 minute' FROM generate_series(1, %s) RETURNING 1", jobs)
     settings = Settings.from_env(stack.env())
     store = Store.connect(settings.database_url, schema=settings.schema)
-    dispatcher = Dispatcher(settings.redis_url)
+    dispatcher = Dispatcher(settings.redis_url, partitions=settings.queue_partitions)
     try:
         passes = {}
         for name in ("redis_empty_s", "in_step_s"):

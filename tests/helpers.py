@@ -88,6 +88,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         "TASKLINE_SCHEMA": settings.schema,
         "TASKLINE_DATABASE_POOLING": settings.database_pooling,
         "TASKLINE_DATABASE_DIRECT_URL": settings.database_direct_url,
+        "TASKLINE_QUEUE_PARTITIONS": str(settings.queue_partitions),
         "PYTHONUNBUFFERED": "1",
     })
     env.update(extra)

@@ -147,7 +147,8 @@ def run(settings: Settings, metrics_port: int, *, fallback: bool = False) -> int
                           transaction_pooled=settings.transaction_pooled)
     store.max_queues = settings.max_queues  # the scheduler's jobs count against it
     # The breaker keeps a Redis outage from costing every pass a timeout (promoter, reaper).
-    dispatcher = Dispatcher(settings.redis_url, breaker=True)
+    dispatcher = Dispatcher(settings.redis_url, breaker=True,
+                            partitions=settings.queue_partitions)
     readiness = Readiness(degraded=lambda: "Redis unreachable" if dispatcher.redis_down else None)
     try:
         metrics_port = metrics.serve(metrics_port, ready=readiness.answer,

@@ -33,7 +33,14 @@ id. Per queue:
      under another worker's lease is a duplicate and removed; a queued id is stranded (a lost
      LMOVE reply, or a worker that died between fetch and claim) if it is still queued and
      still in that list after a short pause, and is then moved back to ready.
-  e. The working sets are deleted (they also expire, so a crashed pass leaves nothing).
+  e. Partitions at or above TASKLINE_QUEUE_PARTITIONS (left by a larger setting): their
+     ready, retry, scheduled and DLQ ids are pushed to their home partition first, then
+     removed from the old one (a worker fetching one meanwhile only makes a duplicate the
+     claim refuses); a partition left empty leaves the queues set.
+  f. The working sets are deleted (they also expire, so a crashed pass leaves nothing).
+
+With TASKLINE_QUEUE_PARTITIONS > 1 steps a - d run per partition (each partition's keys share
+one cluster slot); an id found in any partition is present.
 
 Workflow steps waiting for their parents (`waiting`) are in no Redis structure: (b) never
 restores one (it pages pending states only), and (c) and (d) remove one found in a ready or
@@ -58,11 +65,12 @@ from datetime import datetime, timedelta
 
 from taskline import metrics
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.dispatch.keys import QueueKeys, valid_queue_name
-from taskline.jobs import REDIS_HOME, RedisHome, Status
+from taskline.dispatch.keys import QueueKeys, partition_of_key, valid_queue_name
+from taskline.jobs import MAX_PRIORITY, MIN_PRIORITY, REDIS_HOME, RedisHome, Status
 from taskline.metrics import (
     RECONCILE_CORRUPTED,
     RECONCILE_MISSING,
+    RECONCILE_MOVED,
     RECONCILE_STALE,
     LabelGuard,
 )
@@ -94,10 +102,14 @@ class ReconcileResult:
     duration_s: float
     stale: int = 0
     """Ready-list ids of jobs cancelled while pending: removed, expected, not drift."""
+    moved: int = 0
+    """Ids moved out of partitions at or above TASKLINE_QUEUE_PARTITIONS: expected after a
+    change of the setting, not drift."""
 
     @property
     def changed(self) -> bool:
-        return any(self.missing.values()) or any(self.corrupted.values()) or bool(self.stale)
+        return (any(self.missing.values()) or any(self.corrupted.values()) or bool(self.stale)
+                or bool(self.moved))
 
 
 class _Tally:
@@ -107,6 +119,7 @@ class _Tally:
         self.missing: Counter[tuple[str, str]] = Counter()
         self.corrupted: Counter[tuple[str, str]] = Counter()
         self.stale: Counter[str] = Counter()
+        self.moved: Counter[str] = Counter()
 
     def publish(self, label: Callable[[str], str]) -> None:
         for (queue, kind), n in self.missing.items():
@@ -115,10 +128,12 @@ class _Tally:
             RECONCILE_CORRUPTED.labels(queue=label(queue), kind=kind).inc(n)
         for queue, n in self.stale.items():
             RECONCILE_STALE.labels(queue=label(queue)).inc(n)
+        for queue, n in self.moved.items():
+            RECONCILE_MOVED.labels(queue=label(queue)).inc(n)
 
     def result(self, duration_s: float) -> ReconcileResult:
         return ReconcileResult(_by_kind(self.missing), _by_kind(self.corrupted), duration_s,
-                               sum(self.stale.values()))
+                               sum(self.stale.values()), sum(self.moved.values()))
 
 
 def _by_kind(counts: Counter[tuple[str, str]]) -> dict[str, int]:
@@ -175,6 +190,7 @@ class _Suspect:
     queue: str
     owner: str
     job_id: str
+    partition: int = 0
 
 
 def _home(row) -> RedisHome:
@@ -251,18 +267,22 @@ class Reconciler(Periodic):
         tally = _Tally()
         before = self.store.now() - timedelta(seconds=grace_s)
         token = uuid.uuid4().hex[:12]
-        snaps: dict[str, _Snapshot] = {}
+        snaps: dict[str, list[_Snapshot]] = {}
         try:
             for queue in self._queues():
                 self._snapshot(snaps, queue, token)
             self._restore_pending(snaps, token, before, tally)
             self._restore_dead(snaps, token, before, tally)
-            for snap in list(snaps.values()):
-                self._remove_garbage(snap, tally)
+            for lanes in list(snaps.values()):
+                for snap in lanes:
+                    self._remove_garbage(snap, tally)
             self._repair_processing(list(snaps), tally)
+            for queue in list(snaps):
+                self._move_retired(queue, token, tally)
         finally:
-            for snap in snaps.values():  # one DEL per queue: its keys share one cluster slot
-                self.dispatcher.delete(snap.all())
+            for lanes in snaps.values():  # one DEL per partition: its keys share one slot
+                for snap in lanes:
+                    self.dispatcher.delete(snap.all())
         return self._finish(tally, time.perf_counter() - started)
 
     def _finish(self, tally: _Tally, duration_s: float) -> ReconcileResult:
@@ -271,12 +291,13 @@ class Reconciler(Periodic):
         result = tally.result(duration_s)
         extra = {"action": "reconcile", "missing": dict(result.missing),
                  "corrupted": dict(result.corrupted), "stale": result.stale,
-                 "duration": round(duration_s, 3)}
+                 "moved": result.moved, "duration": round(duration_s, 3)}
         if result.missing or result.corrupted:
             log.warning("reconciliation repaired drift between Redis and PostgreSQL",
                         extra=extra)
-        elif result.stale:
-            log.info("reconciliation removed ready-list ids of cancelled jobs", extra=extra)
+        elif result.stale or result.moved:
+            log.info("reconciliation removed ready-list ids of cancelled jobs or moved ids "
+                     "out of retired partitions", extra=extra)
         else:
             log.debug("reconciliation pass: Redis matches PostgreSQL", extra=extra)
         return result
@@ -301,18 +322,24 @@ class Reconciler(Periodic):
 
     # --- a. snapshot ---------------------------------------------------------------------
 
-    def _snapshot(self, snaps: dict[str, _Snapshot], queue: str, token: str) -> _Snapshot:
-        """Take `queue`'s snapshot unless this pass has it already (queues found late too)."""
+    def _snapshot(self, snaps: dict[str, list[_Snapshot]], queue: str, token: str
+                  ) -> list[_Snapshot]:
+        """Take `queue`'s snapshots, one per partition, unless this pass has them already
+        (queues found late too)."""
         if queue in snaps:
             return snaps[queue]
-        snap = snaps[queue] = _Snapshot(QueueKeys(queue), token)
-        keys = snap.keys
-        processing = self._processing_lists(queue)
-        for dest, sources in ((snap.ready, [*keys.ready_by_urgency, *processing]),
-                              (snap.delayed, [keys.retry, keys.scheduled]),
-                              (snap.dlq, [keys.dlq])):
-            snap.sizes[dest] = self.dispatcher.snapshot(dest, sources, SNAPSHOT_TTL_S)
-        return snap
+        lanes = snaps[queue] = []
+        lists = self._processing_lists(queue)
+        for partition in self.dispatcher.partitions_of(queue):
+            snap = _Snapshot(QueueKeys(queue, partition), token)
+            lanes.append(snap)
+            keys = snap.keys
+            processing = [key for key in lists if partition_of_key(key) == partition]
+            for dest, sources in ((snap.ready, [*keys.ready_by_urgency, *processing]),
+                                  (snap.delayed, [keys.retry, keys.scheduled]),
+                                  (snap.dlq, [keys.dlq])):
+                snap.sizes[dest] = self.dispatcher.snapshot(dest, sources, SNAPSHOT_TTL_S)
+        return lanes
 
     def _processing_lists(self, queue: str) -> list[str]:
         """A queue's processing lists, as found for every queue at the pass's start."""
@@ -334,24 +361,31 @@ class Reconciler(Periodic):
                 return
             after = rows[-1].id
 
-    def _restore_pending(self, snaps: dict[str, _Snapshot], token: str, before: datetime,
-                         tally: _Tally) -> None:
+    def _restore_pending(self, snaps: dict[str, list[_Snapshot]], token: str,
+                         before: datetime, tally: _Tally) -> None:
         for rows in self._pages(self.store.pending_page, before):
             for queue, group in _by_queue(rows).items():
-                snap = self._snapshot(snaps, queue, token)
+                lanes = self._snapshot(snaps, queue, token)
                 queued = [r for r in group if r.status == Status.QUEUED]
                 waiting = [r for r in group if r.status != Status.QUEUED]
-                lost = (self._absent(snap, snap.ready, queued)
-                        + self._absent(snap, snap.delayed, waiting))
+                lost = (self._absent(lanes, "ready", queued)
+                        + self._absent(lanes, "delayed", waiting))
                 self._push_back(queue, lost, tally)
 
-    def _absent(self, snap: _Snapshot, key: str, rows: Sequence) -> list:
-        """The rows whose id the working set lacks. Ids found are taken out of the set: their
-        job is pending (or dead) as expected, so the garbage walk (c) need not ask again."""
-        if not rows or not snap.sizes.get(key):
-            return list(rows)
-        present = self.dispatcher.take(key, [str(r.id) for r in rows])
-        return [row for row, here in zip(rows, present, strict=True) if not here]
+    def _absent(self, lanes: Sequence[_Snapshot], kind: str, rows: Sequence) -> list:
+        """The rows whose id no partition's working set of `kind` holds. Ids found are taken
+        out of the set: their job is pending (or dead) as expected, so the garbage walk (c)
+        need not ask again."""
+        rows = list(rows)
+        for snap in lanes:
+            key = getattr(snap, kind)
+            if not rows:
+                break
+            if not snap.sizes.get(key):
+                continue
+            present = self.dispatcher.take(key, [str(r.id) for r in rows])
+            rows = [row for row, here in zip(rows, present, strict=True) if not here]
+        return rows
 
     def _push_back(self, queue: str, rows: Sequence, tally: _Tally) -> None:
         queued = [(queue, r.priority, str(r.id)) for r in rows if r.status == Status.QUEUED]
@@ -362,12 +396,12 @@ class Reconciler(Periodic):
             self.dispatcher.schedule_many(queue, entries, retry=retry)
             tally.missing[(queue, status.value)] += len(entries)
 
-    def _restore_dead(self, snaps: dict[str, _Snapshot], token: str, before: datetime,
+    def _restore_dead(self, snaps: dict[str, list[_Snapshot]], token: str, before: datetime,
                       tally: _Tally) -> None:
         for rows in self._pages(self.store.dead_page, before):
             for queue, group in _by_queue(rows).items():
-                snap = self._snapshot(snaps, queue, token)
-                lost = [str(r.id) for r in self._absent(snap, snap.dlq, group)]
+                lanes = self._snapshot(snaps, queue, token)
+                lost = [str(r.id) for r in self._absent(lanes, "dlq", group)]
                 self.dispatcher.restore_dead(queue, lost)
                 tally.missing[(queue, "dead")] += len(lost)
 
@@ -384,7 +418,8 @@ class Reconciler(Periodic):
         for ids in self.dispatcher.scan_set(snap.delayed):
             found = self.store.statuses(ids)
             stale = [i for i in ids if _home(found.get(i)) is not RedisHome.DELAYED]
-            retry, scheduled = self.dispatcher.unschedule_many(queue, stale)
+            retry, scheduled = self.dispatcher.unschedule_many(queue, stale,
+                                                               partition=keys.partition)
             tally.corrupted[(queue, "retry")] += retry
             tally.corrupted[(queue, "scheduled")] += scheduled
         if self._gather(snap.dlq, snap.dlq_drop,
@@ -419,12 +454,17 @@ class Reconciler(Periodic):
     def _repair_processing(self, queues: Sequence[str], tally: _Tally) -> None:
         suspects: list[_Suspect] = []
         for queue in queues:
-            keys = QueueKeys(queue)
-            lists = self._processing_lists(queue)
-            for key in lists:
-                suspects += self._check_processing(keys, key, tally)
-            # Workers whose list is gone (emptied) leave the registry; a fetch adds them back.
-            self.dispatcher.forget_holders(queue, [keys.worker_of(key) for key in lists])
+            by_partition: dict[int, list[str]] = defaultdict(list)
+            for key in self._processing_lists(queue):
+                by_partition[partition_of_key(key)].append(key)
+            for partition, lists in sorted(by_partition.items()):
+                keys = QueueKeys(queue, partition)
+                for key in lists:
+                    suspects += self._check_processing(keys, key, tally)
+                # Workers whose list is gone (emptied) leave the registry; a fetch adds them
+                # back.
+                self.dispatcher.forget_holders(queue, [keys.worker_of(key) for key in lists],
+                                               partition)
         # A live worker holds a fetched id for the milliseconds before its claim: only an id
         # still queued and still in the list after the pause is stranded.
         if suspects and not self._stop.wait(self.strand_pause_s):
@@ -442,7 +482,8 @@ class Reconciler(Periodic):
         for kind in ("processing", "duplicate"):
             tally.corrupted[(keys.queue, kind)] += self.dispatcher.remove_all(
                 key, verdicts[kind])
-        return [_Suspect(keys.queue, owner, job_id) for job_id in verdicts["stranded"]]
+        return [_Suspect(keys.queue, owner, job_id, keys.partition)
+                for job_id in verdicts["stranded"]]
 
     def _requeue_stranded(self, suspects: Sequence[_Suspect], tally: _Tally) -> None:
         found = self.store.statuses([s.job_id for s in suspects])
@@ -452,11 +493,56 @@ class Reconciler(Periodic):
                 continue
             # if_present: the id moves only if it is still in that worker's list.
             if self.dispatcher.requeue(s.queue, row.priority, s.job_id, from_worker=s.owner,
-                                       always=False):
+                                       always=False, partition=s.partition):
                 tally.corrupted[(s.queue, "stranded")] += 1
                 log.warning("stranded id returned to ready", extra={
                     "action": "reconcile", "job_id": s.job_id, "queue": s.queue,
                     "worker": s.owner})
+
+
+    # --- e. retired partitions -----------------------------------------------------------
+
+    def _move_retired(self, queue: str, token: str, tally: _Tally) -> None:
+        """Move what partitions at or above N hold to the ids' home partitions; forget a
+        partition left empty. Pushed first, removed after: never absent from Redis."""
+        for partition in self.dispatcher.partitions_of(queue):
+            if partition < self.dispatcher.partitions:
+                continue
+            keys = QueueKeys(queue, partition)
+            drop = keys.snapshot(f"{token}:moved")
+            try:
+                moved = self._move_lists(keys, drop) + self._move_delayed(keys)
+            finally:
+                self.dispatcher.delete([drop])
+            tally.moved[queue] += moved
+            lists = [k for k in self._processing_lists(queue) if partition_of_key(k) == partition]
+            if not _holds_any(self.dispatcher.depths_in(keys, lists)):
+                self.dispatcher.forget_partition(queue, partition)
+
+    def _move_lists(self, keys: QueueKeys, drop: str) -> int:
+        moved = 0
+        for priority in range(MAX_PRIORITY, MIN_PRIORITY - 1, -1):
+            ids = self.dispatcher.list_range(keys.ready(priority), 0, -1)
+            if ids:  # LRANGE lists the newest first; pushed oldest first, they keep their order
+                self.dispatcher.push([(keys.queue, priority, i) for i in reversed(ids)])
+                self.dispatcher.collect(drop, ids, SNAPSHOT_TTL_S)
+                moved += self.dispatcher.discard(drop, [keys.ready(priority)])
+                self.dispatcher.delete([drop])
+        dead = self.dispatcher.list_range(keys.dlq, 0, -1)
+        if dead:
+            self.dispatcher.restore_dead(keys.queue, list(reversed(dead)))
+            self.dispatcher.collect(drop, dead, SNAPSHOT_TTL_S)
+            moved += self.dispatcher.discard(drop, [keys.dlq])
+        return moved
+
+    def _move_delayed(self, keys: QueueKeys) -> int:
+        entries = self.dispatcher.delayed_entries(keys.queue, keys.partition)
+        for retry in (True, False):
+            self.dispatcher.schedule_many(
+                keys.queue, [(i, due) for i, due, r in entries if r is retry], retry=retry)
+        retry_n, scheduled_n = self.dispatcher.unschedule_many(
+            keys.queue, [i for i, _, _ in entries], partition=keys.partition)
+        return retry_n + scheduled_n
 
 
 def _holds_any(depths: dict[str, object]) -> bool:

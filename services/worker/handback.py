@@ -52,13 +52,14 @@ class Handback:
         """Return unclaimed ids from this worker's processing lists; returns how many."""
         returned = 0
         for queue in self._queues:
-            key = QueueKeys(queue).processing(self._worker_id)
-            ids = self._dispatcher.list_range(key, 0, -1)
-            if ids:
-                returned += self._sweep_ids(queue, ids)
+            for partition in self._dispatcher.partitions_of(queue):
+                key = QueueKeys(queue, partition).processing(self._worker_id)
+                ids = self._dispatcher.list_range(key, 0, -1)
+                if ids:
+                    returned += self._sweep_ids(queue, ids, partition)
         return returned
 
-    def _sweep_ids(self, queue: str, ids: list[str]) -> int:
+    def _sweep_ids(self, queue: str, ids: list[str], partition: int) -> int:
         valid = [i for i in ids if parse_job_id(i) is not None]
         rows = self._store.statuses(valid)
         returned, seen, drop = 0, set(), []
@@ -67,10 +68,11 @@ class Handback:
             seen.add(job_id)
             if row is not None and row.status == Status.QUEUED:
                 returned += self._dispatcher.requeue(queue, row.priority, job_id,
-                                                     self._worker_id, always=False)
+                                                     self._worker_id, always=False,
+                                                     partition=partition)
             elif row is None or not self._ours(row):
                 drop.append((queue, job_id))
-        self._dispatcher.ack(drop, self._worker_id)
+        self._dispatcher.ack(drop, self._worker_id, partition=partition)
         if returned or drop:
             log.info("processing list swept", extra={"action": "sweep", "queue": queue,
                                                       "worker": self._worker_id,

@@ -108,7 +108,8 @@ class Worker:
                                    schema=settings.schema, application_name="taskline-worker",
                                    transaction_pooled=settings.transaction_pooled)
         self.dispatcher = Dispatcher(settings.redis_url, block_timeout_s=block_timeout_s,
-                                     timeout_s=REDIS_TIMEOUT_S, breaker=True)
+                                     timeout_s=REDIS_TIMEOUT_S, breaker=True,
+                                     partitions=settings.queue_partitions)
         self.stopping = threading.Event()
         self.forced = threading.Event()
         self.started = threading.Event()

@@ -24,7 +24,10 @@ from urllib.parse import urlsplit
 import psycopg
 import redis
 from psycopg import sql
+from redis.exceptions import RedisClusterException
 
+from taskline.dispatch.connection import make_client
+from taskline.dispatch.keys import QUEUES_SET, split_partition
 from taskline.errors import redact
 from taskline.settings import Settings
 
@@ -128,6 +131,8 @@ class RedisFacts:
     cluster_state: str
     cluster_size: int
     db: int
+    partitions_found: int = 1
+    """1 + the highest queue partition the queues set names (TASKLINE_QUEUE_PARTITIONS)."""
 
 
 # --- the checks (pure) -----------------------------------------------------------------------
@@ -215,6 +220,24 @@ def check_cluster(facts: RedisFacts | str) -> Check:
                      "repair the cluster (CLUSTER INFO, redis-cli --cluster check)")
     return Check("cluster", Status.OK,
                  f"Redis Cluster, {facts.cluster_size} masters, state ok")
+
+
+def check_partitions(facts: RedisFacts | str, partitions: int) -> Check:
+    """TASKLINE_QUEUE_PARTITIONS agrees with the partitions Redis holds, and has a use."""
+    if isinstance(facts, str):
+        return _skipped("partitions", "Redis")
+    if facts.partitions_found > partitions:
+        return Check("partitions", Status.WARN,
+                     f"Redis holds queue partitions up to {facts.partitions_found - 1}, "
+                     f"TASKLINE_QUEUE_PARTITIONS is {partitions}: a service runs with a larger "
+                     "setting, or reconciliation has not moved them yet",
+                     "give every service the same TASKLINE_QUEUE_PARTITIONS")
+    if partitions > 1 and not facts.cluster_enabled:
+        return Check("partitions", Status.WARN,
+                     f"TASKLINE_QUEUE_PARTITIONS is {partitions} on a standalone Redis: every "
+                     "partition is on the same server, each idle fetch costs more",
+                     "set TASKLINE_QUEUE_PARTITIONS=1 unless Redis is a cluster")
+    return Check("partitions", Status.OK, f"{partitions} Redis partition(s) per queue")
 
 
 def check_clock(facts: PostgresFacts | str, max_skew_s: float = MAX_SKEW_S) -> Check:
@@ -335,6 +358,7 @@ def read_redis(url: str) -> RedisFacts | str:
         server, memory = client.info("server"), client.info("memory")
         enabled = bool(int(client.info("cluster").get("cluster_enabled", 0)))
         cluster = client.execute_command("CLUSTER INFO") if enabled else {}
+        found = _partitions_found(url, enabled)
     except redis.RedisError as err:
         return _said(err)
     finally:
@@ -344,7 +368,22 @@ def read_redis(url: str) -> RedisFacts | str:
                       maxmemory_policy=str(memory.get("maxmemory_policy", "?")),
                       maxmemory=int(memory.get("maxmemory", 0)), cluster_enabled=enabled,
                       cluster_state=str(cluster.get("cluster_state", "?")),
-                      cluster_size=int(cluster.get("cluster_size", 0)), db=_redis_db(url))
+                      cluster_size=int(cluster.get("cluster_size", 0)), db=_redis_db(url),
+                      partitions_found=found)
+
+
+def _partitions_found(url: str, cluster: bool) -> int:
+    """1 + the highest partition the queues set names (it lives on one node of a cluster);
+    1 when it cannot be read (a cluster without its slots: the cluster check says so)."""
+    try:
+        client = make_client(url, TIMEOUT_S, cluster=cluster, connect_timeout=TIMEOUT_S)
+        try:
+            names = client.smembers(QUEUES_SET)
+        finally:
+            client.close()
+    except (redis.RedisError, RedisClusterException):
+        return 1
+    return 1 + max((split_partition(name)[1] for name in names), default=0)
 
 
 def session_reachable(url: str) -> str | None:
@@ -421,6 +460,7 @@ def run_checks(settings: Settings, plan: Plan, *,
         check_redis(redis_facts),
         check_eviction(redis_facts),
         check_cluster(redis_facts),
+        check_partitions(redis_facts, settings.queue_partitions),
     ]
 
 

@@ -63,6 +63,10 @@ RECONCILE_STALE = Counter(
     "reconciliation_stale_ids_total",
     "Ready-list ids of jobs cancelled while pending, removed by reconciliation: expected "
     "leftovers (a cancel leaves them for the claim to refuse), not drift", ["queue"])
+RECONCILE_MOVED = Counter(
+    "reconciliation_partition_moved_total",
+    "Ids reconciliation moved out of a queue's Redis partitions at or above "
+    "TASKLINE_QUEUE_PARTITIONS (after N shrank) into their home partition", ["queue"])
 PROMOTED = Counter("job_promoted_total", "Due retries and delayed jobs promoted", ["queue"])
 
 # Workflows (taskline.workflows): steps released by their last parent's success (worker),

@@ -36,6 +36,12 @@ class Settings:
     """PostgreSQL DSN (env DATABASE_URL)."""
     redis_url: str = "redis://localhost:6379/0"
     """Redis URL (env REDIS_URL)."""
+    queue_partitions: int = 1
+    """Redis partitions of every queue, 1..64 (1: one set of keys per queue, `taskline:{q}:`).
+    With N > 1 a job's id picks one of N hash tags (`{q}`, `{q#1}` .. `{q#N-1}`), so one
+    queue's lists spread over N cluster slots; strict priority holds within a partition only.
+    Producers, workers and maintenance should agree; during a rolling change workers serve the
+    partitions they find and reconciliation moves ids out of partitions at or above N."""
     database_pooling: str = "session"
     """What stands at DATABASE_URL: `session` (PostgreSQL itself, or a pooler that gives each
     client a session of its own) or `transaction` (a transaction-pooling PgBouncer: nothing is
@@ -192,6 +198,7 @@ class Settings:
              "digits or _, at most 63 bytes, not starting with pg_ (PostgreSQL's own)"),
             (self.database_pooling in POOLING_MODES,
              "TASKLINE_DATABASE_POOLING must be session or transaction"),
+            (1 <= self.queue_partitions <= 64, "TASKLINE_QUEUE_PARTITIONS must be 1..64"),
             (self.lease_s > 0, "TASKLINE_LEASE_S must be > 0"),
             (self.type_ttl_s > 0, "TASKLINE_TYPE_TTL_S must be > 0"),
             (self.unknown_types in ("accept", "reject"),

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -60,7 +60,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from taskline.audit_verify import verify
-from taskline.dispatch.keys import QUEUES_SET, QueueKeys
+from taskline.dispatch.keys import QUEUES_SET, QueueKeys, split_partition
 from taskline.store.history import HistoryReader
 from taskline.store.store import make_engine
 from tests.faults.cluster import Cluster
@@ -749,22 +749,34 @@ def slot_violations(jobs: Iterable[Mapping[str, Any]], slots: Iterable[Mapping[s
 # --- Redis against PostgreSQL -------------------------------------------------------------
 
 def redis_drift(cluster: Cluster, jobs: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Where Redis disagrees with PostgreSQL about where each id should be."""
+    """Where Redis disagrees with PostgreSQL about where each id should be (a queue's
+    partitions taken together: TASKLINE_QUEUE_PARTITIONS)."""
     client = cluster.dispatcher.client
-    queues = set(client.smembers(QUEUES_SET)) | {j["queue"] for j in jobs.values()}
+    partitions: dict[str, set[int]] = defaultdict(set)
+    for name in client.smembers(QUEUES_SET):
+        queue, partition = split_partition(name)
+        partitions[queue].add(partition)
+    for job in jobs.values():
+        partitions[job["queue"]].add(0)
     problems: list[str] = []
-    for queue in sorted(queues):
-        problems += _queue_drift(client, QueueKeys(queue), jobs)
+    for queue, found in sorted(partitions.items()):
+        lanes = [QueueKeys(queue, p)
+                 for p in sorted(found | set(range(cluster.dispatcher.partitions)))]
+        problems += _queue_drift(client, lanes, jobs)
     return problems
 
 
-def _queue_drift(client: Any, keys: QueueKeys, jobs: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    ready = Counter(i for key in keys.ready_by_urgency for i in client.lrange(key, 0, -1))
-    processing = Counter(i for key in client.scan_iter(match=keys.processing_pattern)
+def _queue_drift(client: Any, lanes: Sequence[QueueKeys],
+                 jobs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    keys = lanes[0]
+    ready = Counter(i for lane in lanes for key in lane.ready_by_urgency
+                    for i in client.lrange(key, 0, -1))
+    processing = Counter(i for lane in lanes
+                         for key in client.scan_iter(match=lane.processing_pattern)
                          for i in client.lrange(key, 0, -1))
-    sets = {"retrying": set(client.zrange(keys.retry, 0, -1)),
-            "scheduled": set(client.zrange(keys.scheduled, 0, -1)),
-            "dead": Counter(client.lrange(keys.dlq, 0, -1))}
+    sets = {"retrying": {i for lane in lanes for i in client.zrange(lane.retry, 0, -1)},
+            "scheduled": {i for lane in lanes for i in client.zrange(lane.scheduled, 0, -1)},
+            "dead": Counter(i for lane in lanes for i in client.lrange(lane.dlq, 0, -1))}
     status = {j: row["status"] for j, row in jobs.items() if row["queue"] == keys.queue}
     problems = [f"{keys.queue}: queued job {j} is in no ready or processing list"
                 for j, s in status.items() if s == "queued" and j not in ready | processing]

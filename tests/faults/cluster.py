@@ -187,7 +187,8 @@ class Cluster:
                 conn.execute(f"DROP SCHEMA {DEFAULT_SCHEMA} CASCADE")
             upgrade(database_url, create=False, schema=self.settings.schema)
         self.store = Store.connect(database_url, pool_size=4, schema=self.settings.schema)
-        self.dispatcher = Dispatcher(self.redis.url, block_timeout_s=0.2)
+        self.dispatcher = Dispatcher(self.redis.url, block_timeout_s=0.2,
+                                     partitions=self.settings.queue_partitions)
         for kind, server in sorted(self.proxied):
             self._start_proxy(kind, server)
         if services:

@@ -156,3 +156,30 @@ def test_whole_cluster_down_then_back_during_a_drain(
         wait_acked(answers, acked(answers) + 40)
     result = run.check(wait_s=90)
     assert_ran_once(run, result)
+
+
+@pytest.mark.timeout(300)
+def test_queue_partitions_shrunk_by_a_rolling_change_during_a_drain(cluster_fault_run):
+    """TASKLINE_QUEUE_PARTITIONS 3 -> 1 while producers enqueue: each worker, then maintenance,
+    is replaced by one with N = 1 while the API goes on pushing to 3 partitions (a rolling
+    change half done, old and new side by side). The new workers serve partition 0 only;
+    reconciliation moves what partitions 1 and 2 hold there."""
+    run = cluster_fault_run("Redis Cluster: queue partitions 3 -> 1, rolled mid-drain",
+                            workers=2, concurrency=4, settings={"queue_partitions": 3})
+    one = {"TASKLINE_QUEUE_PARTITIONS": "1"}
+    with load(run, sleep_s=0.05) as answers:
+        wait_acked(answers, 40)
+        for old in [*run.cluster.workers, *run.cluster.maintenances]:
+            if old.kind == "worker":
+                run.cluster.add_worker(env=one)
+            else:
+                run.cluster.add_maintenance(env=one)
+            old.stop()
+            run.nemesis.fault("rolled", old.kind, pid=old.pid, partitions=1)
+            wait_acked(answers, acked(answers) + 20)
+        # The new maintenance moves what the API still pushes to partitions 1 and 2.
+        wait_for(lambda: any(r.get("moved") for r in run.cluster.log_events(("maintenance",))),
+                 timeout=60, interval=0.5, message="ids moved out of partitions 1 and 2")
+        wait_acked(answers, acked(answers) + 40)
+    result = run.check(wait_s=90)
+    assert_ran_once(run, result)

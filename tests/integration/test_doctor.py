@@ -64,7 +64,7 @@ def test_a_sound_setup_passes_every_check_and_prints_one_line_each(sound: Settin
     assert code == 0
     assert {name: c["status"] for name, c in checks.items()} == {
         name: "ok" for name in ("postgres", "schema", "autovacuum", "clock", "connections",
-                                "session", "redis", "eviction", "cluster")}
+                                "session", "redis", "eviction", "cluster", "partitions")}
     assert checks["postgres"]["detail"].startswith("PostgreSQL ")
     assert checks["redis"]["detail"].startswith("Redis ")
     text = subprocess.run([sys.executable, "-m", "taskline_cli.main", "doctor"],
@@ -145,7 +145,7 @@ def test_servers_that_are_down_fail_and_skip_what_needs_them(settings: Settings)
     assert code == 1
     assert status(checks, "postgres") == "fail" and status(checks, "redis") == "fail"
     assert {status(checks, n) for n in ("schema", "autovacuum", "clock", "connections",
-                                         "eviction", "cluster")} == {"skip"}
+                                         "eviction", "cluster", "partitions")} == {"skip"}
 
 
 def test_a_direct_url_that_does_not_answer_fails(sound: Settings) -> None:

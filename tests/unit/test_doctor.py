@@ -78,6 +78,22 @@ def test_cluster_healthy_and_on_database_0(facts, expected):
     assert doctor.check_cluster(facts).status is expected
 
 
+CLUSTER = {"cluster_enabled": True, "cluster_state": "ok", "cluster_size": 3}
+
+
+@pytest.mark.parametrize(("facts", "partitions", "expected"), [
+    (REDIS, 1, Status.OK), (rd(**CLUSTER, partitions_found=3), 3, Status.OK),
+    (rd(**CLUSTER), 3, Status.OK),  # nothing pushed yet, or a grown setting
+    (rd(**CLUSTER, partitions_found=3), 1, Status.WARN),  # a service with a larger N
+    (REDIS, 4, Status.WARN),  # partitions on one server gain nothing
+    ("connection refused", 3, Status.SKIP),
+])
+def test_partitions_agree_with_redis_and_have_a_use(facts, partitions, expected):
+    check = doctor.check_partitions(facts, partitions)
+    assert check.status is expected
+    assert bool(check.fix) == (expected is Status.WARN)
+
+
 @pytest.mark.parametrize(("skew_s", "error_s", "expected"), [
     (0.2, 0.001, Status.OK), (-0.9, 0.001, Status.OK), (1.5, 0.001, Status.FAIL),
     (-30.0, 0.002, Status.FAIL), (1.2, 0.5, Status.OK),  # within the reading's uncertainty

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from taskline.dispatch.keys import QueueKeys, valid_queue_name, worker_key
+from taskline.dispatch.keys import (
+    QueueKeys,
+    partition_of,
+    partition_of_key,
+    split_partition,
+    valid_queue_name,
+    worker_key,
+)
 
 
 def test_every_queue_key_carries_the_queue_hash_tag():
@@ -31,3 +38,23 @@ def test_invalid_queue_names_are_rejected(name):
     assert not valid_queue_name(name)
     with pytest.raises(ValueError):
         QueueKeys(name)
+
+
+def test_partition_zero_keeps_the_plain_keys_and_others_carry_their_own_tag():
+    assert QueueKeys("emails", 0) == QueueKeys("emails")
+    assert QueueKeys("emails", 0).ready(5) == "taskline:{emails}:ready:5"
+    assert QueueKeys("emails", 2).ready(5) == "taskline:{emails#2}:ready:5"
+    assert QueueKeys("emails", 2).name == "emails#2"
+    assert split_partition("emails#2") == ("emails", 2)
+    assert split_partition("emails") == ("emails", 0)
+    assert partition_of_key(QueueKeys("emails", 3).processing("w1")) == 3
+    assert partition_of_key(QueueKeys("emails").processing("w1")) == 0
+    assert not valid_queue_name("emails#2")  # no queue name can be taken for a partition's
+
+
+def test_an_id_has_one_stable_home_among_the_partitions():
+    ids = [f"00000000-0000-0000-0000-{i:012d}" for i in range(300)]
+    homes = [partition_of(i, 4) for i in ids]
+    assert homes == [partition_of(i, 4) for i in ids]
+    assert set(homes) == {0, 1, 2, 3}
+    assert {partition_of(i, 1) for i in ids} == {0}

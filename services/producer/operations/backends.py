@@ -68,8 +68,9 @@ class Backends:
                 store.max_queues = self.settings.max_queues
                 # The breaker skips pushes while Redis is known down: an enqueue then costs
                 # no connect or socket timeout (the job is durable; workers are notified).
-                dispatcher = self._given_dispatcher or Dispatcher(self.settings.redis_url,
-                                                                  breaker=True)
+                dispatcher = self._given_dispatcher or Dispatcher(
+                    self.settings.redis_url, breaker=True,
+                    partitions=self.settings.queue_partitions)
                 quotas = parse_quotas(self.settings.enqueue_quotas)
                 self._live = _Live(os.getpid(), store, dispatcher,
                                    Enqueuer(store, dispatcher, self.metrics,

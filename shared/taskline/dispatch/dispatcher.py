@@ -8,11 +8,18 @@ On Redis Cluster (detected from the URL's node, taskline.dispatch.connection) ev
 touches one slot: a Lua script runs per call (a cluster pipeline cannot carry EVALSHA), and a
 worker waits on each of its queues apart (taskline.dispatch.waits), never on keys of several.
 A plain client that meets a MOVED turns this dispatcher to cluster mode for the next call.
+
+With TASKLINE_QUEUE_PARTITIONS = N > 1 a queue's keys are N partitions (taskline.dispatch.keys):
+an id lives in its home partition (a hash of the id), a fetch takes from every partition in
+turn, and counts and markers cover them all. An id fetched from a partition other than its
+home (N changed while it waited) is remembered until its ack, so the ack finds its list.
+With N = 1 every key and round trip is what it was without partitions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,6 +44,8 @@ from taskline.dispatch.keys import (
     PROCESSING_PATTERN,
     QUEUES_SET,
     QueueKeys,
+    partition_of,
+    split_partition,
     worker_key,
 )
 from taskline.dispatch.waits import QueueWaits
@@ -59,11 +68,20 @@ class Dispatcher:
     """Redis side of taskline: pushes, fetches, acks and moves job ids between structures."""
 
     def __init__(self, url: str, block_timeout_s: float = 1.0, *, timeout_s: float = 5.0,
-                 breaker: bool = False) -> None:
+                 breaker: bool = False, partitions: int = 1) -> None:
         """`timeout_s` bounds every reply (a blocked wait: its block plus this), so a silent
         link is noticed within it. With `breaker`, a failure makes every call of this
         dispatcher fail at once until Redis answers a probe again (taskline.dispatch.breaker).
+        `partitions`: TASKLINE_QUEUE_PARTITIONS.
         """
+        if partitions < 1:
+            raise ValueError("partitions must be >= 1")
+        self.partitions = partitions
+        self._away: dict[str, int] = {}
+        """Ids fetched from a partition other than their home, until acked: that partition."""
+        self._known: dict[str, set[int]] = {}
+        """Partitions above N-1 found in the queues set by the last known_queues()."""
+        self._turn = itertools.count()
         self._url = url
         self._timeout_s = timeout_s
         self.block_timeout_s = block_timeout_s
@@ -171,6 +189,35 @@ class Dispatcher:
         """Mirror committed transitions: each move's Redis step (taskline.dispatch.follow)."""
         follow.follow(self, changes)
 
+    # --- partitions ----------------------------------------------------------------------
+
+    def _part(self, job_id: str) -> int:
+        """The partition holding `job_id` as far as this process knows: where it fetched it
+        from, else the id's home."""
+        if self.partitions == 1 and not self._away:
+            return 0
+        return self._away.get(str(job_id), partition_of(job_id, self.partitions))
+
+    def _keys(self, queue: str, job_id: str, partition: int | None = None) -> QueueKeys:
+        return QueueKeys(queue, self._part(job_id) if partition is None else partition)
+
+    def _settled(self, job_id: str) -> None:
+        """The id left this process's processing list: forget where it was fetched from."""
+        if self._away:
+            self._away.pop(str(job_id), None)
+
+    def partitions_of(self, queue: str) -> list[int]:
+        """The partitions of `queue` to look at: 0..N-1 and any higher one the queues set
+        named at the last known_queues() (left by a larger N, until reconciliation empties
+        them)."""
+        extra = self._known.get(queue)
+        if not extra:
+            return list(range(self.partitions))
+        return sorted(set(range(self.partitions)) | extra)
+
+    def _lanes(self, queue: str) -> list[QueueKeys]:
+        return [QueueKeys(queue, p) for p in self.partitions_of(queue)]
+
     # --- producer and promoter -----------------------------------------------------------
 
     def push(self, jobs: Iterable[tuple[str, int, str]]) -> int:
@@ -181,9 +228,11 @@ class Dispatcher:
         A group Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH) did not run at all,
         so exactly those groups are sent again once the script is loaded.
         """
-        groups: dict[tuple[str, int], list[str]] = defaultdict(list)
+        groups: dict[tuple[str, int, int], list[str]] = defaultdict(list)
+        n = self.partitions
         for queue, priority, job_id in jobs:
-            groups[(queue, priority)].append(str(job_id))
+            groups[(queue, partition_of(job_id, n) if n > 1 else 0, priority)].append(
+                str(job_id))
         if not groups:
             return 0
         if self.cluster:
@@ -196,27 +245,27 @@ class Dispatcher:
                     raise DispatchUnavailable("Redis lost the push script while pushing")
         return sum(len(ids) for ids in groups.values())
 
-    def _push_per_group(self, groups: dict[tuple[str, int], list[str]]) -> int:
+    def _push_per_group(self, groups: dict[tuple[str, int, int], list[str]]) -> int:
         """Cluster mode: one script call per group (each group is one slot), in order, then
         the queues' registration (the Script object reloads a script a node lacks)."""
-        for (queue, priority), ids in groups.items():
-            keys = QueueKeys(queue)
+        for (queue, partition, priority), ids in groups.items():
+            keys = QueueKeys(queue, partition)
             self._script("push", [keys.ready(priority), keys.signal], [SIGNAL_MAX, *ids])
         with self._guard():
-            self.client.sadd(QUEUES_SET, *{queue for queue, _ in groups})
+            self.client.sadd(QUEUES_SET, *{QueueKeys(q, p).name for q, p, _ in groups})
         return sum(len(ids) for ids in groups.values())
 
-    def _push_groups(self, groups: list[tuple[tuple[str, int], list[str]]], *,
-                     register: bool) -> list[tuple[tuple[str, int], list[str]]]:
-        """Run the push script for each group (and register the queues) in one round trip;
-        the groups answered NOSCRIPT. Any other error reply is raised."""
+    def _push_groups(self, groups: list[tuple[tuple[str, int, int], list[str]]], *,
+                     register: bool) -> list[tuple[tuple[str, int, int], list[str]]]:
+        """Run the push script for each group (and register the queues' partitions) in one
+        round trip; the groups answered NOSCRIPT. Any other error reply is raised."""
         sha = self._scripts["push"].sha
         with self.client.pipeline(transaction=False) as pipe:
-            for (queue, priority), ids in groups:
-                keys = QueueKeys(queue)
+            for (queue, partition, priority), ids in groups:
+                keys = QueueKeys(queue, partition)
                 pipe.evalsha(sha, 2, keys.ready(priority), keys.signal, SIGNAL_MAX, *ids)
             if register:
-                pipe.sadd(QUEUES_SET, *{queue for (queue, _), _ in groups})
+                pipe.sadd(QUEUES_SET, *{QueueKeys(q, p).name for (q, p, _), _ in groups})
             replies = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, redis.ResponseError) and not isinstance(reply, NoScriptError):
@@ -227,20 +276,33 @@ class Dispatcher:
 
     def schedule(self, queue: str, job_id: str, due_ms: int, *, retry: bool = False) -> None:
         """Hold a job in the scheduled (delayed first run) or retry set until it is due."""
-        keys = QueueKeys(queue)
+        keys = QueueKeys(queue, partition_of(job_id, self.partitions))
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.zadd(keys.retry if retry else keys.scheduled, {str(job_id): due_ms})
-            pipe.sadd(QUEUES_SET, queue)
+            pipe.sadd(QUEUES_SET, keys.name)
             pipe.execute()
 
+    def _by_home(self, queue: str, ids: Iterable[str]) -> dict[QueueKeys, list[str]]:
+        """`ids` grouped by their home partition's keys, in their order."""
+        groups: dict[QueueKeys, list[str]] = defaultdict(list)
+        for job_id in ids:
+            groups[QueueKeys(queue, partition_of(job_id, self.partitions))].append(str(job_id))
+        return groups
+
     def promote(self, queue: str, priority: int, ids: Sequence[str]) -> int:
-        keys = QueueKeys(queue)
-        return int(self._script("promote", [keys.ready(priority), keys.retry, keys.scheduled,
-                                            keys.signal], [SIGNAL_MAX, *map(str, ids)]))
+        """Move due ids from their home partition's retry and scheduled sets to its ready
+        list (an entry left in another partition by a change of N is dropped by
+        reconciliation: the job is no longer waiting)."""
+        pushed = 0
+        for keys, group in self._by_home(queue, ids).items():
+            pushed += int(self._script("promote", [keys.ready(priority), keys.retry,
+                                                   keys.scheduled, keys.signal],
+                                       [SIGNAL_MAX, *group]))
+        return pushed
 
     def unschedule(self, queue: str, job_id: str) -> None:
         """Forget a cancelled job's delayed or retry entry (ready-list copies die at claim)."""
-        keys = QueueKeys(queue)
+        keys = QueueKeys(queue, partition_of(job_id, self.partitions))
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
             pipe.zrem(keys.retry, str(job_id))
             pipe.zrem(keys.scheduled, str(job_id))
@@ -248,21 +310,40 @@ class Dispatcher:
 
     def remove_from_dlq(self, queue: str, job_id: str) -> None:
         with self._guard():
-            self.client.lrem(QueueKeys(queue).dlq, 0, str(job_id))
+            self.client.lrem(QueueKeys(queue, partition_of(job_id, self.partitions)).dlq, 0,
+                             str(job_id))
 
     def drop_dead(self, queue: str, ids: Sequence[str]) -> int:
         """Remove deleted dead jobs' ids from the queue's DLQ list, reading from its tail
         (where the oldest are) only as far as needed; returns the entries removed."""
         if not ids:
             return 0
-        return int(self._script("drop_dead", [QueueKeys(queue).dlq],
-                                [DISCARD_MARKER, *map(str, ids)]))
+        return sum(int(self._script("drop_dead", [keys.dlq], [DISCARD_MARKER, *group]))
+                   for keys, group in self._by_home(queue, ids).items())
 
     # --- worker --------------------------------------------------------------------------
 
     def fetch(self, queue: str, worker_id: str, count: int) -> list[str]:
-        """Move up to `count` ids, most urgent first, into this worker's processing list."""
-        return list(self._script("fetch", *_fetch_call(queue, worker_id, count)))
+        """Move up to `count` ids, most urgent first, into this worker's processing list (with
+        partitions: from each partition in turn, starting at the next one each call, so no
+        partition waits behind a busy one)."""
+        if self.partitions == 1 and not self._known:
+            return list(self._script("fetch", *_fetch_call(QueueKeys(queue), worker_id, count)))
+        lanes = self._lanes(queue)
+        start = next(self._turn) % len(lanes)
+        fetched: list[str] = []
+        for keys in lanes[start:] + lanes[:start]:
+            ids = list(self._script("fetch", *_fetch_call(keys, worker_id,
+                                                          count - len(fetched))))
+            for job_id in ids:
+                if partition_of(job_id, self.partitions) != keys.partition:
+                    self._away[job_id] = keys.partition
+                elif self._away:
+                    self._away.pop(job_id, None)  # fetched at home again
+            fetched += ids
+            if len(fetched) >= count:
+                break
+        return fetched
 
     def wait_and_fetch(self, queues: Sequence[str], worker_id: str, count: int,
                        timeout_s: float | None = None) -> list[str]:
@@ -279,9 +360,15 @@ class Dispatcher:
             # Cluster mode: each queue's signal is waited on apart (their slots differ), and
             # the fetch follows the wake in a call of its own.
             with self._guard():
-                self._waits.wait([QueueKeys(q).signal for q in queues], wait)
+                self._waits.wait([k.signal for q in queues for k in self._lanes(q)], wait)
             return self.fetch(queues[0], worker_id, count)
-        keys, args = _fetch_call(queues[0], worker_id, count)
+        if self.partitions > 1 or self._known:
+            # A signal taken may be any partition's: fetch from all of them after the wake.
+            with self._guard():
+                self.blocking_client.blpop([k.signal for q in queues for k in self._lanes(q)],
+                                           timeout=wait)
+            return self.fetch(queues[0], worker_id, count)
+        keys, args = _fetch_call(QueueKeys(queues[0]), worker_id, count)
         with self._guard(), self.blocking_client.pipeline(transaction=False) as pipe:
             pipe.blpop([QueueKeys(q).signal for q in queues], timeout=wait)
             pipe.evalsha(self._scripts["fetch"].sha, len(keys), *keys, *args)
@@ -296,8 +383,10 @@ class Dispatcher:
                     raise reply
         return list(moved)
 
-    def ack(self, items: Iterable[tuple[str, str]], worker_id: str) -> None:
-        """Drop (queue, id) pairs from this worker's processing lists in one round trip.
+    def ack(self, items: Iterable[tuple[str, str]], worker_id: str, *,
+            partition: int | None = None) -> None:
+        """Drop (queue, id) pairs from this worker's processing lists in one round trip
+        (`partition`: the lists of that partition, else each id's, see _part).
 
         Each LREM searches from the tail: fetches push at the head, so the jobs that finish
         first, the oldest fetched, sit at the tail of a list holding up to the lease cap.
@@ -307,21 +396,32 @@ class Dispatcher:
             return
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for queue, job_id in items:
-                pipe.lrem(QueueKeys(queue).processing(worker_id), -1, str(job_id))
+                pipe.lrem(self._keys(queue, job_id, partition).processing(worker_id), -1,
+                          str(job_id))
             pipe.execute()
+        if self._away:
+            for _, job_id in items:
+                self._settled(job_id)
 
     def retry_later(self, queue: str, worker_id: str, job_id: str, due_ms: int) -> None:
-        keys = QueueKeys(queue)
+        """Move an id from this worker's processing list to its partition's retry set (a
+        script keeps both in one slot; a retry is due in its fetched partition, where every
+        worker serving the queue finds it)."""
+        keys = self._keys(queue, job_id)
         self._script("retry_later", [keys.processing(worker_id), keys.retry], [job_id, due_ms])
+        self._settled(job_id)
 
     def dead_letter(self, queue: str, worker_id: str, job_id: str) -> None:
-        keys = QueueKeys(queue)
+        keys = self._keys(queue, job_id)
         self._script("dead_letter", [keys.processing(worker_id), keys.dlq], [job_id])
+        self._settled(job_id)
 
     def requeue(self, queue: str, priority: int, job_id: str, from_worker: str, *,
-                always: bool) -> bool:
-        """Move an id from a worker's processing list back to ready (next to be taken)."""
-        keys = QueueKeys(queue)
+                always: bool, partition: int | None = None) -> bool:
+        """Move an id from a worker's processing list back to ready (next to be taken), both
+        of `partition` (default: the id's, see _part)."""
+        keys = self._keys(queue, job_id, partition)
+        self._settled(job_id)
         pushed = self._script("requeue", [keys.processing(from_worker), keys.ready(priority),
                                           keys.signal],
                               [job_id, "always" if always else "if_present", SIGNAL_MAX])
@@ -332,42 +432,46 @@ class Dispatcher:
         from, in the order given (most urgent first), and mark their queues paused, so no
         worker fetches them again until the queue resumes."""
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            for queue in {queue for queue, _, _ in held}:
+            for keys in {self._keys(queue, job_id) for queue, _, job_id in held}:
                 # Expiring and never replacing an operator's marker: a resume racing this
                 # claim is at most HELD_MARKER_MS late, and maintenance restores the lasting one.
-                pipe.set(QueueKeys(queue).paused, "1", px=HELD_MARKER_MS, nx=True)
+                pipe.set(keys.paused, "1", px=HELD_MARKER_MS, nx=True)
             pipe.execute()
         for queue, priority, job_id in reversed(held):
             self.requeue(queue, priority, job_id, worker_id, always=False)
 
     def mark_paused(self, queue: str, paused: bool) -> None:
-        """Set or clear a queue's pause marker; clearing also wakes the queue's idle workers."""
-        keys = QueueKeys(queue)
+        """Set or clear a queue's pause marker (one per partition); clearing also wakes the
+        queue's idle workers."""
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            if paused:
-                pipe.set(keys.paused, "1")
-            else:
-                pipe.delete(keys.paused)
-                pipe.lpush(keys.signal, "1")
-                pipe.ltrim(keys.signal, 0, SIGNAL_MAX - 1)
+            for keys in self._lanes(queue):
+                if paused:
+                    pipe.set(keys.paused, "1")
+                else:
+                    pipe.delete(keys.paused)
+                    pipe.lpush(keys.signal, "1")
+                    pipe.ltrim(keys.signal, 0, SIGNAL_MAX - 1)
             pipe.execute()
 
     def wake(self, queues: Iterable[str]) -> None:
         """Signal each queue once, waking a worker blocked on it (budget freed for held work)."""
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for queue in queues:
-                keys = QueueKeys(queue)
-                pipe.lpush(keys.signal, "1")
-                pipe.ltrim(keys.signal, 0, SIGNAL_MAX - 1)
+                for keys in self._lanes(queue):
+                    pipe.lpush(keys.signal, "1")
+                    pipe.ltrim(keys.signal, 0, SIGNAL_MAX - 1)
             pipe.execute()
 
     def paused_markers(self, queues: Iterable[str]) -> set[str]:
-        """The queues among `queues` whose pause marker is set."""
-        queues = list(queues)
+        """The queues among `queues` whose pause marker is set (in every partition: one
+        lacking it counts as unmarked, so maintenance writes them all again)."""
+        lanes = [(q, keys) for q in queues for keys in self._lanes(q)]
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            for queue in queues:
-                pipe.exists(QueueKeys(queue).paused)
-            return {q for q, present in zip(queues, pipe.execute(), strict=True) if present}
+            for _, keys in lanes:
+                pipe.exists(keys.paused)
+            present = pipe.execute()
+        unmarked = {q for (q, _), here in zip(lanes, present, strict=True) if not here}
+        return {q for q, _ in lanes} - unmarked
 
     def heartbeat(self, worker_id: str, ttl_s: float) -> None:
         with self._guard():
@@ -380,24 +484,46 @@ class Dispatcher:
     # --- maintenance and queries ---------------------------------------------------------
 
     def known_queues(self) -> set[str]:
+        """The queues the queues set names; partitions above N-1 it names are remembered for
+        partitions_of."""
         with self._guard():
-            return set(self.client.smembers(QUEUES_SET))
+            names = self.client.smembers(QUEUES_SET)
+        queues: set[str] = set()
+        known: dict[str, set[int]] = defaultdict(set)
+        for name in names:
+            queue, partition = split_partition(name)
+            queues.add(queue)
+            if partition >= self.partitions:
+                known[queue].add(partition)
+        self._known = dict(known)
+        return queues
+
+    def forget_partition(self, queue: str, partition: int) -> None:
+        """Take an emptied partition above N-1 out of the queues set (a push there by a
+        process with a larger N adds it back)."""
+        with self._guard():
+            self.client.srem(QUEUES_SET, QueueKeys(queue, partition).name)
+        self._known.get(queue, set()).discard(partition)
 
     def processing_lists(self, queue: str) -> list[str]:
         """Every processing list of `queue`: on a single Redis those SCAN finds (as before
         workers registered themselves), on a cluster those of its registered holders."""
-        keys = QueueKeys(queue)
+        found: set[str] = set()
         with self._guard():
-            if not self.cluster:  # SCAN finds the registered lists too, and older ones
-                return sorted(set(self.client.scan_iter(match=keys.processing_pattern,
-                                                        count=1000)))
-            return sorted({keys.processing(w) for w in self.client.smembers(keys.holders)})
+            for keys in self._lanes(queue):
+                if not self.cluster:  # SCAN finds the registered lists too, and older ones
+                    found.update(self.client.scan_iter(match=keys.processing_pattern,
+                                                       count=1000))
+                else:
+                    found.update(keys.processing(w)
+                                 for w in self.client.smembers(keys.holders))
+        return sorted(found)
 
-    def forget_holders(self, queue: str, worker_ids: Sequence[str]) -> int:
+    def forget_holders(self, queue: str, worker_ids: Sequence[str], partition: int = 0) -> int:
         """Unregister those of `worker_ids` whose processing list of `queue` is gone."""
         if not worker_ids:
             return 0
-        keys = QueueKeys(queue)
+        keys = QueueKeys(queue, partition)
         return int(self._script("forget_holders",
                                 [keys.holders, *(keys.processing(w) for w in worker_ids)],
                                 list(worker_ids)))
@@ -441,11 +567,12 @@ class Dispatcher:
         """Hold (id, due_ms) entries in the retry or scheduled set, in one round trip."""
         if not entries:
             return
-        keys = QueueKeys(queue)
+        homes = self._by_home(queue, [job_id for job_id, _ in entries])
+        due = {str(job_id): due_ms for job_id, due_ms in entries}
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            pipe.zadd(keys.retry if retry else keys.scheduled,
-                      {str(job_id): due_ms for job_id, due_ms in entries})
-            pipe.sadd(QUEUES_SET, queue)
+            for keys, ids in homes.items():
+                pipe.zadd(keys.retry if retry else keys.scheduled, {i: due[i] for i in ids})
+                pipe.sadd(QUEUES_SET, keys.name)
             pipe.execute()
 
     def restore_dead(self, queue: str, ids: Sequence[str]) -> None:
@@ -453,20 +580,36 @@ class Dispatcher:
         if not ids:
             return
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            pipe.lpush(QueueKeys(queue).dlq, *map(str, ids))
-            pipe.sadd(QUEUES_SET, queue)
+            for keys, group in self._by_home(queue, ids).items():
+                pipe.lpush(keys.dlq, *group)
+                pipe.sadd(QUEUES_SET, keys.name)
             pipe.execute()
 
-    def unschedule_many(self, queue: str, ids: Sequence[str]) -> tuple[int, int]:
-        """Drop ids from the retry and scheduled sets; returns (removed from retry, scheduled)."""
+    def unschedule_many(self, queue: str, ids: Sequence[str], partition: int | None = None
+                        ) -> tuple[int, int]:
+        """Drop ids from the retry and scheduled sets (of `partition`, else of each id's
+        home); returns (removed from retry, scheduled)."""
         if not ids:
             return 0, 0
-        keys = QueueKeys(queue)
+        groups = ({QueueKeys(queue, partition): list(map(str, ids))} if partition is not None
+                  else self._by_home(queue, ids))
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            pipe.zrem(keys.retry, *map(str, ids))
-            pipe.zrem(keys.scheduled, *map(str, ids))
+            for keys, group in groups.items():
+                pipe.zrem(keys.retry, *group)
+                pipe.zrem(keys.scheduled, *group)
+            replies = pipe.execute()
+        return sum(int(n) for n in replies[0::2]), sum(int(n) for n in replies[1::2])
+
+    def delayed_entries(self, queue: str, partition: int) -> list[tuple[str, int, bool]]:
+        """(id, due ms, is a retry) of every entry of one partition's retry and scheduled
+        sets: what a retired partition still holds."""
+        keys = QueueKeys(queue, partition)
+        with self._guard(), self.client.pipeline(transaction=False) as pipe:
+            pipe.zrange(keys.retry, 0, -1, withscores=True)
+            pipe.zrange(keys.scheduled, 0, -1, withscores=True)
             retry, scheduled = pipe.execute()
-        return int(retry), int(scheduled)
+        return ([(i, int(due), True) for i, due in retry]
+                + [(i, int(due), False) for i, due in scheduled])
 
     def collect(self, key: str, ids: Sequence[str], ttl_s: int) -> None:
         """Add ids to a temporary working set that expires after ttl_s seconds."""
@@ -499,36 +642,38 @@ class Dispatcher:
                 self.client.delete(*keys)
 
     def depths(self, queue: str) -> dict[str, object]:
-        """Lengths of a queue's ready (per priority), processing, retry, scheduled and DLQ."""
-        keys = QueueKeys(queue)
-        processing = self.processing_lists(queue)
+        """Lengths of a queue's ready (per priority), processing, retry, scheduled and DLQ,
+        summed over its partitions."""
+        return self.depths_of([queue], {queue: self.processing_lists(queue)})[queue]
+
+    def depths_in(self, keys: QueueKeys, processing: Sequence[str] = ()) -> dict[str, object]:
+        """`depths` of one partition, counting the processing lists given."""
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            for key in keys.ready_by_urgency:
-                pipe.llen(key)
-            for key in processing:
+            for key in [*keys.ready_by_urgency, *processing]:
                 pipe.llen(key)
             pipe.zcard(keys.retry)
             pipe.zcard(keys.scheduled)
             pipe.llen(keys.dlq)
             values = pipe.execute()
-        ready = dict(zip(range(9, -1, -1), values[:10], strict=True))
-        return {"ready": ready, "processing": sum(values[10:10 + len(processing)]),
-                "retry": values[-3], "scheduled": values[-2], "dlq": values[-1]}
+        return {"ready": dict(zip(range(9, -1, -1), values[:10], strict=True)),
+                "processing": sum(values[10:-3]), "retry": values[-3], "scheduled": values[-2],
+                "dlq": values[-1]}
 
     def processing_lists_of(self, queues: Sequence[str]) -> dict[str, list[str]]:
         """`processing_lists` of many queues at once: their holders in one pipeline and, on a
         single Redis, one SCAN for all of them, so the cost grows with the keys, not with
         the queues times the keys."""
-        found: dict[str, set[str]] = {}
+        found: dict[str, set[str]] = {queue: set() for queue in queues}
+        lanes = [keys for queue in queues for keys in self._lanes(queue)]
         with self._guard():
             with self.client.pipeline(transaction=False) as pipe:
-                for queue in queues:
-                    pipe.smembers(QueueKeys(queue).holders)
-                for queue, holders in zip(queues, pipe.execute(), strict=True):
-                    found[queue] = {QueueKeys(queue).processing(w) for w in holders}
+                for keys in lanes:
+                    pipe.smembers(keys.holders)
+                for keys, holders in zip(lanes, pipe.execute(), strict=True):
+                    found[keys.queue].update(keys.processing(w) for w in holders)
             if not self.cluster:
                 for key in self.client.scan_iter(match=PROCESSING_PATTERN, count=1000):
-                    queue = key[len(PREFIX) + 2:key.find("}:processing:")]
+                    queue, _ = split_partition(key[len(PREFIX) + 2:key.find("}:processing:")])
                     if queue in found:
                         found[queue].add(key)
         return {queue: sorted(keys) for queue, keys in found.items()}
@@ -539,21 +684,31 @@ class Dispatcher:
         processing_lists_of, when the caller has them)."""
         queues = list(queues)
         lists = self.processing_lists_of(queues) if lists is None else lists
+        lanes = {queue: self._lanes(queue) for queue in queues}
         with self._guard(), self.client.pipeline(transaction=False) as pipe:
             for queue in queues:
-                keys = QueueKeys(queue)
-                for key in [*keys.ready_by_urgency, *lists[queue]]:
+                for key in lists[queue]:
                     pipe.llen(key)
-                pipe.zcard(keys.retry)
-                pipe.zcard(keys.scheduled)
-                pipe.llen(keys.dlq)
+                for keys in lanes[queue]:
+                    for key in keys.ready_by_urgency:
+                        pipe.llen(key)
+                    pipe.zcard(keys.retry)
+                    pipe.zcard(keys.scheduled)
+                    pipe.llen(keys.dlq)
             values = iter(pipe.execute())
         out: dict[str, dict[str, object]] = {}
         for queue in queues:
-            ready = {p: next(values) for p in range(9, -1, -1)}
-            processing = sum(next(values) for _ in lists[queue])
-            out[queue] = {"ready": ready, "processing": processing, "retry": next(values),
-                          "scheduled": next(values), "dlq": next(values)}
+            depth: dict[str, object] = {"processing": sum(next(values) for _ in lists[queue])}
+            ready = dict.fromkeys(range(9, -1, -1), 0)
+            retry = scheduled = dlq = 0
+            for _ in lanes[queue]:
+                for p in range(9, -1, -1):
+                    ready[p] += next(values)
+                retry += next(values)
+                scheduled += next(values)
+                dlq += next(values)
+            out[queue] = {"ready": ready, **depth, "retry": retry, "scheduled": scheduled,
+                          "dlq": dlq}
         return out
 
     def ping(self) -> None:
@@ -579,9 +734,8 @@ class Dispatcher:
         return bool(self._script("renew_marker", [DISPATCH_MARKER], [expected, value]))
 
 
-def _fetch_call(queue: str, worker_id: str, count: int) -> tuple[list[str], list[object]]:
-    """KEYS and ARGV of the fetch script for `count` ids of `queue` (see lua/fetch.lua)."""
-    keys = QueueKeys(queue)
+def _fetch_call(keys: QueueKeys, worker_id: str, count: int) -> tuple[list[str], list[object]]:
+    """KEYS and ARGV of the fetch script for `count` ids of one partition (lua/fetch.lua)."""
     return ([keys.processing(worker_id), keys.signal, keys.paused, keys.holders,
              *keys.ready_by_urgency], [count, SIGNAL_MAX, worker_id])
 

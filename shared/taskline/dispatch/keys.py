@@ -2,11 +2,16 @@
 
 Every key of a queue carries the hash tag `{queue}`, so each Lua script touches one cluster
 slot. Scripts receive keys only through KEYS, built here.
+
+Partitions (TASKLINE_QUEUE_PARTITIONS): partition 0 of a queue is its plain `{queue}` keys,
+partition i > 0 carries the hash tag `{queue#i}` (`#` is never part of a queue name), so a
+queue's lists can spread over several slots while a single partition keeps today's keys.
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 from taskline.jobs import MAX_PRIORITY, MIN_PRIORITY
@@ -35,6 +40,30 @@ def valid_queue_name(name: object) -> bool:
     return isinstance(name, str) and QUEUE_NAME.fullmatch(name) is not None
 
 
+PARTITION_SEP = "#"
+
+
+def partition_of(job_id: str, partitions: int) -> int:
+    """The partition a job's id lives in among `partitions` (its home): a stable hash, so
+    every process finds an id where a producer with the same setting put it."""
+    if partitions <= 1:
+        return 0
+    return zlib.crc32(str(job_id).encode()) % partitions
+
+
+def split_partition(name: str) -> tuple[str, int]:
+    """(queue, partition) of a name in the queues set: `q` is partition 0, `q#i` is i."""
+    queue, sep, index = name.rpartition(PARTITION_SEP)
+    if sep and index.isdigit():
+        return queue, int(index)
+    return name, 0
+
+
+def partition_of_key(key: str) -> int:
+    """The partition a queue key (`taskline:{q}:...` or `taskline:{q#i}:...`) belongs to."""
+    return split_partition(key[len(PREFIX) + 2:key.index("}")])[1]
+
+
 def worker_key(worker_id: str) -> str:
     """Heartbeat key of a worker; it expires when the worker stops beating."""
     return f"{PREFIX}:worker:{worker_id}"
@@ -42,17 +71,25 @@ def worker_key(worker_id: str) -> str:
 
 @dataclass(frozen=True)
 class QueueKeys:
-    """The keys of one queue."""
+    """The keys of one partition of a queue (partition 0: the queue's plain keys)."""
 
     queue: str
+    partition: int = 0
 
     def __post_init__(self) -> None:
         if not valid_queue_name(self.queue):
             raise ValueError(f"invalid queue name {self.queue!r}")
+        if self.partition < 0:
+            raise ValueError(f"invalid partition {self.partition!r}")
+
+    @property
+    def name(self) -> str:
+        """The partition's name in the queues set and its hash tag: `q` or `q#i`."""
+        return self.queue if not self.partition else f"{self.queue}{PARTITION_SEP}{self.partition}"
 
     @property
     def base(self) -> str:
-        return f"{PREFIX}:{{{self.queue}}}"
+        return f"{PREFIX}:{{{self.name}}}"
 
     def ready(self, priority: int) -> str:
         return f"{self.base}:ready:{priority}"
