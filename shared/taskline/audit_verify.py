@@ -168,8 +168,10 @@ def terminal_problems(job: Mapping[str, Any], events: Sequence[Mapping[str, Any]
     return problems
 
 
+@functools.cache
 def _outcomes_into(status: str) -> frozenset[str]:
-    """How an attempt's lease may end when its move takes the job to `status`."""
+    """How an attempt's lease may end when its move takes the job to `status` (asked once per
+    finished job: cached, as the moves never change)."""
     return frozenset(o.value for m in MOVES.values() if m.target == status for o in m.outcomes)
 
 

@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from taskline.audit_verify import verify
 from taskline.store.history import HistoryReader
+from taskline.store.queries import queries_for
 from taskline.workflows import StepJob, StepSpec, insert_workflow
 from taskline_cli.main import main
 from taskline_maintenance.auditor import Auditor
@@ -249,3 +250,37 @@ def test_an_unreachable_or_foreign_database_is_exit_2(url, capsys, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", url)
     assert main(["audit", "verify"]) == 2
     assert capsys.readouterr().err.startswith("taskline audit verify: ")
+
+
+def _plan_nodes(plan: dict) -> list[str]:
+    return [plan["Node Type"]] + [n for child in plan.get("Plans", ())
+                                  for n in _plan_nodes(child)]
+
+
+def test_a_page_of_jobs_is_read_off_the_index_without_sorting_the_rest(store, dispatcher):
+    """A page is the next `limit` entries of index jobs_created: a plan that sorts (the
+    selected text id has no index) reads every later job for each page, so the audit's time
+    grew with the square of the history (docs/performance.md, "Audit verify at scale")."""
+    ids = sorted(str(run_one(store, dispatcher)) for _ in range(3))
+    statement = "EXPLAIN (FORMAT JSON) " + queries_for(store.schema)["audit_jobs_page"].text
+    with store.transaction() as conn:
+        conn.execute(text("SET LOCAL enable_sort = off"))  # as on a table too big to sort
+        conn.execute(text("SET LOCAL enable_seqscan = off"))
+        (plan,) = conn.execute(text(statement), {
+            "since": "1970-01-01T00:00:00Z", "after_created": "1970-01-01T00:00:00Z",
+            "after_id": ids[0], "limit": 1000}).scalar_one()
+    nodes = _plan_nodes(plan["Plan"])
+    assert "Sort" not in nodes and "Incremental Sort" not in nodes, nodes
+    assert "Index Scan" in nodes, nodes
+
+
+def test_pages_walk_every_job_once_in_creation_order(store, dispatcher):
+    made = [str(run_one(store, dispatcher)) for _ in range(5)]
+    pages = list(HistoryReader(store.engine, store.schema).pages(None, 2))
+    assert [len(page.jobs) for page in pages] == [2, 2, 1]
+    seen = [job["id"] for page in pages for job in page.jobs]
+    created = {job["id"]: job["created_at"] for page in pages for job in page.jobs}
+    assert sorted(seen) == sorted(made)
+    assert seen == sorted(seen, key=lambda i: (created[i], uuid.UUID(i)))
+    assert all(page.leases[job["id"]] and page.events[job["id"]]
+               for page in pages for job in page.jobs)

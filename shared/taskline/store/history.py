@@ -16,22 +16,17 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from psycopg.rows import dict_row
 from sqlalchemy import Connection, Engine
 
 from taskline.audit_verify import Page, Setting, settings_over_time
 from taskline.store.queries import DEFAULT_SCHEMA, queries_for
-from taskline.store.store import translate_errors
+from taskline.store.store import driver_sql, translate_driver_errors, translate_errors
 
 FAR_PAST = datetime(1970, 1, 1, tzinfo=UTC)
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
 NIL = str(uuid.UUID(int=0))
 LEASE_PAGE = 10_000
-
-
-def _dicts(result: Any) -> list[dict[str, Any]]:
-    """The rows of `result` as plain dicts (a tenth of the cost of each Row's mapping)."""
-    keys = list(result.keys())
-    return [dict(zip(keys, row, strict=True)) for row in result.all()]
 
 
 def _id_array(ids: list[str]) -> str:
@@ -52,13 +47,19 @@ class HistoryReader:
 
     def __init__(self, engine: Engine, schema: str = DEFAULT_SCHEMA) -> None:
         self.engine = engine
+        self.schema = schema
         self._queries = queries_for(schema)
 
     def _run(self, conn: Connection, query: str, **params: Any) -> list[Any]:
         return conn.execute(self._queries[query], params).all()
 
     def _rows(self, conn: Connection, query: str, **params: Any) -> list[dict[str, Any]]:
-        return _dicts(conn.execute(self._queries[query], params))
+        """A page statement's rows as plain dicts, straight through psycopg inside `conn`'s
+        snapshot: SQLAlchemy's Row for each of a page's thousands of rows cost about as much
+        CPU as the audit's rules (docs/performance.md, "Audit verify at scale")."""
+        driver = conn.connection.driver_connection
+        with translate_driver_errors(driver), driver.cursor(row_factory=dict_row) as cursor:
+            return cursor.execute(driver_sql(query, self.schema), params).fetchall()
 
     def _snapshot(self) -> Any:
         return self.engine.connect().execution_options(
@@ -94,8 +95,8 @@ class HistoryReader:
             return Page(jobs=[])
         ids = _id_array([job["id"] for job in jobs])
         parents: dict[str, list[str]] = defaultdict(list)
-        for row in self._run(conn, "audit_parents_of", ids=ids):
-            parents[row.child_id].append(row.parent_id)
+        for row in self._rows(conn, "audit_parents_of", ids=ids):
+            parents[row["child_id"]].append(row["parent_id"])
         every_parent = sorted({p for ps in parents.values() for p in ps})
         finishes = _by_job(self._rows(conn, "audit_finishes_of", ids=_id_array(every_parent))
                            if every_parent else [])

@@ -1537,29 +1537,32 @@ FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 
 -- name: audit_jobs_page
 -- Up to :limit jobs created at or after :since, after (:after_created, :after_id) in
--- (created_at, id) order (index jobs_created).
-SELECT id::text AS id, type, queue, status, attempts, limit_key, run_when, created_at,
-       ordering_key
-FROM taskline.jobs
-WHERE created_at >= CAST(:since AS timestamptz)
-  AND (created_at, id) > (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
-ORDER BY created_at, id
+-- (created_at, id) order, read straight off index jobs_created. The ORDER BY names the
+-- table's columns: a bare `id` would mean the selected text, whose order no index holds, so
+-- each page would sort every job after it (a page's cost growing with the table).
+SELECT j.id::text AS id, j.type, j.queue, j.status, j.attempts, j.limit_key, j.run_when,
+       j.created_at, j.ordering_key
+FROM taskline.jobs j
+WHERE j.created_at >= CAST(:since AS timestamptz)
+  AND (j.created_at, j.id) > (CAST(:after_created AS timestamptz), CAST(:after_id AS uuid))
+ORDER BY j.created_at, j.id
 LIMIT :limit;
 
 -- name: audit_events_of
 -- The events of the jobs :ids in id order, each with the state its row records (`recorded`,
--- detail.status), its cause (detail.cause) and the transaction that wrote it.
+-- detail.status), its cause (detail.cause) and the transaction that wrote it; sorted by the
+-- uuid, not the selected text (cheaper to compare, same grouping).
 SELECT job_id::text AS job_id, id, attempt, event, detail ->> 'status' AS recorded,
        detail ->> 'cause' AS cause, created_at, xmin::text AS xid
-FROM taskline.job_events WHERE job_id = ANY(CAST(:ids AS uuid[]))
-ORDER BY job_id, id;
+FROM taskline.job_events e WHERE e.job_id = ANY(CAST(:ids AS uuid[]))
+ORDER BY e.job_id, e.id;
 
 -- name: audit_leases_of
--- The leases of the jobs :ids in id order.
+-- The leases of the jobs :ids in id order (sorted by the uuid, as the events).
 SELECT job_id::text AS job_id, id, attempt, worker_id, leased_at, leased_until, released_at,
        outcome
-FROM taskline.job_leases WHERE job_id = ANY(CAST(:ids AS uuid[]))
-ORDER BY job_id, id;
+FROM taskline.job_leases l WHERE l.job_id = ANY(CAST(:ids AS uuid[]))
+ORDER BY l.job_id, l.id;
 
 -- name: audit_parents_of
 -- The parents of those of the jobs :ids that are workflow steps with parents.
