@@ -51,6 +51,7 @@ BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler thre
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -68,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # bench/ is put on the path first: its modules import each other by name.
 import audit
 import clustered
+import cpu
 import degraded
 import limits
 import ordering
@@ -179,10 +181,12 @@ def side_by_side(stack: Stack, n: int, repeat: int, with_peers: bool) -> dict[st
     drains.update({name: lambda fn=fn: fn(stack, n) for name, fn in PEER_DRAINS.items()
                    if name in found})
     runs: dict[str, list[float]] = {name: [] for name in drains}
+    taskline_cpu: list[dict[str, float]] = []
     for _ in range(repeat):
         for name, fn in drains.items():
-            runs[name].append(fn())
-    return _with_ratios(runs)
+            runs[name].append(with_cpu(stack, fn, taskline_cpu) if name == "taskline"
+                              else fn())
+    return {**_with_ratios(runs), "taskline_cpu_ms": cpu.summaries(taskline_cpu)}
 
 
 def _peers_installed(with_peers: bool) -> set[str]:
@@ -244,11 +248,17 @@ def drain_io_side_by_side(stack: Stack, n: int, repeat: int,
                    for name, fn in PEER_DRAINS.items() if name in found})
     cases = [(h, setup, slots) for h in IO_HANDLERS for setup, slots in io_setups().items()]
     runs = {(h, setup, name): [] for h, setup, _ in cases for name in drains}
+    cpu_runs: dict[tuple[str, str], list[dict[str, float]]] = {
+        (h, setup): [] for h, setup, _ in cases}
     for _ in range(repeat):
         for handler, setup, slots in cases:
             for name, fn in drains.items():
-                runs[handler, setup, name].append(fn(handler, slots))
-    return {f"{h} {setup}": _with_ratios({name: runs[h, setup, name] for name in drains})
+                run_one = functools.partial(fn, handler, slots)
+                runs[handler, setup, name].append(
+                    with_cpu(stack, run_one, cpu_runs[handler, setup]) if name == "taskline"
+                    else run_one())
+    return {f"{h} {setup}": {**_with_ratios({name: runs[h, setup, name] for name in drains}),
+                             "taskline_cpu_ms": cpu.summaries(cpu_runs[h, setup])}
             for h, setup, _ in cases}
 
 
@@ -276,8 +286,33 @@ def show(name: str, value: Any) -> None:
         print(f"{name:40s} {json.dumps(value, default=str)}", flush=True)
 
 
-def measure(stack: Stack, fn: Callable[[Stack], Any], repeat: int) -> Any:
-    results = [fn(stack) for _ in range(repeat)]
+def show_any(name: str, value: Any) -> None:
+    """`show`, or `show_cpu` for a CPU-per-job entry."""
+    if name.endswith("_cpu_ms"):
+        show_cpu(name.removesuffix("_cpu_ms"), value)
+    else:
+        show(name, value)
+
+
+def show_cpu(name: str, by_component: dict[str, Any]) -> None:
+    print(f"{name + ' CPU ms/job':40s} " + "  ".join(
+        f"{part} {value['median']:.3f} ({value['min']:.3f}-{value['max']:.3f})"
+        for part, value in by_component.items()), flush=True)
+
+
+def with_cpu(stack: Stack, fn: Callable[[], Any], cpu_runs: list[dict[str, float]]) -> Any:
+    """`fn()`, keeping the CPU per job of the drain it ran, if it ran one."""
+    stack.last_cpu = None
+    value = fn()
+    if stack.last_cpu is not None:
+        cpu_runs.append(stack.last_cpu)
+    return value
+
+
+def measure(stack: Stack, fn: Callable[[Stack], Any], repeat: int,
+            cpu_runs: list[dict[str, float]] | None = None) -> Any:
+    kept: list[dict[str, float]] = [] if cpu_runs is None else cpu_runs
+    results = [with_cpu(stack, lambda: fn(stack), kept) for _ in range(repeat)]
     if all(isinstance(r, float | int) for r in results):
         return summary([float(r) for r in results])
     return results
@@ -316,13 +351,13 @@ def side_by_sides(stack: Stack, args: argparse.Namespace, only: set[str],
     if not only or "side_by_side" in only:
         results["side_by_side"] = side_by_side(stack, args.jobs, args.repeat, with_peers)
         for name, value in results["side_by_side"].items():
-            show(f"drain_2_workers {name}", value)
+            show_any(f"drain_2_workers {name}", value)
     if not only or "drain_io_side_by_side" in only:
         results["drain_io_side_by_side"] = drain_io_side_by_side(
             stack, args.jobs, args.repeat, with_peers)
         for case, values in results["drain_io_side_by_side"].items():
             for name, value in values.items():
-                show(f"drain_io {case} {name}", value)
+                show_any(f"drain_io {case} {name}", value)
     producer_paths(stack, args, only, results)
     if "concurrency_sweep" in only:  # only when asked: twelve drains per repetition
         results["concurrency_sweep"] = concurrency_sweep(stack, args.jobs, args.repeat)
@@ -367,8 +402,12 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
             continue
         stack.placements.clear()
         stack.group_sizes.clear()
-        results[name] = measure(stack, fn, args.repeat)
+        cpu_runs: list[dict[str, float]] = []
+        results[name] = measure(stack, fn, args.repeat, cpu_runs)
         show(name, results[name])
+        if cpu_runs:  # the drains: CPU ms per job by component, beside jobs/s
+            results[name + "_cpu_ms"] = cpu.summaries(cpu_runs)
+            show_cpu(name, results[name + "_cpu_ms"])
         if stack.placements:  # the enqueue scenarios: connections per API process, per run
             results[name + "_connections_per_process"] = list(stack.placements)
             show(name + "_connections_per_process", stack.placements)
