@@ -289,19 +289,10 @@ class Recorder:
         batch: list[Report | Written] = [first]
         if isinstance(first, Written) or _releases(first):
             return self._ready(batch)
-        deadline = time.monotonic() + BATCH_WINDOW_S
-        while len(batch) < BATCH_MAX:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                report = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if report is None:
-                return batch, False
-            batch.append(report)
-        return batch, True
+        # The window is slept out, not waited on the queue: a waiting thread is woken by every
+        # report put, a sleeping one once per batch, and the batch is the same.
+        time.sleep(BATCH_WINDOW_S)
+        return self._ready(batch)
 
     def _ready(self, batch: list[Report | Written]) -> tuple[list[Report | Written], bool]:
         """`batch` and the reports already queued, without waiting for more."""
