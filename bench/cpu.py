@@ -4,7 +4,8 @@ A sampler thread reads the CPU counters from /proc every SAMPLE_S while the drai
 window is then cut, by interpolation between samples, to the drain's own span, from its first
 claim to its last outcome's commit (PostgreSQL's clock: the same machine's), so neither the
 processes' start-up nor the wait for the count to be seen is counted. Components:
-- `worker`: every worker process's user + system CPU (all their threads);
+- `worker`: every worker process's user + system CPU (all their threads, and the processes
+  they forked: a peer's pool);
 - `postgres`: the benchmark's PostgreSQL, the postmaster and all its children (the private
   cluster's; absent with --shared-postgres, whose server others use too);
 - `redis`: the Redis server's process, the whole server: another client of that server
@@ -103,18 +104,30 @@ class CpuSampler:
                 for name in self.probes}
 
 
-def tree_cpu(root: int) -> Probe:
-    """The CPU of `root` and its children (as they are at each sample: backends come and go;
-    a backend that exited between samples takes its share with it, a small under-count)."""
-    return lambda: process_cpu_s(root) + sum(process_cpu_s(p) for p in children(root))
+def descendants(root: int) -> list[int]:
+    """`root` and every process below it, as they are now."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children(pid)
+    return found
+
+
+def tree_cpu(roots: list[int]) -> Probe:
+    """The CPU of `roots` and the processes below them (as they are at each sample: backends
+    and forked workers come and go; one that exited between samples takes its share with it,
+    a small under-count)."""
+    return lambda: sum(process_cpu_s(p) for root in roots for p in descendants(root))
 
 
 def probes(worker_pids: list[int], postmaster: int | None, redis_pid: int | None
            ) -> dict[str, Probe]:
-    found: dict[str, Probe] = {
-        "worker": lambda: sum(process_cpu_s(p) for p in worker_pids)}
+    """The worker processes (and any they forked: a peer's pool), PostgreSQL, Redis and the
+    machine."""
+    found: dict[str, Probe] = {"worker": tree_cpu(worker_pids)}
     if postmaster:
-        found["postgres"] = tree_cpu(postmaster)
+        found["postgres"] = tree_cpu([postmaster])
     if redis_pid:
         found["redis"] = lambda: process_cpu_s(redis_pid)
     found["machine"] = machine_cpu_s

@@ -181,12 +181,16 @@ def side_by_side(stack: Stack, n: int, repeat: int, with_peers: bool) -> dict[st
     drains.update({name: lambda fn=fn: fn(stack, n) for name, fn in PEER_DRAINS.items()
                    if name in found})
     runs: dict[str, list[float]] = {name: [] for name in drains}
-    taskline_cpu: list[dict[str, float]] = []
+    cpu_runs: dict[str, list[dict[str, float]]] = {name: [] for name in drains}
     for _ in range(repeat):
         for name, fn in drains.items():
-            runs[name].append(with_cpu(stack, fn, taskline_cpu) if name == "taskline"
-                              else fn())
-    return {**_with_ratios(runs), "taskline_cpu_ms": cpu.summaries(taskline_cpu)}
+            runs[name].append(with_cpu(stack, fn, cpu_runs[name]))
+    return {**_with_ratios(runs), **_cpu_entries(cpu_runs)}
+
+
+def _cpu_entries(cpu_runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """`<system>_cpu_ms`: each system's CPU ms per job by component, where it was measured."""
+    return {f"{name}_cpu_ms": cpu.summaries(runs) for name, runs in cpu_runs.items() if runs}
 
 
 def _peers_installed(with_peers: bool) -> set[str]:
@@ -248,17 +252,15 @@ def drain_io_side_by_side(stack: Stack, n: int, repeat: int,
                    for name, fn in PEER_DRAINS.items() if name in found})
     cases = [(h, setup, slots) for h in IO_HANDLERS for setup, slots in io_setups().items()]
     runs = {(h, setup, name): [] for h, setup, _ in cases for name in drains}
-    cpu_runs: dict[tuple[str, str], list[dict[str, float]]] = {
-        (h, setup): [] for h, setup, _ in cases}
+    cpu_runs: dict[tuple[str, str, str], list[dict[str, float]]] = {
+        key: [] for key in runs}
     for _ in range(repeat):
         for handler, setup, slots in cases:
             for name, fn in drains.items():
-                run_one = functools.partial(fn, handler, slots)
-                runs[handler, setup, name].append(
-                    with_cpu(stack, run_one, cpu_runs[handler, setup]) if name == "taskline"
-                    else run_one())
+                runs[handler, setup, name].append(with_cpu(
+                    stack, functools.partial(fn, handler, slots), cpu_runs[handler, setup, name]))
     return {f"{h} {setup}": {**_with_ratios({name: runs[h, setup, name] for name in drains}),
-                             "taskline_cpu_ms": cpu.summaries(cpu_runs[h, setup])}
+                             **_cpu_entries({name: cpu_runs[h, setup, name] for name in drains})}
             for h, setup, _ in cases}
 
 
