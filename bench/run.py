@@ -45,7 +45,8 @@ with retention on and off in interleaved pairs (docs/performance.md, "Retention 
 bench/limits.py: --soak-pairs interleaved pairs of an unlimited type's drain beside a limited
 one and alone, a 60 s rate limit, an idle worker waiting on a full budget, and fairness.
 Environment: BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; that logical DB is flushed),
-BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64).
+BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64),
+BENCH_IO_CASES (drain_io_side_by_side's cases, e.g. "redis 2x8,sleep10 2x8"; all by default).
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ PEER_DRAINS: dict[str, Callable[..., float]] = {
 IO_HANDLERS = ("redis", "sleep10")
 IO_PROCESSES = 2
 IO_SLOTS = 8
+IO_CASES = {c.strip() for c in os.environ.get("BENCH_IO_CASES", "").split(",") if c.strip()}
+"""`<handler> <setup>` cases drain_io_side_by_side runs (all when empty), e.g. "redis 2x8"."""
 ASYNC_SLOTS = (16, 64)
 """--concurrency of the `async def` 10 ms-sleep drains: the threads' default, and more than
 threads could afford (coroutines cost no stack nor wake-up while they wait)."""
@@ -250,7 +253,8 @@ def drain_io_side_by_side(stack: Stack, n: int, repeat: int,
     drains.update({name: lambda handler, slots, fn=fn: fn(stack, n, handler, IO_PROCESSES,
                                                           slots)
                    for name, fn in PEER_DRAINS.items() if name in found})
-    cases = [(h, setup, slots) for h in IO_HANDLERS for setup, slots in io_setups().items()]
+    cases = [(h, setup, slots) for h in IO_HANDLERS for setup, slots in io_setups().items()
+             if not IO_CASES or f"{h} {setup}" in IO_CASES]
     runs = {(h, setup, name): [] for h, setup, _ in cases for name in drains}
     cpu_runs: dict[tuple[str, str, str], list[dict[str, float]]] = {
         key: [] for key in runs}
