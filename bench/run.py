@@ -276,12 +276,16 @@ def concurrency_sweep(stack: Stack, n: int, repeat: int) -> dict[str, Any]:
     """taskline alone, 2 worker processes, per handler (no-op and the two I/O ones) and slot
     count: the figures behind the worker's default concurrency (docs/performance.md)."""
     runs: dict[str, list[float]] = {}
+    cpu_runs: dict[str, list[dict[str, float]]] = {}
     for _ in range(repeat):
         for handler in ("noop", *IO_HANDLERS):
             for slots in SWEEP_SLOTS:
-                runs.setdefault(f"{handler} {IO_PROCESSES}x{slots}", []).append(sc.drain(
-                    stack, n, IO_PROCESSES, job_type=f"bench.{handler}", concurrency=slots))
-    return {case: summary(values) for case, values in runs.items()}
+                case = f"{handler} {IO_PROCESSES}x{slots}"
+                runs.setdefault(case, []).append(with_cpu(stack, functools.partial(
+                    sc.drain, stack, n, IO_PROCESSES, job_type=f"bench.{handler}",
+                    concurrency=slots), cpu_runs.setdefault(case, [])))
+    return {**{case: summary(values) for case, values in runs.items()},
+            **{f"{case}_cpu_ms": cpu.summaries(kept) for case, kept in cpu_runs.items()}}
 
 
 def show(name: str, value: Any) -> None:
@@ -368,7 +372,7 @@ def side_by_sides(stack: Stack, args: argparse.Namespace, only: set[str],
     if "concurrency_sweep" in only:  # only when asked: twelve drains per repetition
         results["concurrency_sweep"] = concurrency_sweep(stack, args.jobs, args.repeat)
         for case, value in results["concurrency_sweep"].items():
-            show(f"concurrency_sweep {case}", value)
+            show_any(f"concurrency_sweep {case}", value)
     if (not only or "pgqueuer_enqueue" in only) and "pgqueuer" in _peers_installed(with_peers):
         # Read beside enqueue_single_1_client, enqueue_batch and pickup_idle_worker.
         results["pgqueuer_enqueue"] = measure(
