@@ -148,8 +148,8 @@ class Ready:
 
     An idle thread parks on a lock of its own, and `put_many` releases as many parked threads
     as it adds jobs, after it has let go of the heap's lock: a woken thread then never blocks
-    again on the lock its waker still holds (a Condition's waiters must retake its lock, which
-    on a busy machine cost every hand-off a second sleep and wake-up), and a batch of jobs
+    again on the lock its waker still holds (a Condition's waiter must retake its lock, which
+    on a busy machine can cost a hand-off a second sleep and wake-up), and a batch of jobs
     takes that lock once.
     """
 
