@@ -76,11 +76,13 @@ def metrics(results: dict[str, Any]) -> dict[str, tuple[float, bool]]:
 
 
 def _nested(prefix: str, value: dict[str, Any]) -> dict[str, tuple[float, bool]]:
-    """The throughput medians of a scenario that reports by case (and by system in a case)."""
+    """The medians of a scenario that reports by case (and by system in a case): throughputs,
+    and CPU per job (under a `..._cpu_ms` entry, better lower)."""
     out: dict[str, tuple[float, bool]] = {}
     for key, item in value.items():
         if isinstance(item, dict) and "median" in item:
-            out[f"{prefix} {key}"] = (float(item["median"]), True)
+            lower = f"{prefix} {key}".endswith(("_s", "_ms")) or prefix.endswith("_cpu_ms")
+            out[f"{prefix} {key}"] = (float(item["median"]), not lower)
         elif isinstance(item, dict):
             out.update(_nested(f"{prefix} {key}", item))
     return out

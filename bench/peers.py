@@ -28,6 +28,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from urllib.parse import urlsplit, urlunsplit
 
+import cpu
 import psycopg
 from iojobs import COUNTER
 from stack import BENCH_DIR, Stack, stop
@@ -45,17 +46,24 @@ def _env(stack: Stack, **extra: str) -> dict[str, str]:
     return env
 
 
-def _timed(remaining: Callable[[], int], jobs: int, timeout: float = 1200) -> float:
-    """Jobs/s from 5 % done to all done, `remaining` polled every 5 ms."""
+def _timed(remaining: Callable[[], int], jobs: int, timeout: float = 1200,
+           span: list[float] | None = None) -> float:
+    """Jobs/s from 5 % done to all done, `remaining` polled every 5 ms; `span` receives the
+    wall times of the first pickup and the last acknowledgement (as the polls saw them)."""
     deadline = time.monotonic() + timeout
-    started = None
+    started = first = None
     while (left := remaining()) > 0:
+        if first is None and left < jobs:
+            first = time.time()
         if started is None and left <= jobs * 0.95:
             started = time.perf_counter()
         if time.monotonic() > deadline:
             raise TimeoutError("peer drain did not finish")
         time.sleep(0.005)
     ended = time.perf_counter()
+    if span is not None:
+        last = time.time()
+        span[:] = [first or last, last]
     return jobs * 0.95 / (ended - (started or ended))
 
 
@@ -65,12 +73,19 @@ def _run_workers(stack: Stack, argvs: list[list[str]], remaining: Callable[[], i
     that a `redis` backlog really ran (after the stop: Celery acknowledges before it runs)."""
     if remaining() != jobs:
         raise RuntimeError(f"peer backlog holds {remaining()} of {jobs} messages")
+    span: list[float] = []
     with ExitStack() as procs:
+        pids = []
         for argv in argvs:
             proc = subprocess.Popen(argv, env=env, cwd=BENCH_DIR, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
             procs.callback(stop, proc)
-        rate = _timed(remaining, jobs)
+            pids.append(proc.pid)
+        sampler = procs.enter_context(cpu.sampled(cpu.probes(
+            pids, stack.postmaster_pid(), stack.redis_pid())))
+        rate = _timed(remaining, jobs, span=span)
+    # The same components and window as taskline's drains (bench/cpu.py).
+    stack.last_cpu = sampler.per_job_ms(span[0], span[1], jobs)
     if handler == "redis" and int(stack.redis.get(COUNTER) or 0) < jobs:
         raise RuntimeError(f"{argvs[0][2]}: {stack.redis.get(COUNTER)} of {jobs} jobs ran")
     return rate

@@ -46,12 +46,14 @@ with retention on and off in interleaved pairs (docs/performance.md, "Retention 
 bench/limits.py: --soak-pairs interleaved pairs of an unlimited type's drain beside a limited
 one and alone, a 60 s rate limit, an idle worker waiting on a full budget, and fairness.
 Environment: BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; that logical DB is flushed),
-BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64).
+BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64),
+BENCH_IO_CASES (drain_io_side_by_side's cases, e.g. "redis 2x8,sleep10 2x8"; all by default).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -69,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # bench/ is put on the path first: its modules import each other by name.
 import audit
 import clustered
+import cpu
 import degraded
 import limits
 import ordering
@@ -91,6 +94,8 @@ PEER_DRAINS: dict[str, Callable[..., float]] = {
 IO_HANDLERS = ("redis", "sleep10")
 IO_PROCESSES = 2
 IO_SLOTS = 8
+IO_CASES = {c.strip() for c in os.environ.get("BENCH_IO_CASES", "").split(",") if c.strip()}
+"""`<handler> <setup>` cases drain_io_side_by_side runs (all when empty), e.g. "redis 2x8"."""
 ASYNC_SLOTS = (16, 64)
 """--concurrency of the `async def` 10 ms-sleep drains: the threads' default, and more than
 threads could afford (coroutines cost no stack nor wake-up while they wait)."""
@@ -182,10 +187,16 @@ def side_by_side(stack: Stack, n: int, repeat: int, with_peers: bool) -> dict[st
     drains.update({name: lambda fn=fn: fn(stack, n) for name, fn in PEER_DRAINS.items()
                    if name in found})
     runs: dict[str, list[float]] = {name: [] for name in drains}
+    cpu_runs: dict[str, list[dict[str, float]]] = {name: [] for name in drains}
     for _ in range(repeat):
         for name, fn in drains.items():
-            runs[name].append(fn())
-    return _with_ratios(runs)
+            runs[name].append(with_cpu(stack, fn, cpu_runs[name]))
+    return {**_with_ratios(runs), **_cpu_entries(cpu_runs)}
+
+
+def _cpu_entries(cpu_runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """`<system>_cpu_ms`: each system's CPU ms per job by component, where it was measured."""
+    return {f"{name}_cpu_ms": cpu.summaries(runs) for name, runs in cpu_runs.items() if runs}
 
 
 def _peers_installed(with_peers: bool) -> set[str]:
@@ -245,13 +256,18 @@ def drain_io_side_by_side(stack: Stack, n: int, repeat: int,
     drains.update({name: lambda handler, slots, fn=fn: fn(stack, n, handler, IO_PROCESSES,
                                                           slots)
                    for name, fn in PEER_DRAINS.items() if name in found})
-    cases = [(h, setup, slots) for h in IO_HANDLERS for setup, slots in io_setups().items()]
+    cases = [(h, setup, slots) for h in IO_HANDLERS for setup, slots in io_setups().items()
+             if not IO_CASES or f"{h} {setup}" in IO_CASES]
     runs = {(h, setup, name): [] for h, setup, _ in cases for name in drains}
+    cpu_runs: dict[tuple[str, str, str], list[dict[str, float]]] = {
+        key: [] for key in runs}
     for _ in range(repeat):
         for handler, setup, slots in cases:
             for name, fn in drains.items():
-                runs[handler, setup, name].append(fn(handler, slots))
-    return {f"{h} {setup}": _with_ratios({name: runs[h, setup, name] for name in drains})
+                runs[handler, setup, name].append(with_cpu(
+                    stack, functools.partial(fn, handler, slots), cpu_runs[handler, setup, name]))
+    return {f"{h} {setup}": {**_with_ratios({name: runs[h, setup, name] for name in drains}),
+                             **_cpu_entries({name: cpu_runs[h, setup, name] for name in drains})}
             for h, setup, _ in cases}
 
 
@@ -263,12 +279,16 @@ def concurrency_sweep(stack: Stack, n: int, repeat: int) -> dict[str, Any]:
     """taskline alone, 2 worker processes, per handler (no-op and the two I/O ones) and slot
     count: the figures behind the worker's default concurrency (docs/performance.md)."""
     runs: dict[str, list[float]] = {}
+    cpu_runs: dict[str, list[dict[str, float]]] = {}
     for _ in range(repeat):
         for handler in ("noop", *IO_HANDLERS):
             for slots in SWEEP_SLOTS:
-                runs.setdefault(f"{handler} {IO_PROCESSES}x{slots}", []).append(sc.drain(
-                    stack, n, IO_PROCESSES, job_type=f"bench.{handler}", concurrency=slots))
-    return {case: summary(values) for case, values in runs.items()}
+                case = f"{handler} {IO_PROCESSES}x{slots}"
+                runs.setdefault(case, []).append(with_cpu(stack, functools.partial(
+                    sc.drain, stack, n, IO_PROCESSES, job_type=f"bench.{handler}",
+                    concurrency=slots), cpu_runs.setdefault(case, [])))
+    return {**{case: summary(values) for case, values in runs.items()},
+            **{f"{case}_cpu_ms": cpu.summaries(kept) for case, kept in cpu_runs.items()}}
 
 
 def show(name: str, value: Any) -> None:
@@ -279,8 +299,33 @@ def show(name: str, value: Any) -> None:
         print(f"{name:40s} {json.dumps(value, default=str)}", flush=True)
 
 
-def measure(stack: Stack, fn: Callable[[Stack], Any], repeat: int) -> Any:
-    results = [fn(stack) for _ in range(repeat)]
+def show_any(name: str, value: Any) -> None:
+    """`show`, or `show_cpu` for a CPU-per-job entry."""
+    if name.endswith("_cpu_ms"):
+        show_cpu(name.removesuffix("_cpu_ms"), value)
+    else:
+        show(name, value)
+
+
+def show_cpu(name: str, by_component: dict[str, Any]) -> None:
+    print(f"{name + ' CPU ms/job':40s} " + "  ".join(
+        f"{part} {value['median']:.3f} ({value['min']:.3f}-{value['max']:.3f})"
+        for part, value in by_component.items()), flush=True)
+
+
+def with_cpu(stack: Stack, fn: Callable[[], Any], cpu_runs: list[dict[str, float]]) -> Any:
+    """`fn()`, keeping the CPU per job of the drain it ran, if it ran one."""
+    stack.last_cpu = None
+    value = fn()
+    if stack.last_cpu is not None:
+        cpu_runs.append(stack.last_cpu)
+    return value
+
+
+def measure(stack: Stack, fn: Callable[[Stack], Any], repeat: int,
+            cpu_runs: list[dict[str, float]] | None = None) -> Any:
+    kept: list[dict[str, float]] = [] if cpu_runs is None else cpu_runs
+    results = [with_cpu(stack, lambda: fn(stack), kept) for _ in range(repeat)]
     if all(isinstance(r, float | int) for r in results):
         return summary([float(r) for r in results])
     return results
@@ -319,18 +364,18 @@ def side_by_sides(stack: Stack, args: argparse.Namespace, only: set[str],
     if not only or "side_by_side" in only:
         results["side_by_side"] = side_by_side(stack, args.jobs, args.repeat, with_peers)
         for name, value in results["side_by_side"].items():
-            show(f"drain_2_workers {name}", value)
+            show_any(f"drain_2_workers {name}", value)
     if not only or "drain_io_side_by_side" in only:
         results["drain_io_side_by_side"] = drain_io_side_by_side(
             stack, args.jobs, args.repeat, with_peers)
         for case, values in results["drain_io_side_by_side"].items():
             for name, value in values.items():
-                show(f"drain_io {case} {name}", value)
+                show_any(f"drain_io {case} {name}", value)
     producer_paths(stack, args, only, results)
     if "concurrency_sweep" in only:  # only when asked: twelve drains per repetition
         results["concurrency_sweep"] = concurrency_sweep(stack, args.jobs, args.repeat)
         for case, value in results["concurrency_sweep"].items():
-            show(f"concurrency_sweep {case}", value)
+            show_any(f"concurrency_sweep {case}", value)
     if (not only or "pgqueuer_enqueue" in only) and "pgqueuer" in _peers_installed(with_peers):
         # Read beside enqueue_single_1_client, enqueue_batch and pickup_idle_worker.
         results["pgqueuer_enqueue"] = measure(
@@ -370,8 +415,12 @@ def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
             continue
         stack.placements.clear()
         stack.group_sizes.clear()
-        results[name] = measure(stack, fn, args.repeat)
+        cpu_runs: list[dict[str, float]] = []
+        results[name] = measure(stack, fn, args.repeat, cpu_runs)
         show(name, results[name])
+        if cpu_runs:  # the drains: CPU ms per job by component, beside jobs/s
+            results[name + "_cpu_ms"] = cpu.summaries(cpu_runs)
+            show_cpu(name, results[name + "_cpu_ms"])
         if stack.placements:  # the enqueue scenarios: connections per API process, per run
             results[name + "_connections_per_process"] = list(stack.placements)
             show(name + "_connections_per_process", stack.placements)

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+import cpu
 import iojobs
 import peers
 from clients import Connection, enqueue_batches, post_concurrently
@@ -96,10 +97,14 @@ def steady_rate(stack: Stack) -> float:
 def drain(stack: Stack, jobs: int, workers: int, failing_per_1000: int = 0,
           job_type: str = "bench.noop", concurrency: int = 0) -> float:
     """Jobs/s of `workers` worker processes (`concurrency` handler threads each, else
-    DRAIN_CONCURRENCY) draining a backlog of `jobs` jobs of `job_type`."""
+    DRAIN_CONCURRENCY) draining a backlog of `jobs` jobs of `job_type`; its CPU per job by
+    component is left in `stack.last_cpu`."""
     _backlog(stack, jobs, failing_per_1000, job_type)
-    with stack.workers(workers, concurrency or DRAIN_CONCURRENCY):
+    with stack.workers(workers, concurrency or DRAIN_CONCURRENCY) as procs, \
+            cpu.sampled(cpu.probes([p.pid for p in procs], stack.postmaster_pid(),
+                                   stack.redis_pid())) as sampler:
         wait_until(lambda: stack.count("succeeded", "dead") >= jobs, timeout=1200, interval=0.1)
+    stack.last_cpu = drain_cpu(stack, sampler, jobs)
     if failing_per_1000:
         dead = stack.count("dead")
         if dead != jobs // 1000 * failing_per_1000:
@@ -107,6 +112,15 @@ def drain(stack: Stack, jobs: int, workers: int, failing_per_1000: int = 0,
     if job_type == "bench.redis" and int(stack.redis.get(iojobs.COUNTER) or 0) < jobs:
         raise RuntimeError(f"{stack.redis.get(iojobs.COUNTER)} of {jobs} jobs made their call")
     return steady_rate(stack)
+
+
+def drain_cpu(stack: Stack, sampler: cpu.CpuSampler, jobs: int) -> dict[str, float]:
+    """CPU ms per job by component, from the drain's first claim to its last outcome's
+    commit (bench/cpu.py)."""
+    first, last = stack.sql("SELECT extract(epoch FROM min(leased_at)), "
+                            "extract(epoch FROM (SELECT max(updated_at) FROM taskline.jobs)) "
+                            "FROM taskline.job_leases")[0]
+    return sampler.per_job_ms(float(first), float(last), jobs)
 
 
 def default_concurrency() -> int:

@@ -74,6 +74,10 @@ class Stack:
         # The benchmark measures the installation as configured: TASKLINE_SCHEMA is passed to
         # every process, and the benchmark's own statements (written `taskline.jobs`) follow.
         self.schema = os.environ.get("TASKLINE_SCHEMA") or DEFAULT_SCHEMA
+        self.private_postgres = False
+        """Whether PostgreSQL is the benchmark's own cluster (its CPU is then the stack's)."""
+        self.last_cpu: dict[str, float] | None = None
+        """The last drain's CPU ms per job by component (bench/cpu.py), for run.py to report."""
 
     @property
     def url(self) -> str:
@@ -128,6 +132,21 @@ class Stack:
         if self._sql is None or self._sql.closed:
             self._sql = psycopg.connect(self.url, autocommit=True)
         return self._sql.execute(in_schema(query, self.schema), params).fetchall()
+
+    def postmaster_pid(self) -> int | None:
+        """The private cluster's postmaster (the parent of this connection's backend)."""
+        if not self.private_postgres:
+            return None
+        backend = self.sql("SELECT pg_backend_pid()")[0][0]
+        with open(f"/proc/{backend}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+    def redis_pid(self) -> int | None:
+        """The Redis server's process, when it runs on this machine."""
+        if urlsplit(self.redis_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+            return None
+        pid = int(self.redis.info("server").get("process_id", 0))
+        return pid if pid and os.path.exists(f"/proc/{pid}") else None
 
     def close_sql(self) -> None:
         if self._sql is not None:
@@ -227,5 +246,6 @@ def open_stack(shared_postgres: bool) -> Iterator[Stack]:
             pg.start()
             admin_url = pg.url()
         stack = Stack(admin_url)
+        stack.private_postgres = not shared_postgres
         resources.callback(stack.close_sql)
         yield stack

@@ -310,8 +310,7 @@ class Worker:
         # Held and watched before any starts; one lock acquisition each for the whole batch.
         self.attempts.add_many(attempts, freeing)
         self.fence.watch_many(attempts)
-        for attempt in attempts:
-            self.runner.submit(attempt)
+        self.runner.submit_many(attempts)
 
     def _start_next(self, claimed: list[Claimed], sent_at: float,
                     freeing: Sequence[Attempt]) -> None:

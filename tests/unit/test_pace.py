@@ -4,6 +4,7 @@ which waiting jobs reach a thread (pure: no servers)."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -88,6 +89,30 @@ def test_a_thread_waiting_for_work_gets_it_when_it_is_put():
     ready.put(job)
     thread.join(5)
     assert got == [job] and not ready.untaken()
+
+
+def test_a_batch_put_wakes_one_parked_thread_per_job_and_every_job_is_taken_once():
+    ready = Ready()
+    got: list[object] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        item = ready.get()
+        with lock:
+            got.append(item)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    while ready.idle < 4:  # every thread parked before the put
+        time.sleep(0.001)
+    jobs = [attempt(5) for _ in range(3)]
+    ready.put_many(jobs)
+    ready.put(None)  # the fourth thread's stop marker
+    for thread in threads:
+        thread.join(5)
+    assert sorted(map(id, got)) == sorted(map(id, [*jobs, None]))
+    assert ready.empty() and ready.idle == 0
 
 
 def held(lease_id: int) -> SimpleNamespace:

@@ -286,26 +286,19 @@ class Recorder:
         first = self._queue.get()
         if first is None:
             return [], False
-        held = not (isinstance(first, Written) or _releases(first))
-        return self._gather([first], time.monotonic() + BATCH_WINDOW_S if held else None)
+        batch: list[Report | Written] = [first]
+        if not (isinstance(first, Written) or _releases(first)):
+            # The window is slept out, not waited on the queue: a waiting thread is woken by
+            # every report put, a sleeping one once per batch, and the batch is the same.
+            time.sleep(BATCH_WINDOW_S)
+        return self._ready(batch)
 
     def _ready(self, batch: list[Report | Written]) -> tuple[list[Report | Written], bool]:
-        """`batch` and the reports already queued, without waiting for more."""
-        return self._gather(batch, None)
-
-    def _gather(self, batch: list[Report | Written],
-                deadline: float | None) -> tuple[list[Report | Written], bool]:
-        """`batch` and the reports queued until `deadline` (time.monotonic(); None: only those
-        queued already), at most BATCH_MAX; False once the stop is taken."""
+        """`batch` and the reports queued already, at most BATCH_MAX, without waiting for
+        more; False once the stop is taken."""
         while len(batch) < BATCH_MAX:
             try:
-                if deadline is None:
-                    report = self._queue.get_nowait()
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    report = self._queue.get(timeout=remaining)
+                report = self._queue.get_nowait()
             except queue.Empty:
                 break
             if report is None:

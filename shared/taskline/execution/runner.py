@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,28 +145,61 @@ class Ready:
     More jobs than threads wait only when the worker claims ahead (taskline_worker.pace); then
     a thread that frees takes the most urgent of them, as the ready lists would have given it.
     A stop marker sorts after every attempt, so a stopping pool finishes what it was handed.
+
+    An idle thread parks on a lock of its own, and `put_many` releases as many parked threads
+    as it adds jobs, after it has let go of the heap's lock: a woken thread then never blocks
+    again on the lock its waker still holds (a Condition's waiter must retake its lock, which
+    on a busy machine can cost a hand-off a second sleep and wake-up), and a batch of jobs
+    takes that lock once.
     """
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, int, Attempt | None]] = []
         self._order = itertools.count()
-        self._cond = threading.Condition(threading.Lock())
-        self.idle = 0
+        self._lock = threading.Lock()
+        self._parked: list[threading.Lock] = []
+        """The locks idle threads block on, each held (acquired) until a put releases it."""
+        self._waking = 0
+        """Threads released by a put that have not yet looked at the heap again."""
+        self._own = threading.local()
+
+    @property
+    def idle(self) -> int:
         """Threads waiting in `get`: a job put now starts without waiting for one."""
+        return len(self._parked) + self._waking
 
     def put(self, attempt: Attempt | None) -> None:
-        rank = (1, 0) if attempt is None else (0, -attempt.job.priority)
-        with self._cond:
-            heapq.heappush(self._heap, (*rank, next(self._order), attempt))
-            self._cond.notify()
+        self.put_many((attempt,))
+
+    def put_many(self, attempts: Sequence[Attempt | None]) -> None:
+        with self._lock:
+            for attempt in attempts:
+                rank = (1, 0) if attempt is None else (0, -attempt.job.priority)
+                heapq.heappush(self._heap, (*rank, next(self._order), attempt))
+            woken = [self._parked.pop() for _ in range(min(len(attempts), len(self._parked)))]
+            self._waking += len(woken)
+        for park in woken:
+            park.release()
 
     def get(self) -> Attempt | None:
-        with self._cond:
-            self.idle += 1
-            while not self._heap:
-                self._cond.wait()
-            self.idle -= 1
-            return heapq.heappop(self._heap)[3]
+        park: threading.Lock | None = None
+        while True:
+            with self._lock:
+                if park is not None:
+                    self._waking -= 1
+                if self._heap:
+                    return heapq.heappop(self._heap)[3]
+                park = self._park()
+                self._parked.append(park)
+            park.acquire()  # until a put releases it (at once if it already has)
+
+    def _park(self) -> threading.Lock:
+        """This thread's parking lock, held: the thread's next `acquire` blocks on it."""
+        park: threading.Lock | None = getattr(self._own, "park", None)
+        if park is None:
+            park = self._own.park = threading.Lock()
+            park.acquire()
+        return park
 
     def empty(self) -> bool:
         return not self._heap
@@ -236,11 +269,15 @@ class Runner:
         """Queue `attempt` for a pool thread. Submitted by a pool thread's own `on_finished`
         while nothing else waits for a thread (a workflow step its parent's success claimed),
         it is kept for that thread to run next, sparing the wake-up of another."""
+        self.submit_many((attempt,))
+
+    def submit_many(self, attempts: Sequence[Attempt]) -> None:
+        """`submit` each of `attempts`, in order, under one acquisition of the queue's lock."""
         local = self._local
-        if local.finishing and local.next is None and self._queue.empty():
-            local.next = attempt
-        else:
-            self._queue.put(attempt)
+        if attempts and local.finishing and local.next is None and self._queue.empty():
+            local.next, attempts = attempts[0], attempts[1:]
+        if attempts:
+            self._queue.put_many(attempts)
 
     def hand_off(self, max_s: float = HAND_OFF_MAX_S) -> None:
         """Keep off the GIL until pool threads have taken what was submitted, at most `max_s`.
