@@ -519,6 +519,7 @@ WITH free AS (
     SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
     FROM free, taskline.jobs j
     WHERE l.id = free.id AND j.id = l.job_id
+      AND l.id = ANY(CAST(:lease_ids AS bigint[]))  -- the partitions of these ids only (0021)
     RETURNING l.id AS lease_id, j.cancel_requested
 )
 SELECT lease_id, cancel_requested, false AS busy FROM renewed

@@ -131,18 +131,20 @@ Index("jobs_ordering", jobs.c.queue, jobs.c.ordering_key,
       postgresql_where=text("ordering_key IS NOT NULL AND status IN "
                             "('queued', 'scheduled', 'retrying', 'running')"))
 
+# The history tables are partitioned by RANGE (id) (migration 0021, taskline.store.partitions):
+# no foreign key to jobs, a deleted job's rows go with their partition.
 job_leases = Table(
     "job_leases",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
-           nullable=False),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("worker_id", Text, nullable=False),
     Column("leased_at", DateTime(timezone=True), nullable=False),
     Column("leased_until", DateTime(timezone=True), nullable=False),
     Column("released_at", DateTime(timezone=True), nullable=True),
     Column("outcome", Text, nullable=True),
+    postgresql_partition_by="RANGE (id)",
 )
 Index("job_leases_job", job_leases.c.job_id, job_leases.c.id)
 Index("job_leases_open", job_leases.c.leased_until,
@@ -152,8 +154,7 @@ job_events = Table(
     "job_events",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
-           nullable=False),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("event", Text, nullable=False),
     Column("worker_id", Text, nullable=True),
@@ -162,6 +163,7 @@ job_events = Table(
            server_default=text("clock_timestamp()")),
     # Who caused the event through the API (token name or JWT `sub`); NULL for the engine.
     Column("actor", Text, nullable=True),
+    postgresql_partition_by="RANGE (id)",
 )
 Index("job_events_job", job_events.c.job_id, job_events.c.id)
 

@@ -30,6 +30,7 @@ from taskline import flow, transitions
 from taskline.errors import QueueLimitReached, StoreUnavailable
 from taskline.jobs import Job, Status, new_job_id, parse_job_id
 from taskline.store import bulk
+from taskline.store.partitions import HistoryPartitions
 from taskline.store.queries import DEFAULT_SCHEMA, queries_for
 from taskline.store.rows import (
     CONDITION_UNMET,
@@ -228,6 +229,11 @@ class Store:
         self._prepare = prepare
         """Whether the statements run straight through psycopg are prepared (see PREPARE):
         never on a transaction pooler's connections."""
+
+    @property
+    def partitions(self) -> HistoryPartitions:
+        """Upkeep of the history tables' partitions (created ahead, rolled, expired)."""
+        return HistoryPartitions(self.engine, self.schema)
 
     @classmethod
     def connect(cls, url: str, pool_size: int = 5, max_overflow: int | None = None,

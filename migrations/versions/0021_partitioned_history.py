@@ -1,0 +1,151 @@
+"""Partitioned history: `job_events` and `job_leases` become tables partitioned by RANGE (id).
+
+Why the id and not a time column: both ids come from a sequence, so they grow with time, and
+every hot statement on a lease (renewal, fence, settle, progress, the reaper's settle) names
+the lease id (the fencing token): with the id as partition key each of them is pruned to the
+one partition that holds it, and the primary key stays `(id)`, exactly the old uniqueness,
+which a time key would have widened to `(id, time)`. Maintenance makes each partition about
+a day of ids (taskline.store.partitions rolls the sequence to the next partition's first id
+once a day), so partitions are days in effect. `jobs` stays unpartitioned: its primary key,
+idempotency keys, unique keys and workflow keys need indexes unique across all jobs.
+
+The foreign keys `job_events.job_id` and `job_leases.job_id` -> `jobs.id` (ON DELETE CASCADE)
+go: retention deletes a job's row only, and its events and leases go with their partition,
+which retention replaces by a copy of the rows whose job still exists (a dead job kept 30 days)
+or drops when none does. Nothing references either table.
+
+Online on 100-million-row tables:
+- In autocommit: a `CHECK (id < cutover) NOT VALID` (a catalog change under a lock held for
+  milliseconds), then VALIDATE, which scans under SHARE UPDATE EXCLUSIVE: writes go on. The
+  cutover is two partitions (2e9 ids) past the sequence, so no insert reaches it meanwhile.
+- One short transaction under `lock_timeout`: drop the foreign keys, rename the table and its
+  indexes to `<table>_legacy*`, create the partitioned table under the old name with the same
+  columns and indexes (empty, so instant), ATTACH the old table as the partition (MINVALUE,
+  cutover): the validated CHECK proves the bound, so nothing is scanned, and its indexes
+  become the partitions of the parent's. The sequence moves to the cutover and to the new
+  table; a default partition and the first two ranges are created; `live_leases` is created
+  again (a view names the table it was created on, now the legacy partition).
+No row is rewritten. The previous release keeps writing and reading through the same names
+(its inserts take ids from the same sequence and land in the new partitions).
+
+Revision ID: 0021
+Revises: 0020
+Create Date: 2026-12-03 17:00:00
+"""
+
+from alembic import op
+
+revision = '0021'
+down_revision = '0020'
+branch_labels = None
+depends_on = None
+
+LOCK_TIMEOUT = "5s"
+WIDTH = 1_000_000_000
+"""Ids per partition: taskline.store.partitions.WIDTH (a migration is not allowed to import the
+code it migrates for)."""
+STORAGE = ("autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05, "
+           "autovacuum_analyze_scale_factor = 0.02, vacuum_truncate = false")
+"""Migrations 0011 and 0013's settings: storage parameters belong to each partition."""
+INDEXES = {
+    "job_events": {"job_events_job": "(job_id, id)"},
+    "job_leases": {"job_leases_job": "(job_id, id)",
+                   "job_leases_open": "(leased_until) WHERE released_at IS NULL"},
+}
+LIVE_LEASES = """
+CREATE OR REPLACE VIEW live_leases AS
+SELECT l.* FROM job_leases l
+WHERE l.released_at IS NULL
+  AND EXISTS (SELECT 1 FROM jobs j
+              WHERE j.id = l.job_id AND (j.status = 'running') IS TRUE
+                AND j.attempts = l.attempt)
+"""
+
+
+def _scalar(sql: str) -> object:
+    return op.get_bind().exec_driver_sql(sql).scalar()
+
+
+def _partitioned(table: str) -> bool:
+    return bool(_scalar(f"SELECT 1 FROM pg_partitioned_table WHERE partrelid = "
+                        f"to_regclass(quote_ident(current_schema()) || '.{table}')"))
+
+
+def _sequence(table: str) -> str:
+    return str(_scalar(f"SELECT pg_get_serial_sequence('{table}', 'id')"))
+
+
+def upgrade() -> None:
+    cutovers: dict[str, int] = {}
+    with op.get_context().autocommit_block():
+        for table in INDEXES:
+            if _partitioned(table):
+                continue
+            last = int(_scalar(f"SELECT last_value FROM {_sequence(table)}"))  # type: ignore[call-overload]
+            cutover = (last // WIDTH + 2) * WIDTH
+            cutovers[table] = cutover
+            op.execute(f"SET lock_timeout = '{LOCK_TIMEOUT}'")
+            op.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_legacy_range")
+            op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_legacy_range "
+                       f"CHECK (id < {cutover}) NOT VALID")
+            op.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {table}_legacy_range")
+            op.execute("RESET lock_timeout")
+    if not cutovers:
+        return
+    op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+    for table, cutover in cutovers.items():
+        _swap(table, cutover)
+    op.execute(LIVE_LEASES)
+
+
+def _swap(table: str, cutover: int) -> None:
+    """The old table becomes the partition (MINVALUE, cutover) of a new one of its name."""
+    sequence = _sequence(table)
+    legacy = f"{table}_legacy"
+    for (name,) in op.get_bind().exec_driver_sql(
+            f"SELECT conname FROM pg_constraint WHERE contype = 'f' AND conrelid = "
+            f"to_regclass(quote_ident(current_schema()) || '.{table}')").all():
+        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+    op.execute(f"ALTER TABLE {table} RENAME TO {legacy}")
+    op.execute(f"ALTER INDEX {table}_pkey RENAME TO {legacy}_pkey")
+    for index in INDEXES[table]:
+        op.execute(f"ALTER INDEX {index} RENAME TO {index.replace(table, legacy)}")
+    op.execute(f"CREATE TABLE {table} (LIKE {legacy} INCLUDING DEFAULTS) PARTITION BY RANGE (id)")
+    op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY (id)")
+    for index, definition in INDEXES[table].items():
+        columns, _, where = definition.partition(" WHERE ")
+        op.execute(f"CREATE INDEX {index} ON {table} {columns}"
+                   + (f" WHERE {where}" if where else ""))
+    op.execute(f"ALTER TABLE {table} ATTACH PARTITION {legacy} "
+               f"FOR VALUES FROM (MINVALUE) TO ({cutover})")
+    op.execute(f"ALTER SEQUENCE {sequence} OWNED BY {table}.id")
+    op.execute(f"SELECT setval('{sequence}', {cutover}, false)")
+    op.execute(f"CREATE TABLE {table}_default PARTITION OF {table} DEFAULT WITH ({STORAGE})")
+    for k in (cutover // WIDTH, cutover // WIDTH + 1):
+        op.execute(f"CREATE TABLE {table}_p{k} PARTITION OF {table} "
+                   f"FOR VALUES FROM ({k * WIDTH}) TO ({(k + 1) * WIDTH}) WITH ({STORAGE})")
+
+
+def downgrade() -> None:
+    """Back to plain tables: every row moves into the legacy table (a rewrite of the rows
+    written since the upgrade, under the lock: a downgrade is not an online operation)."""
+    op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+    for table in INDEXES:
+        if not _partitioned(table):
+            continue
+        legacy = f"{table}_legacy"
+        sequence = _sequence(table)
+        op.execute(f"ALTER TABLE {table} DETACH PARTITION {legacy}")
+        op.execute(f"ALTER TABLE {legacy} DROP CONSTRAINT IF EXISTS {table}_legacy_range")
+        op.execute(f"INSERT INTO {legacy} SELECT * FROM {table}")
+        op.execute(f"ALTER SEQUENCE {sequence} OWNED BY {legacy}.id")
+        op.execute(f"DROP TABLE {table} CASCADE")
+        op.execute(f"ALTER TABLE {legacy} RENAME TO {table}")
+        op.execute(f"ALTER INDEX {legacy}_pkey RENAME TO {table}_pkey")
+        for index in INDEXES[table]:
+            op.execute(f"ALTER INDEX {index.replace(table, legacy)} RENAME TO {index}")
+        op.execute(f"DELETE FROM {table} t WHERE NOT EXISTS "
+                   f"(SELECT 1 FROM jobs j WHERE j.id = t.job_id)")
+        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_job_id_fkey FOREIGN KEY (job_id) "
+                   f"REFERENCES jobs (id) ON DELETE CASCADE")
+    op.execute(LIVE_LEASES)
