@@ -23,7 +23,7 @@ Online on 100-million-row tables:
   columns and indexes (empty, so instant), ATTACH the old table as the partition (MINVALUE,
   cutover): the validated CHECK proves the bound, so nothing is scanned, and its indexes
   become the partitions of the parent's. The sequence moves to the cutover and to the new
-  table; a default partition and the first two ranges are created; `live_leases` is created
+  table; a default partition, the first range and seven ahead are created; `live_leases` is created
   again (a view names the table it was created on, now the legacy partition).
 No row is rewritten. The previous release keeps writing and reading through the same names
 (its inserts take ids from the same sequence and land in the new partitions).
@@ -44,6 +44,9 @@ LOCK_TIMEOUT = "5s"
 WIDTH = 1_000_000_000
 """Ids per partition: taskline.store.partitions.WIDTH (a migration is not allowed to import the
 code it migrates for)."""
+AHEAD = 7
+"""Partitions created past the first: TASKLINE_HISTORY_PARTITIONS_AHEAD's default, which
+maintenance keeps from then on."""
 STORAGE = ("autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05, "
            "autovacuum_analyze_scale_factor = 0.02, vacuum_truncate = false")
 """Migrations 0011 and 0013's settings: storage parameters belong to each partition."""
@@ -121,7 +124,7 @@ def _swap(table: str, cutover: int) -> None:
     op.execute(f"ALTER SEQUENCE {sequence} OWNED BY {table}.id")
     op.execute(f"SELECT setval('{sequence}', {cutover}, false)")
     op.execute(f"CREATE TABLE {table}_default PARTITION OF {table} DEFAULT WITH ({STORAGE})")
-    for k in (cutover // WIDTH, cutover // WIDTH + 1):
+    for k in range(cutover // WIDTH, cutover // WIDTH + 1 + AHEAD):
         op.execute(f"CREATE TABLE {table}_p{k} PARTITION OF {table} "
                    f"FOR VALUES FROM ({k * WIDTH}) TO ({(k + 1) * WIDTH}) WITH ({STORAGE})")
 

@@ -25,6 +25,8 @@ from psycopg import sql
 
 from taskline import doctor
 from taskline.settings import Settings
+from taskline.store.partitions import HistoryPartitions
+from taskline.store.store import make_engine
 from taskline_cli.localservers import PrivatePostgres, PrivateRedis
 from tests.faults.clockskew import skewed_env
 from tests.helpers import service, service_env, wait_for
@@ -63,8 +65,8 @@ def test_a_sound_setup_passes_every_check_and_prints_one_line_each(sound: Settin
     code, checks, _ = run_doctor(sound)
     assert code == 0
     assert {name: c["status"] for name, c in checks.items()} == {
-        name: "ok" for name in ("postgres", "schema", "autovacuum", "clock", "connections",
-                                "session", "redis", "eviction", "cluster")}
+        name: "ok" for name in ("postgres", "schema", "autovacuum", "partitions", "clock",
+                                "connections", "session", "redis", "eviction", "cluster")}
     assert checks["postgres"]["detail"].startswith("PostgreSQL ")
     assert checks["redis"]["detail"].startswith("Redis ")
     text = subprocess.run([sys.executable, "-m", "taskline_cli.main", "doctor"],
@@ -242,3 +244,24 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_history_partitions_missing_ahead_fail_until_maintenance_creates_them(
+        sound: Settings) -> None:
+    """Migration 0021's partitions ahead, dropped: the next roll would have nowhere to go."""
+    engine = make_engine(sound.database_url)
+    parts = HistoryPartitions(engine, sound.schema)
+    try:
+        with engine.begin() as conn:
+            for table in ("job_events", "job_leases"):
+                nxt = parts.next_id(conn, table)
+                for part in parts.list(conn, table):
+                    if part.lower is not None and part.lower > nxt:
+                        conn.exec_driver_sql(f"DROP TABLE taskline.{part.name}")
+        code, checks, _ = run_doctor(sound)
+        assert code == 1 and status(checks, "partitions") == "fail", checks["partitions"]
+        parts.ensure_ahead(sound.history_partitions_ahead)
+        code, checks, _ = run_doctor(sound)
+        assert status(checks, "partitions") == "ok", checks["partitions"]
+    finally:
+        engine.dispose()

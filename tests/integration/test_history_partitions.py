@@ -54,10 +54,11 @@ def age_history(store: Store, days: int) -> None:
 
 def test_a_pass_creates_partitions_ahead_and_rolls_a_day_old_partition(
         store: Store, dispatcher: Dispatcher, settings: Settings):
-    retention = Retention(store, dispatcher, settings.replace(history_partitions_ahead=3))
-    retention.run_once()
+    retention = Retention(store, dispatcher, settings.replace(history_partitions_ahead=9))
+    assert {s.table: s.ahead for s in store.partitions.state()} == {t: 7 for t in TABLES}
+    retention.run_once()  # the migration made 7 ahead; the setting says 9
     states = {s.table: s for s in store.partitions.state()}
-    assert {t: s.ahead for t, s in states.items()} == {t: 3 for t in TABLES}
+    assert {t: s.ahead for t, s in states.items()} == {t: 9 for t in TABLES}
     assert not any(s.default_rows for s in states.values())
     before = {t: current(store, t) for t in TABLES}
 
@@ -71,7 +72,7 @@ def test_a_pass_creates_partitions_ahead_and_rolls_a_day_old_partition(
     assert {t: p.lower for t, p in after.items()} == {t: before[t].upper for t in TABLES}
     assert succeed(store, claim.lease_id, "w1")  # the lease in the rolled partition still fences
     retention.run_once()
-    assert {s.table: s.ahead for s in store.partitions.state()} == {t: 3 for t in TABLES}
+    assert {s.table: s.ahead for s in store.partitions.state()} == {t: 9 for t in TABLES}
 
 
 def test_a_dead_job_survives_the_expiry_of_its_partition_mates(
