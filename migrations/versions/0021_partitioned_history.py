@@ -18,7 +18,9 @@ Online on 100-million-row tables:
 - In autocommit: a `CHECK (id < cutover) NOT VALID` (a catalog change under a lock held for
   milliseconds), then VALIDATE, which scans under SHARE UPDATE EXCLUSIVE: writes go on. The
   cutover is two partitions (2e9 ids) past the sequence, so no insert reaches it meanwhile.
-- One short transaction under `lock_timeout`: drop the foreign keys, rename the table and its
+- One short transaction (a savepoint, tried again up to 40 times when its locks are not had
+  within 500 ms) that locks `live_leases`, `job_leases`, `jobs` and `job_events` first, in
+  one statement, then: drop the foreign keys, rename the table and its
   indexes to `<table>_legacy*`, create the partitioned table under the old name with the same
   columns and indexes (empty, so instant), ATTACH the old table as the partition (MINVALUE,
   cutover): the validated CHECK proves the bound, so nothing is scanned, and its indexes
@@ -33,6 +35,9 @@ Revises: 0020
 Create Date: 2026-12-03 17:00:00
 """
 
+import time
+
+import sqlalchemy as sa
 from alembic import op
 
 revision = '0021'
@@ -41,6 +46,10 @@ branch_labels = None
 depends_on = None
 
 LOCK_TIMEOUT = "5s"
+SWAP_LOCK_TIMEOUT = "500ms"
+SWAP_ATTEMPTS = 40
+RETRIED = ("55P03", "40P01")
+"""lock_not_available, deadlock_detected: the swap is tried again."""
 WIDTH = 1_000_000_000
 """Ids per partition: taskline.store.partitions.WIDTH (a migration is not allowed to import the
 code it migrates for)."""
@@ -95,7 +104,25 @@ def upgrade() -> None:
             op.execute("RESET lock_timeout")
     if not cutovers:
         return
-    op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+    for attempt in range(SWAP_ATTEMPTS):
+        try:
+            with op.get_bind().begin_nested():
+                _swap_all(cutovers)
+            return
+        except sa.exc.OperationalError as err:
+            if getattr(err.orig, "sqlstate", None) not in RETRIED or attempt == SWAP_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
+def _swap_all(cutovers: dict[str, int]) -> None:
+    """Every lock first, in one statement: the view and, through it, job_leases and jobs, then
+    job_events. Taken one by one as the DDL needs them, a lock on a table the previous
+    release's settle reads after the view deadlocked with it (tested). A lock not had within
+    SWAP_LOCK_TIMEOUT gives up and the swap is tried again, so no statement of the running
+    release queues behind it for longer."""
+    op.execute(f"SET LOCAL lock_timeout = '{SWAP_LOCK_TIMEOUT}'")
+    op.execute("LOCK TABLE live_leases, job_events IN ACCESS EXCLUSIVE MODE")
     for table, cutover in cutovers.items():
         _swap(table, cutover)
     op.execute(LIVE_LEASES)

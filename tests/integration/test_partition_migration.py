@@ -86,7 +86,7 @@ def test_history_is_partitioned_under_the_running_previous_release(
         _run(ENQUEUE, [url, "20", "0.1"], old_env)  # the previous library, after the swap
         wait_for(lambda: _count(url, f"SELECT count(*) AS n FROM taskline.job_leases WHERE "
                                      f"id >= {2 * WIDTH} AND worker_id LIKE "
-                                     f"'%-{old_worker.pid}-%' AND released_at IS NOT NULL") > 0,
+                                     f"'%%-{old_worker.pid}-%%' AND released_at IS NOT NULL") > 0,
                  timeout=30, message="the previous worker to settle a lease of a new partition")
         _run(ENQUEUE, [url, "20", "0.1"], new_env)
         procs += [_start(["worker", "--concurrency", "4", "--metrics-port", "0"], new_env,
