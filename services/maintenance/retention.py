@@ -128,7 +128,11 @@ class Retention(Periodic):
                 deleted[status], n = self._expire(status)
                 batches += n
         self._delete_empty_workflows()
-        self._partitions()
+        try:
+            self._partitions()
+        except Exception:  # a lock not had, a race with another leader: the next pass retries
+            log.warning("history partition upkeep failed; next pass retries", exc_info=True,
+                        extra={"action": "partitions"})
         self._export_ages()
         result = RetentionResult(deleted, batches)
         if not result.changed:
