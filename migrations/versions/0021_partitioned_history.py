@@ -35,6 +35,7 @@ Revises: 0020
 Create Date: 2026-12-03 17:00:00
 """
 
+import re
 import time
 
 import sqlalchemy as sa
@@ -121,11 +122,36 @@ def _swap_all(cutovers: dict[str, int]) -> None:
     release's settle reads after the view deadlocked with it (tested). A lock not had within
     SWAP_LOCK_TIMEOUT gives up and the swap is tried again, so no statement of the running
     release queues behind it for longer."""
+    views = {table: _views_over(table) for table in cutovers}
+    locked = ", ".join(["live_leases", "job_events", *(v for vs in views.values() for v, _ in vs)])
     op.execute(f"SET LOCAL lock_timeout = '{SWAP_LOCK_TIMEOUT}'")
-    op.execute("LOCK TABLE live_leases, job_events IN ACCESS EXCLUSIVE MODE")
+    op.execute(f"LOCK TABLE {locked} IN ACCESS EXCLUSIVE MODE")
     for table, cutover in cutovers.items():
         _swap(table, cutover)
+        _repoint(table, views[table])
     op.execute(LIVE_LEASES)
+
+
+def _views_over(table: str) -> list[tuple[str, str]]:
+    """(qualified name, definition) of each view reading `table`: live_leases, and the
+    compatibility views in `public` of an installation moved into its schema (a view names the
+    table it was created on, which the swap makes the legacy partition)."""
+    return [(name, definition) for name, definition in op.get_bind().exec_driver_sql(
+        "SELECT DISTINCT quote_ident(n.nspname) || '.' || quote_ident(v.relname), "
+        "pg_get_viewdef(v.oid) FROM pg_depend d "
+        "JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class v ON v.oid = r.ev_class "
+        "JOIN pg_namespace n ON n.oid = v.relnamespace "
+        "WHERE d.classid = 'pg_rewrite'::regclass AND v.relkind = 'v' AND d.refobjid = "
+        f"to_regclass(quote_ident(current_schema()) || '.{table}') AND v.oid <> d.refobjid"
+    ).all()]
+
+
+def _repoint(table: str, views: list[tuple[str, str]]) -> None:
+    """The same views, over the partitioned table (their columns, defaults and grants kept)."""
+    schema = _scalar("SELECT quote_ident(current_schema())")
+    for name, definition in views:
+        over = re.sub(rf"(\b\w+\.)?\b{table}\b", f"{schema}.{table}", definition)
+        op.execute(f"CREATE OR REPLACE VIEW {name} AS {over}")
 
 
 def _swap(table: str, cutover: int) -> None:
