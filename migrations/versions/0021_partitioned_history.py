@@ -25,8 +25,10 @@ Online on 100-million-row tables:
   columns and indexes (empty, so instant), ATTACH the old table as the partition (MINVALUE,
   cutover): the validated CHECK proves the bound, so nothing is scanned, and its indexes
   become the partitions of the parent's. The sequence moves to the cutover and to the new
-  table; a default partition, the first range and seven ahead are created; `live_leases` is created
-  again (a view names the table it was created on, now the legacy partition).
+  table; a default partition, the first range and seven ahead are created; every view over
+  the table (`live_leases`, and the compatibility views in `public` of an installation moved
+  into its schema) is created again with its own definition (a view names the table it was
+  created on, now the legacy partition).
 No row is rewritten. The previous release keeps writing and reading through the same names
 (its inserts take ids from the same sequence and land in the new partitions).
 
@@ -65,14 +67,6 @@ INDEXES = {
     "job_leases": {"job_leases_job": "(job_id, id)",
                    "job_leases_open": "(leased_until) WHERE released_at IS NULL"},
 }
-LIVE_LEASES = """
-CREATE OR REPLACE VIEW live_leases AS
-SELECT l.* FROM job_leases l
-WHERE l.released_at IS NULL
-  AND EXISTS (SELECT 1 FROM jobs j
-              WHERE j.id = l.job_id AND (j.status = 'running') IS TRUE
-                AND j.attempts = l.attempt)
-"""
 
 
 def _scalar(sql: str) -> object:
@@ -129,7 +123,6 @@ def _swap_all(cutovers: dict[str, int]) -> None:
     for table, cutover in cutovers.items():
         _swap(table, cutover)
         _repoint(table, views[table])
-    op.execute(LIVE_LEASES)
 
 
 def _views_over(table: str) -> list[tuple[str, str]]:
@@ -189,6 +182,7 @@ def downgrade() -> None:
     for table in INDEXES:
         if not _partitioned(table):
             continue
+        views = _views_over(table)
         legacy = f"{table}_legacy"
         sequence = _sequence(table)
         op.execute(f"ALTER TABLE {table} DETACH PARTITION {legacy}")
@@ -204,4 +198,4 @@ def downgrade() -> None:
                    f"(SELECT 1 FROM jobs j WHERE j.id = t.job_id)")
         op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_job_id_fkey FOREIGN KEY (job_id) "
                    f"REFERENCES jobs (id) ON DELETE CASCADE")
-    op.execute(LIVE_LEASES)
+        _repoint(table, views)
