@@ -113,8 +113,8 @@ def snapshot(stack: Stack) -> dict[str, object]:
     with psycopg.connect(stack.url, autocommit=True) as conn:
         # A partition's counts are its table's (migration 0021 partitions the history).
         tables = {name: (ins, upd, hot, dele) for name, ins, upd, hot, dele in conn.execute(
-            PROBE + "SELECT COALESCE(r.relname, s.relname), sum(s.n_tup_ins), "
-            "sum(s.n_tup_upd), sum(s.n_tup_hot_upd), sum(s.n_tup_del) "
+            PROBE + "SELECT COALESCE(r.relname, s.relname), sum(s.n_tup_ins)::bigint, "
+            "sum(s.n_tup_upd)::bigint, sum(s.n_tup_hot_upd)::bigint, sum(s.n_tup_del)::bigint "
             "FROM pg_stat_user_tables s LEFT JOIN pg_class r ON r.oid = "
             "pg_partition_root(s.relid) AND r.oid <> s.relid GROUP BY 1")}
     return {"commits": db[0], "lsn": str(db[1]), "tables": tables,
@@ -229,11 +229,11 @@ def storage(stack: Stack, jobs: int) -> dict[str, float]:
     with psycopg.connect(stack.url, autocommit=True) as conn:
         conn.execute(PROBE + "VACUUM ANALYZE")
         sizes = {name: (heap, index) for name, heap, index in conn.execute(
-            PROBE + "SELECT COALESCE(r.relname, s.relname), sum(pg_table_size(s.relid)), "
-            "sum(pg_indexes_size(s.relid)) FROM pg_stat_user_tables s LEFT JOIN pg_class r "
+            PROBE + "SELECT COALESCE(r.relname, s.relname), sum(pg_table_size(s.relid))::bigint, "
+            "sum(pg_indexes_size(s.relid))::bigint FROM pg_stat_user_tables s LEFT JOIN pg_class r "
             "ON r.oid = pg_partition_root(s.relid) AND r.oid <> s.relid GROUP BY 1").fetchall()}
         status_index = conn.execute(
-            PROBE + "SELECT COALESCE(sum(pg_relation_size(indexrelid)), 0) "
+            PROBE + "SELECT COALESCE(sum(pg_relation_size(indexrelid)), 0)::bigint "
             "FROM pg_stat_user_indexes WHERE indexrelname LIKE 'jobs_status_created%%'"
         ).fetchone()[0]
     out = {}
