@@ -7,7 +7,10 @@ batch enqueue, running the jobs, idle maintenance) it reads what the servers cou
 statements (each one a round trip; BEGIN and COMMIT included), commits, rows written per table,
 WAL bytes, Redis commands and Redis memory per waiting id. docs/scaling.md quotes its output.
 
-Usage: python bench/costs.py [--jobs N] [--out bench-results/costs.json]
+With --expire, one retention pass then deletes every finished job (made 8 days old first):
+its WAL and rows per job, and the bytes left on disk.
+
+Usage: python bench/costs.py [--jobs N] [--expire] [--out bench-results/costs.json]
 """
 
 from __future__ import annotations
@@ -27,8 +30,12 @@ import psycopg
 import redis
 import requests
 
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.settings import Settings
 from taskline.store.migrate import upgrade
+from taskline.store.store import Store
 from taskline_cli.localservers import PrivatePostgres, PrivateRedis, free_port
+from taskline_maintenance.retention import Retention
 
 ROOT = Path(__file__).resolve().parent.parent
 DB = "taskline_costs"
@@ -104,9 +111,12 @@ def snapshot(stack: Stack) -> dict[str, object]:
         db = conn.execute("SELECT xact_commit, pg_current_wal_lsn() FROM pg_stat_database "
                           "WHERE datname = %s", (DB,)).fetchone()
     with psycopg.connect(stack.url, autocommit=True) as conn:
+        # A partition's counts are its table's (migration 0021 partitions the history).
         tables = {name: (ins, upd, hot, dele) for name, ins, upd, hot, dele in conn.execute(
-            PROBE + "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
-            "FROM pg_stat_user_tables")}
+            PROBE + "SELECT COALESCE(r.relname, s.relname), sum(s.n_tup_ins)::bigint, "
+            "sum(s.n_tup_upd)::bigint, sum(s.n_tup_hot_upd)::bigint, sum(s.n_tup_del)::bigint "
+            "FROM pg_stat_user_tables s LEFT JOIN pg_class r ON r.oid = "
+            "pg_partition_root(s.relid) AND r.oid <> s.relid GROUP BY 1")}
     return {"commits": db[0], "lsn": str(db[1]), "tables": tables,
             "redis_memory": stack.redis.info("memory")["used_memory"]}
 
@@ -214,17 +224,60 @@ def idle_maintenance(stack: Stack, seconds: float = 30.0) -> dict[str, object]:
 
 
 def storage(stack: Stack, jobs: int) -> dict[str, float]:
-    """Bytes on disk per finished job, per table (heap, indexes and TOAST)."""
+    """Bytes on disk per finished job, per table (heap and TOAST, then indexes; a partitioned
+    table's partitions added up), and the status index's share of `jobs`."""
     with psycopg.connect(stack.url, autocommit=True) as conn:
         conn.execute(PROBE + "VACUUM ANALYZE")
-        sizes = dict(conn.execute(PROBE + "SELECT relname, pg_total_relation_size(relid) "
-                                  "FROM pg_stat_user_tables").fetchall())
-    return {name: sizes[name] / jobs for name in ("jobs", "job_events", "job_leases")}
+        sizes = {name: (heap, index) for name, heap, index in conn.execute(
+            PROBE + "SELECT COALESCE(r.relname, s.relname), sum(pg_table_size(s.relid))::bigint, "
+            "sum(pg_indexes_size(s.relid))::bigint FROM pg_stat_user_tables s LEFT JOIN pg_class r "
+            "ON r.oid = pg_partition_root(s.relid) AND r.oid <> s.relid GROUP BY 1").fetchall()}
+        status_index = conn.execute(
+            PROBE + "SELECT COALESCE(sum(pg_relation_size(indexrelid)), 0)::bigint "
+            "FROM pg_stat_user_indexes WHERE indexrelname LIKE 'jobs_status_created%%'"
+        ).fetchone()[0]
+    out = {}
+    for name in ("jobs", "job_events", "job_leases"):
+        out[name] = sum(sizes[name]) / jobs
+        out[f"{name}_table"] = sizes[name][0] / jobs
+        out[f"{name}_indexes"] = sizes[name][1] / jobs
+    out["jobs_status_created_index"] = status_index / jobs
+    out["total"] = sum(out[name] for name in ("jobs", "job_events", "job_leases"))
+    return out
+
+
+def expire_all(stack: Stack, jobs: int) -> dict[str, object]:
+    """WAL and rows of one retention pass deleting every finished job: the jobs and their
+    history made 8 days old first (not counted), past the 7 days of succeeded jobs."""
+    with psycopg.connect(stack.url, autocommit=True) as conn:
+        conn.execute(PROBE + "UPDATE taskline.jobs SET finished_at = finished_at - "
+                     "interval '8 days', created_at = created_at - interval '8 days'")
+        conn.execute(PROBE + "UPDATE taskline.job_events SET created_at = created_at - "
+                     "interval '8 days'")
+        conn.execute(PROBE + "UPDATE taskline.job_leases SET leased_at = leased_at - "
+                     "interval '8 days'")
+        conn.execute(PROBE + "VACUUM ANALYZE")
+    settings = Settings.from_env(env={}, database_url=stack.url, redis_url=stack.rd.url)
+    store, dispatcher = Store.connect(stack.url, pool_size=2), Dispatcher(stack.rd.url)
+    try:
+        before = reset(stack)
+        started = time.monotonic()
+        Retention(store, dispatcher, settings, rest=lambda _s: None).run_once()
+        took = time.monotonic() - started
+        out = difference(stack, before, jobs)
+    finally:
+        store.dispose()
+        dispatcher.close()
+    out["pass_seconds"] = took
+    out["jobs_left"] = stack.count("succeeded")
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--expire", action="store_true",
+                        help="then one retention pass deleting every finished job")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "costs.json"))
     args = parser.parse_args()
     report: dict[str, object] = {}
@@ -235,6 +288,9 @@ def main() -> int:
         report["run_echo_jobs"] = run_jobs(stack, total)
         report["disk_bytes_per_finished_job"] = storage(stack, total)
         report["idle_maintenance_per_second"] = idle_maintenance(stack)
+        if args.expire:
+            report["expire_all"] = expire_all(stack, total)
+            report["disk_bytes_after_expiry"] = storage(stack, total)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))

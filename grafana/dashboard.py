@@ -213,9 +213,15 @@ SELF_HEALING = (
            Query("max by (status) (taskline_retention_seconds)", "retention {{status}}")),
           unit="s"),
     Chart("Retention: jobs deleted by status", "Finished jobs deleted per second with their "
-          "events, leases and DLQ rows; in steady state it follows the finish rate.",
+          "DLQ rows (their events and leases go with their partition); in steady state it "
+          "follows the finish rate.",
           (Query("sum by (status) (rate(taskline_retention_deleted_total[5m]))", "{{status}}"),),
           unit="ops"),
+    Chart("History partitions ready ahead", "Partitions of job_events and job_leases ready "
+          "past the one being written (maintenance keeps TASKLINE_HISTORY_PARTITIONS_AHEAD, "
+          "7); 0 means tomorrow's rows spill into the default partition (taskline doctor "
+          "fails).",
+          (Query("min by (table) (taskline_history_partitions_ahead)", "{{table}}"),)),
     # Schedules are fired by the leading maintenance instance only.
     Chart("Schedules: slots fired and skipped", "Schedule slots that enqueued their job, and "
           "slots passed over (missed while no maintenance instance led, or folded into a later "

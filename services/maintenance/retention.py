@@ -26,6 +26,15 @@ Workflows: no step of an unfinished workflow is deleted (its dependents read the
 results), so a dead step with waiting dependents would be kept for ever; once it is past the
 dead retention its waiting dependents are cancelled (a purged dead step cancels its dependents),
 which finishes the workflow and lets the step go. A workflow row goes once all its steps have.
+
+History by partition (taskline.store.partitions): a deleted job's row goes alone; its events
+and leases stay in their partition of `job_events` / `job_leases` until the whole partition
+expires. Each pass first creates the partitions missing ahead (`TASKLINE_HISTORY_PARTITIONS_
+AHEAD`) and rolls the sequences to a new partition once a day (`TASKLINE_HISTORY_PARTITION_S`),
+then expires each closed partition whose newest row is older than the longest of the succeeded
+and cancelled windows: it is replaced by a copy of its rows whose job still exists (a dead job
+inside its 30 days, an unfinished job), or dropped when none does. Row deletes remain for the
+default partitions only (rows no range took). A partition holding a live lease waits.
 """
 
 from __future__ import annotations
@@ -38,10 +47,17 @@ from dataclasses import dataclass, field
 from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.jobs import Status
-from taskline.metrics import RETENTION_DELETED, RETENTION_OLDEST, RETENTION_SECONDS
+from taskline.metrics import (
+    HISTORY_PARTITIONS_AHEAD,
+    HISTORY_PARTITIONS_EXPIRED,
+    RETENTION_DELETED,
+    RETENTION_OLDEST,
+    RETENTION_SECONDS,
+)
 from taskline.mirror import Mirror
 from taskline.service import Periodic, always
 from taskline.settings import Settings
+from taskline.store.partitions import horizon_s
 from taskline.store.rows import Deleted
 from taskline.store.store import Store
 from taskline.transitions import Committed
@@ -112,6 +128,11 @@ class Retention(Periodic):
                 deleted[status], n = self._expire(status)
                 batches += n
         self._delete_empty_workflows()
+        try:
+            self._partitions()
+        except Exception:  # a lock not had, a race with another leader: the next pass retries
+            log.warning("history partition upkeep failed; next pass retries", exc_info=True,
+                        extra={"action": "partitions"})
         self._export_ages()
         result = RetentionResult(deleted, batches)
         if not result.changed:
@@ -160,6 +181,25 @@ class Retention(Periodic):
         longest = max(self.retention_s(status) for status in STATUSES)
         if longest > 0:
             self.store.delete_empty_workflows(longest, self.batch_size)
+
+    def _partitions(self) -> None:
+        """Partitions ahead created, the sequences rolled daily, expired partitions replaced
+        by their kept rows or dropped, orphans of the default partitions deleted."""
+        parts = self.store.partitions
+        parts.ensure_ahead(self.settings.history_partitions_ahead)
+        parts.roll(self.settings.history_partition_s)
+        horizon = horizon_s(self.settings.retention_s)
+        if horizon is not None:
+            for part in parts.expirable(horizon):
+                if not self.active():
+                    break
+                kept = parts.expire(part)
+                if kept is not None:
+                    HISTORY_PARTITIONS_EXPIRED.labels(
+                        table=part.table, kind="replaced" if kept else "dropped").inc()
+        parts.prune_default(self.batch_size)
+        for state in parts.state():
+            HISTORY_PARTITIONS_AHEAD.labels(table=state.table).set(state.ahead)
 
     def _forget(self, status: Status, batch: list[Deleted]) -> None:
         """Count and log the committed deletions, then remove the ids from Redis."""

@@ -120,6 +120,9 @@ class PostgresFacts:
     """Half the round trip the clock was read in: the skew's uncertainty, seconds."""
     revision: str | None
     """The schema's migration revision; None when it has no version table."""
+    partitions: dict[str, tuple[int, bool]] | None = None
+    """Per partitioned history table (migration 0021): partitions ready past the one being
+    written, and whether its default partition holds rows; None before 0021."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,28 @@ def check_autovacuum(facts: PostgresFacts | str) -> Check:
     return Check("autovacuum", Status.OK, "autovacuum on")
 
 
+def check_history_partitions(facts: PostgresFacts | str, wanted: int) -> Check:
+    """Partitions of job_events and job_leases exist ahead of the ones being written:
+    maintenance creates `wanted` of them on every retention pass (taskline.store.partitions)."""
+    if isinstance(facts, str):
+        return _skipped("history_partitions", "PostgreSQL")
+    if facts.partitions is None:
+        return Check("history_partitions", Status.SKIP,
+                     "history tables not partitioned (before 0021)")
+    ahead = min(n for n, _ in facts.partitions.values())
+    spilled = sorted(t for t, (_, rows) in facts.partitions.items() if rows)
+    detail = ", ".join(f"{t}: {n} ahead" for t, (n, _) in sorted(facts.partitions.items()))
+    if ahead == 0 or spilled:
+        return Check("history_partitions", Status.FAIL,
+                     f"{detail}" + (f"; rows in the default partition of {', '.join(spilled)}"
+                                    if spilled else "; the next roll has no partition"),
+                     "run `taskline maintenance` (its retention pass creates them)")
+    if ahead < wanted:
+        return Check("history_partitions", Status.WARN, f"{detail} (maintenance keeps {wanted})",
+                     "check that a `taskline maintenance` leads and its retention runs")
+    return Check("history_partitions", Status.OK, detail)
+
+
 def check_eviction(facts: RedisFacts | str) -> Check:
     """maxmemory-policy noeviction: an evicting Redis drops queued ids silently."""
     if isinstance(facts, str):
@@ -222,22 +247,22 @@ def check_cluster(facts: RedisFacts | str) -> Check:
                  f"Redis Cluster, {facts.cluster_size} masters, state ok")
 
 
-def check_partitions(facts: RedisFacts | str, partitions: int) -> Check:
+def check_queue_partitions(facts: RedisFacts | str, partitions: int) -> Check:
     """TASKLINE_QUEUE_PARTITIONS agrees with the partitions Redis holds, and has a use."""
     if isinstance(facts, str):
-        return _skipped("partitions", "Redis")
+        return _skipped("queue_partitions", "Redis")
     if facts.partitions_found > partitions:
-        return Check("partitions", Status.WARN,
+        return Check("queue_partitions", Status.WARN,
                      f"Redis holds queue partitions up to {facts.partitions_found - 1}, "
                      f"TASKLINE_QUEUE_PARTITIONS is {partitions}: a service runs with a larger "
                      "setting, or reconciliation has not moved them yet",
                      "give every service the same TASKLINE_QUEUE_PARTITIONS")
     if partitions > 1 and not facts.cluster_enabled:
-        return Check("partitions", Status.WARN,
+        return Check("queue_partitions", Status.WARN,
                      f"TASKLINE_QUEUE_PARTITIONS is {partitions} on a standalone Redis: every "
                      "partition is on the same server, each idle fetch costs more",
                      "set TASKLINE_QUEUE_PARTITIONS=1 unless Redis is a cluster")
-    return Check("partitions", Status.OK, f"{partitions} Redis partition(s) per queue")
+    return Check("queue_partitions", Status.OK, f"{partitions} Redis partition(s) per queue")
 
 
 def check_clock(facts: PostgresFacts | str, max_skew_s: float = MAX_SKEW_S) -> Check:
@@ -340,12 +365,40 @@ def read_postgres(url: str, schema: str, *, transaction_pooled: bool = False,
                 found = conn.execute(sql.SQL("SELECT version_num FROM {}.alembic_version")
                                      .format(sql.Identifier(schema))).fetchone()
                 revision = found[0] if found else None
+            partitions = _partitions(conn, schema)
     except psycopg.Error as err:
         return _said(err)
     return PostgresFacts(version_num=row[0], version=row[1], autovacuum=row[2],
                          track_counts=row[3], max_connections=row[4], reserved=row[5],
                          others=row[6], skew_s=row[7] - (sent + received) / 2,
-                         skew_error_s=(received - sent) / 2, revision=revision)
+                         skew_error_s=(received - sent) / 2, revision=revision,
+                         partitions=partitions)
+
+
+_BOUND_FROM = re.compile(r"FROM \('?(-?\d+)'?\)")
+
+
+def _partitions(conn: psycopg.Connection, schema: str) -> dict[str, tuple[int, bool]] | None:
+    """Per history table: partitions whose first id is past the sequence, and whether its
+    default partition holds rows; None when the tables are not partitioned."""
+    out: dict[str, tuple[int, bool]] = {}
+    for table in ("job_events", "job_leases"):
+        name = f"{schema}.{table}"
+        row = conn.execute("SELECT pg_get_serial_sequence(%s, 'id') FROM pg_partitioned_table "
+                           "WHERE partrelid = to_regclass(%s)", (name, name)).fetchone()
+        if row is None:
+            return None
+        last, called = conn.execute(sql.SQL("SELECT last_value, is_called FROM {}").format(
+            sql.SQL(row[0]))).fetchone() or (0, False)
+        nxt = int(last) + int(bool(called))
+        bounds = conn.execute("SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i "
+                              "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = "
+                              "to_regclass(%s)", (name,)).fetchall()
+        lowers = [int(m.group(1)) for (b,) in bounds if (m := _BOUND_FROM.search(b))]
+        spilled = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(
+            sql.Identifier(schema, f"{table}_default"))).fetchone()
+        out[table] = (sum(1 for low in lowers if low > nxt), bool(spilled and spilled[0]))
+    return out
 
 
 def read_redis(url: str) -> RedisFacts | str:
@@ -454,13 +507,14 @@ def run_checks(settings: Settings, plan: Plan, *,
         check_postgres(postgres),
         check_schema(postgres, settings.schema, head, known),
         check_autovacuum(postgres),
+        check_history_partitions(postgres, settings.history_partitions_ahead),
         check_clock(postgres),
         check_connections(postgres, plan, settings.transaction_pooled),
         check_session(settings, direct),
         check_redis(redis_facts),
         check_eviction(redis_facts),
         check_cluster(redis_facts),
-        check_partitions(redis_facts, settings.queue_partitions),
+        check_queue_partitions(redis_facts, settings.queue_partitions),
     ]
 
 

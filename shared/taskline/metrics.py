@@ -134,6 +134,13 @@ AUDIT_VIOLATIONS = Gauge("taskline_audit_violations",
 RETENTION_DELETED = Counter("taskline_retention_deleted_total",
                             "Finished jobs deleted by retention, with their history",
                             ["status"])
+HISTORY_PARTITIONS_AHEAD = Gauge("taskline_history_partitions_ahead",
+                                 "Partitions ready past the one being written", ["table"],
+                                 multiprocess_mode="livemin")
+HISTORY_PARTITIONS_EXPIRED = Counter("taskline_history_partitions_expired_total",
+                                     "History partitions retention dropped (kept 0 rows) or "
+                                     "replaced by a copy of their kept rows",
+                                     ["table", "kind"])
 RETENTION_OLDEST = Gauge("taskline_retention_oldest_finished_age_seconds",
                          "Age of the oldest finished job still kept (0: none)", ["status"],
                          multiprocess_mode="livemax")

@@ -159,6 +159,12 @@ class Settings:
     """Clock skew allowed when checking `exp` and `nbf`, seconds; 0..300."""
     enqueue_quotas: tuple[str, ...] = ()
     """Per-client enqueue quotas, `client=N/s` (or /m, /h) by token name or JWT `sub`."""
+    history_partitions_ahead: int = 7
+    """Partitions of `job_events` and `job_leases` maintenance keeps ready past the one being
+    written (taskline.store.partitions); 1..60, about a day each."""
+    history_partition_s: float = 86_400.0
+    """Seconds of history a partition holds before maintenance moves the tables' sequences to
+    the next one (a day); > 0."""
     retain_audit_s: int = 31_536_000
     """Whole seconds audit records are kept (365 days); 0 keeps them forever."""
     audit_interval_s: float = 0.0
@@ -230,6 +236,9 @@ class Settings:
             (0 <= self.claim_batch <= 1000, "TASKLINE_CLAIM_BATCH must be 0..1000"),
             (0 <= self.jwt_leeway_s <= 300, "TASKLINE_JWT_LEEWAY_S must be 0..300"),
             (self.retain_audit_s >= 0, "TASKLINE_RETAIN_AUDIT_S must be >= 0"),
+            (1 <= self.history_partitions_ahead <= 60,
+             "TASKLINE_HISTORY_PARTITIONS_AHEAD must be 1..60"),
+            (self.history_partition_s > 0, "TASKLINE_HISTORY_PARTITION_S must be > 0"),
             (self.audit_interval_s >= 0, "TASKLINE_AUDIT_INTERVAL_S must be >= 0 (0 = off)"),
             (all(map(allowed_host_entry, self.allowed_hosts)),
              "TASKLINE_ALLOWED_HOSTS holds host names (no scheme, port or path), IP literals "

@@ -33,8 +33,9 @@ Retention deletes finished jobs, so an acknowledged job may be absent. It counts
 (an ok outcome) only when maintenance's log records its deletion (`action: expired`, with the
 state the deleted row held) in a state `LEGAL` lets expire and the scenario allows, no sooner
 than that state's retention after it finished. Whatever the logs say, no job may be half gone:
-an id with events, leases or a DLQ row but no job row is a violation, and Redis must hold no id
-of an absent job.
+an id with a DLQ row but no job row is a violation, and so is one with events or leases but no
+job row unless its deletion was recorded (a deleted job's history stays, read by nothing,
+until its partition expires: migration 0021); Redis must hold no id of an absent job.
 
 Waiting reads (`GET /api/v1/jobs/{id}?wait_s=`, `wait_violations`): one that answered a
 finished state answered the job's committed end (the state it is in, or dead before a requeue).
@@ -693,10 +694,13 @@ def retention_violations(snap: Snapshot, retention_s: Mapping[str, float]) -> li
         early = _deleted_early(record, retention_s.get(str(status), 0.0))
         if early:
             problems.append(f"retention: job {job_id} ({status}) was deleted {early}")
-    leftovers = {"events": snap.events, "leases": snap.leases, "a DLQ row": snap.dead_letters}
-    for what, rows in leftovers.items():
-        problems += [f"retention: job {j} is gone but left {what}"
-                     for j in sorted(set(rows) - set(snap.jobs))]
+    problems += [f"retention: job {j} is gone but left a DLQ row"
+                 for j in sorted(set(snap.dead_letters) - set(snap.jobs))]
+    # A deleted job's events and leases go with their partition (migration 0021): only
+    # those of a job whose deletion nobody recorded are a half-gone job.
+    for what, rows in {"events": snap.events, "leases": snap.leases}.items():
+        problems += [f"retention: job {j} is gone without a recorded deletion but left {what}"
+                     for j in sorted(set(rows) - set(snap.jobs) - set(snap.expired))]
     return problems
 
 

@@ -120,7 +120,9 @@ def versions(url: str) -> dict[str, list[str]]:
 
 def taskline_tables(url: str) -> int:
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'taskline'"
+        # A partition of the history tables (migration 0021) is no table of its own.
+        return conn.execute("SELECT count(*) FROM pg_class WHERE relkind IN ('r', 'p') "
+                            "AND NOT relispartition AND relnamespace = 'taskline'::regnamespace"
                             ).fetchone()[0]
 
 

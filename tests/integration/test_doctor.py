@@ -25,6 +25,8 @@ from psycopg import sql
 
 from taskline import doctor
 from taskline.settings import Settings
+from taskline.store.partitions import HistoryPartitions
+from taskline.store.store import make_engine
 from taskline_cli.localservers import PrivatePostgres, PrivateRedis
 from tests.faults.clockskew import skewed_env
 from tests.helpers import service, service_env, wait_for
@@ -63,8 +65,9 @@ def test_a_sound_setup_passes_every_check_and_prints_one_line_each(sound: Settin
     code, checks, _ = run_doctor(sound)
     assert code == 0
     assert {name: c["status"] for name, c in checks.items()} == {
-        name: "ok" for name in ("postgres", "schema", "autovacuum", "clock", "connections",
-                                "session", "redis", "eviction", "cluster", "partitions")}
+        name: "ok" for name in ("postgres", "schema", "autovacuum", "history_partitions",
+                                "clock", "connections", "session", "redis", "eviction",
+                                "cluster", "queue_partitions")}
     assert checks["postgres"]["detail"].startswith("PostgreSQL ")
     assert checks["redis"]["detail"].startswith("Redis ")
     text = subprocess.run([sys.executable, "-m", "taskline_cli.main", "doctor"],
@@ -145,7 +148,8 @@ def test_servers_that_are_down_fail_and_skip_what_needs_them(settings: Settings)
     assert code == 1
     assert status(checks, "postgres") == "fail" and status(checks, "redis") == "fail"
     assert {status(checks, n) for n in ("schema", "autovacuum", "clock", "connections",
-                                         "eviction", "cluster", "partitions")} == {"skip"}
+                                         "eviction", "cluster", "history_partitions",
+                                         "queue_partitions")} == {"skip"}
 
 
 def test_a_direct_url_that_does_not_answer_fails(sound: Settings) -> None:
@@ -242,3 +246,25 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_history_partitions_missing_ahead_fail_until_maintenance_creates_them(
+        sound: Settings) -> None:
+    """Migration 0021's partitions ahead, dropped: the next roll would have nowhere to go."""
+    engine = make_engine(sound.database_url)
+    parts = HistoryPartitions(engine, sound.schema)
+    try:
+        with engine.begin() as conn:
+            for table in ("job_events", "job_leases"):
+                nxt = parts.next_id(conn, table)
+                for part in parts.list(conn, table):
+                    if part.lower is not None and part.lower > nxt:
+                        conn.exec_driver_sql(f"DROP TABLE taskline.{part.name}")
+        code, checks, _ = run_doctor(sound)
+        assert code == 1 and status(checks, "history_partitions") == "fail", \
+            checks["history_partitions"]
+        parts.ensure_ahead(sound.history_partitions_ahead)
+        code, checks, _ = run_doctor(sound)
+        assert status(checks, "history_partitions") == "ok", checks["history_partitions"]
+    finally:
+        engine.dispose()

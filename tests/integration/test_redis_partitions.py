@@ -254,5 +254,5 @@ def test_the_doctor_warns_of_partitions_above_the_setting(cluster_redis_url):
         three.close()
     facts = doctor.read_redis(cluster_redis_url)
     assert not isinstance(facts, str) and facts.partitions_found == 3
-    assert doctor.check_partitions(facts, 3).status is doctor.Status.OK
-    assert doctor.check_partitions(facts, 1).status is doctor.Status.WARN
+    assert doctor.check_queue_partitions(facts, 3).status is doctor.Status.OK
+    assert doctor.check_queue_partitions(facts, 1).status is doctor.Status.WARN

@@ -131,7 +131,9 @@ def test_the_expiry_selection_reads_the_finished_at_indexes_never_the_table(stor
 
 def test_events_and_leases_of_a_deleted_job_are_found_by_job_id_indexes(store: Store):
     """The foreign keys' cascades delete by job_id: each table needs an index leading with it
-    (otherwise every deleted job would scan job_events whole)."""
+    (otherwise every deleted job would scan job_events whole). The history tables have no
+    cascade since migration 0021 (their rows go with their partition), but a job's page reads
+    its events and leases by job_id through the same indexes."""
     with store.engine.connect() as conn:
         rows = conn.execute(text(
             "SELECT t.relname, a.attname FROM pg_index i "
@@ -150,8 +152,7 @@ def test_events_and_leases_of_a_deleted_job_are_found_by_job_id_indexes(store: S
     # A workflow edge cascades from both of its jobs: an index leads with each column.
     assert {("job_dependencies", "parent_id"), ("job_dependencies", "child_id")} <= leading
     assert sorted(r[0] for r in cascades) == [
-        "taskline.dead_letter_jobs", "taskline.job_dependencies", "taskline.job_dependencies",
-        "taskline.job_events", "taskline.job_leases"]
+        "taskline.dead_letter_jobs", "taskline.job_dependencies", "taskline.job_dependencies"]
 
 
 def test_the_claim_from_postgresql_reads_the_claim_index_in_order(store: Store):
@@ -237,3 +238,23 @@ def test_keyed_jobs_are_read_through_their_index_never_the_unkeyed_backlog(store
         shown = plan(store, name, params)
         assert "jobs_ordering" in shown, (name, shown)
         assert "jobs_claimable" not in shown and "Seq Scan on jobs" not in shown, (name, shown)
+
+
+def test_lists_by_state_read_the_narrowed_status_index_or_the_newest_jobs(store: Store):
+    """Migration 0025: a rare state's page comes from jobs_status_created_not_succeeded, a
+    page of succeeded jobs (most of the table) from a backward read of jobs_created."""
+    ids = insert_queued(store, 20_000)
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE taskline.jobs SET status = 'succeeded', finished_at = now() "
+                          "WHERE id <> ALL(CAST(:few AS uuid[]))"), {"few": ids[:20]})
+        conn.execute(text("UPDATE taskline.jobs SET status = 'dead', finished_at = now() "
+                          "WHERE id = ANY(CAST(:few AS uuid[]))"), {"few": ids[:20]})
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("ANALYZE taskline.jobs"))
+    page = {"tag": None, "type": None, "queue": None, "after_created": None, "after_id": None,
+            "limit": 50}
+    dead = plan(store, "list_jobs", {**page, "status": "dead"})
+    assert "jobs_status_created_not_succeeded" in dead and "Seq Scan" not in dead, dead
+    succeeded = plan(store, "list_jobs", {**page, "status": "succeeded"})
+    assert "Index Scan Backward using jobs_created" in succeeded, succeeded

@@ -89,7 +89,7 @@ CLUSTER = {"cluster_enabled": True, "cluster_state": "ok", "cluster_size": 3}
     ("connection refused", 3, Status.SKIP),
 ])
 def test_partitions_agree_with_redis_and_have_a_use(facts, partitions, expected):
-    check = doctor.check_partitions(facts, partitions)
+    check = doctor.check_queue_partitions(facts, partitions)
     assert check.status is expected
     assert bool(check.fix) == (expected is Status.WARN)
 
@@ -175,3 +175,15 @@ def test_the_connection_counts_are_the_services_own():
 
     assert doctor.WORKER_EXTRA_CONNECTIONS == EXTRA_CONNECTIONS
     assert doctor.API_POOL_SIZE == POOL_SIZE
+
+
+@pytest.mark.parametrize(("partitions", "expected"), [
+    ({"job_events": (7, False), "job_leases": (7, False)}, Status.OK),
+    ({"job_events": (7, False), "job_leases": (3, False)}, Status.WARN),
+    ({"job_events": (0, False), "job_leases": (7, False)}, Status.FAIL),
+    ({"job_events": (7, True), "job_leases": (7, False)}, Status.FAIL),
+    (None, Status.SKIP),
+])
+def test_history_partitions_exist_ahead(partitions, expected):
+    assert doctor.check_history_partitions(pg(partitions=partitions), 7).status is expected
+    assert doctor.check_history_partitions("connection refused", 7).status is Status.SKIP

@@ -5,7 +5,7 @@
 -- Next to a job id, a status test is written `(status = 'x') IS TRUE`: the same test in a form
 -- no index can serve, so the job is found by its primary key. Otherwise statistics taken while
 -- nothing ran (one running job estimated) made the planner read every running job through
--- jobs_status_created once per lease: a 50-lease completion visited ~4,000 rows, not 50.
+-- jobs_status_created (now jobs_status_created_not_succeeded) once per lease: a 50-lease completion visited ~4,000 rows, not 50.
 -- The attempt fence (an open lease whose job is still running that very attempt) is the view
 -- live_leases (migration 0002), written nowhere else; every statement that ends an attempt is
 -- `settle`. Which states a move starts from and goes to is taskline.transitions' table: a
@@ -533,6 +533,7 @@ WITH free AS (
     SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
     FROM free, taskline.jobs j
     WHERE l.id = free.id AND j.id = l.job_id
+      AND l.id = ANY(CAST(:lease_ids AS bigint[]))  -- the partitions of these ids only (0021)
     RETURNING l.id AS lease_id, j.cancel_requested
 )
 SELECT lease_id, cancel_requested, false AS busy FROM renewed
@@ -1410,7 +1411,7 @@ DELETE FROM taskline.workflows WHERE id IN (
 RETURNING id;
 
 -- name: waiting_counts
--- Workflow steps waiting for their parents, per queue (through jobs_status_created).
+-- Workflow steps waiting for their parents, per queue (through jobs_status_created_not_succeeded).
 SELECT queue, count(*) AS n FROM taskline.jobs WHERE status = 'waiting' GROUP BY queue;
 -- name: upsert_schedule
 -- Create or replace a schedule; `created` says which. A change of cron, time zone or a resume

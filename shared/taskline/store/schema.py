@@ -104,7 +104,10 @@ Index("jobs_queue_idempotency_key", jobs.c.queue, jobs.c.idempotency_key, unique
 Index("jobs_pending_id", jobs.c.id, postgresql_where=text(PENDING_SQL))
 Index("jobs_due", jobs.c.next_run_at,
       postgresql_where=text("status IN ('scheduled', 'retrying')"))
-Index("jobs_status_created", jobs.c.status, jobs.c.created_at, jobs.c.id)
+# Lists and counts of one state, newest first; succeeded jobs, most of the table, are found
+# by a backward read of jobs_created instead (migration 0025).
+Index("jobs_status_created_not_succeeded", jobs.c.status, jobs.c.created_at, jobs.c.id,
+      postgresql_where=text("status <> 'succeeded'"))
 Index("jobs_created", jobs.c.created_at, jobs.c.id)
 # Dispatch from PostgreSQL (Redis unreachable) claims through this: a queue's queued jobs in
 # claim order, so a claim reads only the rows it takes, however many are queued.
@@ -132,18 +135,20 @@ Index("jobs_ordering", jobs.c.queue, jobs.c.ordering_key,
       postgresql_where=text("ordering_key IS NOT NULL AND status IN "
                             "('queued', 'scheduled', 'retrying', 'running')"))
 
+# The history tables are partitioned by RANGE (id) (migration 0021, taskline.store.partitions):
+# no foreign key to jobs, a deleted job's rows go with their partition.
 job_leases = Table(
     "job_leases",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
-           nullable=False),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("worker_id", Text, nullable=False),
     Column("leased_at", DateTime(timezone=True), nullable=False),
     Column("leased_until", DateTime(timezone=True), nullable=False),
     Column("released_at", DateTime(timezone=True), nullable=True),
     Column("outcome", Text, nullable=True),
+    postgresql_partition_by="RANGE (id)",
 )
 Index("job_leases_job", job_leases.c.job_id, job_leases.c.id)
 Index("job_leases_open", job_leases.c.leased_until,
@@ -153,8 +158,7 @@ job_events = Table(
     "job_events",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"),
-           nullable=False),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("event", Text, nullable=False),
     Column("worker_id", Text, nullable=True),
@@ -163,6 +167,7 @@ job_events = Table(
            server_default=text("clock_timestamp()")),
     # Who caused the event through the API (token name or JWT `sub`); NULL for the engine.
     Column("actor", Text, nullable=True),
+    postgresql_partition_by="RANGE (id)",
 )
 Index("job_events_job", job_events.c.job_id, job_events.c.id)
 

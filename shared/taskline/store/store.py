@@ -42,6 +42,7 @@ from taskline.store.params import move_params as _move_params
 from taskline.store.params import rows_json as _rows_json
 from taskline.store.params import uuid_array as _uuid_array
 from taskline.store.params import uuids as _uuids
+from taskline.store.partitions import HistoryPartitions
 from taskline.store.queries import DEFAULT_SCHEMA, queries_for
 from taskline.store.rows import (
     CONDITION_UNMET,
@@ -196,6 +197,11 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         self._prepare = prepare
         """Whether the statements run straight through psycopg are prepared (see PREPARE):
         never on a transaction pooler's connections."""
+
+    @property
+    def partitions(self) -> HistoryPartitions:
+        """Upkeep of the history tables' partitions (created ahead, rolled, expired)."""
+        return HistoryPartitions(self.engine, self.schema)
 
     @classmethod
     def connect(cls, url: str, pool_size: int = 5, max_overflow: int | None = None,
