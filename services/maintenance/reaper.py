@@ -32,7 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.metrics import JOB_DLQ, JOB_RECOVERED, STEPS_RELEASED, LabelGuard, TypeLabels
+from taskline.metrics import (
+    JOB_DLQ,
+    JOB_RECOVERED,
+    ORDERING_TURNS,
+    STEPS_RELEASED,
+    LabelGuard,
+    TypeLabels,
+)
 from taskline.mirror import Mirror
 from taskline.service import Periodic
 from taskline.settings import Settings
@@ -134,4 +141,6 @@ class Reaper(Periodic):
         # returns. The pass goes on.
         # A head dead on its last lease gives its ordering key's turn to the next in line.
         turns = turns_passed(r.settled for r in recovered)
+        if turns:
+            ORDERING_TURNS.inc(len(turns))
         self.mirror.follow(released + turns + [r.committed() for r in recovered], action="reap")

@@ -230,6 +230,8 @@ class Enqueuer:
         """Count the new jobs (one increment per type and queue) and log each when INFO is on."""
         for (job_type, queue), count in Counter((j.type, j.queue) for j in created).items():
             self._metrics.accepted(job_type, queue, count)
+        for queue, count in Counter(j.queue for j in created if j.tags).items():
+            self._metrics.tagged(queue, count)
         if log.isEnabledFor(logging.INFO):
             for job in created:
                 log.info("job accepted", extra=job_log_extra(CREATED[job.status].event, job))

@@ -36,6 +36,7 @@ from taskline.metrics import (
     JOB_FAILED,
     JOB_RETRIED,
     JOB_SNOOZED,
+    ORDERING_TURNS,
     STALE_COMPLETIONS,
     STEPS_RELEASED,
     STEPS_STARTED_IN_PLACE,
@@ -153,7 +154,10 @@ def released_steps(rows: Iterable[Settled], started: int = 0) -> list[Committed]
     unmet = sum(row.unmet for row in rows)
     if unmet:
         STEPS_UNMET.inc(unmet)
-    return [step.committed() for step in released] + turns_passed(rows)
+    turns = turns_passed(rows)
+    if turns:
+        ORDERING_TURNS.inc(len(turns))
+    return [step.committed() for step in released] + turns
 
 
 @dataclass(frozen=True)
