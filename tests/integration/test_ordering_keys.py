@@ -22,6 +22,7 @@ from taskline.mirror import Mirror
 from taskline.store.history import HistoryReader
 from taskline.store.rows import Settlement
 from taskline_maintenance.ordering import OrderingGauges, OrderingResult
+from taskline_maintenance.reaper import Reaper
 from tests.helpers import enqueue, fail, succeed, wait_for
 from tests.integration import worker_handlers as th
 from tests.integration.worker_handlers import running_worker
@@ -329,3 +330,13 @@ def test_only_a_finished_head_passes_the_turn_and_only_to_a_queued_job(store):
     stopped = store.settle([Settlement(claim.lease_id, W,
                                        transitions.cancelled_while_running("stop"))])
     assert stopped[0].status == "cancelled" and stopped[0].turn is None
+
+
+def test_a_head_dead_on_its_expired_last_lease_passes_the_turn_through_the_reaper(
+        store, dispatcher, settings):
+    head, behind = keyed(store, 2, "k", max_retries=0)
+    assert [c.job.id for c in store.claim_keyed([str(head.id)], W, 0.2)] == [head.id]
+    reaper = Reaper(store, dispatcher, settings)
+    wait_for(lambda: reaper.run_once().dead_lettered, message="the head dead-lettered")
+    assert dispatcher.fetch("default", W, 10) == [str(behind.id)]  # its turn, pushed
+    assert [c.job.id for c in store.claim_keyed([str(behind.id)], W, 30)] == [behind.id]
