@@ -362,11 +362,14 @@ class FetchLoop:
         if not keyed:
             return []
         try:
-            return self._store.claim_keyed([j for _, j in keyed], self._worker_id,
-                                           self._lease_s)
+            won = self._store.claim_keyed([j for _, j in keyed], self._worker_id,
+                                          self._lease_s)
         except StoreUnavailable as err:
             self._fence.trip(f"keyed claim failed: {err}")
             return None
+        if won and self._held is not None:
+            self._held.keyed_started(str(c.job.id) for c in won)
+        return won
 
     def _hand_back_paused(self, ordered: list[tuple[str, int, str]]) -> None:
         for queue, _, _ in ordered:

@@ -340,3 +340,16 @@ def test_a_head_dead_on_its_expired_last_lease_passes_the_turn_through_the_reape
     wait_for(lambda: reaper.run_once().dead_lettered, message="the head dead-lettered")
     assert dispatcher.fetch("default", W, 10) == [str(behind.id)]  # its turn, pushed
     assert [c.job.id for c in store.claim_keyed([str(behind.id)], W, 30)] == [behind.id]
+
+
+def test_the_api_pushes_only_a_keys_head_the_others_wait_for_their_turn(
+        client, store, dispatcher):
+    made = client.post("/api/v1/jobs/batch", json={"jobs": [
+        {"type": "t.held", "ordering_key": "k", "payload": {"n": n}} for n in range(3)]
+        + [{"type": "t.held", "ordering_key": "other"}, {"type": "t.held"}]})
+    assert made.status_code == 201, made.get_json()
+    ids = [item["job"]["id"] for item in made.get_json()["jobs"]]
+    later = client.post("/api/v1/jobs", json={"type": "t.held", "ordering_key": "k"})
+    assert later.status_code == 201
+    assert sorted(dispatcher.fetch("default", W, 10)) == sorted([ids[0], ids[3], ids[4]])
+    assert store.get_job(later.get_json()["id"]).status == "queued"

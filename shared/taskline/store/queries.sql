@@ -363,6 +363,14 @@ FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
       WHERE id = ANY(CAST(:ids AS uuid[])) AND ordering_key IS NOT NULL
       ORDER BY queue, ordering_key) k;
 
+-- name: keyed_heads_among
+-- Of these just-enqueued keyed ids, those the claim rule lets through now (their key's head):
+-- only they are pushed to Redis; the others wait in PostgreSQL until the statement that
+-- finishes the job before them passes them the turn (settle's `turns`). Read by primary key,
+-- as claim_jobs reads the rule.
+SELECT c.id FROM taskline.claimable_rule c
+WHERE c.id = ANY(CAST(:ids AS uuid[])) AND (c.status = 'queued') IS TRUE;
+
 -- name: keyed_waiting
 -- Whether queued jobs with an ordering key, other than :skip, wait in these queues (behind
 -- their key's head, or its head itself): the budgeted claim keeps looking for them.
@@ -975,15 +983,18 @@ FROM unnest(CAST(:statuses AS text[])) AS s(status);
 -- One keyset page of pending jobs (which Redis should hold), last touched before :before.
 -- Queued jobs a flow limit applies to are claimed from PostgreSQL under their budget, never
 -- from Redis, so they are left out (a worker that fetched one would only ack it away again);
--- so are queued jobs with an ordering key, started by the same claim as their key's head.
+-- so are queued jobs with an ordering key behind their key's head: only a head is in Redis
+-- (its turn's push put it there), so a head Redis lost is restored.
 SELECT id, queue, priority, status,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
 FROM taskline.jobs j
 WHERE status IN ('queued', 'scheduled', 'retrying') AND id > :after AND updated_at < :before
   AND NOT (status = 'queued'
-           AND (j.ordering_key IS NOT NULL
-                OR EXISTS (SELECT 1 FROM taskline.flow_limits f
-                           WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))))
+           AND (EXISTS (SELECT 1 FROM taskline.flow_limits f
+                        WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))
+                OR (j.ordering_key IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM taskline.claimable_rule c
+                                    WHERE c.id = j.id AND (c.status = 'queued') IS TRUE))))
 ORDER BY id
 LIMIT :limit;
 

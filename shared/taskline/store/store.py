@@ -605,6 +605,13 @@ class Store:
             rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, True))
         return _claims_in_order(rows, list(ids))
 
+    def keyed_heads_among(self, ids: Sequence[str]) -> set[str]:
+        """Of these keyed job ids, those that are their key's head now (the claim rule)."""
+        if not ids:
+            return set()
+        rows = self._run_on_driver("keyed_heads_among", {"ids": _uuid_array(ids)})
+        return {str(r.id) for r in rows}
+
     def notify_ready(self, queues: Sequence[str]) -> None:
         """Tell workers dispatching from PostgreSQL that jobs of `queues` became queued."""
         if queues:
