@@ -23,6 +23,7 @@ from taskline.store.history import HistoryReader
 from taskline.store.rows import Settlement
 from taskline_maintenance.ordering import OrderingGauges, OrderingResult
 from taskline_maintenance.reaper import Reaper
+from taskline_worker.held import RETRY_S, HeldWork
 from tests.helpers import enqueue, fail, succeed, wait_for
 from tests.integration import worker_handlers as th
 from tests.integration.worker_handlers import running_worker
@@ -353,3 +354,15 @@ def test_the_api_pushes_only_a_keys_head_the_others_wait_for_their_turn(
     assert later.status_code == 201
     assert sorted(dispatcher.fetch("default", W, 10)) == sorted([ids[0], ids[3], ids[4]])
     assert store.get_job(later.get_json()["id"]).status == "queued"
+
+
+def test_a_keyed_job_claimed_from_redis_that_ends_makes_the_budgeted_claim_look_within_1s(
+        store, dispatcher):
+    now = [100.0]
+    held = HeldWork(store, dispatcher, W, ["default"], 30, clock=lambda: now[0])
+    assert held.claim(4) == [] and not held.due()  # nothing waits: no look
+    held.keyed_started(["job-1"])
+    held.ended([transitions.Committed(transitions.SUCCEED, "job-1", "default", 5, W)])
+    assert not held.due() and held.wait_s(5.0) == pytest.approx(RETRY_S)
+    now[0] += RETRY_S
+    assert held.due()  # the backstop for a job its settle could not see
