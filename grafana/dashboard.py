@@ -105,11 +105,22 @@ QUEUES = (
           "their queue paused: a burst right after a pause, or after Redis lost a pause marker.",
           (Query("sum by (queue) (rate(taskline_queue_pause_held_total[5m]))", "{{queue}}"),),
           unit="ops", width=12),
+    Chart("Ordering keys", "Keys with unfinished jobs and their queued jobs per queue (queued "
+          "well above keys: long lines behind slow heads), and turns passed per second by the "
+          "statement that finished a head; the budgeted claim's starts are the backstop.",
+          (Query("max by (queue) (taskline_ordering_keys)", "keys {{queue}}"),
+           Query("max by (queue) (taskline_ordering_queued_jobs)", "queued {{queue}}"),
+           Query("sum(rate(taskline_ordering_turns_total[5m]))", "turns passed"),
+           Query("sum(rate(taskline_limit_claimed_total[5m]))", "budgeted claim starts")),
+          width=12),
 )
 
 THROUGHPUT = (
-    Chart("Enqueued per second", "Jobs accepted by the API, per queue.",
-          (Query("sum by (queue) (rate(job_enqueued_total[5m]))", "{{queue}}"),), unit="ops"),
+    Chart("Enqueued per second", "Jobs accepted by the API, per queue, and those with tags "
+          "(tags are no label: search one with tag:name).",
+          (Query("sum by (queue) (rate(job_enqueued_total[5m]))", "{{queue}}"),
+           Query("sum by (queue) (rate(taskline_jobs_tagged_total[5m]))", "tagged {{queue}}")),
+          unit="ops"),
     Chart("Attempts finished per second", "Attempts that succeeded or failed, per queue.",
           (Query("sum by (queue) (rate(job_completed_total[5m]))", "completed {{queue}}"),
            Query("sum by (queue) (rate(job_failed_total[5m]))", "failed {{queue}}")),

@@ -32,11 +32,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.metrics import JOB_DLQ, JOB_RECOVERED, STEPS_RELEASED, LabelGuard, TypeLabels
+from taskline.metrics import (
+    JOB_DLQ,
+    JOB_RECOVERED,
+    ORDERING_TURNS,
+    STEPS_RELEASED,
+    LabelGuard,
+    TypeLabels,
+)
 from taskline.mirror import Mirror
 from taskline.service import Periodic
 from taskline.settings import Settings
-from taskline.store.rows import Recovered
+from taskline.store.rows import Recovered, turns_passed
 from taskline.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -132,4 +139,8 @@ class Reaper(Periodic):
         # Committed: when Redis is unreachable, requeued jobs and released steps reach the
         # workers claiming from PostgreSQL by a notification, and Redis is rebuilt when it
         # returns. The pass goes on.
-        self.mirror.follow(released + [r.committed() for r in recovered], action="reap")
+        # A head dead on its last lease gives its ordering key's turn to the next in line.
+        turns = turns_passed(r.settled for r in recovered)
+        if turns:
+            ORDERING_TURNS.inc(len(turns))
+        self.mirror.follow(released + turns + [r.committed() for r in recovered], action="reap")

@@ -52,6 +52,7 @@ class HeldWork:
         self._pending = True
         self._next_try = 0.0
         self._started: dict[str, str] = {}  # job id -> queue, for the attempts started here
+        self._keyed: set[str] = set()  # keyed jobs this worker claimed from Redis, running
 
     def active(self) -> bool:
         """Whether any flow limit exists (read at most once a second)."""
@@ -85,10 +86,26 @@ class HeldWork:
         """A claim refused limited ids: there is held work, maybe within budget."""
         self._wake_here()
 
+    def keyed_started(self, job_ids: Iterable[str]) -> None:
+        """Keyed jobs claimed from Redis (their turn's push) started here."""
+        with self._lock:
+            self._keyed.update(job_ids)
+
     def ended(self, committed: Iterable[Committed]) -> None:
         """Attempts' outcomes committed: those started here freed budget. Peers waiting on the
-        same budget are woken through their queue's signal list (one command per queue)."""
+        same budget are woken through their queue's signal list (one command per queue).
+
+        A keyed job claimed from Redis that ended passed its key's turn by a push; the
+        budgeted claim still looks within RETRY_S, for the job enqueued while that settle ran
+        (neither saw the other committed, so neither pushed it)."""
+        committed = list(committed)
         with self._lock:
+            keyed = [c for c in committed if c.job_id in self._keyed]
+            self._keyed.difference_update(c.job_id for c in keyed)
+            if keyed:
+                soon = self._clock() + RETRY_S
+                self._next_try = min(self._next_try, soon) if self._pending else soon
+                self._pending = True
             queues = {self._started.pop(c.job_id) for c in committed if c.job_id in self._started}
         if not queues:
             return

@@ -280,7 +280,7 @@ class FetchLoop:
                 losers.append((queue, job_id))
             else:
                 winners.append(claimed)
-        self._drop(losers)
+        winners += self._drop(losers)
         self._observe_wait(winners)
         ended_ns = time.time_ns()
         for claimed in winners:
@@ -305,26 +305,33 @@ class FetchLoop:
             tracing.record("claim", claimed.job, self._worker_id, started_ns, ended_ns)
         return won
 
-    def _drop(self, losers: Fetched) -> None:
-        """Ack away the ids lost to another claimer or left to the budgeted claim; hand back
-        those a pause holds."""
+    def _drop(self, losers: Fetched) -> list[Claimed]:
+        """Of the ids the plain claim refused: claim the keyed ones that are their key's head
+        (returned, to start with the others); ack away the rest, lost to another claimer or
+        left to the budgeted claim; hand back those a pause holds."""
         if not losers:
-            return
-        losers, limited = self._held_back(losers)
+            return []
+        losers, limited, keyed = self._held_back(losers)
         for queue, _ in losers:
             CLAIM_CONFLICTS.labels(queue).inc()
-        losers += limited
-        if not losers:
-            return
-        try:
-            self._dispatcher.ack(losers, self._worker_id)
-        except DispatchUnavailable as err:
-            log.warning("could not ack ids lost at claim; reconciliation removes them",
-                        extra={"action": "claim_conflict", "error": str(err)})
+        won = self._claim_keyed(keyed)
+        if won is None:  # PostgreSQL unreachable: recovery sweeps the keyed ids back
+            won, keyed = [], []
+        started = {str(c.job.id) for c in won}
+        # A keyed job behind its key's head leaves Redis: the turn passing pushes it again.
+        losers += limited + [(q, j) for q, j in keyed if j not in started]
+        if losers:
+            try:
+                self._dispatcher.ack(losers, self._worker_id)
+            except DispatchUnavailable as err:
+                log.warning("could not ack ids lost at claim; reconciliation removes them",
+                            extra={"action": "claim_conflict", "error": str(err)})
+        return won
 
-    def _held_back(self, losers: Fetched) -> tuple[Fetched, Fetched]:
+    def _held_back(self, losers: Fetched) -> tuple[Fetched, Fetched, Fetched]:
         """Split the ids a claim refused: those of paused queues go back to their ready lists;
-        returns (lost to another claimer, limited: left to the budgeted claim).
+        returns (lost to another claimer, limited: left to the budgeted claim, keyed: jobs of
+        an ordering key no flow limit applies to, claimed next under their keys' locks).
 
         Runs only when a claim took fewer ids than fetched, so the normal path pays nothing.
         The fetch script takes nothing from a queue whose pause marker is set, so paused ids
@@ -335,17 +342,34 @@ class FetchLoop:
                        self._store.claim_refusals([job_id for _, job_id in losers])}
         except StoreUnavailable as err:
             self._fence.trip(f"claim check failed: {err}")  # recovery sweeps the ids back
-            return [], []
+            return [], [], []
         paused = [(refused[j].queue, refused[j].priority, j) for _, j in losers
                   if j in refused and refused[j].paused]
+        keyed = [(q, j) for q, j in losers if j in refused and not refused[j].paused
+                 and refused[j].keyed]
         limited = [(q, j) for q, j in losers if j in refused and not refused[j].paused
-                   and refused[j].limited]
+                   and refused[j].limited and not refused[j].keyed]
         if paused:
             self._hand_back_paused(paused)
         if limited and self._held is not None:
             self._held.refused()
-        held = {j for _, _, j in paused} | {j for _, j in limited}
-        return [(q, j) for q, j in losers if j not in held], limited
+        held = {j for _, _, j in paused} | {j for _, j in limited} | {j for _, j in keyed}
+        return [(q, j) for q, j in losers if j not in held], limited, keyed
+
+    def _claim_keyed(self, keyed: Fetched) -> list[Claimed] | None:
+        """Claim, under their keys' locks, the keyed ids that are their key's head now; None
+        when PostgreSQL could not be reached (the fence is tripped)."""
+        if not keyed:
+            return []
+        try:
+            won = self._store.claim_keyed([j for _, j in keyed], self._worker_id,
+                                          self._lease_s)
+        except StoreUnavailable as err:
+            self._fence.trip(f"keyed claim failed: {err}")
+            return None
+        if won and self._held is not None:
+            self._held.keyed_started(str(c.job.id) for c in won)
+        return won
 
     def _hand_back_paused(self, ordered: list[tuple[str, int, str]]) -> None:
         for queue, _, _ in ordered:

@@ -228,6 +228,9 @@ def _cross_field_errors(body: dict[str, Any], values: dict[str, Any],
     if "expires_at" in body and "start_within_s" in body:
         errors.append(FieldError("start_within_s", "give expires_at or start_within_s, not both"))
     expires = values.get("expires_at")
+    # The API host's clock, so a bad request costs no database read: within the hosts' skew a
+    # value is refused early or accepted and then lapsed; the claim judges in PostgreSQL's
+    # clock, so an accepted past value is never leased (docs/api.md, `expires_at`).
     if expires is not None and expires <= datetime.now(UTC):
         errors.append(FieldError("expires_at", "is in the past: the job could never start"))
     body_key = values.get("idempotency_key")

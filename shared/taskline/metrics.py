@@ -37,6 +37,11 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
                     60, 120, 300, 600)
 
 JOB_ENQUEUED = Counter("job_enqueued_total", "Jobs accepted", ["type", "queue"])
+# Tags are not labels: any 1..100-character string is a tag, so a series per tag would be
+# unbounded. This counts the jobs that carry tags per queue; a tag's own jobs are counted by
+# GET /api/v1/jobs?tag= (the jobs_tags index).
+JOB_TAGGED = Counter("taskline_jobs_tagged_total", "Jobs accepted with at least one tag",
+                     ["queue"])
 ENQUEUE_FOLDED = Counter(
     "taskline_enqueue_folded_total",
     "Enqueues that made no new job: a unique key's job returned (duplicate) or rewritten "
@@ -107,7 +112,12 @@ PAUSE_HELD = Counter("taskline_queue_pause_held_total",
 # from PostgreSQL) the limits, what they hold back and what uses their budget now.
 HELD_CLAIMS = Counter("taskline_limit_claimed_total",
                       "Limited jobs started by the budgeted claim, within their budgets (jobs "
-                      "with an ordering key included: they start through it too)")
+                      "with an ordering key it found waiting included)")
+# A key's next job normally starts through its turn's push; the budgeted claim is the backstop
+# (Redis lost, a head cancelled before it started): the first growing, not the second, is health.
+ORDERING_TURNS = Counter("taskline_ordering_turns_total",
+                         "Ordering keys' turns passed by the statement that finished their "
+                         "head: the next job pushed to Redis after the commit")
 # Ordering keys, per queue (maintenance only, from PostgreSQL): the keys with unfinished jobs,
 # and their queued jobs, of which each key's head may start and the rest wait their turn.
 ORDERING_KEYS = Gauge("taskline_ordering_keys", "Ordering keys with unfinished jobs",

@@ -132,6 +132,13 @@ UNBLOCK = Move("unblock", frozenset({Status.WAITING}), Status.QUEUED, Event.UNBL
 """The last parent of a waiting step succeeded: the step is queued in the transaction that
 records that success (the store's `settle_releasing`), then pushed onto its ready list."""
 
+TURN = Move("turn", frozenset({Status.QUEUED}), Status.QUEUED, Event.ENQUEUED, Step.PUSH)
+"""An ordering key's turn passed to a queued job: the statement that finished the key's head
+(succeeded, dead, cancelled while running) found this job next in line, and it is pushed onto
+its ready list after the commit, so a worker claims it through the ordinary claim at once. Not
+a transition: the job stays queued and no event is written (`event` is never recorded), so it
+is not in MOVES."""
+
 PURGE = Move("purge", frozenset({Status.DEAD}), Gone.DELETED, Event.PURGED, Step.FORGET)
 """An operator deletes a dead job from the DLQ (POST /api/v1/dlq/purge), with its events,
 leases and DLQ row, as retention would; only a dead one."""

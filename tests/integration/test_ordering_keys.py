@@ -17,9 +17,13 @@ from sqlalchemy import text
 from taskline import transitions
 from taskline.audit_verify import verify
 from taskline.dispatch.keys import QueueKeys
+from taskline.execution.outcomes import released_steps
+from taskline.mirror import Mirror
 from taskline.store.history import HistoryReader
 from taskline.store.rows import Settlement
 from taskline_maintenance.ordering import OrderingGauges, OrderingResult
+from taskline_maintenance.reaper import Reaper
+from taskline_worker.held import RETRY_S, HeldWork
 from tests.helpers import enqueue, fail, succeed, wait_for
 from tests.integration import worker_handlers as th
 from tests.integration.worker_handlers import running_worker
@@ -109,9 +113,19 @@ def test_a_scheduled_job_holds_the_ones_behind_it(store):
 
 
 def claim_and_succeed_until_done(store, name: str, errors: list[BaseException]) -> None:
+    """Half the claimers take heads through the budgeted claim, half as a worker takes the ids
+    Redis hands it (every queued id, in a shuffled order) through the keyed claim."""
     try:
         for _ in range(200):
-            for claim in store.claim_held(["default"], 3, name, 30).claimed:
+            if name.endswith(("0", "2", "4")):
+                claims = store.claim_held(["default"], 3, name, 30).claimed
+            else:
+                with store.transaction() as conn:
+                    ids = [str(r.id) for r in conn.execute(text(
+                        "SELECT id FROM taskline.jobs WHERE status = 'queued' "
+                        "ORDER BY random()"))]
+                claims = store.claim_keyed(ids, name, 30)
+            for claim in claims:
                 succeed(store, claim.lease_id, name)
     except BaseException as err:
         errors.append(err)
@@ -156,8 +170,11 @@ def test_workers_run_a_keys_jobs_in_order_one_at_a_time(settings, store, dispatc
         for key in ("a", "b"):
             enqueue(store, dispatcher, "t.held", {"tag": f"{key}{i}", "sleep_s": 0.02},
                     ordering_key=key)
+    turns = REGISTRY.get_sample_value("taskline_ordering_turns_total") or 0.0
     with running_worker(settings, concurrency=4), running_worker(settings, concurrency=4):
         wait_for(lambda: len(th.tags()) >= 16, timeout=30, message="every job ran")
+    # Each success but a key's last passed the turn to the next job in its settle statement.
+    assert REGISTRY.get_sample_value("taskline_ordering_turns_total") - turns == 14
     tags = th.tags()
     assert [t for t in tags if t.startswith("a")] == [f"a{i}" for i in range(8)]
     assert [t for t in tags if t.startswith("b")] == [f"b{i}" for i in range(8)]
@@ -275,3 +292,77 @@ def test_a_large_batch_written_by_copy_keeps_its_order_within_a_key(client, stor
         assert claim.job.ordering_key == "bulk"
         succeed(store, claim.lease_id, W)
     assert order == [0, 1, 2, 3, 4]
+
+
+def test_a_finished_head_passes_the_turn_in_its_settle_and_the_next_is_pushed(
+        store, dispatcher):
+    head, second, third = keyed(store, 3, "k")
+    plain = enqueue(store, None, "t.fast", push=False)
+    (claim,) = store.claim_keyed([str(j.id) for j in (second, head, third)], W, 30)
+    assert claim.job.id == head.id  # only the head, whatever the order the ids came in
+    assert store.claim_keyed([str(second.id)], W, 30) == []  # its head runs
+    (row,) = succeed(store, claim.lease_id, W)
+    assert row.turn is not None and (row.turn.id, row.turn.queue) == (second.id, "default")
+    Mirror.of(dispatcher, store).follow(released_steps([row]), action="test")
+    assert dispatcher.fetch("default", W, 10) == [str(second.id)]  # pushed after the commit
+    assert store.claim_jobs([second.id], W, 30) == []  # the plain claim leaves it to the key's
+    assert [c.job.id for c in store.claim_keyed([str(second.id)], W, 30)] == [second.id]
+    (plain_claim,) = store.claim_jobs([plain.id], W, 30)
+    assert succeed(store, plain_claim.lease_id, W)[0].turn is None  # no key, no lookup
+
+
+def test_only_a_finished_head_passes_the_turn_and_only_to_a_queued_job(store):
+    head, behind = keyed(store, 2, "k", max_retries=1)
+    (claim,) = store.claim_keyed([str(head.id)], W, 30)
+    assert fail(store, claim.lease_id, W, delay_s=0).turn is None  # retrying: keeps its place
+    store.promote_due(10)
+    (claim,) = store.claim_keyed([str(head.id), str(behind.id)], W, 30)
+    snoozed = store.settle([Settlement(claim.lease_id, W, transitions.snoozed(0))])
+    assert snoozed[0].turn is None  # a snooze keeps its place too
+    store.promote_due(10)
+    (claim,) = store.claim_keyed([str(head.id), str(behind.id)], W, 30)
+    assert fail(store, claim.lease_id, W).turn.id == behind.id  # dead: the turn passes
+    (claim,) = store.claim_keyed([str(behind.id)], W, 30)
+    later = keyed(store, 1, "k")[0]
+    with store.transaction() as conn:  # the next in line is not due: nothing to push
+        conn.execute(text("UPDATE taskline.jobs SET status = 'scheduled', "
+                          "next_run_at = now() + interval '1 hour' WHERE id = :id"),
+                     {"id": later.id})
+    stopped = store.settle([Settlement(claim.lease_id, W,
+                                       transitions.cancelled_while_running("stop"))])
+    assert stopped[0].status == "cancelled" and stopped[0].turn is None
+
+
+def test_a_head_dead_on_its_expired_last_lease_passes_the_turn_through_the_reaper(
+        store, dispatcher, settings):
+    head, behind = keyed(store, 2, "k", max_retries=0)
+    assert [c.job.id for c in store.claim_keyed([str(head.id)], W, 0.2)] == [head.id]
+    reaper = Reaper(store, dispatcher, settings)
+    wait_for(lambda: reaper.run_once().dead_lettered, message="the head dead-lettered")
+    assert dispatcher.fetch("default", W, 10) == [str(behind.id)]  # its turn, pushed
+    assert [c.job.id for c in store.claim_keyed([str(behind.id)], W, 30)] == [behind.id]
+
+
+def test_the_api_pushes_only_a_keys_head_the_others_wait_for_their_turn(
+        client, store, dispatcher):
+    made = client.post("/api/v1/jobs/batch", json={"jobs": [
+        {"type": "t.held", "ordering_key": "k", "payload": {"n": n}} for n in range(3)]
+        + [{"type": "t.held", "ordering_key": "other"}, {"type": "t.held"}]})
+    assert made.status_code == 201, made.get_json()
+    ids = [item["job"]["id"] for item in made.get_json()["jobs"]]
+    later = client.post("/api/v1/jobs", json={"type": "t.held", "ordering_key": "k"})
+    assert later.status_code == 201
+    assert sorted(dispatcher.fetch("default", W, 10)) == sorted([ids[0], ids[3], ids[4]])
+    assert store.get_job(later.get_json()["id"]).status == "queued"
+
+
+def test_a_keyed_job_claimed_from_redis_that_ends_makes_the_budgeted_claim_look_within_1s(
+        store, dispatcher):
+    now = [100.0]
+    held = HeldWork(store, dispatcher, W, ["default"], 30, clock=lambda: now[0])
+    assert held.claim(4) == [] and not held.due()  # nothing waits: no look
+    held.keyed_started(["job-1"])
+    held.ended([transitions.Committed(transitions.SUCCEED, "job-1", "default", 5, W)])
+    assert not held.due() and held.wait_s(5.0) == pytest.approx(RETRY_S)
+    now[0] += RETRY_S
+    assert held.due()  # the backstop for a job its settle could not see

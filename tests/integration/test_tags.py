@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 import taskline
@@ -86,3 +87,19 @@ def test_the_tag_filter_reads_the_tags_index(client, store):
             {"status": None, "type": None, "queue": None, "tag": "rare", "limit": 50,
              "after_created": None, "after_id": None}).all())
     assert "jobs_tags" in shown, shown
+
+
+def test_the_api_counts_jobs_accepted_with_tags_per_queue_not_per_tag(client):
+    def count(queue: str) -> float:
+        return REGISTRY.get_sample_value("taskline_jobs_tagged_total", {"queue": queue}) or 0.0
+
+    before = count("default"), count("other")
+    client.post("/api/v1/jobs", json={"type": "t", "tags": ["blue", "red"]})
+    client.post("/api/v1/jobs", json={"type": "t"})
+    answer = client.post("/api/v1/jobs/batch", json={"jobs": [
+        {"type": "t", "tags": ["blue"]}, {"type": "t", "queue": "other", "tags": ["x"]},
+        {"type": "t"}]})
+    assert answer.status_code == 201, answer.get_json()
+    assert (count("default") - before[0], count("other") - before[1]) == (2, 1)
+    tag_labels = {s.labels.get("tag") for m in REGISTRY.collect() for s in m.samples}
+    assert tag_labels == {None}  # no series is labelled by a tag

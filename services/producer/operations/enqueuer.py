@@ -29,7 +29,7 @@ from sqlalchemy import Connection
 
 from taskline import uniqueness
 from taskline.dispatch.dispatcher import Dispatcher
-from taskline.errors import IdempotencyConflict
+from taskline.errors import IdempotencyConflict, StoreUnavailable
 from taskline.jobs import Job, Status, new_job_id, visible_key
 from taskline.jobspec import JobSpec
 from taskline.log import job_fields as job_log_extra
@@ -237,6 +237,8 @@ class Enqueuer:
         """Count the new jobs (one increment per type and queue) and log each when INFO is on."""
         for (job_type, queue), count in Counter((j.type, j.queue) for j in created).items():
             self._metrics.accepted(job_type, queue, count)
+        for queue, count in Counter(j.queue for j in created if j.tags).items():
+            self._metrics.tagged(queue, count)
         if log.isEnabledFor(logging.INFO):
             for job in created:
                 log.info("job accepted", extra=job_log_extra(CREATED[job.status].event, job))
@@ -261,4 +263,25 @@ class Enqueuer:
                                    else due_ms(j.next_run_at)) for j in jobs]
         # Committed: when Redis cannot take the ids, workers claiming from PostgreSQL are
         # notified and the rebuild after Redis returns pushes them.
-        self._mirror.follow(committed, action="enqueue")
+        self._mirror.follow(self._heads_only(jobs, committed), action="enqueue")
+
+    def _heads_only(self, jobs: Sequence[Job], committed: list[Committed]) -> list[Committed]:
+        """Leave out the new keyed jobs behind their key's head: pushed now, each would be
+        fetched, refused and acked away; its turn's push brings it when its time comes.
+
+        Judged after the commit: a head that finished before this read is seen finished (this
+        job is pushed), and one that finishes after it saw this job in its settle statement
+        (which pushes it). Only a settle whose statement began before this commit and ended
+        after this read misses it; the budgeted claim's look, within a second of that end,
+        finds it then (taskline_worker.held), and the reconciler restores a head Redis lost.
+        """
+        keyed = [str(j.id) for j in jobs
+                 if j.ordering_key is not None and j.status is Status.QUEUED]
+        if not keyed:
+            return committed
+        try:
+            heads = self._store.keyed_heads_among(keyed)
+        except StoreUnavailable:
+            return committed  # pushed all: the claim refuses those behind their head
+        behind = set(keyed) - heads
+        return [c for c in committed if c.job_id not in behind]

@@ -1,4 +1,5 @@
-"""Job metrics of the API: jobs accepted and cancelled, and the size of grouped enqueues.
+"""Job metrics of the API: jobs accepted (and those with tags) and cancelled, and the size of
+grouped enqueues.
 
 Invariant: every label value is bounded. Job types are labelled by the registered handler types
 (anything else is "other", as the worker labels them) and queues through LabelGuard, so a
@@ -17,6 +18,7 @@ from taskline.metrics import (
     ENQUEUE_FOLDED,
     JOB_CANCELLED,
     JOB_ENQUEUED,
+    JOB_TAGGED,
     LabelGuard,
     TypeLabels,
 )
@@ -53,6 +55,10 @@ class JobMetrics:
 
     def accepted(self, job_type: str, queue: str, count: int = 1) -> None:
         JOB_ENQUEUED.labels(type=self._types(job_type), queue=self._queues(queue)).inc(count)
+
+    def tagged(self, queue: str, count: int = 1) -> None:
+        """Jobs accepted with tags (per queue only: tags are unbounded, see JOB_TAGGED)."""
+        JOB_TAGGED.labels(queue=self._queues(queue)).inc(count)
 
     def folded(self, job_type: str, queue: str, outcome: str) -> None:
         """An enqueue folded into an existing job: duplicate, replaced or joined."""

@@ -36,6 +36,7 @@ from taskline.metrics import (
     JOB_FAILED,
     JOB_RETRIED,
     JOB_SNOOZED,
+    ORDERING_TURNS,
     STALE_COMPLETIONS,
     STEPS_RELEASED,
     STEPS_STARTED_IN_PLACE,
@@ -46,7 +47,7 @@ from taskline.metrics import (
 from taskline.mirror import Mirror
 from taskline.service import guarded
 from taskline.settings import Settings
-from taskline.store.rows import Settled, Settlement
+from taskline.store.rows import Settled, Settlement, turns_passed
 from taskline.store.store import Claimed, Store
 from taskline.transitions import Committed, Transition
 
@@ -143,8 +144,9 @@ def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
 
 
 def released_steps(rows: Iterable[Settled], started: int = 0) -> list[Committed]:
-    """The waiting workflow steps the settlement queued, to push after the commit (`started`
-    more were released and claimed on this worker by the same statement)."""
+    """What the settlement made ready, to push after the commit: the waiting workflow steps it
+    queued (`started` more were released and claimed on this worker by the same statement),
+    and the ordering keys' next heads it gave the turn to."""
     rows = list(rows)
     released = [step for row in rows for step in row.released]
     if released or started:
@@ -152,7 +154,10 @@ def released_steps(rows: Iterable[Settled], started: int = 0) -> list[Committed]
     unmet = sum(row.unmet for row in rows)
     if unmet:
         STEPS_UNMET.inc(unmet)
-    return [step.committed() for step in released]
+    turns = turns_passed(rows)
+    if turns:
+        ORDERING_TURNS.inc(len(turns))
+    return [step.committed() for step in released] + turns
 
 
 @dataclass(frozen=True)

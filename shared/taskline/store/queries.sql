@@ -344,12 +344,17 @@ SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])
 -- name: claim_refusals
 -- Of ids a claim did not take, those still queued, and why: held by a pause (they go back to
 -- their ready lists), or limited (they are claimed from PostgreSQL, under their budget). A
--- keyed job counts as limited whether or not it is its key's head: it is the budgeted claim's.
+-- keyed job counts as limited whether or not it is its key's head; `keyed` when no flow limit
+-- applies to it too, so the worker claims it at once under its key's lock (Store.claim_keyed)
+-- rather than leaving it to the budgeted claim.
 SELECT j.id, j.queue, j.priority,
        EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = j.queue) AS paused,
        EXISTS (SELECT 1 FROM taskline.claimable_rule c
                WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited)
-           OR j.ordering_key IS NOT NULL AS limited
+           OR j.ordering_key IS NOT NULL AS limited,
+       j.ordering_key IS NOT NULL
+           AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f
+                           WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue)) AS keyed
 FROM taskline.jobs j
 WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 
@@ -371,6 +376,14 @@ SELECT pg_advisory_xact_lock(29804, hashtext(k.queue || chr(31) || k.ordering_ke
 FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
       WHERE id = ANY(CAST(:ids AS uuid[])) AND ordering_key IS NOT NULL
       ORDER BY queue, ordering_key) k;
+
+-- name: keyed_heads_among
+-- Of these just-enqueued keyed ids, those the claim rule lets through now (their key's head):
+-- only they are pushed to Redis; the others wait in PostgreSQL until the statement that
+-- finishes the job before them passes them the turn (settle's `turns`). Read by primary key,
+-- as claim_jobs reads the rule.
+SELECT c.id FROM taskline.claimable_rule c
+WHERE c.id = ANY(CAST(:ids AS uuid[])) AND (c.status = 'queued') IS TRUE;
 
 -- name: keyed_waiting
 -- Whether queued jobs with an ordering key, other than :skip, wait in these queues (behind
@@ -579,7 +592,22 @@ WITH input AS MATERIALIZED (
         updated_at = now()
     FROM leases WHERE j.id = leases.job_id AND (j.status = 'running') IS TRUE
     RETURNING j.id, j.queue, j.priority, j.attempts, j.status, j.next_run_at, leases.lease_id,
-              leases.attempt, leases.worker_id, leases.s
+              leases.attempt, leases.worker_id, leases.s, j.ordering_key
+), turns AS (
+    -- A keyed job that finishes passes its key's turn: the next in line (the earliest other
+    -- unfinished job of its key, read through jobs_ordering), when queued, is returned to be
+    -- pushed after the commit, so a worker claims it through the ordinary claim at once
+    -- rather than at a budgeted claim's next look. One not yet due (scheduled, retrying)
+    -- keeps the turn and is pushed by the promoter. Jobs without a key skip the lookup.
+    SELECT c.id AS settled_id, n.id, n.priority
+    FROM changed c CROSS JOIN LATERAL (
+        SELECT o.id, o.priority, o.status FROM taskline.jobs o
+        WHERE o.queue = c.queue AND o.ordering_key = c.ordering_key AND o.id <> c.id
+          AND o.status IN ('queued', 'scheduled', 'retrying', 'running')
+        ORDER BY COALESCE(o.ordered_at, o.created_at), o.id
+        LIMIT 1) n
+    WHERE c.ordering_key IS NOT NULL AND CAST(c.s ->> 'finishes' AS boolean)
+      AND n.status = 'queued'
 ), dead AS (
     INSERT INTO taskline.dead_letter_jobs (job_id, final_error, fingerprint, attempts, failed_at)
     SELECT id, s ->> 'error', s ->> 'fingerprint', attempts, now() FROM changed
@@ -592,9 +620,10 @@ WITH input AS MATERIALIZED (
     SELECT id, attempt, s ->> 'event', worker_id, NULLIF(s -> 'detail', 'null'::jsonb)
     FROM changed
 )
-SELECT id, queue, priority, attempts, status, lease_id, worker_id,
-       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
-FROM changed;
+SELECT c.id, c.queue, c.priority, c.attempts, c.status, c.lease_id, c.worker_id,
+       (extract(epoch FROM c.next_run_at) * 1000)::bigint AS due_ms,
+       t.id AS turn_id, t.priority AS turn_priority
+FROM changed c LEFT JOIN turns t ON t.settled_id = c.id;
 
 -- name: settle_releasing_tail
 -- Not run alone: the store's `settle_releasing` is `settle` with this in place of its final
@@ -703,19 +732,20 @@ FROM changed;
     WHERE r.frees AND e.job_id IS NOT NULL
     ORDER BY e.job_id, e.ord
 )
-SELECT 'settled' AS kind, id, queue, priority, attempts, status, lease_id, worker_id,
-       (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms,
+SELECT 'settled' AS kind, c.id, c.queue, c.priority, c.attempts, c.status, c.lease_id,
+       c.worker_id, (extract(epoch FROM c.next_run_at) * 1000)::bigint AS due_ms,
+       t.id AS turn_id, t.priority AS turn_priority,
        NULL AS type, NULL AS payload, NULL AS max_retries, NULL AS timeout_s,
        NULL AS next_run_at, NULL AS idempotency_key, NULL AS last_error, NULL AS result,
        NULL AS created_at, NULL AS updated_at, NULL AS cancel_requested, NULL AS trace_context,
        NULL AS workflow_id, NULL AS step, NULL AS limit_key, NULL AS schedule,
        NULL AS scheduled_for, NULL AS leased_until
-FROM changed
+FROM changed c LEFT JOIN turns t ON t.settled_id = c.id
 UNION ALL
 SELECT CASE WHEN r.started THEN 'started' WHEN r.unmet THEN 'unmet' ELSE 'released' END,
        r.id, r.queue, r.priority,
        r.attempts, r.status, l.lease_id, CASE WHEN r.started THEN CAST(:worker_id AS text) END,
-       NULL, r.type, r.payload, r.max_retries, r.timeout_s, r.next_run_at, r.idempotency_key,
+       NULL, NULL, NULL, r.type, r.payload, r.max_retries, r.timeout_s, r.next_run_at, r.idempotency_key,
        r.last_error, r.result, r.created_at, r.updated_at, r.cancel_requested,
        r.trace_context, r.workflow_id, r.step, r.limit_key, r.schedule, r.scheduled_for,
        l.leased_until
@@ -968,15 +998,18 @@ FROM unnest(CAST(:statuses AS text[])) AS s(status);
 -- One keyset page of pending jobs (which Redis should hold), last touched before :before.
 -- Queued jobs a flow limit applies to are claimed from PostgreSQL under their budget, never
 -- from Redis, so they are left out (a worker that fetched one would only ack it away again);
--- so are queued jobs with an ordering key, started by the same claim as their key's head.
+-- so are queued jobs with an ordering key behind their key's head: only a head is in Redis
+-- (its turn's push put it there), so a head Redis lost is restored.
 SELECT id, queue, priority, status,
        (extract(epoch FROM next_run_at) * 1000)::bigint AS due_ms
 FROM taskline.jobs j
 WHERE status IN ('queued', 'scheduled', 'retrying') AND id > :after AND updated_at < :before
   AND NOT (status = 'queued'
-           AND (j.ordering_key IS NOT NULL
-                OR EXISTS (SELECT 1 FROM taskline.flow_limits f
-                           WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))))
+           AND (EXISTS (SELECT 1 FROM taskline.flow_limits f
+                        WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))
+                OR (j.ordering_key IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM taskline.claimable_rule c
+                                    WHERE c.id = j.id AND (c.status = 'queued') IS TRUE))))
 ORDER BY id
 LIMIT :limit;
 

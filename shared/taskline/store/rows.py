@@ -8,6 +8,7 @@ tuple's status with a string literal and the Redis step after it is chosen from 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -64,12 +65,18 @@ class Settled:
     several parents in the batch is released once, by all of them together)."""
     unmet: int = 0
     """any_failed steps the transaction cancelled as condition_unmet (on the same row)."""
+    turn: Turn | None = None
+    """The queued job of the same ordering key this settlement gave the turn to (it finished
+    the key's head): pushed after the commit."""
 
     @classmethod
     def from_row(cls, row: Any) -> Settled:
+        turn_id = getattr(row, "turn_id", None)
         return cls(id=row.id, queue=row.queue, priority=row.priority, attempts=row.attempts,
                    status=Status(row.status), lease_id=row.lease_id, worker_id=row.worker_id,
-                   due_ms=None if row.due_ms is None else int(row.due_ms))
+                   due_ms=None if row.due_ms is None else int(row.due_ms),
+                   turn=None if turn_id is None else Turn(turn_id, row.queue,
+                                                          int(row.turn_priority)))
 
     def committed(self, move: Move) -> Committed:
         return Committed(move, str(self.id), self.queue, self.priority, self.worker_id,
@@ -90,6 +97,23 @@ class Released:
 
     def committed(self) -> Committed:
         return Committed(transitions.UNBLOCK, str(self.id), self.queue, self.priority)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A queued job of an ordering key whose previous head finished in the same statement."""
+
+    id: uuid.UUID
+    queue: str
+    priority: int
+
+    def committed(self) -> Committed:
+        return Committed(transitions.TURN, str(self.id), self.queue, self.priority)
+
+
+def turns_passed(rows: Iterable[Settled]) -> list[Committed]:
+    """The keys' next heads these settlements gave the turn to, to push after the commit."""
+    return [row.turn.committed() for row in rows if row.turn is not None]
 
 
 @dataclass(frozen=True)

@@ -506,6 +506,30 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
             rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, False))
         return _claims_in_order(rows, ids)
 
+    def claim_keyed(self, ids: Sequence[str], worker_id: str,
+                    lease_s: float) -> list[Claimed]:
+        """Claim those of `ids` (keyed jobs no flow limit applies to, refused by the plain
+        claim) that are their key's head now, in the order of `ids`.
+
+        One transaction, as the budgeted claim takes keyed jobs: their keys locked first
+        (`lock_ordering_keys`), then `claim_jobs`, the one claim, through the same rule, so two
+        claimers of a key never both find it free. This is how a head pushed when its key's
+        turn passed (the settle statement's `turns`) starts on the ordinary Redis path.
+        """
+        if not ids:
+            return []
+        with self._driver_transaction() as run:
+            run("lock_ordering_keys", {"ids": _uuid_array(ids)})
+            rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, True))
+        return _claims_in_order(rows, list(ids))
+
+    def keyed_heads_among(self, ids: Sequence[str]) -> set[str]:
+        """Of these keyed job ids, those that are their key's head now (the claim rule)."""
+        if not ids:
+            return set()
+        rows = self._run_on_driver("keyed_heads_among", {"ids": _uuid_array(ids)})
+        return {str(r.id) for r in rows}
+
     def notify_ready(self, queues: Sequence[str]) -> None:
         """Tell workers dispatching from PostgreSQL that jobs of `queues` became queued."""
         if queues:
@@ -844,7 +868,8 @@ ADMIT_ROUNDS = 4
 
 def _claim_params(ids: Sequence[uuid.UUID | str], worker_id: str, lease_s: float,
                   limited: bool) -> dict[str, Any]:
-    """claim_jobs' parameters: `limited` true only inside the budgeted claim (Store.claim_held)."""
+    """claim_jobs' parameters: `limited` true only inside a transaction holding the locks it
+    needs: the budgeted claim's (Store.claim_held), or the keys' of keyed jobs (claim_keyed)."""
     return {"ids": _uuid_array(ids), "worker_id": worker_id, "lease_s": lease_s,
             "limited": limited, **_CLAIM}
 
