@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 OTHER = "other"
 MAX_QUEUE_LABELS = 50
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+_LATENCY_BUCKETS = (0.001, 0.0022, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
                     60, 120, 300, 600)
 
 JOB_ENQUEUED = Counter("job_enqueued_total", "Jobs accepted", ["type", "queue"])

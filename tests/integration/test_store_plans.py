@@ -241,7 +241,7 @@ def test_keyed_jobs_are_read_through_their_index_never_the_unkeyed_backlog(store
 
 
 def test_lists_by_state_read_the_narrowed_status_index_or_the_newest_jobs(store: Store):
-    """Migration 0025: a rare state's page comes from jobs_status_created_not_succeeded, a
+    """Migration 0022: a rare state's page comes from jobs_status_created_not_succeeded, a
     page of succeeded jobs (most of the table) from a backward read of jobs_created."""
     ids = insert_queued(store, 20_000)
     with store.transaction() as conn:

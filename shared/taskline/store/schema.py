@@ -105,7 +105,7 @@ Index("jobs_pending_id", jobs.c.id, postgresql_where=text(PENDING_SQL))
 Index("jobs_due", jobs.c.next_run_at,
       postgresql_where=text("status IN ('scheduled', 'retrying')"))
 # Lists and counts of one state, newest first; succeeded jobs, most of the table, are found
-# by a backward read of jobs_created instead (migration 0025).
+# by a backward read of jobs_created instead (migration 0022).
 Index("jobs_status_created_not_succeeded", jobs.c.status, jobs.c.created_at, jobs.c.id,
       postgresql_where=text("status <> 'succeeded'"))
 Index("jobs_created", jobs.c.created_at, jobs.c.id)

@@ -14,14 +14,14 @@ Online: CREATE INDEX CONCURRENTLY of the new one, then DROP INDEX CONCURRENTLY o
 outside a transaction; neither blocks writes. A build that failed leaves an INVALID index,
 dropped and built again on the next run. The previous release names neither index.
 
-Revision ID: 0025
+Revision ID: 0022
 Revises: 0021
 Create Date: 2026-12-03 17:00:00
 """
 
 from alembic import op
 
-revision = '0025'
+revision = '0022'
 down_revision = '0021'
 branch_labels = None
 depends_on = None
