@@ -28,6 +28,7 @@ from taskline.errors import StoreUnavailable
 from taskline.events import Change, Sequencer
 from taskline.metrics import EVENT_STREAM_DROPS, EVENT_STREAMS
 from taskline.store.store import Store
+from taskline_producer.operations.backends import backends
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +226,8 @@ def _log_failure(err: Exception, retry_in_s: float) -> None:
                     extra={"error": str(err), "retry_in_s": retry_in_s})
     else:
         log.error("event tail failed; retrying", exc_info=err, extra={"retry_in_s": retry_in_s})
+
+
+def tail_history(**limits: Any) -> Broadcaster:
+    """A Broadcaster tailing this process's store (the event stream's one per process)."""
+    return Broadcaster(backends().store, **limits)

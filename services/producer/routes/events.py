@@ -26,12 +26,13 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, request
 
-from taskline_producer.operations.backends import backends
+from taskline_producer.operations import reads
 from taskline_producer.operations.broadcaster import (
     Broadcaster,
     Frame,
     Subscription,
     TooManyStreams,
+    tail_history,
 )
 from taskline_producer.schemas.errors import ApiError, InvalidParameter
 
@@ -93,8 +94,8 @@ class _Streams:
         with self._lock:
             if self._broadcaster is None or self._pid != os.getpid():
                 limits = self.limits
-                self._broadcaster = Broadcaster(
-                    backends().store, queue_limit=limits.queue_limit,
+                self._broadcaster = tail_history(
+                    queue_limit=limits.queue_limit,
                     max_streams=limits.max_streams, poll_s=limits.poll_s,
                     gap_wait_s=limits.gap_wait_s)
                 self._pid = os.getpid()
@@ -190,7 +191,7 @@ def _replay(after: int | None, upto: int, limit: int) -> tuple[list[Frame], bool
     """
     if after is None:
         return [], False
-    rows = backends().store.newest_events_after(after, upto, limit + 1)
+    rows = reads.newest_events_after(after, upto, limit + 1)
     skipped = len(rows) > limit
     return [Frame.from_row(row) for row in rows[-limit:]], skipped
 

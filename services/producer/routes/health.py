@@ -16,7 +16,7 @@ from flask import Blueprint, Response, jsonify
 
 from taskline.errors import TasklineError
 from taskline_producer.http import exposition
-from taskline_producer.operations.backends import backends
+from taskline_producer.operations import reads
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,7 @@ def healthz() -> Response:
 
 @bp.get("/readyz")
 def readyz() -> Response:
-    b = backends()
-    checks = {"postgresql": _check(b.store.ping), "redis": _check(b.dispatcher.ping)}
+    checks = {name: _check(ping) for name, ping in reads.reachability().items()}
     ready = checks["postgresql"] == "ok"
     status = "unavailable" if not ready else "ready" if checks["redis"] == "ok" else "degraded"
     response = jsonify({"status": status, "checks": checks})

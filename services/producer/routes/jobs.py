@@ -16,7 +16,7 @@ from taskline import tracing
 from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline_producer.http import auth, waiting
-from taskline_producer.operations import jobmoves, quotas, replays
+from taskline_producer.operations import jobmoves, quotas, reads, replays
 from taskline_producer.operations.backends import backends
 from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json
@@ -105,11 +105,10 @@ def get_job(job_id: uuid.UUID) -> Response:
 
 
 def _job_detail(job_id: uuid.UUID) -> tuple[dict, bool]:
-    store = backends().store
-    job = store.get_job(job_id)
-    if job is None:
+    found = reads.job_with_history(job_id)
+    if found is None:
         raise NotFound(details={"id": str(job_id)})
-    events, leases = store.get_history(job_id)
+    job, events, leases = found
     return shapes.job_detail(job, events, leases), job.status.terminal
 
 
@@ -120,7 +119,7 @@ def list_jobs() -> Response:
                "queue": paging.queue(args), "tag": paging.tag(args)}
     size = paging.limit(args)
     after = paging.decode_cursor(args.get("cursor"))
-    rows = backends().store.list_jobs(**filters, after=after, limit=size + 1)
+    rows = reads.jobs_page(filters, after, size + 1)
     page = rows[:size]
     more = len(rows) > size
     cursor = paging.encode_cursor(page[-1].created_at, page[-1].id) if more else None

@@ -11,7 +11,7 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from taskline_producer.operations.backends import backends
+from taskline_producer.operations import reads
 from taskline_producer.schemas.shapes import plain
 
 bp = Blueprint("jobtypes", __name__, url_prefix="/api/v1")
@@ -20,8 +20,7 @@ bp = Blueprint("jobtypes", __name__, url_prefix="/api/v1")
 @bp.get("/types")
 def list_types() -> Response:
     """Every type declared by a worker seen within TASKLINE_TYPE_TTL_S, by name."""
-    b = backends()
-    rows = b.store.list_declared_types(b.settings.type_ttl_s)
+    rows = reads.declared_types()
     return jsonify({"types": listing(rows)})
 
 

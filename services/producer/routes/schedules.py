@@ -16,7 +16,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 
 from taskline.schedules import valid_name
-from taskline_producer.operations import scheduling
+from taskline_producer.operations import reads, scheduling
 from taskline_producer.operations.backends import backends
 from taskline_producer.operations.declared import Checked
 from taskline_producer.schemas import paging, shapes
@@ -48,7 +48,7 @@ def put_schedule(name: str) -> Response:
 
 @bp.get("/<name>")
 def get_schedule(name: str) -> Response:
-    row = backends().store.get_schedule(name) if valid_name(name) else None
+    row = reads.schedule(name) if valid_name(name) else None
     if row is None:
         raise NotFound("no schedule has this name", {"name": name})
     return jsonify(shapes.schedule(row))
@@ -61,7 +61,7 @@ def list_schedules() -> Response:
     # A schedule name of MAX_NAME_CHARS characters takes more than the time cursors' bound.
     after = paging.decode_name_cursor(args.get("cursor"), valid_name,
                                       2 * paging.MAX_CURSOR_CHARS)
-    rows = backends().store.list_schedules(after, size + 1)
+    rows = reads.schedules_page(after, size + 1)
     page = rows[:size]
     cursor = paging.encode_name_cursor(page[-1].name) if len(rows) > size else None
     return jsonify({"schedules": [shapes.schedule(r) for r in page], "next_cursor": cursor})

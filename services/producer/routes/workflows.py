@@ -20,7 +20,7 @@ from taskline import tracing
 from taskline.jobspec import KEY_CODE, FieldError
 from taskline.workflows import WorkflowStatus
 from taskline_producer.http import listcache, waiting
-from taskline_producer.operations import jobmoves, quotas, replays, submission
+from taskline_producer.operations import jobmoves, quotas, reads, replays, submission
 from taskline_producer.operations.backends import backends
 from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json
@@ -60,7 +60,7 @@ def create_workflow() -> Response:
         submitted = submission.submit_workflow(spec, trace_context)
     if submitted.created:
         listcache.forget()
-    view = _view(b.store.get_workflow(submitted.id) or {}, submitted.id)
+    view = _view(reads.workflow(submitted.id) or {}, submitted.id)
     response = jsonify(replays.workflow_answer(view, submitted.created))
     response.status_code = 201 if submitted.created else 200
     response.headers["Location"] = f"/api/v1/workflows/{submitted.id}"
@@ -83,7 +83,7 @@ def get_workflow(workflow_id: uuid.UUID) -> Response:
     seconds = waiting.wait_s()
 
     def read() -> tuple[dict, bool]:
-        row = backends().store.get_workflow(workflow_id)
+        row = reads.workflow(workflow_id)
         if row is None:
             raise NotFound("no workflow has this id", {"id": str(workflow_id)})
         view = _view(row, workflow_id, after, size)
@@ -99,10 +99,9 @@ def list_workflows() -> Response:
     size is bounded by its length alone, whatever its workflows hold."""
     size = paging.limit(request.args)
     after = paging.decode_cursor(request.args.get("cursor"))
-    store = backends().store
-    rows = store.list_workflows(after=after, limit=size + 1)
+    rows = reads.workflows_page(after, size + 1)
     page = rows[:size]
-    counts = store.workflow_step_counts([r["id"] for r in page])
+    counts = reads.step_counts([r["id"] for r in page])
     cursor = (paging.encode_cursor(page[-1]["created_at"], page[-1]["id"])
               if len(rows) > size else None)
     summaries = [shapes.workflow_summary(r, counts.get(r["id"], shapes.NO_STEPS)) for r in page]
@@ -113,8 +112,7 @@ def list_workflows() -> Response:
 def cancel_workflow(workflow_id: uuid.UUID) -> Response:
     """Cancel every step not started yet and ask running ones to stop (200); 409 when the
     workflow has finished, 404 when there is none."""
-    b = backends()
-    row = b.store.get_workflow(workflow_id)
+    row = reads.workflow(workflow_id)
     if row is None:
         raise NotFound("no workflow has this id", {"id": str(workflow_id)})
     moves = jobmoves.cancel_workflow(workflow_id)
@@ -131,9 +129,8 @@ def _view(row: dict[str, Any], workflow_id: uuid.UUID, after: uuid.UUID | None =
           size: int = STEP_PAGE) -> dict[str, Any]:
     """The workflow's summary with one page of its steps: at most `size` steps, fewer when
     their `after` lists would pass MAX_PAGE_EDGES (at least one step a page)."""
-    store = backends().store
-    counts = store.workflow_step_counts([workflow_id]).get(workflow_id, shapes.NO_STEPS)
-    steps = store.workflow_steps_page(workflow_id, after, size + 1)
+    counts, steps = reads.workflow_steps(workflow_id, after, size + 1)
+    counts = counts or shapes.NO_STEPS
     page, edges = [], 0
     for step in steps[:size]:
         edges += len(step["after"])
