@@ -223,6 +223,11 @@ class Workload:
             answer = requests.post(f"{self.api}/jobs", timeout=10, json={
                 "type": "echo", "delay_s": 300, "unique": {"key": f"e2e-{slow}"}})
             assert answer.status_code == expected, answer.text
+        # Two tagged jobs in one ordering key (the first's end passes the turn), and a delayed
+        # one that keeps another key's line open for the ordering gauges.
+        ids += [self.post({"type": "echo", "ordering_key": f"e2e-line-{slow}", "tags": ["e2e"]})
+                for _ in range(2)]
+        self.post({"type": "echo", "delay_s": 300, "ordering_key": f"e2e-open-{slow}"})
         wait_for(lambda: all(self.status(i) in ("succeeded", "dead") for i in ids),
                  timeout=20, message="every job of the wave ended")
         return ids
