@@ -116,9 +116,13 @@ def main() -> int:
         pairs.append(runs)
         print(f"pair {n + 1}: " + json.dumps({
             k: round(ratio(runs["before"][k][0], after, higher), 3)
-            for k, (after, higher) in runs["after"].items()}), flush=True)
+            for k, (after, higher) in runs["after"].items() if k in runs["before"]}), flush=True)
     summary = {}
+    # A metric one side does not report (CPU by component, newer than the before tree) has no
+    # ratio: only the metrics both sides report are compared.
     for name, (_value, higher) in pairs[0]["after"].items():
+        if any(name not in p["before"] for p in pairs):
+            continue
         ratios = [ratio(p["before"][name][0], p["after"][name][0], higher) for p in pairs]
         summary[name] = {"median_ratio": statistics.median(ratios), "min": min(ratios),
                          "max": max(ratios), "ratios": ratios,
