@@ -19,13 +19,13 @@ from taskline.settings import Settings
 from taskline.store.migrate import upgrade
 from taskline.store.partitions import WIDTH
 from tests.faults import faulthandlers
-from tests.faults.checker import Snapshot, _grouped, dlq_violations, job_violations
 from tests.helpers import stop_process, wait_for
 from tests.integration.test_schema_move import (
     ENQUEUE,
     MAIN,
     PACKAGES,
     REPO,
+    _assert_each_job_ran_once,
     _count,
     _env,
     _query,
@@ -106,23 +106,3 @@ def test_history_is_partitioned_under_the_running_previous_release(
                          "(SELECT count(*) FROM taskline.job_events_default) AS spilled")[0]
     assert spread["legacy"] > 0 and spread["partitioned"] > 0 and spread["spilled"] == 0
 
-
-def _assert_each_job_ran_once(url: str) -> None:
-    snap = Snapshot(
-        jobs={str(r["id"]): r for r in _query(
-            url, "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key "
-                 "FROM taskline.jobs")},
-        events=_grouped(_query(url, "SELECT job_id, id, attempt, event, detail, created_at "
-                                    "FROM taskline.job_events ORDER BY id")),
-        leases=_grouped(_query(url, "SELECT job_id, id, attempt, worker_id, leased_at, "
-                                    "leased_until, released_at, outcome "
-                                    "FROM taskline.job_leases ORDER BY id")),
-        execs=_grouped(_query(url, "SELECT job_id, id, attempt, worker_id, pid, started_at, "
-                                   "ended_at FROM fault_exec_log ORDER BY id")),
-        effects=_grouped(_query(url, "SELECT job_id, attempt, worker_id FROM fault_effects")),
-        dead_letters={})
-    assert len(snap.jobs) == 80
-    violations = [f"{j}: {v}" for j in snap.jobs for v in job_violations(j, snap)]
-    assert violations + dlq_violations(snap) == []
-    assert {j: len(snap.effects.get(j, [])) for j in snap.jobs} == {j: 1 for j in snap.jobs}
-    assert {r["status"] for r in snap.jobs.values()} == {"succeeded"}
