@@ -7,24 +7,19 @@ a `JobContext`; producers enqueue inside their own transaction with `enqueue(con
 declared handler (`send_receipt.enqueue(conn, Receipt(...))`), or talk to the API, or use
 `Client` / `AsyncClient` (docs/client.md). `wait(conn, id, timeout)` blocks until a job
 finishes, woken by the commit that finishes it (no API needed). The package ships `py.typed`.
+
+`import taskline` loads only the exceptions: every other public name is imported from its
+module on first use (PEP 562), so a process that needs one part (the `taskline` client commands,
+a producer that only calls `Client`) does not pay for SQLAlchemy, psycopg and the store.
 """
 
+from __future__ import annotations
+
+import importlib
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from taskline.client import AsyncClient, Client, ClientError
-from taskline.enqueuing import (
-    DebounceOptions,
-    JobRequest,
-    Payload,
-    Priority,
-    UniqueOptions,
-    aenqueue,
-    aenqueue_many,
-    enqueue,
-    enqueue_many,
-)
 from taskline.errors import (
     AlreadyStarted,
     IdempotencyConflict,
@@ -37,11 +32,52 @@ from taskline.errors import (
     Snooze,
     TasklineError,
 )
-from taskline.finishing import wait
-from taskline.handlers.declared import Handler, InvalidPayload
-from taskline.handlers.registry import JobContext, handler, periodic
-from taskline.settings import Settings
-from taskline.store.caller import AppConnection, AsyncAppConnection
+
+if TYPE_CHECKING:
+    from taskline.client import AsyncClient, Client, ClientError
+    from taskline.enqueuing import (
+        DebounceOptions,
+        JobRequest,
+        Payload,
+        Priority,
+        UniqueOptions,
+        aenqueue,
+        aenqueue_many,
+        enqueue,
+        enqueue_many,
+    )
+    from taskline.finishing import wait
+    from taskline.handlers.declared import Handler, InvalidPayload
+    from taskline.handlers.registry import JobContext, handler, periodic
+    from taskline.settings import Settings
+    from taskline.store.caller import AppConnection, AsyncAppConnection
+
+# Where each lazily imported public name lives.
+_HOMES = {
+    **dict.fromkeys(("AsyncClient", "Client", "ClientError"), "taskline.client"),
+    **dict.fromkeys(("DebounceOptions", "JobRequest", "Payload", "Priority", "UniqueOptions",
+                     "aenqueue", "aenqueue_many", "enqueue", "enqueue_many"),
+                    "taskline.enqueuing"),
+    "wait": "taskline.finishing",
+    **dict.fromkeys(("Handler", "InvalidPayload"), "taskline.handlers.declared"),
+    **dict.fromkeys(("JobContext", "handler", "periodic"), "taskline.handlers.registry"),
+    "Settings": "taskline.settings",
+    **dict.fromkeys(("AppConnection", "AsyncAppConnection"), "taskline.store.caller"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'taskline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
 
 __all__ = ["AlreadyStarted", "AsyncClient", "Client", "ClientError", "DebounceOptions", "Handler",
            "IdempotencyConflict", "InvalidJob", "InvalidPayload", "JobCancelled", "JobContext",
