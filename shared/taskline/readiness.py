@@ -21,8 +21,8 @@ from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
 
-# The one channel that says "jobs of this queue became queued" (queries.sql `notify_ready`
-# and the in-transaction enqueue's insert name it too).
+# The one channel that says "jobs of this queue became queued" (`notify_ready` in
+# store/sql/attempts.sql and the in-transaction enqueue's insert name it too).
 __all__ = ["CHANNEL", "notify"]
 
 
