@@ -2,9 +2,10 @@
 
 Every `*.sql` file of taskline/store/sql is loaded, and a query name is unique across them
 (loading fails on a name defined twice), so a statement is found by its name alone and a
-file holds the statements of one aggregate. `-- name: x` starts a block; the comment line after it describes the query. A block named
-`..._tail` is not a statement: see COMPOSED. Nor is one named `..._ctes`: a fragment of CTEs
-that statements take in where a line reads `-- include: <name>`, so it is written once.
+file holds the statements of one aggregate. `-- name: x` starts a block; the comment line
+after it describes the query. A block named `..._tail` is not a statement: see COMPOSED. Nor
+is one named `..._ctes`: a fragment of CTEs that statements take in where a line reads
+`-- include: <name>`, so it is written once (in any file).
 
 Every relation in the SQL files is written qualified by the default schema (`taskline.jobs`)
 and every notification channel with its name (`'taskline_enqueued'`); loading for another
