@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from taskline.enqueuing import CHANNEL
 from taskline.errors import StoreUnavailable
 from taskline.jobs import Status
-from taskline.store.store import Store
+from taskline.store.views import ReadyNotifier
 from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 __all__ = ["CHANNEL", "notify"]
 
 
-def notify(store: Store, changes: Iterable[Committed]) -> None:
+def notify(store: ReadyNotifier, changes: Iterable[Committed]) -> None:
     """Notify the queues of the changes that made a job queued (best effort)."""
     queues = sorted({c.queue for c in changes if c.move.target is Status.QUEUED})
     if not queues:
