@@ -18,7 +18,7 @@ depends_on = None
 
 # A lease fences its attempt while it is open and its job is still running that very attempt.
 # `(status = 'running') IS TRUE` is the status test no index can serve, so the job is found by
-# its primary key (see queries.sql). One table in FROM: the view is automatically updatable,
+# its primary key (see taskline/store/sql/jobs.sql). One table in FROM: the view is automatically updatable,
 # so the settle and renewal statements UPDATE through it and the fence is written only here.
 LIVE_LEASES = """
 CREATE OR REPLACE VIEW live_leases AS

@@ -1,10 +1,10 @@
 """The index workers claim through while Redis is unreachable: `jobs_claimable`.
 
 A worker that cannot reach Redis claims the most urgent queued jobs of its queues straight from
-PostgreSQL (`due_queued_ids` in queries.sql: one queue, `ORDER BY priority DESC, created_at, id`,
-`FOR UPDATE SKIP LOCKED`). The partial index on (queue, priority DESC, created_at, id) WHERE
-status = 'queued' hands them over in that order, so a claim reads the rows it takes and no
-more, with a million jobs queued or none.
+PostgreSQL (`due_queued_ids` in store/sql/attempts.sql: one queue,
+`ORDER BY priority DESC, created_at, id`, `FOR UPDATE SKIP LOCKED`). The partial index on
+(queue, priority DESC, created_at, id) WHERE status = 'queued' hands them over in that order,
+so a claim reads the rows it takes and no more, with a million jobs queued or none.
 
 Online on a 100-million-row `jobs`: built with CREATE INDEX CONCURRENTLY, outside a
 transaction (alembic's `autocommit_block`; migrations/env.py holds its advisory lock for the

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from taskline import metrics
 from taskline.service import Periodic
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class AuditRetention(Periodic):
 
     name = "audit_retention"
 
-    def __init__(self, store: Store, settings: Settings, *, batch: int = BATCH,
+    def __init__(self, store: MaintenanceStore, settings: Settings, *, batch: int = BATCH,
                  max_batches: int = MAX_BATCHES) -> None:
         super().__init__()
         self.store = store

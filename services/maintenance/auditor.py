@@ -21,7 +21,7 @@ from taskline.metrics import AUDIT_VIOLATIONS
 from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.history import HistoryReader
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ class Auditor(Periodic):
 
     name = "audit"
 
-    def __init__(self, store: Store, settings: Settings, *, window_s: float = WINDOW_S) -> None:
+    def __init__(self, store: MaintenanceStore, settings: Settings, *,
+                 window_s: float = WINDOW_S) -> None:
         super().__init__()
         self.store = store
         self.settings = settings

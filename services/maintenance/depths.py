@@ -34,7 +34,7 @@ from taskline.metrics import (
 )
 from taskline.service import Periodic
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class DepthGauges(Periodic):
 
     name = "depths"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, settings: Settings, *,
                  queues: Callable[[str], str] | None = None) -> None:
         super().__init__()
         self.store = store

@@ -23,7 +23,7 @@ from taskline.jobs import Job, Status
 from taskline.metrics import JOBS_LAPSED, LabelGuard
 from taskline.mirror import Mirror
 from taskline.service import Periodic
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class Lapser(Periodic):
 
     name = "lapser"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, *,
                  queues: Callable[[str], str] | None = None) -> None:
         super().__init__()
         self.store = store

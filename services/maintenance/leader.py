@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from taskline import metrics
 from taskline.service import Periodic
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Leader(Periodic):
 
     name = "leader"
 
-    def __init__(self, store: Store, ttl_s: float, holder: str | None = None,
+    def __init__(self, store: MaintenanceStore, ttl_s: float, holder: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.store = store

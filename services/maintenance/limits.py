@@ -19,7 +19,7 @@ from taskline.metrics import (
 )
 from taskline.service import Periodic
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 _GAUGES = (LIMIT_HELD, LIMIT_RUNNING, LIMIT_STARTED, LIMIT_CONCURRENCY, LIMIT_RATE)
 
@@ -35,7 +35,7 @@ class LimitGauges(Periodic):
 
     name = "limits"
 
-    def __init__(self, store: Store, settings: Settings) -> None:
+    def __init__(self, store: MaintenanceStore, settings: Settings) -> None:
         super().__init__()
         self.store = store
         self.settings = settings

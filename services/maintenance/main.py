@@ -24,6 +24,7 @@ from taskline.metrics import LOOP_ERRORS, LabelGuard, TypeLabels
 from taskline.settings import Settings
 from taskline.startup import Readiness
 from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 from taskline_maintenance.audit_retention import AuditRetention
 from taskline_maintenance.auditor import Auditor
 from taskline_maintenance.depths import DepthGauges
@@ -49,7 +50,7 @@ STOP_TIMEOUT_S = 2.0
 class Maintenance:
     """One maintenance instance: a leader loop and the component loops it gates."""
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, settings: Settings, *,
                  holder: str | None = None, types: Callable[[str], str] | None = None) -> None:
         queues = LabelGuard()
         self.leader = Leader(store, leader_ttl(settings), holder)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from taskline.metrics import ORDERING_KEYS, ORDERING_QUEUED, LabelGuard
 from taskline.service import Periodic
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class OrderingGauges(Periodic):
 
     name = "ordering"
 
-    def __init__(self, store: Store, settings: Settings, *,
+    def __init__(self, store: MaintenanceStore, settings: Settings, *,
                  queues: LabelGuard | None = None) -> None:
         super().__init__()
         self.store = store

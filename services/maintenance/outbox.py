@@ -47,7 +47,7 @@ from taskline.service import IDLE_POLL_S, Periodic, always, guarded
 from taskline.store import caller
 from taskline.store.queries import channel
 from taskline.store.rows import Owed
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class OutboxRelay(Periodic):
 
     name = "outbox"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, database_url: str | None, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, database_url: str | None, *,
                  backstop_s: float = BACKSTOP_S, page_size: int = PAGE_SIZE,
                  forget_after_s: float = FORGET_AFTER_S,
                  queues: Callable[[str], str] | None = None) -> None:

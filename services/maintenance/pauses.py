@@ -21,7 +21,7 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import valid_queue_name
 from taskline.metrics import QUEUE_PAUSED, QUEUE_PAUSED_SINCE, LabelGuard
 from taskline.service import Periodic
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class PauseMarkers(Periodic):
     def interval_s(self) -> float:
         return INTERVAL_S
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, *,
                  queues: Callable[[str], str] | None = None) -> None:
         super().__init__()
         self.store = store

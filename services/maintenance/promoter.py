@@ -33,7 +33,7 @@ from taskline.mirror import Mirror
 from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.rows import Promoted
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Promoter(Periodic):
 
     name = "promoter"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, settings: Settings, *,
                  page_size: int = PAGE_SIZE, queues: Callable[[str], str] | None = None) -> None:
         super().__init__()
         self.store = store

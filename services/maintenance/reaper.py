@@ -44,7 +44,7 @@ from taskline.mirror import Mirror
 from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.rows import Recovered, turns_passed
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Reaper(Periodic):
 
     name = "reaper"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, settings: Settings, *,
                  page_size: int = PAGE_SIZE, types: Callable[[str], str] | None = None,
                  queues: Callable[[str], str] | None = None) -> None:
         super().__init__()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, StoreUnavailable
 from taskline.service import Periodic
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 from taskline_maintenance.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Rebuilder(Periodic):
 
     name = "rebuilder"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, reconciler: Reconciler, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, reconciler: Reconciler, *,
                  settle_s: float = SETTLE_S) -> None:
         super().__init__()
         self.store = store

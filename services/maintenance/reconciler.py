@@ -76,7 +76,7 @@ from taskline.metrics import (
 )
 from taskline.service import Periodic, always
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class Reconciler(Periodic):
 
     name = "reconciler"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, settings: Settings, *,
                  grace_s: float = GRACE_S, page_size: int = PAGE_SIZE,
                  strand_pause_s: float | None = None,
                  queues: Callable[[str], str] | None = None) -> None:

@@ -59,7 +59,7 @@ from taskline.service import Periodic, always
 from taskline.settings import Settings
 from taskline.store.partitions import horizon_s
 from taskline.store.rows import Deleted
-from taskline.store.store import Store
+from taskline.store.views import MaintenanceStore
 from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class Retention(Periodic):
 
     name = "retention"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, settings: Settings, *,
                  batch_size: int = BATCH_SIZE, active: Callable[[], bool] = always,
                  rest: Callable[[float], object] = time.sleep) -> None:
         super().__init__()

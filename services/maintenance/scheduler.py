@@ -54,7 +54,8 @@ from taskline.schedules import (
 from taskline.service import Periodic
 from taskline.settings import Settings
 from taskline.store.rows import ScheduleRow
-from taskline.store.store import STATEMENT_ERRORS, Store
+from taskline.store.store import STATEMENT_ERRORS
+from taskline.store.views import MaintenanceStore
 from taskline.transitions import ENQUEUE, Committed
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class Scheduler(Periodic):
 
     name = "scheduler"
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, settings: Settings, *,
+    def __init__(self, store: MaintenanceStore, dispatcher: Dispatcher, settings: Settings, *,
                  declarations: Iterable[tuple[str, dict[str, Any]]] = ()) -> None:
         super().__init__()
         self.store = store

@@ -14,7 +14,7 @@ from flask import Flask
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.views import ApiStore
 from taskline_producer.http import auth, listcache, origins, request_metrics, waiting
 from taskline_producer.http.encoder import ResponseEncoder
 from taskline_producer.operations.backends import Backends
@@ -36,7 +36,7 @@ from taskline_producer.routes import (
 from taskline_producer.schemas import errors
 
 
-def create_app(settings: Settings | None = None, store: Store | None = None,
+def create_app(settings: Settings | None = None, store: ApiStore | None = None,
                dispatcher: Dispatcher | None = None, binds: Iterable[str] = ()) -> Flask:
     """The producer API; `settings` default to the environment, `store`/`dispatcher` to new ones.
 

@@ -33,7 +33,7 @@ from taskline.errors import DispatchUnavailable, StoreUnavailable
 from taskline.metrics import DISPATCH_DEGRADED, DISPATCH_SWITCHES
 from taskline.readiness import CHANNEL
 from taskline.store.queries import channel
-from taskline.store.store import Store
+from taskline.store.views import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Listener:
 class DispatchMode:
     """The worker's dispatch mode, switched by its fetch loops and its return probe."""
 
-    def __init__(self, *, store: Store, dispatcher: Dispatcher, database_url: str | None,
+    def __init__(self, *, store: WorkerStore, dispatcher: Dispatcher, database_url: str | None,
                  worker_id: str, queues: Sequence[str], on_return: Callable[[], object],
                  stop: threading.Event) -> None:
         self._store = store

@@ -20,7 +20,7 @@ from taskline.execution.attempts import Attempt
 from taskline.jobs import Status, parse_job_id
 from taskline.mirror import Mirror
 from taskline.store.rows import Settlement
-from taskline.store.store import Store
+from taskline.store.views import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class Handback:
     """Releases leases at shutdown and sweeps fetched-but-unclaimed ids back."""
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, worker_id: str,
+    def __init__(self, store: WorkerStore, dispatcher: Dispatcher, worker_id: str,
                  queues: Sequence[str]) -> None:
         self._store = store
         self._dispatcher = dispatcher

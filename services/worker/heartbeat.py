@@ -16,7 +16,7 @@ from taskline.execution.attempts import Attempts
 from taskline.execution.runner import Runner
 from taskline.metrics import ABANDONED_HANDLERS, BUSY_SLOTS, CLAIMED_AHEAD, EVENT_LOOP_LAG, SLOTS
 from taskline.service import Periodic, guarded
-from taskline.store.store import Store
+from taskline.store.views import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class Heartbeat(Periodic):
 
     name = "heartbeat"
 
-    def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
+    def __init__(self, *, store: WorkerStore, dispatcher: Dispatcher, worker_id: str,
                  period_s: float, attempts: Attempts,
                  runner: Runner | None = None) -> None:
         super().__init__()

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable, StoreUnavailable
 from taskline.metrics import HELD_CLAIMS
-from taskline.store.store import Claimed, Store
+from taskline.store.store import Claimed
+from taskline.store.views import WorkerStore
 from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ RETRY_S = 1.0
 class HeldWork:
     """When to run the budgeted claim, and running it; safe to call from any thread."""
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, worker_id: str,
+    def __init__(self, store: WorkerStore, dispatcher: Dispatcher, worker_id: str,
                  queues: Sequence[str], lease_s: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store

@@ -27,7 +27,8 @@ from taskline.execution.fencing import Fence
 from taskline.metrics import CLAIM_CONFLICTS, PAUSE_HELD, WAIT_TIME, CachedLabels, TypeLabels
 from taskline.service import guarded
 from taskline.settings import Settings
-from taskline.store.store import Claimed, Store
+from taskline.store.store import Claimed
+from taskline.store.views import WorkerStore
 from taskline_worker.degraded import DispatchMode
 from taskline_worker.handback import Handback
 from taskline_worker.held import HeldWork
@@ -81,7 +82,7 @@ class FetchLoop:
     fetches and claims the next batch. Each takes only the slots it reserved.
     """
 
-    def __init__(self, *, store: Store, dispatcher: Dispatcher, worker_id: str,
+    def __init__(self, *, store: WorkerStore, dispatcher: Dispatcher, worker_id: str,
                  queues: Sequence[str], settings: Settings, batch: int, slots: Attempts,
                  fence: Fence, handback: Handback, types: TypeLabels, execute: Execute,
                  hand_off: HandOff, pace: Pace | None = None,

@@ -22,7 +22,7 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import DispatchUnavailable
 from taskline.jobs import REDIS_HOME
 from taskline.readiness import notify
-from taskline.store.store import Store
+from taskline.store.views import ReadyNotifier
 from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class Mirror:
 
     homes = REDIS_HOME
 
-    def __init__(self, dispatcher: Dispatcher, store: Store) -> None:
+    def __init__(self, dispatcher: Dispatcher, store: ReadyNotifier) -> None:
         # Held weakly: the registry below is keyed by the dispatcher, and a strong reference
         # from its value would keep every dispatcher ever mirrored alive.
         self._dispatcher = weakref.ref(dispatcher)
@@ -54,7 +54,7 @@ class Mirror:
         return dispatcher
 
     @classmethod
-    def of(cls, dispatcher: Dispatcher, store: Store) -> Mirror:
+    def of(cls, dispatcher: Dispatcher, store: ReadyNotifier) -> Mirror:
         """The process's one Mirror of `dispatcher`, so an outage is logged once."""
         with _MIRRORS_LOCK:
             mirror = _MIRRORS.get(dispatcher)

@@ -16,17 +16,17 @@ from collections.abc import Iterable
 from taskline.enqueuing import CHANNEL
 from taskline.errors import StoreUnavailable
 from taskline.jobs import Status
-from taskline.store.store import Store
+from taskline.store.views import ReadyNotifier
 from taskline.transitions import Committed
 
 log = logging.getLogger(__name__)
 
-# The one channel that says "jobs of this queue became queued" (queries.sql `notify_ready`
-# and the in-transaction enqueue's insert name it too).
+# The one channel that says "jobs of this queue became queued" (`notify_ready` in
+# store/sql/attempts.sql and the in-transaction enqueue's insert name it too).
 __all__ = ["CHANNEL", "notify"]
 
 
-def notify(store: Store, changes: Iterable[Committed]) -> None:
+def notify(store: ReadyNotifier, changes: Iterable[Committed]) -> None:
     """Notify the queues of the changes that made a job queued (best effort)."""
     queues = sorted({c.queue for c in changes if c.move.target is Status.QUEUED})
     if not queues:

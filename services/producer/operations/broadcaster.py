@@ -27,7 +27,7 @@ from typing import Any
 from taskline.errors import StoreUnavailable
 from taskline.events import Change, Sequencer
 from taskline.metrics import EVENT_STREAM_DROPS, EVENT_STREAMS
-from taskline.store.store import Store
+from taskline.store.views import ApiStore
 from taskline_producer.operations.backends import backends
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class Subscription:
 class Broadcaster:
     """The tail thread and every subscription of this process."""
 
-    def __init__(self, store: Store, *, queue_limit: int, max_streams: int, poll_s: float,
+    def __init__(self, store: ApiStore, *, queue_limit: int, max_streams: int, poll_s: float,
                  gap_wait_s: float) -> None:
         self._store = store
         self.queue_limit = queue_limit

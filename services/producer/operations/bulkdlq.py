@@ -22,7 +22,8 @@ from sqlalchemy import Connection
 
 from taskline.metrics import DLQ_BULK
 from taskline.store.rows import DeadChanged
-from taskline.store.store import DeadFilter, Store
+from taskline.store.store import DeadFilter
+from taskline.store.views import ApiStore
 from taskline_producer.http import auth
 from taskline_producer.operations import auditing
 from taskline_producer.operations.backends import backends
@@ -39,10 +40,10 @@ ACTIONS = ("dlq.retry", "dlq.purge")
 for _action in ACTIONS:  # 0, not "no data", on a dashboard before the first bulk operation
     DLQ_BULK.labels(action=_action)
 
-Batch = Callable[[Store, DeadFilter, uuid.UUID, int, Connection], Sequence[DeadChanged]]
+Batch = Callable[[ApiStore, DeadFilter, uuid.UUID, int, Connection], Sequence[DeadChanged]]
 
 
-def run_batches(store: Store, bulk: BulkRequest, batch: Batch, action: str,
+def run_batches(store: ApiStore, bulk: BulkRequest, batch: Batch, action: str,
                 follow: Callable[[Sequence[DeadChanged]], None]) -> int:
     """Run `batch` until `bulk.limit` jobs are done, a batch comes back short, or the time
     budget is spent; each batch commits with its audit record, then `follow` mirrors it."""
@@ -64,12 +65,12 @@ def run_batches(store: Store, bulk: BulkRequest, batch: Batch, action: str,
     return done
 
 
-def _requeue(store: Store, match: DeadFilter, after: uuid.UUID, size: int,
+def _requeue(store: ApiStore, match: DeadFilter, after: uuid.UUID, size: int,
              conn: Connection) -> Sequence[DeadChanged]:
     return store.requeue_dead_batch(match, after, size, auth.principal().name, conn)
 
 
-def _purge(store: Store, match: DeadFilter, after: uuid.UUID, size: int,
+def _purge(store: ApiStore, match: DeadFilter, after: uuid.UUID, size: int,
            conn: Connection) -> Sequence[DeadChanged]:
     return store.purge_dead(match, after, size, conn, auth.principal().name)
 

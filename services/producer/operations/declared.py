@@ -25,7 +25,7 @@ from taskline.errors import StoreUnavailable
 from taskline.jobspec import FieldError
 from taskline.metrics import OTHER, PAYLOAD_REFUSED, LabelGuard
 from taskline.settings import Settings
-from taskline.store.store import Store
+from taskline.store.views import ApiStore
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Checked:
 class DeclaredTypes:
     """This process's cached view of the declared types: type -> compiled schema validators."""
 
-    def __init__(self, store: Store, settings: Settings, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, store: ApiStore, settings: Settings, refresh_s: float = REFRESH_S) -> None:
         self._store = store
         self._ttl_s = settings.type_ttl_s
         self._reject_unknown = settings.unknown_types == "reject"

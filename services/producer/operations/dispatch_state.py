@@ -15,13 +15,13 @@ from typing import Any
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import dispatch_marker_ms
 from taskline.errors import DispatchUnavailable
-from taskline.store.store import Store
+from taskline.store.views import ApiStore
 
 FRESH_S = 5.0
 """A rebuild marker at most this old, seconds, vouches for Redis."""
 
 
-def dispatch_state(store: Store, dispatcher: Dispatcher) -> dict[str, Any]:
+def dispatch_state(store: ApiStore, dispatcher: Dispatcher) -> dict[str, Any]:
     """`{"mode", "redis", "rebuilt_age_s"}` (openapi.json `DispatchState`)."""
     try:
         marker = dispatcher.dispatch_marker()

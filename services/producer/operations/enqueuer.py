@@ -35,7 +35,8 @@ from taskline.jobspec import JobSpec
 from taskline.log import job_fields as job_log_extra
 from taskline.mirror import Mirror
 from taskline.store import caller
-from taskline.store.store import STATEMENT_ERRORS, Store
+from taskline.store.store import STATEMENT_ERRORS
+from taskline.store.views import ApiStore
 from taskline.transitions import CREATED, Committed
 from taskline_producer.operations.grouping import GroupWriter
 from taskline_producer.operations.job_metrics import JobMetrics
@@ -140,7 +141,7 @@ def due_ms(when: datetime) -> int:
 class Enqueuer:
     """Inserts jobs with their first events, commits, then makes the new ones dispatchable."""
 
-    def __init__(self, store: Store, dispatcher: Dispatcher, metrics: JobMetrics,
+    def __init__(self, store: ApiStore, dispatcher: Dispatcher, metrics: JobMetrics,
                  max_payload_bytes: int = 1_048_576) -> None:
         self._store = store
         self._max_bytes = max_payload_bytes

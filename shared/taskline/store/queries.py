@@ -1,10 +1,13 @@
-"""Loads the named SQL in queries.sql once per schema.
+"""Loads the named SQL of the files in sql/ (one per aggregate) once per schema.
 
-`-- name: x` starts a block; the comment line after it describes the query. A block named
-`..._tail` is not a statement: see COMPOSED. Nor is one named `..._ctes`: a fragment of CTEs
-that statements take in where a line reads `-- include: <name>`, so it is written once.
+Every `*.sql` file of taskline/store/sql is loaded, and a query name is unique across them
+(loading fails on a name defined twice), so a statement is found by its name alone and a
+file holds the statements of one aggregate. `-- name: x` starts a block; the comment line
+after it describes the query. A block named `..._tail` is not a statement: see COMPOSED. Nor
+is one named `..._ctes`: a fragment of CTEs that statements take in where a line reads
+`-- include: <name>`, so it is written once (in any file).
 
-Every relation in queries.sql is written qualified by the default schema (`taskline.jobs`)
+Every relation in the SQL files is written qualified by the default schema (`taskline.jobs`)
 and every notification channel with its name (`'taskline_enqueued'`); loading for another
 TASKLINE_SCHEMA rewrites both, so each statement names the schema itself and none depends on
 a connection's `search_path` (an application's connection, or one behind a transaction
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from importlib import resources
 
 from sqlalchemy import TextClause, text
@@ -43,12 +47,38 @@ def in_schema(sql: str, schema: str) -> str:
     return _CHANNEL.sub(lambda m: f"'{channel(schema, m.group(1))}'", sql)
 
 
+def sql_files() -> dict[str, str]:
+    """{file name: text} of the packaged SQL files (taskline/store/sql/*.sql), by name."""
+    folder = resources.files("taskline.store").joinpath("sql")
+    found = (entry for entry in folder.iterdir() if entry.name.endswith(".sql"))
+    return {entry.name: entry.read_text() for entry in sorted(found, key=lambda e: e.name)}
+
+
+def packaged_sql() -> str:
+    """The text of every packaged SQL file, one after the other (what load_queries parses)."""
+    return "\n".join(sql_files().values())
+
+
+def query_files(files: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{query name: the file defining it} over `files` (default: the packaged ones); a
+    ValueError naming both files when a name is defined in two."""
+    where: dict[str, str] = {}
+    for file, source in (sql_files() if files is None else files).items():
+        for name in _NAME.findall(source):
+            if name in where:
+                raise ValueError(f"query {name!r} is defined in {where[name]} and in {file}")
+            where[name] = file
+    return where
+
+
 def load_queries(source: str | None = None,
                  schema: str = DEFAULT_SCHEMA) -> dict[str, TextClause]:
-    """Parse `source` (default: the packaged queries.sql) into named, compiled statements for
-    the installation in `schema`."""
+    """Parse `source` (default: the packaged SQL files, none defining a name another defines)
+    into named, compiled statements for the installation in `schema`."""
     if source is None:
-        source = resources.files("taskline.store").joinpath("queries.sql").read_text()
+        files = sql_files()
+        query_files(files)
+        source = "\n".join(files.values())
     parts = _NAME.split(source)
     queries: dict[str, TextClause] = {}
     blocks = list(zip(parts[1::2], parts[2::2], strict=True))

@@ -35,7 +35,7 @@ class Settlement:
     `settle_releasing` (settle and the release in one statement)."""
 
     def to_input(self, *, lapsed: bool) -> dict[str, Any]:
-        """The settle statement's input row (see queries.sql `settle`)."""
+        """The settle statement's input row (see store/sql/attempts.sql `settle`)."""
         t, move = self.transition, self.transition.move
         return {"lease_id": self.lease_id, "worker_id": self.worker_id,
                 "status": move.target.value, "outcome": t.outcome.value if t.outcome else None,

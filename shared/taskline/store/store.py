@@ -1,6 +1,6 @@
 """The store: the one class that runs taskline's SQL against PostgreSQL, and its jobs' statements.
 
-Method names are the query names in queries.sql. Each method is one statement, run alone in
+Method names are the query names of store/sql. Each method is one statement, run alone in
 autocommit (one round trip) unless the caller passes a connection of its own transaction.
 Driver errors that mean "PostgreSQL is unreachable" become StoreUnavailable here, so services
 never catch driver exceptions.
@@ -168,7 +168,7 @@ each, not its sixth (psycopg's default threshold). Until prepared, every run is 
 rewritten and planned anew, and the settle-and-release statement expands views into a plan
 that took about as long to make as to run: a worker's connections are new after every start
 and every hour (pool_recycle), and a chain's handoffs on a new worker took twice as long
-(docs/performance.md). Each is one fixed text of queries.sql, so the prepared set is bounded."""
+(docs/performance.md). Each is one fixed text of store/sql, so the prepared set is bounded."""
 
 
 @functools.cache
