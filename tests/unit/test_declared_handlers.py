@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypedDict
 
 from taskline.errors import InvalidJob, NonRetryableError
@@ -67,6 +67,21 @@ def test_each_payload_kind_validates_into_an_instance_and_dumps_to_json() -> Non
     assert PayloadModel(Resize).dump(Resize("b.png", 10)) == {"image": "b.png", "width": 10}
     assert PayloadModel(Ping).validate({"host": "db1"}) == {"host": "db1"}
     assert PayloadModel(Ping).schema["required"] == ["host"]
+
+
+class Deferred(BaseModel):
+    """A model whose validator pydantic builds only when first needed."""
+
+    model_config = ConfigDict(defer_build=True)
+    size: int
+
+
+def test_a_model_built_late_validates_and_names_a_bad_field() -> None:
+    deferred = PayloadModel(Deferred)
+    assert deferred.validate({"size": "3"}) == Deferred(size=3)
+    with pytest.raises(InvalidJob) as caught:
+        deferred.validate({"size": "big"})
+    assert [e["field"] for e in caught.value.errors] == ["payload.size"]
 
 
 @dataclass

@@ -35,7 +35,7 @@ class PayloadModel(Generic[T]):
         if refusal is not None:
             raise TypeError(f"payload={model!r}: {refusal}")
         try:
-            from pydantic import PydanticUserError, TypeAdapter
+            from pydantic import PydanticUserError, TypeAdapter, ValidationError
         except ImportError:
             raise ImportError(f"payload={model.__name__}: {INSTALL_HINT}") from None
         self.model = model
@@ -44,15 +44,18 @@ class PayloadModel(Generic[T]):
             self.schema: dict[str, Any] = self._adapter.json_schema()
         except PydanticUserError as err:  # a field type with no JSON form, typing.TypedDict ...
             raise TypeError(f"payload={model.__name__}: {err}") from None
+        # pydantic-core's compiled validator, bound once (built by json_schema() above): a
+        # worker validates every declared job's payload, and TypeAdapter.validate_python adds
+        # a Python call with eight keyword arguments in front of it; no import per call.
+        self._validate_python: Any = self._adapter.validator.validate_python
+        self._invalid: Any = ValidationError
 
     def validate(self, payload: Any, field: str = "payload") -> T:
         """`payload` (JSON, or an instance of the model) as the model; InvalidJob naming each
         bad field (`payload.address.zip`) otherwise."""
-        from pydantic import ValidationError
-
         try:
-            return self._adapter.validate_python(payload)  # type: ignore[no-any-return]
-        except ValidationError as err:
+            return self._validate_python(payload)  # type: ignore[no-any-return]
+        except self._invalid as err:
             raise InvalidJob([{"field": _location(field, e["loc"]), "message": e["msg"]}
                               for e in err.errors()]) from None
 
