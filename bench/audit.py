@@ -153,18 +153,34 @@ def _audit(stack: Stack) -> dict[str, Any]:
             "cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_mib": usage.ru_maxrss / 1024}
 
 
-def scaling(stack: Stack, sizes: list[int], keep: Path | None = None,
+def scaling(stack: Stack, sizes: list[int], keep: list[Path] | None = None,
             seed_only: bool = False) -> dict[str, Any]:
-    """The audit at each of `sizes` jobs (ascending), on one growing history (kept in `keep`
-    when given; `seed_only` builds it without auditing), and the linearity: the time per
-    million at the largest size over that at the smallest."""
-    if keep is None:
-        return _scaling(stack, sizes, seed_only)
-    with kept_stack(keep, stack.redis_url) as kept:
-        return _scaling(kept, sizes, seed_only)
+    """The audit at each of `sizes` jobs (ascending) on one growing history, kept in `keep`
+    when it names one directory; when it names one per size, each size's history is the one
+    kept in its directory (snapshots of one growing history). `seed_only` builds without
+    auditing. The linearity is the time per million at the largest size over the smallest's."""
+    if not keep:
+        return _linearity(_scaling(stack, sizes, seed_only))
+    if len(keep) == 1:
+        with kept_stack(keep[0], stack.redis_url) as kept:
+            return _linearity(_scaling(kept, sizes, seed_only))
+    runs = []
+    for size, directory in zip(sizes, keep, strict=True):
+        with kept_stack(directory, stack.redis_url) as kept:
+            runs += _scaling(kept, [size], seed_only)
+    return _linearity(runs)
 
 
-def _scaling(stack: Stack, sizes: list[int], seed_only: bool) -> dict[str, Any]:
+def _linearity(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"runs": runs}
+    if len(runs) > 1:
+        out["linearity"] = runs[-1]["s_per_million"] / runs[0]["s_per_million"]
+        print(f"audit_verify linearity (s per million at {runs[-1]['jobs']:,} / at "
+              f"{runs[0]['jobs']:,}): {out['linearity']:.2f}", flush=True)
+    return out
+
+
+def _scaling(stack: Stack, sizes: list[int], seed_only: bool) -> list[dict[str, Any]]:
     template = _kept_template(stack) or _template(stack)
     statement = _copy_statement(stack)
     runs = []
@@ -180,9 +196,4 @@ def _scaling(stack: Stack, sizes: list[int], seed_only: bool) -> dict[str, Any]:
         print(f"audit_verify {run['jobs']:>10,} jobs  {run['wall_s']:7.1f} s wall  "
               f"{run['cpu_s']:7.1f} s CPU  {run['max_rss_mib']:6.0f} MiB peak  "
               f"{run['s_per_million']:5.1f} s per million", flush=True)
-    out: dict[str, Any] = {"runs": runs}
-    if len(runs) > 1:
-        out["linearity"] = runs[-1]["s_per_million"] / runs[0]["s_per_million"]
-        print(f"audit_verify linearity (s per million at {runs[-1]['jobs']:,} / at "
-              f"{runs[0]['jobs']:,}): {out['linearity']:.2f}", flush=True)
-    return out
+    return runs
