@@ -15,7 +15,10 @@ its setting was in force; no two jobs of one queue and ordering key ever held le
 
 `verify(reader, ...)` walks the history a page at a time (each page one consistent snapshot,
 paged by creation time and id), so its memory is a page's, plus the leases of jobs with an
-ordering key (their key's other jobs may lie on any page), and its work linear in jobs.
+ordering key (their key's other jobs may lie on any page) and at most CLEAN_SHAPES job shapes,
+and its work linear in jobs. Most jobs of a history take one of a few paths: once the rules
+about one job found nothing wrong with a job of some shape (`Page`), a job of the same shape is
+neither judged nor are its events and leases read again, only summarised.
 """
 
 from __future__ import annotations
