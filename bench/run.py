@@ -15,6 +15,7 @@ client's CPU per enqueue (bench/producers.py). See docs/performance.md.
 Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--no-peers]
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
            [--soak-s S] [--soak-window-s S] [--soak-sample-s S] [--soak-pairs N]
+           [--audit-sizes N,...] [--audit-keep DIR[,DIR...]] [--audit-seed-only]
            [--out bench-results/latest.json]
 `--only unique` runs the four unique and debounce scenarios (bench/uniques.py) with the plain
 single and batch enqueues they are read beside.
@@ -32,8 +33,11 @@ Redis Cluster it starts from `redis-server` (bench/clustered.py), in interleaved
 enqueue rate and job reads' p99 beside them against a quiet run, then the wake-up delay from
 each job's finishing commit to its waiter's answer (bench/waiting.py).
 `--only audit_verify` (only when named) builds a history of 250,000, 500,000 and 1,000,000 jobs
-(1, 5 and 10 million with --big) by copying a template of 1,000 jobs run by a worker, and times
-`taskline audit verify` over each with its CPU and peak memory (bench/audit.py).
+(1, 5 and 10 million with --big; any with --audit-sizes) by copying a template of 1,000 jobs run
+by a worker, and times `taskline audit verify` over each with its CPU and peak memory, and the
+linearity (bench/audit.py). `--audit-keep DIR` keeps that history's PostgreSQL cluster in DIR
+(`DIR,DIR,...`: one per size), so `--audit-seed-only` can build it beside other work and a
+later run times only the audits.
 `ordering_keys` drains no-op jobs over 100 ordering keys and without keys (2 x 16 slots) in
 interleaved pairs and prints keyed / plain (bench/ordering.py).
 `drain_redis_down` runs 2-worker drains with Redis and with Redis unreachable (dispatch from
@@ -353,6 +357,13 @@ def parse_args() -> argparse.Namespace:
                         help="retention soak: seconds between table samples")
     parser.add_argument("--soak-pairs", type=int, default=5,
                         help="retention on/off drain pairs")
+    parser.add_argument("--audit-sizes", default="",
+                        help="audit_verify: comma-separated history sizes in jobs")
+    parser.add_argument("--audit-keep", default="",
+                        help="audit_verify: a directory keeping the history's PostgreSQL "
+                             "(or one per size, comma-separated)")
+    parser.add_argument("--audit-seed-only", action="store_true",
+                        help="audit_verify: build the history to the sizes, audit nothing")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "latest.json"))
     return parser.parse_args()
 
@@ -451,7 +462,11 @@ def only_when_named(stack: Stack, args: argparse.Namespace, only: set[str],
     if "audit_verify" in only:  # minutes per million jobs, most of it building the history
         sizes = [1_000_000, 5_000_000, 10_000_000] if args.big else [250_000, 500_000,
                                                                      1_000_000]
-        results["audit_verify"] = audit.scaling(stack, sizes)
+        if args.audit_sizes:
+            sizes = sorted(int(n) for n in args.audit_sizes.split(","))
+        results["audit_verify"] = audit.scaling(
+            stack, sizes, [Path(d) for d in args.audit_keep.split(",") if d],
+            args.audit_seed_only)
 
 
 def redis_down(stack: Stack, args: argparse.Namespace, only: set[str],

@@ -15,14 +15,17 @@ its setting was in force; no two jobs of one queue and ordering key ever held le
 
 `verify(reader, ...)` walks the history a page at a time (each page one consistent snapshot,
 paged by creation time and id), so its memory is a page's, plus the leases of jobs with an
-ordering key (their key's other jobs may lie on any page), and its work linear in jobs.
+ordering key (their key's other jobs may lie on any page) and at most CLEAN_SHAPES job shapes,
+and its work linear in jobs. Most jobs of a history take one of a few paths: once the rules
+about one job found nothing wrong with a job of some shape (`Page`), a job of the same shape is
+neither judged nor are its events and leases read again, only summarised.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
@@ -33,6 +36,9 @@ from taskline.transitions import MOVES, TABLE, status_after
 
 PAGE_JOBS = 1000
 """Jobs per page: one page's jobs, events and leases are held at once."""
+CLEAN_SHAPES = 10_000
+"""Job shapes (`Page`) remembered as judged clean: a history has a handful (the few paths a
+job takes), and the bound keeps memory flat whatever the history holds."""
 RULES = ("lease_overlap", "terminal_outcome", "illegal_sequence", "step_before_parents",
          "flow_limit", "ordering_overlap")
 
@@ -56,7 +62,14 @@ class Violation:
 class Page:
     """One snapshot of a page of jobs: their rows, events and leases (each in id order), the
     parents of the workflow steps among them, and those parents' events that may end them
-    (success, death, cancellation, a recovery into dead)."""
+    (success, death, cancellation, a recovery into dead).
+
+    A job row may carry a `shape`: a value equal for two jobs only when the rules about one
+    job alone read the same of both (status, attempts, each event's name and recorded state
+    and each lease's attempt, outcome and openness, in order), so of a job with at most one
+    lease (with two, those rules also compare the leases' times; its shape is None). A job
+    whose shape the caller already judged clean comes without its events and leases, unless
+    it is a workflow step or has an ordering key (whose rules read more)."""
 
     jobs: list[Mapping[str, Any]]
     events: Mapping[str, list[Mapping[str, Any]]] = field(default_factory=dict)
@@ -81,7 +94,8 @@ class Setting:
 class Reader(Protocol):
     """What the audit reads (taskline.store.history.HistoryReader over PostgreSQL)."""
 
-    def pages(self, since: datetime | None, size: int) -> Iterator[Page]: ...
+    def pages(self, since: datetime | None, size: int,
+              known: Container[Hashable] = ...) -> Iterator[Page]: ...
 
     def limit_settings(self, since: datetime | None) -> list[Setting]: ...
 
@@ -269,16 +283,24 @@ def _no_later(first: Mapping[str, Any], then: Mapping[str, Any]) -> bool:
         first.get("xid") is not None and first.get("xid") == then.get("xid"))
 
 
-def page_violations(page: Page) -> list[Violation]:
-    """Every rule about the jobs of one page."""
+def page_violations(page: Page, clean: set[Hashable] | None = None) -> list[Violation]:
+    """Every rule about the jobs of one page. With `clean`, a job whose shape is in it is not
+    judged again by the rules about one job (they would read the same and find nothing), and
+    the shape of each job they find nothing wrong with is added (up to CLEAN_SHAPES)."""
     found: list[Violation] = []
     for job in page.jobs:
         job_id = str(job["id"])
         events = page.events.get(job_id, [])
-        found += job_violations(job, events, page.leases.get(job_id, []))
         if job_id in page.parents:
             found += [Violation("step_before_parents", job_id, m) for m in step_problems(
                 events, page.parents[job_id], page.finishes, job.get("run_when"))]
+        shape = job.get("shape")
+        if clean is not None and shape is not None and shape in clean:
+            continue
+        mine = job_violations(job, events, page.leases.get(job_id, []))
+        found += mine
+        if clean is not None and shape is not None and not mine and len(clean) < CLEAN_SHAPES:
+            clean.add(shape)
     return found
 
 
@@ -418,9 +440,10 @@ def verify(reader: Reader, since: datetime | None = None, page_size: int = PAGE_
     stats = {} if stats is None else stats
     stats.update(jobs=0, limit_settings=0)
     keyed: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
-    for page in reader.pages(since, page_size):
+    clean: set[Hashable] = set()  # shapes judged clean, whose jobs' rows need no reading
+    for page in reader.pages(since, page_size, clean):
         stats["jobs"] += len(page.jobs)
-        yield from page_violations(page)
+        yield from page_violations(page, clean)
         _keyed_leases(page, keyed)
     for leases in keyed.values():
         yield from ordering_overlaps(leases)

@@ -284,3 +284,26 @@ def test_pages_walk_every_job_once_in_creation_order(store, dispatcher):
     assert seen == sorted(seen, key=lambda i: (created[i], uuid.UUID(i)))
     assert all(page.leases[job["id"]] and page.events[job["id"]]
                for page in pages for job in page.jobs)
+
+
+def test_a_job_of_a_shape_judged_clean_comes_without_its_rows(store, dispatcher):
+    first, second = (str(run_one(store, dispatcher)) for _ in range(2))
+    (page,) = HistoryReader(store.engine, store.schema).pages(None, 10)
+    shapes = {job["id"]: job["shape"] for job in page.jobs}
+    assert shapes[first] == shapes[second] is not None  # the same path: enqueued, claimed, won
+    (page,) = HistoryReader(store.engine, store.schema).pages(None, 10, {shapes[first]})
+    assert first not in page.events and first not in page.leases
+    assert [job["id"] for job in page.jobs] == [first, second]
+
+
+def test_a_violation_after_many_clean_jobs_of_its_path_is_still_found(
+        store, dispatcher, settings, capsys, monkeypatch):
+    """The clean jobs before it teach the audit their shape (their rows are then skipped);
+    the planted job's lease recorded another end, so its shape is new."""
+    for _ in range(4):
+        run_one(store, dispatcher)
+    job_id = run_one(store, dispatcher)
+    sql(store, "UPDATE taskline.job_leases SET outcome = 'lost' WHERE job_id = :id", id=job_id)
+    reader = HistoryReader(store.engine, store.schema)
+    assert {(v.rule, v.job_id) for v in verify(reader, page_size=1)} == {
+        ("terminal_outcome", str(job_id))}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Hashable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +39,14 @@ def _by_job(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         out[row["job_id"]].append(row)
+    return out
+
+
+def _grouped(rows: list[tuple[Any, ...]]) -> dict[str, list[tuple[Any, ...]]]:
+    """Rows whose first column is a job id, the rest of each grouped by that id, in order."""
+    out: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in rows:
+        out[row[0]].append(row[1:])
     return out
 
 
@@ -70,25 +78,29 @@ class HistoryReader:
         with translate_errors(), self.engine.connect() as conn:
             return self._run(conn, "database_now")[0].now
 
-    def pages(self, since: datetime | None, size: int) -> Iterator[Page]:
-        """Pages of up to `size` jobs created since `since`, oldest first. The next page is
-        read while the caller judges this one (one page ahead, so at most two are held)."""
+    def pages(self, since: datetime | None, size: int,
+              known: Container[Hashable] = frozenset()) -> Iterator[Page]:
+        """Pages of up to `size` jobs created since `since`, oldest first; a job whose shape is
+        in `known` (and that is no workflow step and has no ordering key) comes without its
+        events and leases. The next page is read while the caller judges this one (one page
+        ahead, so at most two are held)."""
         start = since or FAR_PAST
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-read") as ahead:
-            page = self._read(start, (start, NIL), size)
+            page = self._read(start, (start, NIL), size, known)
             while page.jobs:
                 last = page.jobs[-1]
                 upcoming = ahead.submit(self._read, start, (last["created_at"], last["id"]),
-                                        size)
+                                        size, known)
                 yield page
                 page = upcoming.result()
 
-    def _read(self, since: datetime, after: tuple[datetime, str], size: int) -> Page:
+    def _read(self, since: datetime, after: tuple[datetime, str], size: int,
+              known: Container[Hashable]) -> Page:
         with translate_errors(), self._snapshot() as conn, conn.begin():
-            return self._page(conn, since, after, size)
+            return self._page(conn, since, after, size, known)
 
     def _page(self, conn: Connection, since: datetime, after: tuple[datetime, str],
-              size: int) -> Page:
+              size: int, known: Container[Hashable]) -> Page:
         jobs = self._rows(conn, "audit_jobs_page", since=since, after_created=after[0],
                           after_id=after[1], limit=size)
         if not jobs:
@@ -97,12 +109,35 @@ class HistoryReader:
         parents: dict[str, list[str]] = defaultdict(list)
         for row in self._rows(conn, "audit_parents_of", ids=ids):
             parents[row["child_id"]].append(row["parent_id"])
+        self._shape(conn, jobs, ids)
+        wanted = [job["id"] for job in jobs if job["shape"] not in known
+                  or job["ordering_key"] is not None or job["id"] in parents]
         every_parent = sorted({p for ps in parents.values() for p in ps})
         finishes = _by_job(self._rows(conn, "audit_finishes_of", ids=_id_array(every_parent))
                            if every_parent else [])
+        if not wanted:
+            return Page(jobs=jobs, parents=parents, finishes=finishes)
+        ids = _id_array(wanted)
         return Page(jobs=jobs, events=_by_job(self._rows(conn, "audit_events_of", ids=ids)),
                     leases=_by_job(self._rows(conn, "audit_leases_of", ids=ids)),
                     parents=parents, finishes=finishes)
+
+    def _tuples(self, conn: Connection, query: str, **params: Any) -> list[tuple[Any, ...]]:
+        """A page statement's rows as tuples (built in psycopg's C code, no dict per row)."""
+        driver = conn.connection.driver_connection
+        with translate_driver_errors(driver), driver.cursor() as cursor:
+            return cursor.execute(driver_sql(query, self.schema), params).fetchall()
+
+    def _shape(self, conn: Connection, jobs: list[dict[str, Any]], ids: str) -> None:
+        """Set each job's `shape` (taskline.audit_verify.Page): its status, attempts and what
+        the rules about one job read of its events and leases, in order; None for a job with
+        more than one lease (whose leases' times those rules compare)."""
+        events = _grouped(self._tuples(conn, "audit_event_shapes_of", ids=ids))
+        leases = _grouped(self._tuples(conn, "audit_lease_shapes_of", ids=ids))
+        for job in jobs:
+            mine = leases.get(job["id"], ())
+            job["shape"] = None if len(mine) > 1 else (
+                job["status"], job["attempts"], tuple(events.get(job["id"], ())), tuple(mine))
 
     def limit_settings(self, since: datetime | None) -> list[Setting]:
         """Every flow limit setting in force at some time since `since`."""

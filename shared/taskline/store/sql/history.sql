@@ -32,6 +32,21 @@ SELECT job_id::text AS job_id, id, attempt, worker_id, leased_at, leased_until, 
 FROM taskline.job_leases l WHERE l.job_id = ANY(CAST(:ids AS uuid[]))
 ORDER BY l.job_id, l.id;
 
+-- name: audit_event_shapes_of
+-- What the audit's rules about one job read of the events of the jobs :ids (each event's name
+-- and the state its row records), grouped by job, each job's in id order (taskline.audit_verify,
+-- a job's "shape"): three short columns, cheap to decode, where a whole event row is not.
+SELECT e.job_id::text AS job_id, e.event, e.detail ->> 'status' AS recorded
+FROM taskline.job_events e WHERE e.job_id = ANY(CAST(:ids AS uuid[]))
+ORDER BY e.job_id, e.id;
+
+-- name: audit_lease_shapes_of
+-- What those rules read of the leases of the jobs :ids (attempt, outcome, whether still open),
+-- grouped by job, each job's in id order.
+SELECT l.job_id::text AS job_id, l.attempt, l.outcome, l.released_at IS NULL AS open
+FROM taskline.job_leases l WHERE l.job_id = ANY(CAST(:ids AS uuid[]))
+ORDER BY l.job_id, l.id;
+
 -- name: audit_parents_of
 -- The parents of those of the jobs :ids that are workflow steps with parents.
 SELECT child_id::text AS child_id, parent_id::text AS parent_id FROM taskline.job_dependencies
