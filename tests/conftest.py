@@ -1,7 +1,8 @@
-"""Shared fixtures: real PostgreSQL and Redis, isolated per test.
+"""Shared fixtures: real PostgreSQL and Redis, isolated per test (or per module).
 
-Each test gets its own database cloned from a migrated template (CREATE DATABASE ... TEMPLATE)
-and a Redis logical database flushed before and after it; the environment is stripped of
+Each test gets its own database cloned from a migrated template (CREATE DATABASE ... TEMPLATE),
+unless its module shares one (tests/integration/conftest.py: module_settings), and a Redis
+logical database flushed before and after it; the environment is stripped of
 TASKLINE_* so a developer's shell never leaks into a test. Servers default to the local ones
 and can be pointed elsewhere with TEST_DATABASE_URL (an admin connection) and TEST_REDIS_URL.
 """
