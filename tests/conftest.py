@@ -1,7 +1,8 @@
-"""Shared fixtures: real PostgreSQL and Redis, isolated per test.
+"""Shared fixtures: real PostgreSQL and Redis, isolated per test (or per module).
 
-Each test gets its own database cloned from a migrated template (CREATE DATABASE ... TEMPLATE)
-and a Redis logical database flushed before and after it; the environment is stripped of
+Each test gets its own database cloned from a migrated template (CREATE DATABASE ... TEMPLATE),
+unless its module shares one (tests/integration/conftest.py: module_settings), and a Redis
+logical database flushed before and after it; the environment is stripped of
 TASKLINE_* so a developer's shell never leaks into a test. Servers default to the local ones
 and can be pointed elsewhere with TEST_DATABASE_URL (an admin connection) and TEST_REDIS_URL.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -56,26 +58,43 @@ def template_db() -> Iterator[str]:
     _admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-@pytest.fixture
-def database_url(template_db: str) -> Iterator[str]:
+@contextmanager
+def cloned_database(template: str) -> Iterator[str]:
+    """A new database cloned from `template`, dropped on exit; yields its URL."""
     name = f"taskline_t_{uuid.uuid4().hex[:12]}"
     _admin(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name),
-                                                           sql.Identifier(template_db)))
-    yield db_url(name)
-    _admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                                                           sql.Identifier(template)))
+    try:
+        yield db_url(name)
+    finally:
+        _admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture
-def redis_url() -> Iterator[str]:
+def database_url(template_db: str) -> Iterator[str]:
+    with cloned_database(template_db) as url:
+        yield url
+
+
+def flush_redis() -> None:
     client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    yield REDIS_URL
     client.flushdb()
     client.close()
 
 
 @pytest.fixture
+def redis_url() -> Iterator[str]:
+    flush_redis()
+    yield REDIS_URL
+    flush_redis()
+
+
+@pytest.fixture
 def settings(database_url: str, redis_url: str) -> Settings:
+    return short_settings(database_url, redis_url)
+
+
+def short_settings(database_url: str, redis_url: str) -> Settings:
     """Production defaults with durations shortened so tests finish quickly."""
     return Settings.from_env(
         env={}, database_url=database_url, redis_url=redis_url, lease_s=3.0, heartbeat_s=0.5,

@@ -14,12 +14,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import requests
+
 from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.jobs import Job
 from taskline.settings import Settings
 from taskline.store.rows import Settled, Settlement
 from taskline.store.store import Store
+from taskline_cli.localservers import free_port
 
 T = TypeVar("T")
 
@@ -107,6 +110,24 @@ def service(args: list[str], env: dict[str, str], log_dir: Path) -> Iterator[sub
             yield proc
         finally:
             stop_process(proc)
+
+
+def start_api(settings: Settings, log_dir: Path, **env: str) -> Iterator[str]:
+    """Run `taskline api` on a free loopback port until the caller is done; yield its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with service(["api", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+                 service_env(settings, **env), log_dir) as proc:
+
+        def answering() -> bool:
+            assert proc.poll() is None, f"taskline api exited; see {log_dir}"
+            try:
+                return requests.get(url + "/healthz", timeout=1).ok
+            except requests.RequestException:  # refused, or still booting under load
+                return False
+
+        wait_for(answering, timeout=30, interval=0.1, message="taskline api to answer")
+        yield url
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -1,23 +1,27 @@
 """`taskline schedules list|set|delete` and `taskline dlq retry|purge` with filters, and the
-client methods behind them, against a real `taskline api` subprocess."""
+client methods behind them, against a real `taskline api` subprocess. The tests share one
+database and one API (tests/integration/conftest.py); each deletes the schedules it made."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from taskline.client import Client, ClientError
 from taskline.settings import Settings
 from tests.integration.test_cli_client import taskline
-from tests.integration.test_client_api import make_dead, start_api
+from tests.integration.test_client_api import make_dead
 
 
 @pytest.fixture
-def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
-    yield from start_api(settings, tmp_path / "logs")
+def settings(module_settings: Settings, redis_url: str) -> Settings:
+    return module_settings
+
+
+@pytest.fixture
+def api_url(module_api_url: str, redis_url: str) -> str:
+    return module_api_url
 
 
 def test_schedules_set_list_delete(api_url: str) -> None:

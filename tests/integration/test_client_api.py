@@ -2,6 +2,8 @@
 
 Dead jobs and live workers are produced the way a worker produces them (claim, fail, dead-letter;
 register), through the library's Store and Dispatcher, so these tests need no worker process.
+The tests share one database and one API (tests/integration/conftest.py), so each names its
+queues apart where it asserts on a whole list.
 """
 
 from __future__ import annotations
@@ -11,40 +13,25 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
 from taskline import JobCancelled, JobFailed
 from taskline.client import Client, ClientError
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-from taskline_cli.localservers import free_port
-from tests.helpers import enqueue, fail, service, service_env, wait_for
+from tests.helpers import enqueue, fail, start_api
 
 WORKER = "client-test-worker"
 
 
-def start_api(settings: Settings, log_dir: Path, **env: str) -> Iterator[str]:
-    """Run `taskline api` on a free loopback port until the caller is done; yield its URL."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with service(["api", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
-                 service_env(settings, **env), log_dir) as proc:
-
-        def answering() -> bool:
-            assert proc.poll() is None, f"taskline api exited; see {log_dir}"
-            try:
-                return requests.get(url + "/healthz", timeout=1).ok
-            except requests.RequestException:  # refused, or still booting under load
-                return False
-
-        wait_for(answering, timeout=30, interval=0.1, message="taskline api to answer")
-        yield url
+@pytest.fixture
+def settings(module_settings: Settings, redis_url: str) -> Settings:
+    return module_settings
 
 
 @pytest.fixture
-def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
-    yield from start_api(settings, tmp_path / "logs")
+def api_url(module_api_url: str, redis_url: str) -> str:
+    return module_api_url
 
 
 @pytest.fixture
@@ -77,13 +64,13 @@ def test_enqueue_get_and_list(client: Client) -> None:
 
 
 def test_replayed_enqueue_returns_the_same_job(client: Client) -> None:
-    first = client.enqueue("echo", {"n": 1}, idempotency_key="order-7")
-    again = client.enqueue("echo", {"n": 1}, idempotency_key="order-7")
+    first = client.enqueue("echo", {"n": 1}, queue="replays", idempotency_key="order-7")
+    again = client.enqueue("echo", {"n": 1}, queue="replays", idempotency_key="order-7")
     assert again["id"] == first["id"]
     with pytest.raises(ClientError) as info:
-        client.enqueue("echo", {"n": 2}, idempotency_key="order-7")
+        client.enqueue("echo", {"n": 2}, queue="replays", idempotency_key="order-7")
     assert (info.value.status, info.value.code) == (422, "idempotency_key_reused")
-    assert len(client.list()["jobs"]) == 1
+    assert len(client.list(queue="replays")["jobs"]) == 1
 
 
 def test_delayed_job_is_scheduled(client: Client) -> None:
@@ -92,10 +79,10 @@ def test_delayed_job_is_scheduled(client: Client) -> None:
 
 
 def test_list_pages_with_the_cursor(client: Client) -> None:
-    ids = {client.enqueue("echo", {"i": i})["id"] for i in range(3)}
-    first = client.list(limit=2)
+    ids = {client.enqueue("echo", {"i": i}, queue="pages")["id"] for i in range(3)}
+    first = client.list(queue="pages", limit=2)
     assert len(first["jobs"]) == 2 and first["next_cursor"]
-    second = client.list(limit=2, cursor=first["next_cursor"])
+    second = client.list(queue="pages", limit=2, cursor=first["next_cursor"])
     assert second["next_cursor"] is None
     assert {j["id"] for j in first["jobs"] + second["jobs"]} == ids
 

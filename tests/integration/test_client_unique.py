@@ -1,24 +1,21 @@
 """Unique jobs and debounce through `Client`, `AsyncClient` and `taskline enqueue` against a
-real API subprocess."""
+real API subprocess. The tests share one database and one API (tests/integration/conftest.py),
+so each uses keys of its own."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from taskline.client import AsyncClient, Client, ClientError
-from taskline.settings import Settings
 from tests.integration.test_cli_client import taskline
-from tests.integration.test_client_api import start_api
 
 
 @pytest.fixture
-def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
-    yield from start_api(settings, tmp_path / "logs")
+def api_url(module_api_url: str, redis_url: str) -> str:
+    return module_api_url
 
 
 def test_client_unique_and_debounce(api_url: str) -> None:

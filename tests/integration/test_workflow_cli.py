@@ -1,10 +1,10 @@
 """`taskline workflow submit | status | cancel` and the Python client's workflow methods,
-against a real `taskline api` subprocess."""
+against a real `taskline api` subprocess. The tests share one database and one API
+(tests/integration/conftest.py), so each picks out the workflows it submitted."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +12,6 @@ import pytest
 from taskline.client import Client, ClientError
 from taskline.settings import Settings
 from tests.integration.test_cli_client import taskline
-from tests.integration.test_client_api import start_api
 
 REPORT = {"name": "report", "steps": [
     {"id": "fetch", "job": {"type": "echo"}},
@@ -23,8 +22,20 @@ REPORT = {"name": "report", "steps": [
 
 
 @pytest.fixture
-def api_url(settings: Settings, tmp_path: Path) -> Iterator[str]:
-    yield from start_api(settings, tmp_path / "logs")
+def settings(module_settings: Settings, redis_url: str) -> Settings:
+    return module_settings
+
+
+@pytest.fixture
+def api_url(module_api_url: str, redis_url: str) -> str:
+    return module_api_url
+
+
+def all_workflow_ids(client: Client) -> list[str]:
+    """Every workflow's id, newest first (the module's few fit one page)."""
+    page = client.workflows(limit=100)
+    assert page["next_cursor"] is None
+    return [w["id"] for w in page["workflows"]]
 
 
 def test_submit_status_and_cancel_from_the_command_line(api_url: str, tmp_path: Path) -> None:
@@ -61,6 +72,7 @@ def test_bad_files_are_usage_errors_and_bad_graphs_api_errors(api_url: str,
 
 def test_client_submits_once_under_one_key_and_reads_the_list(api_url: str) -> None:
     with Client(api_url) as client:
+        before = all_workflow_ids(client)
         first = client.submit_workflow("report", REPORT["steps"], idempotency_key="r-1")
         again = client.submit_workflow("report", REPORT["steps"], idempotency_key="r-1")
         assert first["id"] == again["id"]
@@ -68,7 +80,7 @@ def test_client_submits_once_under_one_key_and_reads_the_list(api_url: str) -> N
             client.submit_workflow("other", REPORT["steps"], idempotency_key="r-1")
         assert refused.value.status == 422
         assert client.workflow(first["id"])["status"] == "running"
-        assert [w["id"] for w in client.workflows(limit=5)["workflows"]] == [first["id"]]
+        assert all_workflow_ids(client) == [first["id"], *before]
         assert client.cancel_workflow(first["id"])["status"] == "cancelled"
 
 
@@ -80,7 +92,7 @@ def test_status_shows_every_step_of_a_workflow_longer_than_a_page(api_url: str,
         first = client.workflow(wf["id"], limit=100)
         assert len(first["steps"]) == 100 and first["next_cursor"]
         listed = client.workflows()["workflows"][0]
-        assert listed["steps_total"] == 250 and "steps" not in listed
+        assert listed["id"] == wf["id"] and listed["steps_total"] == 250 and "steps" not in listed
     shown = taskline("workflow", "status", wf["id"], "--json", url=api_url)
     assert shown.returncode == 0, shown.stderr
     assert sorted(s["id"] for s in json.loads(shown.stdout)["steps"]) == [s["id"] for s in steps]
