@@ -102,8 +102,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 -- The caller's transaction decides: the jobs, events and outbox rows commit together or not at
 -- all, and PostgreSQL delivers its signals only at that commit: `taskline_enqueued` once per
 -- queue (payload: the queue), `taskline_enqueued_jobs` once per job (payload: id, priority,
--- status, due time in epoch ms and queue, space-separated: taskline.store.rows.Owed), so the
--- relay can push without reading the outbox first.
+-- status, due time in epoch ms and queue, space-separated, after the word `keyed` for a job with
+-- an ordering key: taskline.store.rows.Owed), so the relay can push without reading the outbox
+-- first (and push a keyed job only as its key's head).
 -- A job's status is decided here, by PostgreSQL's clock: :scheduled when its first run lies
 -- ahead, else :queued. A job whose (queue, idempotency key) exists, or comes earlier in the
 -- array, is skipped (no event, no outbox row, no signal), as in insert_jobs_with_events.
@@ -147,7 +148,7 @@ WITH input AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, status, priority, next_run_at
+    RETURNING id, queue, status, priority, next_run_at, ordering_key IS NOT NULL AS keyed
 ), events AS (
     INSERT INTO taskline.job_events (job_id, attempt, event)
     SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status FROM inserted i
@@ -156,7 +157,8 @@ WITH input AS MATERIALIZED (
 )
 -- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
 SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
-       pg_notify('taskline_enqueued_jobs', concat_ws(' ', i.id, i.priority, i.status,
+       pg_notify('taskline_enqueued_jobs', concat_ws(' ', CASE WHEN i.keyed THEN 'keyed' END,
+                 i.id, i.priority, i.status,
                  round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced,
        NULL AS refused
 FROM inserted i
@@ -189,12 +191,12 @@ WITH input AS (
 SELECT queues AS refused FROM refused;
 
 -- name: outbox_page
--- The oldest :limit outbox rows with their job's queue, priority, status and due time (status null: the job is gone).
-SELECT o.job_id, o.queue, j.priority, j.status, j.next_run_at
+-- The oldest :limit outbox rows with their job's queue, priority, status, due time and whether it has an ordering key (status null: the job is gone).
+SELECT o.job_id, o.queue, j.priority, j.status, j.next_run_at, j.keyed
 FROM (SELECT job_id, queue FROM taskline.enqueue_outbox ORDER BY job_id LIMIT :limit) o
 -- One primary-key lookup per row: OFFSET 0 keeps the planner from hash-joining all of jobs.
-LEFT JOIN LATERAL (SELECT priority, status, next_run_at FROM taskline.jobs WHERE jobs.id = o.job_id
-                   OFFSET 0) j ON true
+LEFT JOIN LATERAL (SELECT priority, status, next_run_at, ordering_key IS NOT NULL AS keyed
+                   FROM taskline.jobs WHERE jobs.id = o.job_id OFFSET 0) j ON true
 ORDER BY o.job_id;
 
 -- name: delete_outbox
@@ -384,6 +386,25 @@ FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
 -- as claim_jobs reads the rule.
 SELECT c.id FROM taskline.claimable_rule c
 WHERE c.id = ANY(CAST(:ids AS uuid[])) AND (c.status = 'queued') IS TRUE;
+
+-- name: turns_after
+-- The turns passed by keyed jobs that finished without running (cancelled, lapsed), read after
+-- their move: per job of :ids with an ordering key, its key's next job in line (the earliest
+-- other unfinished one, through jobs_ordering) when that one stood behind it and the claim rule
+-- now lets it through (queued, its key's head), to be pushed as settle's `turns` are. A job that
+-- was not its key's head passes nothing: the head is already in Redis.
+SELECT DISTINCT n.id, n.queue, n.priority
+FROM taskline.jobs f CROSS JOIN LATERAL (
+    SELECT o.id, o.queue, o.priority, COALESCE(o.ordered_at, o.created_at) AS place
+    FROM taskline.jobs o
+    WHERE o.queue = f.queue AND o.ordering_key = f.ordering_key AND o.id <> f.id
+      AND o.status IN ('queued', 'scheduled', 'retrying', 'running')
+    ORDER BY COALESCE(o.ordered_at, o.created_at), o.id
+    LIMIT 1) n
+WHERE f.id = ANY(CAST(:ids AS uuid[])) AND f.ordering_key IS NOT NULL
+  AND (COALESCE(f.ordered_at, f.created_at), f.id) < (n.place, n.id)
+  AND EXISTS (SELECT 1 FROM taskline.claimable_rule c
+              WHERE c.id = n.id AND (c.status = 'queued') IS TRUE);
 
 -- name: keyed_waiting
 -- Whether queued jobs with an ordering key, other than :skip, wait in these queues (behind
