@@ -568,7 +568,7 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         ids = [j.id for j in jobs if j.ordering_key is not None]
         if not ids:
             return []
-        rows = self._run_on_driver("turns_after", {"ids": ids})
+        rows = self._run_on_driver("turns_after", {"ids": _uuid_array(ids)})
         return [Turn(r.id, r.queue, int(r.priority)) for r in rows]
 
     def notify_ready(self, queues: Sequence[str]) -> None:
