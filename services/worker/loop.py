@@ -162,10 +162,15 @@ class FetchLoop:
         queues are drained now."""
         wait_s = None if self._held is None else self._held.wait_s(SLOT_WAIT_S)
         if drained and wait_s is not None and 0.0 < wait_s < SHORT_WAIT_S:
-            # Redis ends a blocked wait on its own clock tick (every 100 ms at the default hz),
-            # so a wait shorter than that is slept here: a rate budget frees on time.
-            time.sleep(wait_s)
-            wait_s = 0.0
+            if self._held is not None and self._held.timed():
+                # Redis ends a blocked wait on its own clock tick (every 100 ms at the default
+                # hz), so a wait shorter than that is slept here: a rate budget frees on time.
+                time.sleep(wait_s)
+                wait_s = 0.0
+            else:
+                # Only keyed jobs wait, and their look is a backstop: block in Redis, where the
+                # next turn's push wakes the loop, rather than sleep deaf to it.
+                wait_s = SHORT_WAIT_S
         if drained and wait_s != 0.0:
             first = self._queues[0]
             fetched = [(first, job_id) for job_id in self._dispatcher.wait_and_fetch(

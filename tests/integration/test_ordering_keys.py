@@ -363,11 +363,18 @@ def test_a_keyed_job_claimed_from_redis_that_ends_makes_the_budgeted_claim_look_
     now = [100.0]
     held = HeldWork(store, dispatcher, W, ["default"], 30, clock=lambda: now[0])
     assert held.claim(4) == [] and not held.due()  # nothing waits: no look
+    assert not held.timed()  # no limit: a loop waits for the keyed look in Redis, not asleep
     held.keyed_started(["job-1"])
     held.ended([transitions.Committed(transitions.SUCCEED, "job-1", "default", 5, W)])
     assert not held.due() and held.wait_s(5.0) == pytest.approx(RETRY_S)
     now[0] += RETRY_S
     assert held.due()  # the backstop for a job its settle could not see
+    with store.transaction() as conn:
+        conn.execute(text("INSERT INTO taskline.flow_limits (scope, concurrency) "
+                          "VALUES ('type:t.held', 1)"))
+    now[0] += RETRY_S  # the limits are read again at most once a second
+    held.due()
+    assert held.timed()  # a budget may free at an instant: a short wait is slept out on time
 
 
 def test_a_head_cancelled_before_it_ran_passes_the_turn_through_the_api(
