@@ -351,9 +351,12 @@ SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])
 -- rather than leaving it to the budgeted claim.
 SELECT j.id, j.queue, j.priority,
        EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = j.queue) AS paused,
-       EXISTS (SELECT 1 FROM taskline.claimable_rule c
-               WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited)
-           OR j.ordering_key IS NOT NULL AS limited,
+       -- The key first: a keyed job is limited without the rule's head test, a read of its
+       -- key's line.
+       j.ordering_key IS NOT NULL
+           OR EXISTS (SELECT 1 FROM taskline.claimable_rule c
+                      WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited)
+           AS limited,
        j.ordering_key IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f
                            WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue)) AS keyed
