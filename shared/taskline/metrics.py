@@ -118,7 +118,8 @@ HELD_CLAIMS = Counter("taskline_limit_claimed_total",
 # is health.
 ORDERING_TURNS = Counter("taskline_ordering_turns_total",
                          "Ordering keys' turns passed by the move that finished their head "
-                         "(settle, cancel, lapse): the next job pushed to Redis after the commit")
+                         "(settle, cancel, lapse): the next job pushed to Redis after the "
+                         "commit, or started in place by the worker that finished the head")
 # Ordering keys, per queue (maintenance only, from PostgreSQL): the keys with unfinished jobs,
 # and their queued jobs, of which each key's head may start and the rest wait their turn.
 ORDERING_KEYS = Gauge("taskline_ordering_keys", "Ordering keys with unfinished jobs",

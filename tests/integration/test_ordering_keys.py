@@ -421,3 +421,43 @@ def test_a_claim_explained_takes_what_the_plain_claim_takes_and_says_why_not_the
                                                             behind.id: (True, False)}
     (claim,) = store.claim_keyed([str(head.id), str(behind.id)], W, 30)
     assert claim.job.id == head.id
+
+
+def settle_turning(store, claim, most=1, queues=("default",)):
+    return store.settle_turning([Settlement(claim.lease_id, W, transitions.succeeded(None))],
+                                worker_id=W, lease_s=30, queues=list(queues), most=most)
+
+
+def test_a_finished_head_starts_its_keys_next_job_in_its_own_statement(store):
+    head, second, third = keyed(store, 3, "k")
+    (claim,) = store.claim_keyed([str(head.id)], W, 30)
+    (row,), (started,) = settle_turning(store, claim)
+    assert row.status == "succeeded" and row.turn is None  # started here: nothing to push
+    assert started.job.id == second.id and started.job.ordering_key == "k"
+    assert store.get_job(second.id).status == "running" and started.lease_id is not None
+    assert store.claim_keyed([str(third.id)], W, 30) == []  # its key runs: one at a time
+    (row,), claims = settle_turning(store, started, most=0)  # no slot held: pushed instead
+    assert claims == [] and row.turn is not None and row.turn.id == third.id
+    (claim,) = store.claim_keyed([str(third.id)], W, 30)
+    (row,), claims = settle_turning(store, claim)
+    assert claims == [] and row.turn is None  # the line is empty
+
+
+def test_a_turn_is_not_started_in_place_past_a_gate_or_ahead_of_an_urgent_plain_job(store):
+    head, second = keyed(store, 2, "k")
+    (claim,) = store.claim_keyed([str(head.id)], W, 30)
+    (row,), claims = settle_turning(store, claim, queues=("other",))  # not a queue served here
+    assert claims == [] and row.turn.id == second.id
+    (claim,) = store.claim_keyed([str(second.id)], W, 30)
+    third = keyed(store, 1, "k")[0]
+    urgent = enqueue(store, None, "t.fast", push=False, priority=9)
+    (row,), claims = settle_turning(store, claim)  # it would overtake a more urgent job
+    assert claims == [] and row.turn.id == third.id
+    store.claim_jobs([urgent.id], W, 30)
+    (claim,) = store.claim_keyed([str(third.id)], W, 30)
+    fourth = keyed(store, 1, "k")[0]
+    with store.transaction() as conn:
+        conn.execute(text("INSERT INTO taskline.queue_pauses (queue) VALUES ('default')"))
+    (row,), claims = settle_turning(store, claim)  # its queue is paused
+    assert claims == [] and row.turn.id == fourth.id
+    assert store.get_job(fourth.id).status == "queued"
