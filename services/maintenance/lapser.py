@@ -7,7 +7,8 @@ INTERVAL_S of its expiry while this instance leads. A running job is not affecte
 is fenced on the states it leaves). A lapsed workflow step cancels its waiting dependents and
 counts for its `when` steps, as a cancellation does, in the same transaction. Redis follows
 after the commit (out of the retry and scheduled sets; ready-list copies are refused by the
-claim and removed by reconciliation), as for a cancel.
+claim and removed by reconciliation), as for a cancel; a lapsed head of an ordering key passes
+its turn there too (its key's next job is pushed when it is now the head).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 
 from taskline import transitions
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.errors import StoreUnavailable
 from taskline.jobs import Job, Status
-from taskline.metrics import JOBS_LAPSED, LabelGuard
+from taskline.metrics import JOBS_LAPSED, ORDERING_TURNS, LabelGuard
 from taskline.mirror import Mirror
 from taskline.service import Periodic
 from taskline.store.views import MaintenanceStore
@@ -63,13 +65,26 @@ class Lapser(Periodic):
             if len(lapsed) < PAGE_SIZE:
                 return LapseResult(total)
 
+    def _turns(self, lapsed: list[Job]) -> list[Committed]:
+        """The keys' next heads the lapsed jobs passed the turn to (read after the commit);
+        if PostgreSQL cannot say, a worker's budgeted claim finds them within a second."""
+        try:
+            turns = self.store.turns_after(lapsed)
+        except StoreUnavailable as err:
+            log.warning("could not read the turns lapsed jobs passed", extra={
+                "action": "lapse", "error": str(err)})
+            return []
+        ORDERING_TURNS.inc(len(turns))
+        return [t.committed() for t in turns]
+
     def _follow(self, lapsed: list[Job], dependents: list[Job]) -> None:
         if not lapsed:
             return
         self.mirror.follow(
             [Committed(transitions.LAPSE, str(j.id), j.queue, j.priority) for j in lapsed]
             + [Committed(transitions.UNBLOCK if j.status is Status.QUEUED else transitions.CANCEL,
-                         str(j.id), j.queue, j.priority) for j in dependents], action="lapse")
+                         str(j.id), j.queue, j.priority) for j in dependents]
+            + self._turns(lapsed), action="lapse")
         for queue, count in Counter(j.queue for j in lapsed).items():
             JOBS_LAPSED.labels(queue=self.queue_label(queue)).inc(count)
         for job in lapsed:

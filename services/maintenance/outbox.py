@@ -10,7 +10,9 @@ the outbox on the way, and only then is its row deleted: the rows of the ids pus
 database one delete per interval rather than one per signal. A drain first deletes the rows of
 what was pushed, then reads the outbox (oldest first), pushes what it holds and deletes those
 rows: at the start, after every (re)LISTEN, at least every `backstop_s`, and for a queue
-signal no announcement explains.
+signal no announcement explains. A job with an ordering key is pushed only when it is its
+key's head (one read, for such jobs only), as the API pushes its own enqueues; the others are
+forgotten, and the turn passing to them pushes them.
 
 Invariant: no committed outbox row is lost and none waits for reconciliation. Push comes before
 delete, so a crash between the two (or a failed turn, which forgets the ids awaiting their
@@ -41,6 +43,7 @@ import psycopg
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.errors import StoreUnavailable
+from taskline.jobs import Status
 from taskline.metrics import OUTBOX_RELAYED, LabelGuard
 from taskline.mirror import Mirror
 from taskline.service import IDLE_POLL_S, Periodic, always, guarded
@@ -117,7 +120,7 @@ class OutboxRelay(Periodic):
         pushed = forgotten = 0
         while True:
             page = self._page()
-            changes = [c for c in (owed.committed() for owed in page) if c is not None]
+            changes = self._owed_pushes(page)
             # Strict: an owed row is forgotten only once its id is in Redis.
             self.mirror.follow(changes, action="outbox_relay", strict=True)
             self._forget([owed.job_id for owed in page])
@@ -214,13 +217,30 @@ class OutboxRelay(Periodic):
         queues = {owed.queue for owed in announced}
         if any(n.channel == self._channel and n.payload not in queues for n in signals):
             return self.run_once()
-        changes = [c for c in (owed.committed() for owed in announced) if c is not None]
+        changes = self._owed_pushes(announced)
         self.mirror.follow(changes, action="outbox_relay", strict=True)
         if announced and not self._pushed:
             self._forget_by = time.monotonic() + self.forget_after_s
         self._pushed += [owed.job_id for owed in announced]
         self._count(changes)
         return RelayResult(len(changes), len(announced) - len(changes))
+
+    def _owed_pushes(self, owed: list[Owed]) -> list[Committed]:
+        """What Redis is owed for these jobs: each one still waiting to start, except keyed
+        jobs behind their key's head (judged now, after their commit, as the API judges its
+        own enqueues): pushed, each would be fetched, refused and acked away; the turn's push
+        brings it when its time comes, so its row is simply forgotten."""
+        changes = {o.job_id: c for o in owed if (c := o.committed()) is not None}
+        keyed = [str(o.job_id) for o in owed if o.keyed and o.status is Status.QUEUED
+                 and o.job_id in changes]
+        if keyed:
+            try:
+                heads = self.store.keyed_heads_among(keyed)
+            except StoreUnavailable:
+                heads = set(keyed)  # pushed all: the claim refuses those behind their head
+            for job_id in set(keyed) - heads:
+                del changes[uuid.UUID(job_id)]
+        return list(changes.values())
 
     def _wait_s(self) -> float:
         """How long a turn may wait for a signal: until the pending deletes are due."""

@@ -76,6 +76,13 @@ class HeldWork:
         with self._lock:
             return self._pending and self._clock() >= self._next_try
 
+    def timed(self) -> bool:
+        """Whether a flow limit exists, so held work may wait for a budget that frees at an
+        instant (a rate window); without one only keyed jobs wait, and their look is a
+        backstop that need not be on time."""
+        with self._lock:
+            return bool(self._scopes)
+
     def wait_s(self, default: float) -> float:
         """How long an idle loop may block in Redis before it should try held work again."""
         with self._lock:

@@ -105,7 +105,9 @@ class FetchLoop:
         self._turns = Turns()
         self._recovering = threading.Lock()
         self._mode = mode
-        self._seen = threading.local()  # the waker generation of this thread's last claim
+        # Per thread: the waker generation of its last claim, and whether that claim was refused
+        # ids (then the next one asks why in the same round trip).
+        self._seen = threading.local()
 
     def run(self, stop: threading.Event) -> None:
         failures = 0
@@ -161,10 +163,15 @@ class FetchLoop:
         queues are drained now."""
         wait_s = None if self._held is None else self._held.wait_s(SLOT_WAIT_S)
         if drained and wait_s is not None and 0.0 < wait_s < SHORT_WAIT_S:
-            # Redis ends a blocked wait on its own clock tick (every 100 ms at the default hz),
-            # so a wait shorter than that is slept here: a rate budget frees on time.
-            time.sleep(wait_s)
-            wait_s = 0.0
+            if self._held is not None and self._held.timed():
+                # Redis ends a blocked wait on its own clock tick (every 100 ms at the default
+                # hz), so a wait shorter than that is slept here: a rate budget frees on time.
+                time.sleep(wait_s)
+                wait_s = 0.0
+            else:
+                # Only keyed jobs wait, and their look is a backstop: block in Redis, where the
+                # next turn's push wakes the loop, rather than sleep deaf to it.
+                wait_s = SHORT_WAIT_S
         if drained and wait_s != 0.0:
             first = self._queues[0]
             fetched = [(first, job_id) for job_id in self._dispatcher.wait_and_fetch(
@@ -265,8 +272,7 @@ class FetchLoop:
         """Claim in one round trip; returns the winners in fetch order, acks the rest."""
         started_ns = time.time_ns()
         try:
-            won = self._store.claim_jobs([job_id for _, job_id in fetched], self._worker_id,
-                                         self._lease_s)
+            won, refused = self._claim_jobs([job_id for _, job_id in fetched])
         except StoreUnavailable as err:
             self._fence.trip(f"claim failed: {err}")
             return []
@@ -281,12 +287,20 @@ class FetchLoop:
                 losers.append((queue, job_id))
             else:
                 winners.append(claimed)
-        winners += self._drop(losers)
+        self._seen.refusing = bool(losers)
+        winners += self._drop(losers, refused)
         self._observe_wait(winners)
         ended_ns = time.time_ns()
         for claimed in winners:
             tracing.record("claim", claimed.job, self._worker_id, started_ns, ended_ns)
         return winners
+
+    def _claim_jobs(self, ids: list[str]) -> tuple[list[Claimed], list | None]:
+        """The plain claim; after a claim of this thread that was refused ids (keyed jobs,
+        whose turns keep coming, or a pause), with the refusals in the same round trip."""
+        if getattr(self._seen, "refusing", False):
+            return self._store.claim_jobs_explained(ids, self._worker_id, self._lease_s)
+        return self._store.claim_jobs(ids, self._worker_id, self._lease_s), None
 
     def claim_due(self, count: int) -> list[Claimed]:
         """Claim up to `count` jobs of our queues chosen by PostgreSQL, in claim order."""
@@ -306,13 +320,14 @@ class FetchLoop:
             tracing.record("claim", claimed.job, self._worker_id, started_ns, ended_ns)
         return won
 
-    def _drop(self, losers: Fetched) -> list[Claimed]:
+    def _drop(self, losers: Fetched, refused: list | None = None) -> list[Claimed]:
         """Of the ids the plain claim refused: claim the keyed ones that are their key's head
         (returned, to start with the others); ack away the rest, lost to another claimer or
-        left to the budgeted claim; hand back those a pause holds."""
+        left to the budgeted claim; hand back those a pause holds. `refused`: the claim's
+        refusals when they came with it."""
         if not losers:
             return []
-        losers, limited, keyed = self._held_back(losers)
+        losers, limited, keyed = self._held_back(losers, refused)
         for queue, _ in losers:
             CLAIM_CONFLICTS.labels(queue).inc()
         won = self._claim_keyed(keyed)
@@ -329,7 +344,8 @@ class FetchLoop:
                             extra={"action": "claim_conflict", "error": str(err)})
         return won
 
-    def _held_back(self, losers: Fetched) -> tuple[Fetched, Fetched, Fetched]:
+    def _held_back(self, losers: Fetched,
+                   explained: list | None = None) -> tuple[Fetched, Fetched, Fetched]:
         """Split the ids a claim refused: those of paused queues go back to their ready lists;
         returns (lost to another claimer, limited: left to the budgeted claim, keyed: jobs of
         an ordering key no flow limit applies to, claimed next under their keys' locks).
@@ -339,11 +355,12 @@ class FetchLoop:
         come only around a pause or after Redis lost the marker; hold_back restores it briefly.
         """
         try:
-            refused = {str(r.id): r for r in
-                       self._store.claim_refusals([job_id for _, job_id in losers])}
+            if explained is None:
+                explained = self._store.claim_refusals([job_id for _, job_id in losers])
         except StoreUnavailable as err:
             self._fence.trip(f"claim check failed: {err}")  # recovery sweeps the ids back
             return [], [], []
+        refused = {str(r.id): r for r in explained}
         paused = [(refused[j].queue, refused[j].priority, j) for _, j in losers
                   if j in refused and refused[j].paused]
         keyed = [(q, j) for q, j in losers if j in refused and not refused[j].paused

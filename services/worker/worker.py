@@ -315,7 +315,9 @@ class Worker:
     def _start_next(self, claimed: list[Claimed], sent_at: float,
                     freeing: Sequence[Attempt]) -> None:
         """Start workflow steps claimed by the transaction that recorded their parents'
-        success, in those parents' slots."""
+        success, or keyed jobs whose turn it passed, in those parents' (heads') slots."""
+        # A keyed job's end makes the budgeted claim look for a job its settle could not see.
+        self.held.keyed_started(str(c.job.id) for c in claimed if c.job.ordering_key is not None)
         ended_ns = time.time_ns()
         observe_wait(self.types, claimed)
         for c in claimed:
@@ -334,8 +336,10 @@ class Worker:
             _PROCESSING_TIME(self.types(attempt.job.type), attempt.queue).observe(seconds)
             self.recorder.ended(attempt, result, error)
             # The outcome waits for its (batched) write holding only the lease, not the slot;
-            # a succeeded workflow step keeps its slot for the step its success may release.
-            if error is not None or attempt.job.workflow_id is None:
+            # a succeeded workflow step keeps its slot for the step its success may release,
+            # and a succeeded keyed job for its key's next job (the turn it passes).
+            if error is not None or (attempt.job.workflow_id is None
+                                     and attempt.job.ordering_key is None):
                 self.attempts.free_slot(attempt)
         elif attempt.settled_by is Settler.FENCE:
             self._discard(attempt)

@@ -114,10 +114,12 @@ HELD_CLAIMS = Counter("taskline_limit_claimed_total",
                       "Limited jobs started by the budgeted claim, within their budgets (jobs "
                       "with an ordering key it found waiting included)")
 # A key's next job normally starts through its turn's push; the budgeted claim is the backstop
-# (Redis lost, a head cancelled before it started): the first growing, not the second, is health.
+# (Redis lost, a job enqueued while its head's settle ran): the first growing, not the second,
+# is health.
 ORDERING_TURNS = Counter("taskline_ordering_turns_total",
-                         "Ordering keys' turns passed by the statement that finished their "
-                         "head: the next job pushed to Redis after the commit")
+                         "Ordering keys' turns passed by the move that finished their head "
+                         "(settle, cancel, lapse): the next job pushed to Redis after the "
+                         "commit, or started in place by the worker that finished the head")
 # Ordering keys, per queue (maintenance only, from PostgreSQL): the keys with unfinished jobs,
 # and their queued jobs, of which each key's head may start and the rest wait their turn.
 ORDERING_KEYS = Gauge("taskline_ordering_keys", "Ordering keys with unfinished jobs",

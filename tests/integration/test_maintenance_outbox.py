@@ -317,3 +317,21 @@ def test_the_depth_gauges_show_the_relays_backlog(engine: Engine, store: Store,
     depths.run_once()
     assert gauges() == (0.0, 0.0)
     depths.clear()
+
+
+def test_keyed_jobs_are_pushed_only_as_their_keys_head(
+        engine: Engine, store: Store, dispatcher: Dispatcher, settings: Settings) -> None:
+    """Announced or drained, a job behind its key's head is not pushed (it would be fetched,
+    refused and acked away) and its row is forgotten: the turn's push brings it."""
+    waiting = [enqueue_committed(engine, ordering_key="k") for _ in range(2)]  # a drain's
+    relay = relay_for(store, dispatcher, settings)
+    with running(relay):
+        wait_for(lambda: relay.listens == 1 and outbox(store) == 0, message="the start drain")
+        assert ready(dispatcher) == [waiting[0]]
+        with engine.begin() as conn:  # announced: a key's line, another key, no key
+            line = [str(taskline.enqueue(conn, "echo", ordering_key="k2")) for _ in range(3)]
+            other = str(taskline.enqueue(conn, "echo", ordering_key="k3"))
+            plain = str(taskline.enqueue(conn, "echo"))
+        wait_for(lambda: outbox(store) == 0, message="the rows to go")
+        assert sorted(ready(dispatcher)) == sorted([waiting[0], line[0], other, plain])
+    assert store.get_job(uuid.UUID(line[2])).status == "queued"

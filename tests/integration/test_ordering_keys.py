@@ -1,6 +1,7 @@
 """Ordering keys against real PostgreSQL and Redis: jobs of a queue with one `ordering_key`
 start one at a time in enqueue order (priority does not reorder them), a retrying or not-yet-due
-job keeps its place, a dead or cancelled one gives the turn, a requeued one goes to the back;
+job keeps its place, a dead, cancelled or lapsed one gives the turn (pushed at once), a requeued
+one goes to the back;
 the plain claim never starts a keyed job; concurrent claimers never overlap a key; real workers
 run a key's jobs in order; the API takes, shows and validates the field."""
 
@@ -21,6 +22,7 @@ from taskline.execution.outcomes import released_steps
 from taskline.mirror import Mirror
 from taskline.store.history import HistoryReader
 from taskline.store.rows import Settlement
+from taskline_maintenance.lapser import Lapser
 from taskline_maintenance.ordering import OrderingGauges, OrderingResult
 from taskline_maintenance.reaper import Reaper
 from taskline_worker.held import RETRY_S, HeldWork
@@ -361,8 +363,101 @@ def test_a_keyed_job_claimed_from_redis_that_ends_makes_the_budgeted_claim_look_
     now = [100.0]
     held = HeldWork(store, dispatcher, W, ["default"], 30, clock=lambda: now[0])
     assert held.claim(4) == [] and not held.due()  # nothing waits: no look
+    assert not held.timed()  # no limit: a loop waits for the keyed look in Redis, not asleep
     held.keyed_started(["job-1"])
     held.ended([transitions.Committed(transitions.SUCCEED, "job-1", "default", 5, W)])
     assert not held.due() and held.wait_s(5.0) == pytest.approx(RETRY_S)
     now[0] += RETRY_S
     assert held.due()  # the backstop for a job its settle could not see
+    with store.transaction() as conn:
+        conn.execute(text("INSERT INTO taskline.flow_limits (scope, concurrency) "
+                          "VALUES ('type:t.held', 1)"))
+    now[0] += RETRY_S  # the limits are read again at most once a second
+    held.due()
+    assert held.timed()  # a budget may free at an instant: a short wait is slept out on time
+
+
+def test_a_head_cancelled_before_it_ran_passes_the_turn_through_the_api(
+        client, store, dispatcher):
+    made = client.post("/api/v1/jobs/batch", json={"jobs": [
+        {"type": "t.held", "ordering_key": "k", "payload": {"n": n}} for n in range(3)]})
+    head, second, third = [item["job"]["id"] for item in made.get_json()["jobs"]]
+    assert dispatcher.fetch("default", W, 10) == [head]  # the head alone, now out of ready
+    assert client.delete(f"/api/v1/jobs/{third}").status_code == 200
+    assert dispatcher.fetch("default", W, 10) == []  # behind the head: no turn passes
+    turns = REGISTRY.get_sample_value("taskline_ordering_turns_total") or 0.0
+    assert client.delete(f"/api/v1/jobs/{head}").status_code == 200
+    assert dispatcher.fetch("default", W, 10) == [second]  # its turn, pushed at once
+    assert REGISTRY.get_sample_value("taskline_ordering_turns_total") == turns + 1
+
+
+def test_a_head_that_lapsed_passes_the_turn_and_one_behind_it_passes_none(store, dispatcher):
+    head, second, third = keyed(store, 3, "k")
+    plain = enqueue(store, None, "t.held", push=False)
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE taskline.jobs SET expires_at = now() - interval '1 second' "
+                          "WHERE id = ANY(:ids)"), {"ids": [second.id, plain.id]})
+    lapser = Lapser(store, dispatcher)
+    assert lapser.run_once().lapsed == 2
+    assert dispatcher.fetch("default", W, 10) == []  # the lapsed one stood behind the head
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE taskline.jobs SET expires_at = now() - interval '1 second' "
+                          "WHERE id = :id"), {"id": head.id})
+    assert lapser.run_once().lapsed == 1
+    assert dispatcher.fetch("default", W, 10) == [str(third.id)]  # its turn, pushed at once
+    assert [c.job.id for c in store.claim_keyed([str(third.id)], W, 30)] == [third.id]
+
+
+def test_a_claim_explained_takes_what_the_plain_claim_takes_and_says_why_not_the_rest(store):
+    head, behind = keyed(store, 2, "k")
+    plain, taken = enqueue(store, None, "t.fast", push=False), enqueue(store, None, "t.fast",
+                                                                        push=False)
+    store.claim_jobs([taken.id], "someone-else", 30)
+    ids = [str(j.id) for j in (head, plain, behind, taken)]
+    won, refused = store.claim_jobs_explained(ids, W, 30)
+    assert [c.job.id for c in won] == [plain.id]
+    # The refusals read after the claim: the keyed ones, not the one it took nor the lost one.
+    assert {r.id: (r.keyed, r.paused) for r in refused} == {head.id: (True, False),
+                                                            behind.id: (True, False)}
+    (claim,) = store.claim_keyed([str(head.id), str(behind.id)], W, 30)
+    assert claim.job.id == head.id
+
+
+def settle_turning(store, claim, most=1, queues=("default",)):
+    return store.settle_turning([Settlement(claim.lease_id, W, transitions.succeeded(None))],
+                                worker_id=W, lease_s=30, queues=list(queues), most=most)
+
+
+def test_a_finished_head_starts_its_keys_next_job_in_its_own_statement(store):
+    head, second, third = keyed(store, 3, "k")
+    (claim,) = store.claim_keyed([str(head.id)], W, 30)
+    (row,), (started,) = settle_turning(store, claim)
+    assert row.status == "succeeded" and row.turn is None  # started here: nothing to push
+    assert started.job.id == second.id and started.job.ordering_key == "k"
+    assert store.get_job(second.id).status == "running" and started.lease_id is not None
+    assert store.claim_keyed([str(third.id)], W, 30) == []  # its key runs: one at a time
+    (row,), claims = settle_turning(store, started, most=0)  # no slot held: pushed instead
+    assert claims == [] and row.turn is not None and row.turn.id == third.id
+    (claim,) = store.claim_keyed([str(third.id)], W, 30)
+    (row,), claims = settle_turning(store, claim)
+    assert claims == [] and row.turn is None  # the line is empty
+
+
+def test_a_turn_is_not_started_in_place_past_a_gate_or_ahead_of_an_urgent_plain_job(store):
+    head, second = keyed(store, 2, "k")
+    (claim,) = store.claim_keyed([str(head.id)], W, 30)
+    (row,), claims = settle_turning(store, claim, queues=("other",))  # not a queue served here
+    assert claims == [] and row.turn.id == second.id
+    (claim,) = store.claim_keyed([str(second.id)], W, 30)
+    third = keyed(store, 1, "k")[0]
+    urgent = enqueue(store, None, "t.fast", push=False, priority=9)
+    (row,), claims = settle_turning(store, claim)  # it would overtake a more urgent job
+    assert claims == [] and row.turn.id == third.id
+    store.claim_jobs([urgent.id], W, 30)
+    (claim,) = store.claim_keyed([str(third.id)], W, 30)
+    fourth = keyed(store, 1, "k")[0]
+    with store.transaction() as conn:
+        conn.execute(text("INSERT INTO taskline.queue_pauses (queue) VALUES ('default')"))
+    (row,), claims = settle_turning(store, claim)  # its queue is paused
+    assert claims == [] and row.turn.id == fourth.id
+    assert store.get_job(fourth.id).status == "queued"

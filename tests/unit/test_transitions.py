@@ -150,9 +150,11 @@ def test_the_attempt_fence_and_the_dlq_upsert_are_written_once_in_sql() -> None:
     assert SQL.count("INSERT INTO taskline.dead_letter_jobs") == 1
     ended = [name for name, q in load_queries().items()
              if "released_at = clock_timestamp()" in str(q)]
-    # settle_releasing is settle's own text, composed at load time (taskline.store.queries),
-    # with a workflow step's release in place of its final SELECT.
-    assert sorted(ended) == ["settle", "settle_releasing"], "only settle ends an attempt"
+    # settle_releasing and settle_turning are settle's own text, composed at load time
+    # (taskline.store.queries), with a workflow step's release or a key's next start in place of
+    # its final SELECT.
+    assert sorted(ended) == ["settle", "settle_releasing", "settle_turning"], (
+        "only settle ends an attempt")
 
 
 def test_literal_states_in_sql_agree_with_the_table() -> None:

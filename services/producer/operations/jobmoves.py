@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from taskline import transitions
+from taskline.errors import StoreUnavailable
 from taskline.jobs import Job, Status
 from taskline.log import job_fields as job_log_extra
+from taskline.metrics import ORDERING_TURNS
 from taskline.transitions import Committed, Move
 from taskline_producer.http.auth import principal
 from taskline_producer.operations import auditing
@@ -46,6 +48,7 @@ def cancel(job_id: uuid.UUID) -> Moved:
         auditing.record_after("job.cancel", str(job.id), {"queue": job.queue, "type": job.type})
         _follow(transitions.CANCEL, job)
         follow_cancelled(dependents)
+        follow_turns([job])
         return Moved(job, moved=True)
     job, dependents = b.store.request_cancel_step(job_id, actor)
     if job is not None:
@@ -86,6 +89,7 @@ class WorkflowCancel:
         for job in self.cancelled:
             metrics.cancelled(job.queue)
         follow_cancelled(self.cancelled)
+        follow_turns(self.cancelled)
 
 
 def cancel_workflow(workflow_id: uuid.UUID) -> WorkflowCancel:
@@ -102,6 +106,21 @@ def follow_cancelled(jobs: Sequence[Job]) -> None:
         return
     backends().mirror.follow([Committed(_cascade_move(j), str(j.id), j.queue, j.priority)
                               for j in jobs], action="cancel")
+
+
+def follow_turns(jobs: Sequence[Job]) -> None:
+    """Push the keys' next heads these jobs, cancelled before they ran, passed the turn to
+    (read after the commit); if PostgreSQL cannot say, a worker's budgeted claim finds them
+    within a second, as before."""
+    try:
+        turns = backends().store.turns_after(jobs)
+    except StoreUnavailable as err:
+        log.warning("could not read the turns cancelled jobs passed; workers find them within "
+                    "a second", extra={"action": "cancel", "error": str(err)})
+        return
+    if turns:
+        ORDERING_TURNS.inc(len(turns))
+        backends().mirror.follow([t.committed() for t in turns], action="turn")
 
 
 def _cascade_move(job: Job) -> Move:

@@ -123,9 +123,16 @@ def _releases(report: Report) -> bool:
     return report.kind == SUCCESS and report.attempt.job.workflow_id is not None
 
 
+def _passes_turn(report: Report) -> bool:
+    """A keyed job's success: its key's next job may start in its slot (settle_turning)."""
+    return report.kind == SUCCESS and report.attempt.job.ordering_key is not None
+
+
 def _holding_slots(reports: Iterable[Report]) -> list[Attempt]:
-    """The succeeded workflow steps still holding their slot (see Worker._finished)."""
-    return [r.attempt for r in reports if _releases(r) and r.attempt.in_slot]
+    """The succeeded workflow steps and keyed jobs still holding their slot (see
+    Worker._finished)."""
+    return [r.attempt for r in reports
+            if (_releases(r) or _passes_turn(r)) and r.attempt.in_slot]
 
 
 def newest_recorded(live: list[Report], done: set[str]) -> list[Report]:
@@ -181,6 +188,8 @@ class Written:
     live: list[Report] = field(default_factory=list)
     rows: list[Settled] = field(default_factory=list)
     claimed: list[Claimed] = field(default_factory=list)
+    turned: bool = False
+    """`claimed` are keyed turns started in place (settle_turning), not workflow steps."""
     failed: bool = False
     """The write raised (logged): only letting go of the attempts is left; their leases lapse
     and the reaper runs the jobs again."""
@@ -380,9 +389,11 @@ class Recorder:
         if answer is None:
             return
         written.live, (written.rows, written.claimed, sent_at) = answer
+        written.turned = not any(_releases(r) for r in written.live)
         # Released steps go first, before any bookkeeping: they wait for nothing else.
         if written.claimed and self._next_steps is not None:
-            STEPS_STARTED_IN_PLACE.inc(len(written.claimed))
+            started = ORDERING_TURNS if written.turned else STEPS_STARTED_IN_PLACE
+            started.inc(len(written.claimed))
             self._next_steps.start(written.claimed, sent_at,
                                    _holding_slots(written.live)[:len(written.claimed)])
 
@@ -390,7 +401,7 @@ class Recorder:
         """What follows a write of successes: Redis, metrics and logs."""
         reports, live, rows, claimed = written.reports, written.live, written.rows, \
             written.claimed
-        self._follow(released_steps(rows, len(claimed)), [])
+        self._follow(released_steps(rows, 0 if written.turned else len(claimed)), [])
         self._gave_up([r for r in reports if r not in live])
         recorded = set(newest_recorded(live, {str(row.id) for row in rows}))
         stale = [r for r in live if r not in recorded]
@@ -409,9 +420,13 @@ class Recorder:
         if not holding or steps is None or not steps.accepting():
             return self._store.settle(settlements), [], 0.0
         sent_at = time.monotonic()
-        rows, claimed = self._store.settle_continuing(
-            settlements, worker_id=self._worker_id, lease_s=self._lease_s, queues=steps.queues,
-            most=len(holding))
+        # Steps released, or else keyed turns passed, start in the slots held for them; a
+        # batch with both starts the steps, and its turns go through Redis as usual.
+        continuing = self._store.settle_continuing if any(_releases(r) for r in live) \
+            else self._store.settle_turning
+        rows, claimed = continuing(settlements, worker_id=self._worker_id,
+                                   lease_s=self._lease_s, queues=steps.queues,
+                                   most=len(holding))
         return rows, claimed, sent_at
 
     def _complete_with_hooks(self, report: Report) -> None:

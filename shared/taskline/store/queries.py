@@ -28,7 +28,8 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _QUALIFIED = re.compile(rf"(?<![\w.]){DEFAULT_SCHEMA}\.(?=[a-z_])")
 _INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
 _CHANNEL = re.compile(rf"'{DEFAULT_SCHEMA}_(enqueued\w*)'")
-COMPOSED = {"settle_releasing": ("settle", "settle_releasing_tail")}
+COMPOSED = {"settle_releasing": ("settle", "settle_releasing_tail"),
+            "settle_turning": ("settle", "settle_turning_tail")}
 """Statements built from another's text: (base, tail) -> the base's CTEs (all but its final
 SELECT) followed by the tail, so the base's text is written once and both run the same SQL."""
 

@@ -262,6 +262,10 @@ class ScheduleRow:
                    declared_in_code=getattr(row, "declared_in_code", None))
 
 
+KEYED_ANNOUNCEMENT = "keyed "
+"""How an announcement of a job with an ordering key begins (enqueue_in_transaction)."""
+
+
 @dataclass(frozen=True)
 class Owed:
     """An outbox row: a job committed inside an application's transaction that Redis may not
@@ -272,25 +276,31 @@ class Owed:
     priority: int | None
     status: Status | None
     due_ms: int | None
+    keyed: bool = False
+    """The job has an ordering key: pushed only as its key's head."""
 
     @classmethod
     def from_row(cls, row: Any) -> Owed:
         due = row.next_run_at
         return cls(job_id=row.job_id, queue=row.queue, priority=row.priority,
                    status=None if row.status is None else Status(row.status),
-                   due_ms=None if due is None else round(due.timestamp() * 1000))
+                   due_ms=None if due is None else round(due.timestamp() * 1000),
+                   keyed=bool(getattr(row, "keyed", False)))
 
     @classmethod
     def from_announcement(cls, payload: str) -> Owed | None:
         """The job a `taskline_enqueued_jobs` signal announces ("<id> <priority> <status>
-        <due ms> <queue>", as enqueue_in_transaction writes it); None when it is not one."""
-        parts = payload.split(" ", 4)
+        <due ms> <queue>", as enqueue_in_transaction writes it, after "keyed " for a job with
+        an ordering key); None when it is not one. A relay of an earlier release reads a keyed
+        announcement as none (its first word is no id) and drains the outbox for it instead."""
+        keyed = payload.startswith(KEYED_ANNOUNCEMENT)
+        parts = payload[len(KEYED_ANNOUNCEMENT) if keyed else 0:].split(" ", 4)
         if len(parts) != 5:
             return None
         job_id, priority, status, due_ms, queue = parts
         try:
             return cls(job_id=uuid.UUID(job_id), queue=queue, priority=int(priority),
-                       status=Status(status), due_ms=int(due_ms))
+                       status=Status(status), due_ms=int(due_ms), keyed=keyed)
         except ValueError:
             return None
 

@@ -55,6 +55,7 @@ from taskline.store.rows import (
     ScheduleRow,
     Settled,
     Settlement,
+    Turn,
 )
 from taskline.store.schedules import Schedules
 from taskline.store.workers import Workers
@@ -484,6 +485,27 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         rows = self._run_on_driver("claim_jobs", _claim_params(ids, worker_id, lease_s, False))
         return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in rows]
 
+    def claim_jobs_explained(self, ids: Sequence[str], worker_id: str,
+                             lease_s: float) -> tuple[list[Claimed], list]:
+        """`claim_jobs`, and `claim_refusals` of the same ids right after it, in one round trip
+        (a pipeline of two autocommit statements: the second sees the first committed, so it
+        explains exactly the ids the claim did not take). For a worker whose last claim was
+        refused ids (keyed or paused jobs arrive): the explanation would cost a round trip of
+        its own."""
+        with self._driver() as driver:
+            driver.autocommit = True
+            with driver.cursor(row_factory=namedtuple_row) as claim, \
+                    driver.cursor(row_factory=namedtuple_row) as refusals:
+                with driver.pipeline():
+                    claim.execute(driver_sql("claim_jobs", self.schema),
+                                  _claim_params(ids, worker_id, lease_s, False),
+                                  prepare=self._prepare)
+                    refusals.execute(driver_sql("claim_refusals", self.schema),
+                                     {"ids": _uuid_array(ids)}, prepare=self._prepare)
+                won, refused = claim.fetchall(), refusals.fetchall()
+            driver.autocommit = False
+        return [Claimed(Job.from_row(r), r.lease_id, r.leased_until) for r in won], refused
+
     def claim_due_jobs(self, queues: Sequence[str], limit: int, worker_id: str,
                        lease_s: float) -> list[Claimed]:
         """Claim up to `limit` queued jobs PostgreSQL chooses: queues in the order given, most
@@ -515,12 +537,21 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         (`lock_ordering_keys`), then `claim_jobs`, the one claim, through the same rule, so two
         claimers of a key never both find it free. This is how a head pushed when its key's
         turn passed (the settle statement's `turns`) starts on the ordinary Redis path.
+
+        Sent in one round trip (a pipeline: BEGIN, the locks, the claim and COMMIT go out
+        together and the results come back together). PostgreSQL still runs them one after
+        the other, so the claim's snapshot is taken after the locks were granted.
         """
         if not ids:
             return []
-        with self._driver_transaction() as run:
-            run("lock_ordering_keys", {"ids": _uuid_array(ids)})
-            rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, True))
+        with self._driver() as driver, \
+                driver.cursor() as lock, driver.cursor(row_factory=namedtuple_row) as claim:
+            with driver.pipeline(), driver.transaction():
+                lock.execute(driver_sql("lock_ordering_keys", self.schema),
+                             {"ids": _uuid_array(ids)}, prepare=self._prepare)
+                claim.execute(driver_sql("claim_jobs", self.schema),
+                              _claim_params(ids, worker_id, lease_s, True), prepare=self._prepare)
+            rows = claim.fetchall()  # the pipeline's end synced: COMMIT has been answered
         return _claims_in_order(rows, list(ids))
 
     def keyed_heads_among(self, ids: Sequence[str]) -> set[str]:
@@ -529,6 +560,16 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
             return set()
         rows = self._run_on_driver("keyed_heads_among", {"ids": _uuid_array(ids)})
         return {str(r.id) for r in rows}
+
+    def turns_after(self, jobs: Sequence[Job]) -> list[Turn]:
+        """The turns these jobs, just finished without running (cancelled, lapsed), passed:
+        their keys' next heads, to push after the commit. Nothing is read for jobs without an
+        ordering key."""
+        ids = [j.id for j in jobs if j.ordering_key is not None]
+        if not ids:
+            return []
+        rows = self._run_on_driver("turns_after", {"ids": _uuid_array(ids)})
+        return [Turn(r.id, r.queue, int(r.priority)) for r in rows]
 
     def notify_ready(self, queues: Sequence[str]) -> None:
         """Tell workers dispatching from PostgreSQL that jobs of `queues` became queued."""
@@ -542,7 +583,7 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         valid = _uuids(ids)
         if not valid:
             return []
-        return self._run("claim_refusals", {"ids": valid})
+        return self._run_on_driver("claim_refusals", {"ids": _uuid_array(valid)})
 
     def claim_held(self, queues: Sequence[str], slots: int, worker_id: str,
                    lease_s: float) -> HeldClaim:
@@ -728,6 +769,22 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         params = {**_settle_params(settlements, False),
                   **_continuing(worker_id, lease_s, queues, most)}
         return _with_releases(self._run_on_driver("settle_releasing", params))
+
+    def settle_turning(self, settlements: Sequence[Settlement], *, worker_id: str,
+                       lease_s: float, queues: Sequence[str],
+                       most: int) -> tuple[list[Settled], list[Claimed]]:
+        """`settle` for successes holding keyed jobs that also starts, for `worker_id`, up to
+        `most` of the turns they pass: each finished head's next job in line, when queued and
+        of `queues`, most urgent first.
+
+        One autocommit statement, `settle_turning` (the claim rule's gates applied to the
+        turns; the head test holds by construction, see the statement), so a key's next job
+        starts on the worker that finished its head after one round trip, instead of a push,
+        a fetch and two claim round trips. Returns the settled rows, whose `turn` is left only
+        for a turn not started here (pushed as usual), and the claims."""
+        params = {**_settle_params(settlements, False), **_CLAIM, "worker_id": worker_id,
+                  "lease_s": lease_s, "served": list(queues), "most": max(most, 0)}
+        return _with_releases(self._run_on_driver("settle_turning", params))
 
     def settle_with_hooks(self, settlement: Settlement,
                           hooks: Sequence[Callable[[Connection], None]]) -> list[Settled]:

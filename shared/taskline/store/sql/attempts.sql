@@ -66,9 +66,12 @@ SELECT pg_notify('taskline_enqueued', queue) FROM unnest(CAST(:queues AS text[])
 -- rather than leaving it to the budgeted claim.
 SELECT j.id, j.queue, j.priority,
        EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = j.queue) AS paused,
-       EXISTS (SELECT 1 FROM taskline.claimable_rule c
-               WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited)
-           OR j.ordering_key IS NOT NULL AS limited,
+       -- The key first: a keyed job is limited without the rule's head test, a read of its
+       -- key's line.
+       j.ordering_key IS NOT NULL
+           OR EXISTS (SELECT 1 FROM taskline.claimable_rule c
+                      WHERE c.id = j.id AND (c.status = 'queued') IS TRUE AND c.limited)
+           AS limited,
        j.ordering_key IS NOT NULL
            AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f
                            WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue)) AS keyed
@@ -169,6 +172,65 @@ SELECT c.id, c.queue, c.priority, c.attempts, c.status, c.lease_id, c.worker_id,
        (extract(epoch FROM c.next_run_at) * 1000)::bigint AS due_ms,
        t.id AS turn_id, t.priority AS turn_priority
 FROM changed c LEFT JOIN turns t ON t.settled_id = c.id;
+
+-- name: settle_turning_tail
+-- Not run alone: the store's `settle_turning` is `settle` with this in place of its final SELECT
+-- (taskline.store.queries composes it). `settle` for a batch of successes holding keyed jobs
+-- that keep their slot, in one statement: it also starts, for :worker_id, up to :most of the
+-- turns the batch passes (`turns`: each finished head's next job in line, queued), so a key's
+-- next job begins on the worker that finished its head after one commit, with no push, fetch
+-- or claim. No key lock is needed here: until this statement commits every claimer's snapshot
+-- sees the head running, and from its commit on the next one running, so no claimer finds the
+-- key free in between (the claim rule's head test). The rule's other gates are read for each
+-- turn as for a released workflow step: its queue served here (:served) and not paused, its
+-- expiry not passed (PostgreSQL's clock), no flow limit on its type or queue; and it overtakes
+-- no job without a key already queued in its queue at least as urgent. A turn not started
+-- stays queued and is returned to be pushed, as settle's; one started is not.
+, turn_starts AS MATERIALIZED (
+    SELECT t.id FROM turns t JOIN taskline.jobs j ON j.id = t.id
+    WHERE j.queue = ANY(CAST(:served AS text[]))
+      AND NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = j.queue)
+      AND (j.expires_at IS NULL OR j.expires_at > clock_timestamp())
+      AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f
+                      WHERE f.scope IN ('type:' || j.type, 'queue:' || j.queue))
+      AND NOT EXISTS (SELECT 1 FROM taskline.jobs o WHERE o.status = 'queued' AND o.queue = j.queue
+                      AND o.priority >= j.priority AND o.ordering_key IS NULL)
+    ORDER BY t.priority DESC, t.id
+    LIMIT :most
+), turned AS (
+    UPDATE taskline.jobs j SET status = :target, attempts = j.attempts + 1, updated_at = now()
+    FROM turn_starts s WHERE j.id = s.id AND (j.status = 'queued') IS TRUE
+    RETURNING j.*
+), turn_leases AS (
+    INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, leased_until)
+    SELECT id, attempts, :worker_id, clock_timestamp(),
+           clock_timestamp() + make_interval(secs => :lease_s)
+    FROM turned
+    RETURNING id AS lease_id, job_id, leased_until
+), turn_events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event, worker_id)
+    SELECT id, attempts, :event, :worker_id FROM turned
+)
+SELECT 'settled' AS kind, c.id, c.queue, c.priority, c.attempts, c.status, c.lease_id,
+       c.worker_id, (extract(epoch FROM c.next_run_at) * 1000)::bigint AS due_ms,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM turned WHERE turned.id = t.id) THEN t.id END
+           AS turn_id, t.priority AS turn_priority,
+       NULL AS type, NULL AS payload, NULL AS max_retries, NULL AS timeout_s,
+       NULL AS next_run_at, NULL AS idempotency_key, NULL AS last_error, NULL AS result,
+       NULL AS created_at, NULL AS updated_at, NULL AS cancel_requested, NULL AS trace_context,
+       NULL AS workflow_id, NULL AS step, NULL AS run_when, NULL AS limit_key,
+       NULL AS ordering_key, NULL AS snoozes, NULL AS tags, NULL AS progress,
+       NULL AS expires_at, NULL AS schedule, NULL AS scheduled_for, NULL AS unique_key,
+       NULL AS debounce_key, NULL AS coalesced, NULL AS leased_until
+FROM changed c LEFT JOIN turns t ON t.settled_id = c.id
+UNION ALL
+SELECT 'started', r.id, r.queue, r.priority, r.attempts, r.status, l.lease_id,
+       CAST(:worker_id AS text), NULL, NULL, NULL, r.type, r.payload, r.max_retries,
+       r.timeout_s, r.next_run_at, r.idempotency_key, r.last_error, r.result, r.created_at,
+       r.updated_at, r.cancel_requested, r.trace_context, r.workflow_id, r.step, r.run_when,
+       r.limit_key, r.ordering_key, r.snoozes, r.tags, r.progress, r.expires_at, r.schedule,
+       r.scheduled_for, r.unique_key, r.debounce_key, r.coalesced, l.leased_until
+FROM turned r JOIN turn_leases l ON l.job_id = r.id;
 
 -- name: settle_releasing_tail
 -- Not run alone: the store's `settle_releasing` is `settle` with this in place of its final

@@ -30,6 +30,25 @@ FROM (SELECT DISTINCT queue, ordering_key FROM taskline.jobs
 SELECT c.id FROM taskline.claimable_rule c
 WHERE c.id = ANY(CAST(:ids AS uuid[])) AND (c.status = 'queued') IS TRUE;
 
+-- name: turns_after
+-- The turns passed by keyed jobs that finished without running (cancelled, lapsed), read after
+-- their move: per job of :ids with an ordering key, its key's next job in line (the earliest
+-- other unfinished one, through jobs_ordering) when that one stood behind it and the claim rule
+-- now lets it through (queued, its key's head), to be pushed as settle's `turns` are. A job that
+-- was not its key's head passes nothing: the head is already in Redis.
+SELECT DISTINCT n.id, n.queue, n.priority
+FROM taskline.jobs f CROSS JOIN LATERAL (
+    SELECT o.id, o.queue, o.priority, COALESCE(o.ordered_at, o.created_at) AS place
+    FROM taskline.jobs o
+    WHERE o.queue = f.queue AND o.ordering_key = f.ordering_key AND o.id <> f.id
+      AND o.status IN ('queued', 'scheduled', 'retrying', 'running')
+    ORDER BY COALESCE(o.ordered_at, o.created_at), o.id
+    LIMIT 1) n
+WHERE f.id = ANY(CAST(:ids AS uuid[])) AND f.ordering_key IS NOT NULL
+  AND (COALESCE(f.ordered_at, f.created_at), f.id) < (n.place, n.id)
+  AND EXISTS (SELECT 1 FROM taskline.claimable_rule c
+              WHERE c.id = n.id AND (c.status = 'queued') IS TRUE);
+
 -- name: keyed_waiting
 -- Whether queued jobs with an ordering key, other than :skip, wait in these queues (behind
 -- their key's head, or its head itself): the budgeted claim keeps looking for them.

@@ -105,8 +105,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 -- The caller's transaction decides: the jobs, events and outbox rows commit together or not at
 -- all, and PostgreSQL delivers its signals only at that commit: `taskline_enqueued` once per
 -- queue (payload: the queue), `taskline_enqueued_jobs` once per job (payload: id, priority,
--- status, due time in epoch ms and queue, space-separated: taskline.store.rows.Owed), so the
--- relay can push without reading the outbox first.
+-- status, due time in epoch ms and queue, space-separated, after the word `keyed` for a job with
+-- an ordering key: taskline.store.rows.Owed), so the relay can push without reading the outbox
+-- first (and push a keyed job only as its key's head).
 -- A job's status is decided here, by PostgreSQL's clock: :scheduled when its first run lies
 -- ahead, else :queued. A job whose (queue, idempotency key) exists, or comes earlier in the
 -- array, is skipped (no event, no outbox row, no signal), as in insert_jobs_with_events.
@@ -150,7 +151,7 @@ WITH input AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT 1 FROM refused)
     ORDER BY t.ord
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, status, priority, next_run_at
+    RETURNING id, queue, status, priority, next_run_at, ordering_key IS NOT NULL AS keyed
 ), events AS (
     INSERT INTO taskline.job_events (job_id, attempt, event)
     SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status FROM inserted i
@@ -159,7 +160,8 @@ WITH input AS MATERIALIZED (
 )
 -- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
 SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
-       pg_notify('taskline_enqueued_jobs', concat_ws(' ', i.id, i.priority, i.status,
+       pg_notify('taskline_enqueued_jobs', concat_ws(' ', CASE WHEN i.keyed THEN 'keyed' END,
+                 i.id, i.priority, i.status,
                  round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced,
        NULL AS refused
 FROM inserted i

@@ -5,12 +5,12 @@
 -- names, status tests next to a job id, moves taken from taskline.transitions) are in jobs.sql's header.
 
 -- name: outbox_page
--- The oldest :limit outbox rows with their job's queue, priority, status and due time (status null: the job is gone).
-SELECT o.job_id, o.queue, j.priority, j.status, j.next_run_at
+-- The oldest :limit outbox rows with their job's queue, priority, status, due time and whether it has an ordering key (status null: the job is gone).
+SELECT o.job_id, o.queue, j.priority, j.status, j.next_run_at, j.keyed
 FROM (SELECT job_id, queue FROM taskline.enqueue_outbox ORDER BY job_id LIMIT :limit) o
 -- One primary-key lookup per row: OFFSET 0 keeps the planner from hash-joining all of jobs.
-LEFT JOIN LATERAL (SELECT priority, status, next_run_at FROM taskline.jobs WHERE jobs.id = o.job_id
-                   OFFSET 0) j ON true
+LEFT JOIN LATERAL (SELECT priority, status, next_run_at, ordering_key IS NOT NULL AS keyed
+                   FROM taskline.jobs WHERE jobs.id = o.job_id OFFSET 0) j ON true
 ORDER BY o.job_id;
 
 -- name: delete_outbox
