@@ -128,7 +128,9 @@ def run_side(tree: Path, warmup: int, jobs: int) -> dict[str, Any]:
             answer = subprocess.run(
                 [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()),
                  "--produce", url, "--warmup", str(warmup), "--jobs", str(jobs)],
-                check=True, env=env, cwd=cwd, capture_output=True, text=True)
+                env=env, cwd=cwd, capture_output=True, text=True)
+        if answer.returncode != 0:
+            raise RuntimeError(f"the producer of {tree} failed:\n{answer.stderr[-2000:]}")
     finally:
         _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     result: dict[str, Any] = json.loads(answer.stdout)
