@@ -10,7 +10,9 @@ own time. It imports only what every checkout since the batch API has, so one sc
 an older tree too (run it with that tree's virtualenv).
 
 Usage: python bench/batch_profile.py [--batches 20] [--profiled 20] [--warmup 3] [--top 25]
-           [--dump FILE]
+           [--dump FILE] [--opcodes N]
+`--opcodes N` also counts the Python bytecode instructions N batches execute, per job: what the
+machine's load leaves unchanged, for comparing two checkouts on a busy host.
 Environment: BENCH_DATABASE_URL (an admin connection, default the local server as root),
 BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; the logical database is flushed).
 """
@@ -84,6 +86,28 @@ def _measure(client: Any, name: str, batches: int) -> tuple[float, float]:
     return api / jobs * 1e6, (_backends_cpu(name) - pg) / jobs * 1e6
 
 
+def _opcodes(client: Any, batches: int) -> int:
+    """Python bytecode instructions executed by `batches` batches: a count that, unlike
+    time, the machine's load does not move (C code, orjson's or the driver's, counts only as
+    the instruction that called it)."""
+    count = 0
+
+    def trace(frame: Any, event: str, _arg: Any) -> Any:
+        nonlocal count
+        if event == "call":
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            count += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        _post(client, batches)
+    finally:
+        sys.settrace(None)
+    return count
+
+
 def _report(profile: Any, jobs: int, top: int, dump: str | None) -> None:
     stats = pstats.Stats(profile)
     print(f"profiled: calls per job {stats.total_calls / jobs:.1f}, "  # type: ignore[attr-defined]
@@ -100,6 +124,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--dump", default=None, help="also write the raw pstats to this file")
+    parser.add_argument("--opcodes", type=int, default=0,
+                        help="batches whose Python bytecode instructions are counted")
     args = parser.parse_args()
     name = f"taskline_prof_{uuid.uuid4().hex[:10]}"
     url = urlunsplit(urlsplit(ADMIN_URL)._replace(path="/" + name))
@@ -113,6 +139,9 @@ def main() -> int:
         api, pg = _measure(client, name, args.batches)
         print(f"CPU per job: API process {api:.1f} us, PostgreSQL {pg:.1f} us "
               f"({args.batches} batches of 1,000)", flush=True)
+        if args.opcodes:
+            per_job = _opcodes(client, args.opcodes) / (args.opcodes * 1000)
+            print(f"Python bytecode instructions per job: {per_job:.1f}", flush=True)
         if args.profiled:
             profile = _profiler()
             profile.runcall(_post, client, args.profiled)
