@@ -84,7 +84,8 @@ class Context:
 
 def keyed(specs: Sequence[JobSpec]) -> bool:
     """Whether the batch goes through this plan (any job with unique or debounce)."""
-    return any(s.keyed for s in specs)
+    # JobSpec.keyed's test without its property call: once per job of every batch.
+    return any(s.unique is not None or s.debounce is not None for s in specs)
 
 
 def lock_text(spec: JobSpec) -> str | None:

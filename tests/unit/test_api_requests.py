@@ -8,11 +8,12 @@ from __future__ import annotations
 import hmac
 import json
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from flask.json.provider import DefaultJSONProvider
 
+from taskline.jobs import Job
 from taskline.jobspec import (
     KEY_CODE,
     FieldError,
@@ -27,6 +28,7 @@ from taskline_producer.app import create_app
 from taskline_producer.http import auth
 from taskline_producer.http.auth import bearer_token, token_matches
 from taskline_producer.operations.enqueuer import (
+    Accepted,
     due_ms,
     initial_status,
     lock_order,
@@ -260,6 +262,24 @@ def test_due_ms_rounds_like_postgresql() -> None:
     assert due_ms(datetime(1970, 1, 1, 0, 0, 1, 499, tzinfo=UTC)) == 1000
     assert due_ms(datetime(1970, 1, 1, 0, 0, 1, 500, tzinfo=UTC)) == 1001
     assert due_ms(datetime(1969, 12, 31, 23, 59, 59, 999500, tzinfo=UTC)) == -1
+
+
+def test_due_ms_is_the_instants_in_any_zone_cached_or_not() -> None:
+    # Cached by datetime: equal instants in two zones are equal keys, and share one answer.
+    when = datetime(2026, 12, 4, 16, 0, 0, 123456, tzinfo=UTC)
+    elsewhere = when.astimezone(timezone(timedelta(hours=-5)))
+    assert due_ms(when) == due_ms(elsewhere) == 1796400000123
+    assert due_ms(when + timedelta(microseconds=1000)) == 1796400000124
+
+
+def test_accepted_created_job_is_what_its_init_builds() -> None:
+    job = Job.of({"id": uuid.UUID(int=1), "type": "t", "queue": "q"})
+    built = Accepted.created_job(job)
+    assert built == Accepted(job, created=True)
+    assert (built.created, built.duplicate, built.replaced, built.debounced) == (
+        True, False, False, False)
+    assert dict(built.flags()) == {}
+    assert dict(Accepted(job, True, duplicate=True).flags()) == {"duplicate": True}
 
 
 def _specs(*bodies: dict) -> list[JobSpec]:

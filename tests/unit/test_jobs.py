@@ -7,7 +7,7 @@ import random
 import time
 import uuid
 from collections import namedtuple
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -21,6 +21,7 @@ from taskline.jobs import (
     new_job_id,
     parse_job_id,
     parse_priority,
+    scoped_key,
 )
 
 
@@ -106,6 +107,18 @@ def test_of_builds_the_job_init_builds_with_unnamed_fields_at_their_defaults():
     assert built == Job(**fields)
     assert (built.snoozes, built.workflow_id, built.coalesced) == (0, None, None)
     assert built.to_dict() == Job(**fields).to_dict()
+
+
+def test_to_dict_shows_the_fields_a_plain_job_leaves_unset_once_set():
+    later = NOW + timedelta(hours=1)
+    job = Job.of({**REQUIRED, "idempotency_key": scoped_key("k", "token:a"), "tags": ("x",),
+                  "expires_at": later, "schedule": "s", "scheduled_for": NOW})
+    shown = job.to_dict()
+    assert (shown["idempotency_key"], shown["tags"], shown["expires_at"],
+            shown["scheduled_for"]) == ("k", ["x"], later.isoformat(), NOW.isoformat())
+    plain = Job.of({**REQUIRED, "tags": ()}).to_dict()
+    assert (plain["idempotency_key"], plain["tags"], plain["expires_at"],
+            plain["scheduled_for"]) == (None, [], None, None)
 
 
 def test_from_row_picks_the_job_columns_and_converts_them():

@@ -166,3 +166,11 @@ def test_literal_states_in_sql_agree_with_the_table() -> None:
     for name in ("expire_finished", "oldest_finished"):  # never an unfinished job
         for states in re.findall(r"status IN \(([^)]*)\)", queries[name]):
             assert sorted(re.findall(r"'(\w+)'", states)) == t.EXPIRE.source_names, name
+
+
+def test_committed_of_is_what_its_init_builds_unnamed_fields_at_their_defaults() -> None:
+    move = t.CREATED[Status.QUEUED]
+    built = t.Committed.of({"move": move, "job_id": "j", "queue": "q", "priority": 3,
+                            "due_ms": None})
+    assert built == t.Committed(move, "j", "q", 3, due_ms=None)
+    assert (built.worker_id, built.left) == (None, None)

@@ -17,6 +17,7 @@ replay with another body is refused.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -57,6 +58,15 @@ class Accepted:
     replaced: bool = False
     debounced: bool = False
     """The request joined the debounced job waiting out its delay."""
+
+    @classmethod
+    def created_job(cls, job: Job) -> Accepted:
+        """`Accepted(job, created=True)`, a plain job just inserted, built as Job.of builds a
+        job: the frozen __init__ sets each of the five fields through object.__setattr__, once
+        per job of every batch; the three flags keep their class defaults."""
+        accepted = object.__new__(cls)
+        accepted.__dict__.update(job=job, created=True)
+        return accepted
 
     def flags(self) -> Mapping[str, bool]:
         """What the answer says beside the job: `duplicate`, `replaced`, `debounced`."""
@@ -100,7 +110,9 @@ def _job(row: dict[str, Any], stored: Any) -> Job:
         "updated_at": stored.updated_at, "cancel_requested": False,
         "trace_context": row["trace_context"], "limit_key": row["limit_key"],
         "ordering_key": row["ordering_key"], "tags": row["tags"],
-        "expires_at": _expiry(row, stored.created_at)})
+        # Without start_within_s the expiry is the instant given, if any: no call per job.
+        "expires_at": row["expires_at"] if row["start_within_s"] is None
+        else _expiry(row, stored.created_at)})
 
 
 def _expiry(row: dict[str, Any], created_at: datetime) -> datetime | None:
@@ -132,8 +144,12 @@ def lock_order(specs: Sequence[JobSpec]) -> list[int]:
     return sorted(range(len(specs)), key=lambda i: (specs[i].queue, specs[i].idempotency_key or ""))
 
 
+@functools.lru_cache(maxsize=256)
 def due_ms(when: datetime) -> int:
-    """Epoch ms of `when`, rounded like PostgreSQL's `(extract(epoch ...) * 1000)::bigint`."""
+    """Epoch ms of `when`, rounded like PostgreSQL's `(extract(epoch ...) * 1000)::bigint`.
+
+    Cached: a batch's jobs share one due time (its statement's now()), and the result depends
+    on the instant alone, which is what equal aware datetimes share."""
     micros = (when - _EPOCH) // timedelta(microseconds=1)
     return (micros + 500) // 1000 if micros >= 0 else -((-micros + 500) // 1000)
 
@@ -162,7 +178,7 @@ class Enqueuer:
         db_now = self._store.now() if spec.run_at is not None else None
         job = self.group.submit(_row(spec, db_now, trace_context, actor))
         self._record([job])
-        return Accepted(job, created=True)
+        return Accepted.created_job(job)
 
     def _write_group(self, rows: Sequence[dict[str, Any]]) -> list[Job]:
         """Insert rows without keys (none is skipped) in one autocommit statement, then push."""
@@ -203,7 +219,7 @@ class Enqueuer:
         Without `conn` (see needs_transaction) every statement runs in autocommit.
         """
         stored = {r.id: r for r in self._store.insert_jobs_with_events(rows, conn)}
-        return [Accepted(_job(row, stored[row["id"]]), created=True) if row["id"] in stored
+        return [Accepted.created_job(_job(row, stored[row["id"]])) if row["id"] in stored
                 else self._replay(conn, spec) for row, spec in zip(rows, specs, strict=True)]
 
     def _enqueue_keyed(self, specs: Sequence[JobSpec], trace_context: str | None,
@@ -238,8 +254,10 @@ class Enqueuer:
         """Count the new jobs (one increment per type and queue) and log each when INFO is on."""
         for (job_type, queue), count in Counter((j.type, j.queue) for j in created).items():
             self._metrics.accepted(job_type, queue, count)
-        for queue, count in Counter(j.queue for j in created if j.tags).items():
-            self._metrics.tagged(queue, count)
+        tagged = [j.queue for j in created if j.tags]
+        if tagged:
+            for queue, count in Counter(tagged).items():
+                self._metrics.tagged(queue, count)
         if log.isEnabledFor(logging.INFO):
             for job in created:
                 log.info("job accepted", extra=job_log_extra(CREATED[job.status].event, job))
@@ -259,9 +277,11 @@ class Enqueuer:
 
     def _dispatch(self, jobs: Sequence[Job], committed: list[Committed] | None = None) -> None:
         if committed is None:
-            committed = [Committed(CREATED[j.status], str(j.id), j.queue, j.priority,
-                                   due_ms=None if j.next_run_at is None
-                                   else due_ms(j.next_run_at)) for j in jobs]
+            committed = [Committed.of({
+                "move": CREATED[j.status], "job_id": str(j.id), "queue": j.queue,
+                "priority": j.priority,
+                "due_ms": None if j.next_run_at is None else due_ms(j.next_run_at)})
+                for j in jobs]
         # Committed: when Redis cannot take the ids, workers claiming from PostgreSQL are
         # notified and the rebuild after Redis returns pushes them.
         self._mirror.follow(self._heads_only(jobs, committed), action="enqueue")

@@ -26,8 +26,16 @@ def scoped(spec: Spec) -> Spec:
     the calling principal's scope: another principal's same unique key is another key, and
     its debounce arrivals never join (nor learn of) this principal's job."""
     scope = auth.principal().key_scope
-    if scope is None:
-        return spec
+    return spec if scope is None else _in_scope(spec, scope)
+
+
+def scoped_all(specs: list[Spec]) -> list[Spec]:
+    """Each of `specs` as `scoped` makes it, the principal looked up once for the batch."""
+    scope = auth.principal().key_scope
+    return specs if scope is None else [_in_scope(spec, scope) for spec in specs]
+
+
+def _in_scope(spec: Spec, scope: str) -> Spec:
     changes: dict[str, Any] = {}
     key = getattr(spec, "idempotency_key", None)
     if key is not None:

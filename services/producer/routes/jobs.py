@@ -64,13 +64,12 @@ def create_batch() -> Response:
     errors = [e for e in parsed if isinstance(e, FieldError)]
     if errors:
         raise _invalid(errors)
-    _check_declared(b.declared.errors([s for s in parsed if isinstance(s, JobSpec)],
-                                      lambda index: f"jobs[{index}]."))
+    specs = [s for s in parsed if isinstance(s, JobSpec)]
+    _check_declared(b.declared.errors(specs, lambda index: f"jobs[{index}]."))
     quotas.take(len(parsed))
     with tracing.enqueue(request.headers) as trace_context:
-        accepted = b.enqueuer.enqueue_many(
-            [replays.scoped(s) for s in parsed if isinstance(s, JobSpec)], trace_context,
-            auth.principal().name)
+        accepted = b.enqueuer.enqueue_many(replays.scoped_all(specs), trace_context,
+                                           auth.principal().name)
         tracing.accepted([a.job for a in accepted])
     created = sum(a.created for a in accepted)
     response = jsonify({

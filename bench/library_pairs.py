@@ -1,0 +1,194 @@
+"""`python bench/library_pairs.py --before DIR --after DIR`: interleaved pairs of the library's
+single enqueue, `taskline.enqueue(conn, ...)` inside the caller's transaction, between two
+checkouts.
+
+bench/pairs.py drives each checkout's own bench/run.py, which an older checkout may lack the
+scenario for (or import modules since moved); this runner needs only what the library has made
+public since it had an in-transaction enqueue: `taskline.enqueue(conn, type)` on a psycopg
+`Connection` and on a SQLAlchemy `Connection`. Each run of a side is this script started with
+that checkout's virtualenv (`<tree>/.venv/bin/python`, so it imports that checkout's taskline)
+in a producer mode, against a fresh database migrated by that checkout's own `taskline
+migrate`, dropped afterwards. The producer enqueues `--warmup` jobs, then `--jobs` jobs one per
+transaction (`with conn.transaction():` on psycopg, `with conn.begin():` on SQLAlchemy, both on
+the psycopg 3 driver), and reports jobs/s, its own CPU per call (user and system,
+`time.process_time`) and its PostgreSQL backend's (/proc). No maintenance runs: the jobs stay
+owed to Redis in the outbox, the same on both sides. Pairs alternate which side runs first.
+
+Usage: python bench/library_pairs.py --before DIR --after DIR [--pairs 7] [--jobs 3000]
+           [--warmup 200] [--out bench-results/library_pairs.json]
+Ratios are after / before for jobs/s and before / after for CPU, so above 1 is better in every
+row. Environment: BENCH_DATABASE_URL (an admin connection; default the local server as root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/postgres")
+NOOP = "bench.noop"
+KINDS = ("psycopg", "sqlalchemy")
+
+
+# --- the producer, run with one checkout's virtualenv --------------------------------------
+
+def _backend_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _timed(enqueue_one: Any, backend: int, warmup: int, jobs: int) -> dict[str, float]:
+    for _ in range(warmup):
+        enqueue_one()
+    pg, cpu, wall = _backend_cpu(backend), time.process_time(), time.perf_counter()
+    for _ in range(jobs):
+        enqueue_one()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"jobs_per_s": jobs / wall, "cpu_us": cpu / jobs * 1e6,
+            "pg_cpu_us": (_backend_cpu(backend) - pg) / jobs * 1e6}
+
+
+def _on_psycopg(url: str, warmup: int, jobs: int) -> dict[str, float]:
+    import psycopg
+
+    import taskline
+    with psycopg.connect(url) as conn:
+        backend = conn.info.backend_pid
+
+        def one() -> None:
+            with conn.transaction():
+                taskline.enqueue(conn, NOOP)
+
+        return _timed(one, backend, warmup, jobs)
+
+
+def _on_sqlalchemy(url: str, warmup: int, jobs: int) -> dict[str, float]:
+    from sqlalchemy import create_engine, text
+
+    import taskline
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.connect() as conn:
+        backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        conn.commit()
+
+        def one() -> None:
+            with conn.begin():
+                taskline.enqueue(conn, NOOP)
+
+        result = _timed(one, backend, warmup, jobs)
+    engine.dispose()
+    return result
+
+
+def produce(url: str, warmup: int, jobs: int) -> dict[str, Any]:
+    """Both kinds of connection, one after the other; checks every job was written."""
+    import psycopg
+
+    import taskline
+    out: dict[str, Any] = {"taskline": str(Path(taskline.__file__).resolve().parent)}
+    out["psycopg"] = _on_psycopg(url, warmup, jobs)
+    out["sqlalchemy"] = _on_sqlalchemy(url, warmup, jobs)
+    with psycopg.connect(url) as conn:
+        written = conn.execute("SELECT count(*) FROM taskline.jobs").fetchone()
+    if written is None or written[0] != 2 * (warmup + jobs):
+        raise RuntimeError(f"{written} jobs written, {2 * (warmup + jobs)} enqueued")
+    return out
+
+
+# --- the pairs -------------------------------------------------------------------------------
+
+def _admin(statement: str) -> None:
+    import psycopg
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def run_side(tree: Path, warmup: int, jobs: int) -> dict[str, Any]:
+    """One run of `tree`'s code on a fresh database its own `taskline migrate` made."""
+    name = f"taskline_libpair_{uuid.uuid4().hex[:10]}"
+    url = urlunsplit(urlsplit(ADMIN_URL)._replace(path="/" + name))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TASKLINE_") and k not in ("DATABASE_URL", "REDIS_URL")}
+    _admin(f'CREATE DATABASE "{name}"')
+    try:
+        subprocess.run([str(tree / ".venv" / "bin" / "taskline"), "migrate"], check=True,
+                       env={**env, "DATABASE_URL": url}, stdout=subprocess.DEVNULL)
+        with tempfile.TemporaryDirectory() as cwd:  # nothing imported from a working directory
+            answer = subprocess.run(
+                [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()),
+                 "--produce", url, "--warmup", str(warmup), "--jobs", str(jobs)],
+                env=env, cwd=cwd, capture_output=True, text=True)
+        if answer.returncode != 0:
+            raise RuntimeError(f"the producer of {tree} failed:\n{answer.stderr[-2000:]}")
+    finally:
+        _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    result: dict[str, Any] = json.loads(answer.stdout)
+    if not Path(result["taskline"]).is_relative_to(tree.resolve()):
+        raise RuntimeError(f"{tree}'s virtualenv imported taskline from {result['taskline']}")
+    return result
+
+
+def _flat(result: dict[str, Any]) -> dict[str, float]:
+    return {f"{kind} {metric}": value for kind in KINDS for metric, value in result[kind].items()}
+
+
+def ratio(name: str, before: float, after: float) -> float:
+    return after / before if name.endswith("jobs_per_s") else before / after
+
+
+def summarize(pairs: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for name in pairs[0]["after"]:
+        ratios = [ratio(name, p["before"][name], p["after"][name]) for p in pairs]
+        summary[name] = {"median_ratio": statistics.median(ratios), "min": min(ratios),
+                         "max": max(ratios), "ratios": ratios,
+                         "before_median": statistics.median(p["before"][name] for p in pairs),
+                         "after_median": statistics.median(p["after"][name] for p in pairs)}
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--before", type=Path)
+    parser.add_argument("--after", type=Path)
+    parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/library_pairs.json"))
+    parser.add_argument("--produce", metavar="DATABASE_URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.produce:
+        print(json.dumps(produce(args.produce, args.warmup, args.jobs)))
+        return 0
+    if args.before is None or args.after is None:
+        parser.error("--before and --after are required")
+    pairs: list[dict[str, dict[str, float]]] = []
+    for n in range(args.pairs):
+        order = ("before", "after") if n % 2 == 0 else ("after", "before")
+        runs = {side: _flat(run_side(getattr(args, side), args.warmup, args.jobs))
+                for side in order}
+        pairs.append(runs)
+        print(f"pair {n + 1}: " + json.dumps({k: round(ratio(k, runs["before"][k], v), 3)
+                                             for k, v in runs["after"].items()}), flush=True)
+    summary = summarize(pairs)
+    for name, s in summary.items():
+        print(f"{name:28s} ratio median {s['median_ratio']:.3f} (min {s['min']:.3f}, max "
+              f"{s['max']:.3f}); before {s['before_median']:.1f}, after {s['after_median']:.1f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"pairs": pairs, "summary": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
