@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from pairs import report
+
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/postgres")
 NOOP = "bench.noop"
 KINDS = ("psycopg", "sqlalchemy")
@@ -181,12 +183,7 @@ def main() -> int:
         pairs.append(runs)
         print(f"pair {n + 1}: " + json.dumps({k: round(ratio(k, runs["before"][k], v), 3)
                                              for k, v in runs["after"].items()}), flush=True)
-    summary = summarize(pairs)
-    for name, s in summary.items():
-        print(f"{name:28s} ratio median {s['median_ratio']:.3f} (min {s['min']:.3f}, max "
-              f"{s['max']:.3f}); before {s['before_median']:.1f}, after {s['after_median']:.1f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"pairs": pairs, "summary": summary}, indent=2))
+    report(summarize(pairs), pairs, args.out, width=28)
     return 0
 
 

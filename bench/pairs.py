@@ -128,12 +128,18 @@ def main() -> int:
                          "max": max(ratios), "ratios": ratios,
                          "before_median": statistics.median(p["before"][name][0] for p in pairs),
                          "after_median": statistics.median(p["after"][name][0] for p in pairs)}
-        s = summary[name]
-        print(f"{name:36s} ratio median {s['median_ratio']:.3f} (min {s['min']:.3f}, max "
-              f"{s['max']:.3f}); before {s['before_median']:.1f}, after {s['after_median']:.1f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"pairs": pairs, "summary": summary}, indent=2))
+    report(summary, pairs, args.out, width=36)
     return 0
+
+
+def report(summary: dict[str, Any], pairs: list[Any], out: Path, width: int) -> None:
+    """Print each metric's median ratio with its min-max and both sides' medians; write the
+    pairs and the summary to `out` as JSON."""
+    for name, s in summary.items():
+        print(f"{name:{width}s} ratio median {s['median_ratio']:.3f} (min {s['min']:.3f}, max "
+              f"{s['max']:.3f}); before {s['before_median']:.1f}, after {s['after_median']:.1f}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"pairs": pairs, "summary": summary}, indent=2))
 
 
 if __name__ == "__main__":
