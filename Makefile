@@ -10,7 +10,8 @@ BIND ?= 127.0.0.1:8000
 # of tests/integration/test_redis_cluster_paths.py and the supported-versions run of
 # tests/integration/test_supported_versions.py); the quick ones are also
 # marked `fast`, and `make test` runs those too. A missing folder is skipped (git keeps none empty).
-# `make test` ends with its 30 slowest steps, so a test that grows past the 20-minute budget shows.
+# `make test` runs in two processes (pytest-xdist: the tests mostly wait on processes and sockets)
+# and ends with its 30 slowest steps, so a test that grows past the 20-minute budget shows.
 TEST_DIRS := $(wildcard tests/unit tests/integration tests/browser tests/faults)
 
 .PHONY: venv run test lint faults bench migrate dashboard clean
@@ -28,7 +29,7 @@ run: venv
 	$(BIN)/taskline dev --bind $(BIND)
 
 test: venv lint
-	$(BIN)/pytest -q --durations=30 -m "not faults or fast" $(TEST_DIRS)
+	$(BIN)/pytest -q -n 2 --durations=30 -m "not faults or fast" $(TEST_DIRS)
 
 lint: venv
 	$(BIN)/ruff check .

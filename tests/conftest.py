@@ -30,7 +30,10 @@ from taskline.store.store import Store
 pytest_plugins = ["tests.servers", "tests.pgbouncer", "tests.redis_cluster"]
 
 ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://root@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# Under pytest-xdist (make test) each worker process (gw0, gw1, ...) flushes a logical database
+# of its own: 15, 14, ...
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+REDIS_URL = os.environ.get("TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - _WORKER}")
 
 for _name in list(os.environ):
     if _name.startswith("TASKLINE_") or _name in ("DATABASE_URL", "REDIS_URL"):
