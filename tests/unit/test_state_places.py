@@ -23,6 +23,7 @@ STATES = {s.value for s in Status}
 SQL = re.sub(r"--[^\n]*", "", packaged_sql())
 DASHBOARD = (ROOT / "services" / "producer" / "static" / "dashboard.js").read_text()
 OPENAPI = json.loads((ROOT / "services" / "producer" / "openapi.json").read_text())
+API_DOCS = (ROOT / "docs" / "api.md").read_text()
 QUOTED = re.compile(r"'(\w+)'")
 
 
@@ -71,13 +72,22 @@ def test_the_dashboard_knows_every_state() -> None:
     counted = _js_list(r"for \(const stage of (\[[^\]]*\]).*setCount")
     assert sorted(counted) == sorted(shapes.STATUSES), "static/dashboard.js applyQueues"
     cancel = _js_list(r"if \((\[[^\]]*\])\.includes\(job\.status\)\) \{\s*const cancel")
-    assert {Status(s) for s in cancel} <= CANCELLABLE, "static/dashboard.js cancel button"
+    assert {Status(s) for s in cancel} == CANCELLABLE, "static/dashboard.js cancel button"
 
 
 def test_queue_counts_cover_every_state_but_success_and_cancellation() -> None:
     # Finished successes and cancellations are history, not a queue's contents.
     assert set(shapes.STATUSES) == STATES - {"succeeded", "cancelled"}, (
         "taskline_producer.schemas.shapes.STATUSES")
+    counts = OPENAPI["components"]["schemas"]["StatusCounts"]
+    assert sorted(counts["required"]) == sorted(shapes.STATUSES), "openapi.json StatusCounts"
+    assert sorted(counts["properties"]) == sorted(shapes.STATUSES), "openapi.json StatusCounts"
+
+
+def test_the_api_docs_list_every_state_as_a_filter() -> None:
+    row = re.search(r"^\| `status` \| one of `([^`]*)` \|$", API_DOCS, re.M)
+    assert row, "docs/api.md: the `status` filter row"
+    assert row.group(1).split() == [s.value for s in Status], "docs/api.md status filter"
 
 
 def test_unique_keys_hold_while_unfinished_by_default() -> None:

@@ -737,7 +737,7 @@
       requeue.addEventListener("click", () => requeueJob(job.id, requeue));
       actions.append(guard(requeue, OPERATE));
     }
-    if (["queued", "scheduled", "retrying", "running"].includes(job.status)) {
+    if (["scheduled", "waiting", "queued", "retrying", "running"].includes(job.status)) {
       const cancel = document.createElement("button");
       cancel.type = "button";
       cancel.textContent = job.status === "running" ? "Ask to stop" : "Cancel";
