@@ -128,8 +128,7 @@ def enqueue(conn: AppConnection, type: str, payload: Payload = None, *,
                    expires_at=expires_at, start_within_s=start_within_s)
     spec, schema = _one(type, payload, fields, settings)
     if spec.unique is None and spec.debounce is None:
-        # A plain job is one statement (and a replay's lookup): run straight, with the plan's
-        # own steps (_insert, _inserted, _replay_id), not driven through a generator.
+        # A plain job: its insert is run straight, not driven through the plan's generator.
         return _write_now(conn, spec, _limit(settings), schema)
     return caller.drive(conn, _plan([spec], settings), schema)[0]
 
@@ -269,32 +268,24 @@ def _limit(settings: Settings | None) -> int:
 
 
 def _write(specs: Sequence[JobSpec], max_queues: int) -> caller.Plan[list[uuid.UUID]]:
-    """Insert `specs` in one statement; replays resolved by key. Ids in the order of `specs`.
-    A job for a queue past `max_queues` raises QueueLimitReached, and the statement wrote
-    nothing."""
-    statement, order, rows = _insert(specs, max_queues)
-    inserted = _inserted((yield statement), max_queues)
-    ids: dict[int, uuid.UUID] = {}
-    for index, row in zip(order, rows, strict=True):
-        if row["id"] in inserted:
-            ids[index] = row["id"]
-        else:
-            spec = specs[index]
-            ids[index] = _replay_id(spec, (yield _replay_lookup(spec)))
-    return [ids[i] for i in range(len(specs))]
+    """Insert `specs` in one statement, and what its answer asks for next (_written). Ids in the
+    order of `specs`."""
+    statement, order, rows = _insert(specs)
+    return (yield from _written(specs, order, rows, (yield statement), max_queues))
 
 
 def _write_now(conn: AppConnection, spec: JobSpec, max_queues: int, schema: str) -> uuid.UUID:
-    """`_write` of one job, its statements run at once on the sync connection `conn`."""
+    """`_write` of one job on the sync connection `conn`: its insert run at once, and the plan's
+    next steps driven only when the answer asks for any (a key's replay, a new queue)."""
     target = caller.sync_target(conn)
-    statement, _, (row,) = _insert((spec,), max_queues)
-    if row["id"] in _inserted(caller.execute(target, statement, schema), max_queues):
-        return row["id"]  # type: ignore[no-any-return]
-    return _replay_id(spec, caller.execute(target, _replay_lookup(spec), schema))
+    statement, order, rows = _insert((spec,))
+    written = caller.execute(target, statement, schema)
+    if len(written) == 1 and written[0].id == rows[0]["id"]:
+        return rows[0]["id"]  # type: ignore[no-any-return]
+    return caller.drive(target, _written((spec,), order, rows, written, max_queues), schema)[0]
 
 
-def _insert(specs: Sequence[JobSpec],
-            max_queues: int) -> tuple[caller.Statement, list[int], list[dict[str, Any]]]:
+def _insert(specs: Sequence[JobSpec]) -> tuple[caller.Statement, list[int], list[dict[str, Any]]]:
     """The statement inserting `specs`, the order it writes them in (indexes into `specs`) and
     their rows in that order.
 
@@ -306,17 +297,40 @@ def _insert(specs: Sequence[JobSpec],
                                                      specs[i].idempotency_key or "")
                    ) if len(specs) > 1 else [0]
     rows = [_row(specs[i]) for i in order]
+    return _insert_rows(rows, limit_checked=False), order, rows
+
+
+def _insert_rows(rows: list[dict[str, Any]], *, limit_checked: bool) -> caller.Statement:
     return caller.Statement("enqueue_in_transaction", {"jobs": rows_json(rows),
                                                        **_STATEMENT_PARAMS,
-                                                       "max_queues": max_queues}), order, rows
+                                                       "limit_checked": limit_checked})
 
 
-def _inserted(written: list, max_queues: int) -> set[uuid.UUID]:
-    """The ids the insert wrote; QueueLimitReached when it refused the queues (and wrote none).
-    A job it skipped holds a key some job already had: its id is a replay's (_replay_id)."""
-    if written and written[0].refused is not None:
-        raise QueueLimitReached(list(written[0].refused), max_queues)
-    return {r.id for r in written}
+def _written(specs: Sequence[JobSpec], order: list[int], rows: list[dict[str, Any]],
+             written: list, max_queues: int) -> caller.Plan[list[uuid.UUID]]:
+    """What the insert's answer `written` still asks for; the ids in the order of `specs`.
+
+    An answer naming `fresh` queues (holding no queued or running job) wrote nothing: they are
+    counted against `max_queues` (QueueLimitReached, nothing written, when one too many) and the
+    insert runs again, counted. A job the insert skipped holds a key some job already had: its
+    id is a replay's (_replay_id).
+    """
+    fresh = [r.fresh for r in written if r.fresh is not None]
+    if fresh:
+        refused = yield caller.Statement("queue_limit_refused", {"queues": sorted(fresh),
+                                                                 "max_queues": max_queues})
+        if refused:
+            raise QueueLimitReached(list(refused[0].refused), max_queues)
+        written = yield _insert_rows(rows, limit_checked=True)
+    inserted = {r.id for r in written}
+    ids: dict[int, uuid.UUID] = {}
+    for index, row in zip(order, rows, strict=True):
+        if row["id"] in inserted:
+            ids[index] = row["id"]
+        else:
+            spec = specs[index]
+            ids[index] = _replay_id(spec, (yield _replay_lookup(spec)))
+    return [ids[i] for i in range(len(specs))]
 
 
 def _row(spec: JobSpec) -> dict[str, Any]:
