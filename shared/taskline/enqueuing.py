@@ -271,18 +271,24 @@ def _write(specs: Sequence[JobSpec], max_queues: int) -> caller.Plan[list[uuid.U
     """Insert `specs` in one statement, and what its answer asks for next (_written). Ids in the
     order of `specs`."""
     statement, order, rows = _insert(specs)
-    return (yield from _written(specs, order, rows, (yield statement), max_queues))
+    written = yield statement
+    fresh = [r.fresh for r in written if r.fresh is not None]
+    return (yield from _written(specs, order, rows, written, fresh, max_queues))
 
 
 def _write_now(conn: AppConnection, spec: JobSpec, max_queues: int, schema: str) -> uuid.UUID:
-    """`_write` of one job on the sync connection `conn`: its insert run at once, and the plan's
-    next steps driven only when the answer asks for any (a key's replay, a new queue)."""
+    """`_write` of one job on the sync connection `conn`, its insert (enqueue_one_in_transaction:
+    the queue limit tested on its own row) run at once. Only when it wrote nothing are the
+    plan's next steps driven, its queue counted first: it may be one to count (a queue holding
+    no queued or running job), or the job a key's replay."""
     target = caller.sync_target(conn)
-    statement, order, rows = _insert((spec,))
-    written = caller.execute(target, statement, schema)
-    if len(written) == 1 and written[0].id == rows[0]["id"]:
+    rows = [_row(spec)]
+    if caller.execute(target, caller.Statement("enqueue_one_in_transaction",
+                                               {"jobs": rows_json(rows), **_STATEMENT_PARAMS}),
+                      schema):
         return rows[0]["id"]  # type: ignore[no-any-return]
-    return caller.drive(target, _written((spec,), order, rows, written, max_queues), schema)[0]
+    return caller.drive(target, _written((spec,), [0], rows, [], [spec.queue], max_queues),
+                        schema)[0]
 
 
 def _insert(specs: Sequence[JobSpec]) -> tuple[caller.Statement, list[int], list[dict[str, Any]]]:
@@ -294,8 +300,7 @@ def _insert(specs: Sequence[JobSpec]) -> tuple[caller.Statement, list[int], list
     """
     order = sorted(range(len(specs)), key=lambda i: (specs[i].idempotency_key is not None,
                                                      specs[i].queue,
-                                                     specs[i].idempotency_key or "")
-                   ) if len(specs) > 1 else [0]
+                                                     specs[i].idempotency_key or ""))
     rows = [_row(specs[i]) for i in order]
     return _insert_rows(rows, limit_checked=False), order, rows
 
@@ -307,15 +312,14 @@ def _insert_rows(rows: list[dict[str, Any]], *, limit_checked: bool) -> caller.S
 
 
 def _written(specs: Sequence[JobSpec], order: list[int], rows: list[dict[str, Any]],
-             written: list, max_queues: int) -> caller.Plan[list[uuid.UUID]]:
-    """What the insert's answer `written` still asks for; the ids in the order of `specs`.
+             written: list, fresh: list[str], max_queues: int) -> caller.Plan[list[uuid.UUID]]:
+    """What an insert's answer `written` still asks for; the ids in the order of `specs`.
 
-    An answer naming `fresh` queues (holding no queued or running job) wrote nothing: they are
+    With `fresh` queues (holding no queued or running job) the insert wrote nothing: they are
     counted against `max_queues` (QueueLimitReached, nothing written, when one too many) and the
     insert runs again, counted. A job the insert skipped holds a key some job already had: its
     id is a replay's (_replay_id).
     """
-    fresh = [r.fresh for r in written if r.fresh is not None]
     if fresh:
         refused = yield caller.Statement("queue_limit_refused", {"queues": sorted(fresh),
                                                                  "max_queues": max_queues})
