@@ -9,7 +9,8 @@
 
 The sync and async calls share everything but the execution: validation and the statements
 are prepared once, as a plan (taskline.store.caller), which `drive` runs on a sync connection
-and `adrive` on an async one.
+and `adrive` on an async one. A single plain job on a sync connection, the common call, runs
+its insert straight and drives the plan's later steps only when that insert wrote nothing.
 
 Invariant: the job exists exactly when the caller's transaction commits. The job, its first
 event and its outbox row are written by one statement on the caller's connection, which also
@@ -26,7 +27,10 @@ what the API answers 422 raises InvalidJob here, with the same field errors. An 
 key names one request per queue as in the API: the same request again returns the first job's
 id, another request with the key raises IdempotencyConflict. A job for one queue more than
 `settings.max_queues` (TASKLINE_MAX_QUEUES) hold unfinished jobs raises QueueLimitReached (an
-InvalidJob), the API's 422 `queue_limit`, and the statement writes nothing.
+InvalidJob), the API's 422 `queue_limit`, and nothing is written. The queues are counted only
+for a write to a queue holding no queued or running job (the insert tests that, writes nothing
+and the count runs as a second statement, then the insert again): a write to a queue with work
+pays for the test alone.
 """
 
 from __future__ import annotations
