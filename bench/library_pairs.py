@@ -15,7 +15,9 @@ the psycopg 3 driver), and reports jobs/s, its own CPU per call (user and system
 owed to Redis in the outbox, the same on both sides. Pairs alternate which side runs first.
 
 Usage: python bench/library_pairs.py --before DIR --after DIR [--pairs 7] [--jobs 3000]
-           [--warmup 200] [--out bench-results/library_pairs.json]
+           [--warmup 200] [--out bench-results/library_pairs.json] [--opcodes N]
+`--opcodes N` times nothing: each side counts the Python bytecode instructions of N calls per
+kind of connection (after `--warmup`), per call, a count the machine's load does not move.
 Ratios are after / before for jobs/s and before / after for CPU, so above 1 is better in every
 row. Environment: BENCH_DATABASE_URL (an admin connection; default the local server as root).
 """
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -50,6 +53,10 @@ def _backend_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+Measure = Callable[[Callable[[], None], int, int, int], dict[str, float]]
+"""How a producer measures its calls: (enqueue one, backend pid, warmup, calls) -> figures."""
+
+
 def _timed(enqueue_one: Any, backend: int, warmup: int, jobs: int) -> dict[str, float]:
     for _ in range(warmup):
         enqueue_one()
@@ -61,7 +68,31 @@ def _timed(enqueue_one: Any, backend: int, warmup: int, jobs: int) -> dict[str, 
             "pg_cpu_us": (_backend_cpu(backend) - pg) / jobs * 1e6}
 
 
-def _on_psycopg(url: str, warmup: int, jobs: int) -> dict[str, float]:
+def _opcodes(enqueue_one: Any, backend: int, warmup: int, calls: int) -> dict[str, float]:
+    """Python bytecode instructions per call (C code, the driver's, counts as the instruction
+    that called it)."""
+    for _ in range(warmup):
+        enqueue_one()
+    count = 0
+
+    def trace(frame: Any, event: str, _arg: Any) -> Any:
+        nonlocal count
+        if event == "call":
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            count += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        for _ in range(calls):
+            enqueue_one()
+    finally:
+        sys.settrace(None)
+    return {"opcodes_per_call": count / calls}
+
+
+def _on_psycopg(url: str, warmup: int, jobs: int, measure: Measure) -> dict[str, float]:
     import psycopg
 
     import taskline
@@ -72,10 +103,10 @@ def _on_psycopg(url: str, warmup: int, jobs: int) -> dict[str, float]:
             with conn.transaction():
                 taskline.enqueue(conn, NOOP)
 
-        return _timed(one, backend, warmup, jobs)
+        return measure(one, backend, warmup, jobs)
 
 
-def _on_sqlalchemy(url: str, warmup: int, jobs: int) -> dict[str, float]:
+def _on_sqlalchemy(url: str, warmup: int, jobs: int, measure: Measure) -> dict[str, float]:
     from sqlalchemy import create_engine, text
 
     import taskline
@@ -88,19 +119,21 @@ def _on_sqlalchemy(url: str, warmup: int, jobs: int) -> dict[str, float]:
             with conn.begin():
                 taskline.enqueue(conn, NOOP)
 
-        result = _timed(one, backend, warmup, jobs)
+        result = measure(one, backend, warmup, jobs)
     engine.dispose()
     return result
 
 
-def produce(url: str, warmup: int, jobs: int) -> dict[str, Any]:
-    """Both kinds of connection, one after the other; checks every job was written."""
+def produce(url: str, warmup: int, jobs: int, opcodes: bool) -> dict[str, Any]:
+    """Both kinds of connection, one after the other, timed (or their opcodes counted); checks
+    every job was written."""
+    measure = _opcodes if opcodes else _timed
     import psycopg
 
     import taskline
     out: dict[str, Any] = {"taskline": str(Path(taskline.__file__).resolve().parent)}
-    out["psycopg"] = _on_psycopg(url, warmup, jobs)
-    out["sqlalchemy"] = _on_sqlalchemy(url, warmup, jobs)
+    out["psycopg"] = _on_psycopg(url, warmup, jobs, measure)
+    out["sqlalchemy"] = _on_sqlalchemy(url, warmup, jobs, measure)
     with psycopg.connect(url) as conn:
         written = conn.execute("SELECT count(*) FROM taskline.jobs").fetchone()
     if written is None or written[0] != 2 * (warmup + jobs):
@@ -116,7 +149,7 @@ def _admin(statement: str) -> None:
         conn.execute(statement)
 
 
-def run_side(tree: Path, warmup: int, jobs: int) -> dict[str, Any]:
+def run_side(tree: Path, warmup: int, jobs: int, opcodes: bool = False) -> dict[str, Any]:
     """One run of `tree`'s code on a fresh database its own `taskline migrate` made."""
     name = f"taskline_libpair_{uuid.uuid4().hex[:10]}"
     url = urlunsplit(urlsplit(ADMIN_URL)._replace(path="/" + name))
@@ -129,7 +162,8 @@ def run_side(tree: Path, warmup: int, jobs: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as cwd:  # nothing imported from a working directory
             answer = subprocess.run(
                 [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()),
-                 "--produce", url, "--warmup", str(warmup), "--jobs", str(jobs)],
+                 "--produce", url, "--warmup", str(warmup), "--jobs", str(jobs),
+                 *(["--count-opcodes"] if opcodes else [])],
                 env=env, cwd=cwd, capture_output=True, text=True)
         if answer.returncode != 0:
             raise RuntimeError(f"the producer of {tree} failed:\n{answer.stderr[-2000:]}")
@@ -168,13 +202,22 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--out", type=Path, default=Path("bench-results/library_pairs.json"))
+    parser.add_argument("--opcodes", type=int, default=0, metavar="N",
+                        help="count the Python bytecode instructions of N calls instead")
     parser.add_argument("--produce", metavar="DATABASE_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--count-opcodes", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.produce:
-        print(json.dumps(produce(args.produce, args.warmup, args.jobs)))
+        print(json.dumps(produce(args.produce, args.warmup, args.jobs, args.count_opcodes)))
         return 0
     if args.before is None or args.after is None:
         parser.error("--before and --after are required")
+    if args.opcodes:
+        for side in ("before", "after"):
+            counted = run_side(getattr(args, side), args.warmup, args.opcodes, opcodes=True)
+            print(f"{side}: " + ", ".join(f"{kind} {counted[kind]['opcodes_per_call']:,.0f}"
+                                          for kind in KINDS) + " opcodes per call", flush=True)
+        return 0
     pairs: list[dict[str, dict[str, float]]] = []
     for n in range(args.pairs):
         order = ("before", "after") if n % 2 == 0 else ("after", "before")

@@ -7,6 +7,7 @@ at the limit, and a queue whose jobs finished no longer counts."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import psycopg
@@ -127,6 +128,55 @@ def test_the_library_enqueue_refuses_a_queue_too_many_and_writes_nothing(databas
     finally:
         engine.dispose()
     assert jobs(store) == 3
+
+
+def owed(store: Store) -> int:
+    with store.transaction() as conn:
+        return conn.execute(text("SELECT count(*) FROM taskline.enqueue_outbox")).scalar_one()
+
+
+def test_the_library_counts_a_queue_without_work_then_writes_its_job(database_url, settings,
+                                                                     store):
+    """A queue holding no queued or running job is counted before the insert writes (a second
+    statement, then the insert again): written whole under the limit, with its event and
+    outbox row, and an idempotency key's replay found after the count."""
+    limited = settings.replace(max_queues=2)
+    with psycopg.connect(database_url) as conn:
+        first = taskline.enqueue(conn, "echo", queue="s", delay_s=3600, idempotency_key="k",
+                                 settings=limited)  # scheduled: "s" holds no queued job
+        conn.commit()
+        assert taskline.enqueue(conn, "echo", queue="s", delay_s=3600, idempotency_key="k",
+                                settings=limited) == first  # counted, then replayed
+        ids = taskline.enqueue_many(conn, [{"type": "echo", "queue": "a"},
+                                           {"type": "echo", "queue": "s"}], settings=limited)
+        conn.commit()
+        assert len(set(ids)) == 2 and first not in ids
+        with pytest.raises(QueueLimitReached) as refused:
+            taskline.enqueue(conn, "echo", queue="c", settings=limited)
+        assert refused.value.queues == ["c"]
+    assert jobs(store) == 3 and owed(store) == 3
+    with store.transaction() as conn:
+        events = conn.execute(text("SELECT count(*) FROM taskline.job_events")).scalar_one()
+    assert events == 3
+
+
+def test_the_async_library_enqueue_counts_and_refuses_as_the_sync_one(database_url, settings,
+                                                                      store):
+    limited = settings.replace(max_queues=1)
+
+    async def body() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            await taskline.aenqueue(conn, "echo", queue="a", settings=limited)
+            await conn.commit()
+            with pytest.raises(QueueLimitReached) as refused:
+                await taskline.aenqueue(conn, "echo", queue="b", settings=limited)
+            assert refused.value.queues == ["b"]
+            await conn.rollback()
+            await taskline.aenqueue(conn, "echo", queue="a", settings=limited)
+            await conn.commit()
+
+    asyncio.run(body())
+    assert jobs(store) == 2 and owed(store) == 2
 
 
 def test_a_workflow_with_a_step_for_a_queue_too_many_is_refused_whole(limited, store):

@@ -46,7 +46,7 @@ def test_the_debounce_join_reads_its_index(filled: Store) -> None:
 
 
 @pytest.mark.parametrize("name", ["insert_job", "insert_jobs_with_events",
-                                  "enqueue_in_transaction"])
+                                  "enqueue_in_transaction", "enqueue_one_in_transaction"])
 def test_plain_inserts_do_not_know_the_keys(name: str) -> None:
     sql = str(QUERIES[name])
     assert "unique_key" not in sql and "debounce_key" not in sql and "advisory" not in sql

@@ -30,7 +30,12 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, scoped_session
 
 from taskline.store.queries import DEFAULT_SCHEMA, queries_for
-from taskline.store.store import driver_sql, translate_driver_errors, translate_errors
+from taskline.store.store import (
+    driver_sql,
+    has_rows,
+    translate_driver_errors,
+    translate_errors,
+)
 
 AppConnection = Connection | Session | scoped_session | psycopg.Connection
 """What the in-transaction enqueue accepts as the caller's connection."""
@@ -95,6 +100,14 @@ async def arun(conn: Any, name: str, params: dict[str, Any],
     return await _aexecute(await async_target(conn), name, params, schema)
 
 
+def execute(target: Connection | psycopg.Connection, statement: Statement,
+            schema: str = DEFAULT_SCHEMA) -> list:
+    """`statement`'s rows, run on `target` (what `sync_target` gave): one statement of a plan
+    run without driving the plan, for a write whose steps are known in advance
+    (taskline.enqueuing's plain job)."""
+    return _execute(target, statement.name, statement.params, schema)
+
+
 def sync_target(conn: Any) -> Connection | psycopg.Connection:
     """The connection a sync caller's object runs statements on; TypeError naming what is
     accepted when it is none of them."""
@@ -141,11 +154,17 @@ def _execute(conn: Connection | psycopg.Connection, name: str, params: dict[str,
              schema: str) -> list:
     if isinstance(conn, Connection):
         with translate_errors():
-            result = conn.execute(queries_for(schema)[name], params)
+            if conn.dialect.driver == "psycopg":
+                # The statement as psycopg takes it, as Store._run_on_driver runs it, but through
+                # the Connection (its events, errors and transaction as for any statement):
+                # compiling the text() per call cost about a tenth of the call's Python.
+                result = conn.exec_driver_sql(driver_sql(name, schema), params)
+            else:
+                result = conn.execute(queries_for(schema)[name], params)
             return result.all() if result.returns_rows else []
     with translate_driver_errors(conn), conn.cursor(row_factory=namedtuple_row) as cursor:
         cursor.execute(driver_sql(name, schema), params)
-        return cursor.fetchall() if cursor.description is not None else []
+        return cursor.fetchall() if has_rows(cursor) else []
 
 
 async def _aexecute(conn: Any, name: str, params: dict[str, Any], schema: str) -> list:
@@ -153,7 +172,7 @@ async def _aexecute(conn: Any, name: str, params: dict[str, Any], schema: str) -
         with translate_driver_errors(conn):  # type: ignore[arg-type]
             async with conn.cursor(row_factory=namedtuple_row) as cursor:
                 await cursor.execute(driver_sql(name, schema), params)
-                return await cursor.fetchall() if cursor.description is not None else []
+                return await cursor.fetchall() if has_rows(cursor) else []
     with translate_errors():
         result = await conn.execute(queries_for(schema)[name], params)
         return result.all() if result.returns_rows else []

@@ -100,6 +100,43 @@ SELECT id, payload, next_run_at, created_at, updated_at, NULL AS refused FROM in
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 
+-- name: enqueue_input_ctes
+-- Not a statement: the body of an enqueue's `input` CTE (`-- include: enqueue_input_ctes`), the
+-- :jobs array's rows in order (`ord`) with each one's due time.
+    SELECT t.*, COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)) AS due
+    FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
+            id uuid, type text, queue text, payload jsonb, priority smallint,
+            max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
+            idempotency_key text, request_hash text, limit_key text, ordering_key text,
+            tags text[], expires_at timestamptz, start_within_s float8))
+         WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
+                              run_at, delay_s, idempotency_key, request_hash, limit_key,
+                              ordering_key, tags, expires_at, start_within_s, ord)
+
+-- name: enqueue_insert_ctes
+-- Not a statement: an enqueue's INSERT of its `input` rows (t) into jobs, up to its WHERE.
+    INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
+                      next_run_at, idempotency_key, request_hash, limit_key, ordering_key,
+                      tags, expires_at)
+    SELECT t.id, t.type, t.queue, t.payload, t.priority,
+           CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
+           t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key,
+           t.ordering_key, t.tags, COALESCE(t.expires_at, now() + make_interval(secs => t.start_within_s))
+    FROM input t
+
+-- name: enqueue_written_ctes
+-- Not a statement: the rest of an enqueue's `inserted` CTE after its WHERE (the rows in order,
+-- a key's replay skipped), and the first events and outbox rows of what it inserted.
+    ORDER BY t.ord
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, status, priority, next_run_at, ordering_key IS NOT NULL AS keyed
+), events AS (
+    INSERT INTO taskline.job_events (job_id, attempt, event)
+    SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status FROM inserted i
+), outbox AS (
+    INSERT INTO taskline.enqueue_outbox (job_id, queue) SELECT i.id, i.queue FROM inserted i
+)
+
 -- name: enqueue_in_transaction
 -- Insert jobs with their first events and outbox rows on the caller's connection, in its transaction; NOTIFY each queue and job.
 -- The caller's transaction decides: the jobs, events and outbox rows commit together or not at
@@ -111,68 +148,66 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 -- A job's status is decided here, by PostgreSQL's clock: :scheduled when its first run lies
 -- ahead, else :queued. A job whose (queue, idempotency key) exists, or comes earlier in the
 -- array, is skipped (no event, no outbox row, no signal), as in insert_jobs_with_events.
--- Over the queue limit it writes nothing and returns one row with `refused`, as that one does.
+-- The queue limit in two steps, so that a write to queues already holding work pays only the
+-- first: unless :limit_checked, a statement for a queue holding no queued or running job (one
+-- that may add a queue) writes nothing and returns a row per such queue in `fresh`; the caller
+-- counts them (queue_limit_refused) and, unless refused, runs the statement again with
+-- :limit_checked. The whole count in this statement cost every call its plan's setup, a third of
+-- the statement's execution (docs/performance.md).
 WITH input AS MATERIALIZED (
-    SELECT t.*, COALESCE(t.run_at, now() + make_interval(secs => t.delay_s)) AS due
-    FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
-            id uuid, type text, queue text, payload jsonb, priority smallint,
-            max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
-            idempotency_key text, request_hash text, limit_key text, ordering_key text,
-            tags text[], expires_at timestamptz, start_within_s float8))
-         WITH ORDINALITY AS t(id, type, queue, payload, priority, max_retries, timeout_s,
-                              run_at, delay_s, idempotency_key, request_hash, limit_key,
-                              ordering_key, tags, expires_at, start_within_s, ord)
+-- include: enqueue_input_ctes
 ), fresh AS MATERIALIZED (
-    -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
-    -- queued or running job may add a queue, so only then are the queues counted.
+    -- The queue limit's test, as in insert_jobs_with_events: only the input's queues without a
+    -- queued or running job may add a queue. Not read with :limit_checked.
     SELECT t.queue FROM (SELECT DISTINCT queue FROM input OFFSET 0) t  -- each queue once
     WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued'
                       OFFSET 0)
       AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
                       OFFSET 0)
-), refused AS MATERIALIZED (
-    SELECT f.queues
-    FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
-         LATERAL (SELECT count(DISTINCT j.queue) AS active,
-                         count(DISTINCT j.queue) FILTER (WHERE j.queue = ANY(f.queues)) AS present
-                  FROM taskline.jobs j
-                  WHERE f.n > 0
-                    AND j.status IN ('queued', 'scheduled', 'retrying', 'running', 'waiting')) a
-    WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 ), inserted AS (
-    INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
-                      next_run_at, idempotency_key, request_hash, limit_key, ordering_key,
-                      tags, expires_at)
-    SELECT t.id, t.type, t.queue, t.payload, t.priority,
-           CASE WHEN t.due > now() THEN :scheduled ELSE :queued END,
-           t.max_retries, t.timeout_s, t.due, t.idempotency_key, t.request_hash, t.limit_key,
-           t.ordering_key, t.tags, COALESCE(t.expires_at, now() + make_interval(secs => t.start_within_s))
-    FROM input t
-    WHERE NOT EXISTS (SELECT 1 FROM refused)
-    ORDER BY t.ord
-    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, status, priority, next_run_at, ordering_key IS NOT NULL AS keyed
-), events AS (
-    INSERT INTO taskline.job_events (job_id, attempt, event)
-    SELECT i.id, 0, CAST(:first_events AS jsonb) ->> i.status FROM inserted i
-), outbox AS (
-    INSERT INTO taskline.enqueue_outbox (job_id, queue) SELECT i.id, i.queue FROM inserted i
-)
+-- include: enqueue_insert_ctes
+    WHERE CAST(:limit_checked AS boolean) OR NOT EXISTS (SELECT 1 FROM fresh)
+-- include: enqueue_written_ctes
 -- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
 SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
        pg_notify('taskline_enqueued_jobs', concat_ws(' ', CASE WHEN i.keyed THEN 'keyed' END,
                  i.id, i.priority, i.status,
                  round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced,
-       NULL AS refused
+       NULL AS fresh
 FROM inserted i
 UNION ALL
-SELECT NULL, NULL, NULL, queues FROM refused;
+SELECT NULL, NULL, NULL, queue FROM fresh WHERE NOT CAST(:limit_checked AS boolean);
+
+-- name: enqueue_one_in_transaction
+-- One job (:jobs holds one) as enqueue_in_transaction writes it, its queue limit tested on its own row: written when its queue holds a queued or running job, else nothing.
+-- The single enqueue's statement (taskline.enqueuing): a queue with work, the usual case, costs
+-- no more than the test; when nothing is written (a queue to count, or an idempotency key's
+-- replay) the caller counts the queue (queue_limit_refused) and goes on with
+-- enqueue_in_transaction, :limit_checked. Without enqueue_in_transaction's `fresh` CTE, its
+-- DISTINCT and its answer's fourth column, PostgreSQL sets up a smaller plan on every call
+-- (docs/performance.md).
+WITH input AS (
+-- include: enqueue_input_ctes
+), inserted AS (
+-- include: enqueue_insert_ctes
+    WHERE EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued'
+                  OFFSET 0)
+       OR EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
+                  OFFSET 0)
+-- include: enqueue_written_ctes
+-- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
+SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
+       pg_notify('taskline_enqueued_jobs', concat_ws(' ', CASE WHEN i.keyed THEN 'keyed' END,
+                 i.id, i.priority, i.status,
+                 round(extract(epoch FROM i.next_run_at) * 1000), i.queue)) AS announced
+FROM inserted i;
 
 -- name: queue_limit_refused
 -- The queue limit of insert_jobs_with_events for a write that does not go through it (a large
--- batch written by COPY): one row with `refused` (the queues :queues holding no queued or
--- running job) when writing to :queues would hold more than :max_queues queues with unfinished
--- jobs, else none. Run in the writing transaction, before the COPY.
+-- batch written by COPY, a keyed plan, the library's insert naming `fresh` queues): one row
+-- with `refused` (the queues :queues holding no queued or running job) when writing to :queues
+-- would hold more than :max_queues queues with unfinished jobs, else none. Run in the writing
+-- transaction, before the write.
 WITH input AS (
     SELECT DISTINCT queue FROM unnest(CAST(:queues AS text[])) AS q(queue)
 ), fresh AS MATERIALIZED (
