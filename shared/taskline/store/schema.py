@@ -22,6 +22,7 @@ from sqlalchemy import (
     SmallInteger,
     Table,
     Text,
+    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
@@ -113,6 +114,11 @@ Index("jobs_created", jobs.c.created_at, jobs.c.id)
 # claim order, so a claim reads only the rows it takes, however many are queued.
 Index("jobs_claimable", jobs.c.queue, jobs.c.priority.desc(), jobs.c.created_at, jobs.c.id,
       postgresql_where=text("status = 'queued'"))
+# Whether a job without an ordering key is queued in a queue at or above a priority: an ordering
+# key's turn started in place never overtakes one (settle_turning; migration 0023). Through
+# jobs_claimable that test read every queued keyed job of the queue.
+Index("jobs_plain_queued", jobs.c.queue, jobs.c.priority,
+      postgresql_where=text("status = 'queued' AND ordering_key IS NULL"))
 # Retention reads expired jobs oldest first through these, never by scanning the table; the
 # second holds the jobs a release before 0003 finished without stamping finished_at.
 Index("jobs_finished", jobs.c.status, jobs.c.finished_at,
@@ -130,10 +136,20 @@ Index("jobs_lapsing", jobs.c.expires_at,
                             "('queued', 'scheduled', 'retrying')"))
 Index("jobs_tags", jobs.c.tags, postgresql_using="gin",
       postgresql_where=text("tags IS NOT NULL"))
-# The claim rule's head gate reads a key's unfinished jobs through this; unkeyed jobs never enter.
+# A key's unfinished jobs; unkeyed jobs never enter. Superseded by jobs_ordering_line (its first
+# two columns), kept while a release before 0023 may run; a later release drops it.
 Index("jobs_ordering", jobs.c.queue, jobs.c.ordering_key,
       postgresql_where=text("ordering_key IS NOT NULL AND status IN "
                             "('queued', 'scheduled', 'retrying', 'running')"))
+# A key's line in order (migration 0023): its next job (settle's turns) is the first entry after
+# the finished one, and the claim rule's "none earlier in line" one probe.
+Index("jobs_ordering_line", jobs.c.queue, jobs.c.ordering_key,
+      func.coalesce(jobs.c.ordered_at, jobs.c.created_at), jobs.c.id,
+      postgresql_where=text("ordering_key IS NOT NULL AND status IN "
+                            "('queued', 'scheduled', 'retrying', 'running')"))
+# The claim rule's "none of the key running": at most one entry a key (migration 0023).
+Index("jobs_ordering_running", jobs.c.queue, jobs.c.ordering_key,
+      postgresql_where=text("ordering_key IS NOT NULL AND status = 'running'"))
 
 # The history tables are partitioned by RANGE (id) (migration 0021, taskline.store.partitions):
 # no foreign key to jobs, a deleted job's rows go with their partition.

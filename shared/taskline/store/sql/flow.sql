@@ -33,9 +33,9 @@ WHERE c.id = ANY(CAST(:ids AS uuid[])) AND (c.status = 'queued') IS TRUE;
 -- name: turns_after
 -- The turns passed by keyed jobs that finished without running (cancelled, lapsed), read after
 -- their move: per job of :ids with an ordering key, its key's next job in line (the earliest
--- other unfinished one, through jobs_ordering) when that one stood behind it and the claim rule
--- now lets it through (queued, its key's head), to be pushed as settle's `turns` are. A job that
--- was not its key's head passes nothing: the head is already in Redis.
+-- other unfinished one, the first entry of jobs_ordering_line) when that one stood behind it
+-- and the claim rule now lets it through (queued, its key's head), to be pushed as settle's
+-- `turns` are. A job that was not its key's head passes nothing: the head is already in Redis.
 SELECT DISTINCT n.id, n.queue, n.priority
 FROM taskline.jobs f CROSS JOIN LATERAL (
     SELECT o.id, o.queue, o.priority, COALESCE(o.ordered_at, o.created_at) AS place
