@@ -239,6 +239,7 @@ class Worker:
         self.mode.close()
         self.recorder.stop()
         self.deadlines.wake()
+        self.keeper.wake()
         self.runner.stop()
         for thread in threads:
             thread.join(THREAD_JOIN_S)
@@ -310,6 +311,7 @@ class Worker:
         # Held and watched before any starts; one lock acquisition each for the whole batch.
         self.attempts.add_many(attempts, freeing)
         self.fence.watch_many(attempts)
+        self.keeper.started(attempts)
         self.runner.submit_many(attempts)
 
     def _start_next(self, claimed: list[Claimed], sent_at: float,

@@ -113,7 +113,11 @@ class Periodic:
             started = time.monotonic()
             ok, result = guarded(self.name, self.run_once)
             self.passes.done(ok, result)
-            stop.wait(self._wait(started))
+            self.sleep(stop, self._wait(started))
+
+    def sleep(self, stop: threading.Event, seconds: float) -> None:
+        """The wait between passes (a component woken early overrides it)."""
+        stop.wait(seconds)
 
     def _wait(self, started: float) -> float:
         if self.fixed_rate:

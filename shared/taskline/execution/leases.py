@@ -7,13 +7,19 @@ by fencing. A returned lease whose job has a cancel request stops its attempt co
 A failed renewal changes nothing here: the self-fence watches each lease's deadline. Nor does a
 lease skipped because its row is locked (its outcome is being written): the statement never
 waits for it, so one slow outcome cannot hold back the renewal of the others.
+
+An attempt starts with its lease already partly spent: it runs from the claim's send, and the
+claim's round trips (and any wait to start) come first. One started with less than two periods
+of it left is renewed by a pass at once, not up to a period later: by then, on a slow link, the
+renewal's answer could come back after the self-fence's deadline, fencing a live lease.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from taskline.errors import StoreUnavailable
 from taskline.execution.attempts import Attempt, Attempts
@@ -41,10 +47,26 @@ class LeaseKeeper(Periodic):
         self._margin_s = settings.fence_margin_s
         self._attempts = attempts
         self._on_renewed = on_renewed
+        self._woken = threading.Event()
 
     @property
     def interval_s(self) -> float:
         return self._every_s
+
+    def started(self, attempts: Sequence[Attempt]) -> None:
+        """Attempts just started: renew at once if one has less than two periods left."""
+        soon = time.monotonic() + 2 * self._every_s
+        if any(a.lease_deadline < soon for a in attempts):
+            self._woken.set()
+
+    def wake(self) -> None:
+        """End the wait before the next pass now (a pass, or the loop's end once stopped)."""
+        self._woken.set()
+
+    def sleep(self, stop: threading.Event, seconds: float) -> None:
+        if not stop.is_set():
+            self._woken.wait(seconds)
+            self._woken.clear()
 
     def run_once(self) -> dict[str, int]:
         """One renewal round trip; returns counts by result (ok, lost, error)."""
