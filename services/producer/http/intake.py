@@ -25,6 +25,7 @@ import itertools
 import logging
 import selectors
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -41,7 +42,7 @@ from taskline.settings import Settings
 from taskline_producer.http import request_metrics, woken
 from taskline_producer.http.balancer import BalancedThreadWorker
 from taskline_producer.http.framing import Framed, Refused, RequestFramer
-from taskline_producer.http.lanes import ListLane, is_list_read
+from taskline_producer.http.lanes import ListLane, is_list_read, lane_threads
 from taskline_producer.http.waiting import PARKING, WAIT_UNTIL, Parked, Reply
 from taskline_producer.schemas.errors import CLOSE_CONNECTION, error_bytes
 
@@ -85,6 +86,8 @@ class IntakeWorker(BalancedThreadWorker):
         self._deadlines: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
         self._lane = ListLane(settings.api_list_threads)
+        self._lane_threads = lane_threads(settings.api_list_threads, settings.api_list_nice)
+        self._switch_interval_s = settings.api_switch_interval_ms / 1000
         self._parked: dict[Any, tuple[Parked, float]] = {}
         """Connections whose answer waits for a job to finish (taskline_producer.http.waiting),
         with its deadline: on the event loop, holding no thread."""
@@ -101,7 +104,12 @@ class IntakeWorker(BalancedThreadWorker):
         # After post_worker_init, which needs the Flask app itself as worker.wsgi.
         self._flask = self.wsgi
         self.wsgi = closing_when_asked(offering_parking(self.wsgi, self))
-        super().run()
+        # How long a thread back from PostgreSQL waits for a busy one to hand over the GIL.
+        sys.setswitchinterval(self._switch_interval_s)
+        try:
+            super().run()
+        finally:
+            self._lane_threads.shutdown(wait=False)
 
     # --- the event loop side -------------------------------------------------------------
 
@@ -158,8 +166,10 @@ class IntakeWorker(BalancedThreadWorker):
         if isinstance(outcome, Framed):
             self._unwatch(conn)
             conn.framed = outcome
-            if not is_list_read(outcome.message) or self._lane.admit(conn):
+            if not is_list_read(outcome.message):
                 super().enqueue_req(conn)
+            elif self._lane.admit(conn):
+                self._list(conn)
         elif isinstance(outcome, Refused):
             self._answer_and_close(conn, outcome.status, outcome.code, outcome.message)
         else:
@@ -176,6 +186,11 @@ class IntakeWorker(BalancedThreadWorker):
         if framer.expects_continue and not state.continued:
             state.continued = True
             _send(conn.sock, _CONTINUE)
+
+    def _list(self, conn: Any) -> None:
+        """Run `conn`'s admitted list read on the lane's threads (as gthread's enqueue_req)."""
+        fs = self._lane_threads.submit(self.handle, conn)
+        fs.add_done_callback(lambda f: self.method_queue.defer(self.finish_request, conn, f))
 
     def _set_deadline(self, conn: Any, state: _Reading, phase: str, seconds: float) -> None:
         state.phase, state.deadline = phase, time.monotonic() + seconds
@@ -234,7 +249,7 @@ class IntakeWorker(BalancedThreadWorker):
         self._expire()
         if not self.alive:
             for conn in self._lane.release_all():  # answered before the worker exits
-                super().enqueue_req(conn)
+                self._list(conn)
 
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         if self._deadlines:
@@ -390,7 +405,7 @@ class IntakeWorker(BalancedThreadWorker):
         connection."""
         following = self._lane.done(conn)  # a list read's slot goes on, even if it waits now
         if following is not None:
-            super().enqueue_req(following)
+            self._list(following)
         parked = getattr(conn, "parked", None)
         if parked is not None:
             conn.parked = None

@@ -1,12 +1,14 @@
-"""The list lane: how many of an API process's request threads may serve list reads at once.
+"""The list lane: an API process's list reads run on threads of their own, at most `limit` at once.
 
 A list or page read (the job, workflow, DLQ, audit, queue and schedule lists, a workflow's
 steps) costs tens of times a single enqueue. Without a bound, 32 clients listing in a loop hold
 every request thread, and an enqueue waits behind them for a thread: measured, its p50 went from
 5 ms to 90 ms. Here a framed request is classified on the event loop from its request line; at
 most `limit` list reads run at once per process (`TASKLINE_API_LIST_THREADS`), and the others
-wait in arrival order, holding a connection and its read bytes but no thread, so every other
-request always finds a thread. Listing clients are answered, later, never refused.
+wait in arrival order, holding a connection and its read bytes but no thread. The admitted ones
+run on the lane's own `limit` threads (`lane_threads`), never on the request threads, so every
+other request always finds a thread; those threads may run at a lower OS priority
+(`TASKLINE_API_LIST_NICE`). Listing clients are answered, later, never refused.
 
 Invariant: every admitted list read is matched by one `done`, which hands its slot to the
 oldest waiting one; nothing waits once the worker stops (`release_all`).
@@ -14,8 +16,12 @@ oldest waiting one; nothing waits once the worker stops (`release_all`).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 # A GET of a collection (its query string, if any, follows) or of one workflow (its steps).
@@ -27,6 +33,22 @@ _LIST_READ = re.compile(
 def is_list_read(message: bytes) -> bool:
     """Whether the framed request `message` (its head first) is a list or page read."""
     return _LIST_READ.match(message, 0, 512) is not None
+
+
+def lane_threads(limit: int, nice: int) -> ThreadPoolExecutor:
+    """The `limit` threads that run admitted list reads, each `nice` steps below the process's
+    priority (Linux sets a thread's nice by its id)."""
+    return ThreadPoolExecutor(max_workers=limit, thread_name_prefix="list-lane",
+                              initializer=_lower_priority, initargs=(nice,))
+
+
+def _lower_priority(nice: int) -> None:
+    if nice <= 0:
+        return
+    tid = threading.get_native_id()
+    # Relative to the process's own nice; lowering a priority needs no privilege.
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + nice, 19))
 
 
 class ListLane:
