@@ -10,20 +10,26 @@ connected, then while every waiter is held; then starts a worker, which finishes
 (`bench.noop`), and reads each job's `finished_at` (PostgreSQL's clock on the same host: the
 finishing transaction's start, so the delay is counted from a little before its commit, never
 after). The targets: the enqueue rate and the other requests' p99 within 10 % of the quiet run's,
-every waiter answered `succeeded`.
+every waiter answered `succeeded`. With BENCH_PROFILE_DIR set, py-spy records the API through
+the quiet and the beside phases (bench/pyspy.py, GIL holders only); each phase's API CPU per
+request is reported (its worker processes' user + system time over the phase's requests).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
+import os
 import selectors
 import socket
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from clients import Connection
+from cpu import children, process_cpu_s
 from scenarios import quantiles
 from stack import Stack, wait_until
 
@@ -32,6 +38,7 @@ WAITER_PROCS = 4
 WAIT_S = 30
 ENQUEUES = 1000
 READS = 1000
+REQUESTS = ENQUEUES + READS + 40  # of a phase, the warm-ups included
 
 
 def _enqueue(base: str, count: int) -> list[str]:
@@ -119,6 +126,23 @@ def _waiters(base: str, ids: list[str], ready: Any, out: Any) -> None:
     out.put(answered)
 
 
+def _api_cpu_s(stack: Stack) -> float:
+    """User + system CPU seconds the API's worker processes have used so far."""
+    return sum(process_cpu_s(pid) for pid in children(stack.api_pid))
+
+
+def _profiled(stack: Stack, phase: str) -> contextlib.AbstractContextManager[None]:
+    """With BENCH_PROFILE_DIR set, py-spy records the API's processes through `phase` into
+    <dir>/waiters_<phase>.txt (raw collapsed stacks), else nothing."""
+    folder = os.environ.get("BENCH_PROFILE_DIR")
+    if not folder:
+        return contextlib.nullcontext()
+    from pyspy import recording
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return recording(stack.api_pid, Path(folder) / f"waiters_{phase}.txt", gil=True)
+
+
 def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
     """Enqueue rate and other requests' p99 quiet and beside `waiters` waiting requests; the
     wake-up delay (ms) from the finishing commit to the answer."""
@@ -126,8 +150,11 @@ def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
     ctx = mp.get_context("fork")
     with stack.api(workers=2) as base:
         target = _enqueue(base, 1)[0]
-        quiet_rate = _enqueue_rate(base, ENQUEUES)
-        quiet_reads = quantiles(_read_latencies(base, target, READS))
+        with _profiled(stack, "quiet"):
+            cpu = _api_cpu_s(stack)
+            quiet_rate = _enqueue_rate(base, ENQUEUES)
+            quiet_reads = quantiles(_read_latencies(base, target, READS))
+            quiet_cpu = _api_cpu_s(stack) - cpu
         ids = _enqueue(base, waiters)
         ready, out = ctx.Queue(), ctx.Queue()
         procs = [ctx.Process(target=_waiters, args=(base, ids[i::WAITER_PROCS], ready, out))
@@ -137,8 +164,11 @@ def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
         for _ in procs:
             ready.get(timeout=60)
         time.sleep(1.0)  # every request read and parked
-        held_rate = _enqueue_rate(base, ENQUEUES)
-        held_reads = quantiles(_read_latencies(base, target, READS))
+        with _profiled(stack, "beside"):
+            cpu = _api_cpu_s(stack)
+            held_rate = _enqueue_rate(base, ENQUEUES)
+            held_reads = quantiles(_read_latencies(base, target, READS))
+            held_cpu = _api_cpu_s(stack) - cpu
         with stack.workers(1, 16):
             answered: dict[str, tuple[float, str]] = {}
             for _ in procs:
@@ -156,6 +186,8 @@ def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
                               "ratio": held_rate / quiet_rate},
             "other_requests_ms": {"quiet": quiet_reads, "beside_waiters": held_reads,
                                   "p99_ratio": held_reads["p99"] / quiet_reads["p99"]},
+            "api_cpu_ms_per_request": {"quiet": quiet_cpu * 1000 / REQUESTS,
+                                       "beside_waiters": held_cpu * 1000 / REQUESTS},
             "wake_up_ms": quantiles(delays) if delays else None,
             "within_10pct": (held_rate >= 0.9 * quiet_rate
                              and held_reads["p99"] <= 1.1 * quiet_reads["p99"])}
