@@ -6,13 +6,14 @@ thread each would measure the client's scheduler), each sending one
 `GET /api/v1/jobs/{id}?wait_s=30` for a job of its own and stamping (host clock) the instant its
 answer is whole. `beside_waiters` runs one client's single enqueues one at a time (its rate)
 and one client's job reads one at a time (`other requests`: their p99), first with nothing else
-connected, then while every waiter is held; then starts a worker, which finishes the waited jobs
-(`bench.noop`), and reads each job's `finished_at` (PostgreSQL's clock on the same host: the
-finishing transaction's start, so the delay is counted from a little before its commit, never
-after). The targets: the enqueue rate and the other requests' p99 within 10 % of the quiet run's,
-every waiter answered `succeeded`. With BENCH_PROFILE_DIR set, py-spy records the API through
-the quiet and the beside phases (bench/pyspy.py, GIL holders only); each phase's API CPU per
-request is reported (its worker processes' user + system time over the phase's requests).
+connected, then while every waiter is held (the API's waiting-requests gauge counts them all);
+then starts a worker, which finishes the waited jobs (`bench.noop`), and reads each job's
+`finished_at` (PostgreSQL's clock on the same host: the finishing transaction's start, so the
+delay is counted from a little before its commit, never after). The targets: the enqueue rate
+and the other requests' p99 within 10 % of the quiet run's, every waiter answered
+`succeeded`. Each phase's API CPU per request is reported (its worker processes' user + system
+time over the phase's requests); with BENCH_PROFILE_DIR set, py-spy records the API through
+both phases (bench/pyspy.py, GIL holders only).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import requests
 from clients import Connection
 from cpu import children, process_cpu_s
 from scenarios import quantiles
@@ -126,6 +128,13 @@ def _waiters(base: str, ids: list[str], ready: Any, out: Any) -> None:
     out.put(answered)
 
 
+def _parked(base: str) -> float:
+    """The requests the API holds waiting (its taskline_api_waiting_requests gauge)."""
+    text = requests.get(base + "/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("taskline_api_waiting_requests"))
+
+
 def _api_cpu_s(stack: Stack) -> float:
     """User + system CPU seconds the API's worker processes have used so far."""
     return sum(process_cpu_s(pid) for pid in children(stack.api_pid))
@@ -163,7 +172,10 @@ def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
             proc.start()
         for _ in procs:
             ready.get(timeout=60)
-        time.sleep(1.0)  # every request read and parked
+        # Sent is not parked: reading and parking 1,000 requests takes the API seconds of CPU
+        # on a busy machine, which the beside phase would otherwise count as the waiters' cost.
+        wait_until(lambda: _parked(base) >= waiters, timeout=60, interval=0.1)
+        time.sleep(0.5)
         with _profiled(stack, "beside"):
             cpu = _api_cpu_s(stack)
             held_rate = _enqueue_rate(base, ENQUEUES)
