@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None, store: ApiStore | None = None,
     errors.init_app(app)
     events.init_app(app)
     waiting.init_app(app, settings)
-    listcache.init_app(app, settings.api_list_cache_s, on_loop=not settings.auth_enabled)
+    listcache.init_app(app, settings.api_list_cache_s)
     for blueprint in (jobs.bp, inspection.bp, health.bp, apidoc.bp, events.bp, dashboard.bp,
                       auth.bp, audit.bp, pauses.bp, limits.bp, schedules.bp, bulkdlq.bp,
                       workflows.bp, jobtypes.bp):

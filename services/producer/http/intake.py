@@ -38,7 +38,7 @@ from gunicorn.http import wsgi
 
 from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED, WOKEN_ANSWERS
 from taskline.settings import Settings
-from taskline_producer.http import listcache, request_metrics, woken
+from taskline_producer.http import request_metrics, woken
 from taskline_producer.http.balancer import BalancedThreadWorker
 from taskline_producer.http.framing import Framed, Refused, RequestFramer
 from taskline_producer.http.lanes import ListLane, is_list_read, lane_threads
@@ -96,14 +96,11 @@ class IntakeWorker(BalancedThreadWorker):
         """Woken waiters the next burst answers (taskline_producer.http.woken), one at a time."""
         self._bursting = False
         self._flask: Any = None
-        self._list_cache: listcache.ListCache | None = None
         self._serving = threading.local()
 
     def run(self) -> None:
         # After post_worker_init, which needs the Flask app itself as worker.wsgi.
         self._flask = self.wsgi
-        cache = listcache.of(self._flask)
-        self._list_cache = cache if cache is not None and cache.on_loop else None
         self.wsgi = closing_when_asked(offering_parking(self.wsgi, self))
         try:
             super().run()
@@ -167,8 +164,6 @@ class IntakeWorker(BalancedThreadWorker):
             conn.framed = outcome
             if not is_list_read(outcome.message):
                 super().enqueue_req(conn)
-            elif self._answered_from_cache(conn, outcome):
-                return
             elif self._lane.admit(conn):
                 self._list(conn)
         elif isinstance(outcome, Refused):
@@ -187,40 +182,6 @@ class IntakeWorker(BalancedThreadWorker):
         if framer.expects_continue and not state.continued:
             state.continued = True
             _send(conn.sock, _CONTINUE)
-
-    def _answered_from_cache(self, conn: Any, framed: Framed) -> bool:
-        """Answer a repeated list request from the list cache here, on the loop
-        (taskline_producer.http.listcache); False: it was not one."""
-        answer = None
-        if self._list_cache is not None and self.alive and framed.complete:
-            answer = self._list_cache.answer_on_loop(framed.message)
-        if answer is None:
-            return False
-        started = time.perf_counter()
-        try:
-            sent = conn.sock.send(answer)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:  # the client left
-            self._drop(conn)
-            return True
-        request_metrics.record(listcache.ROUTE, "GET", 200, started)
-        if sent == len(answer):
-            self._read(conn, framed.rest)
-        else:  # the client's buffer is full: a thread writes the rest, with a deadline
-            fs = self.tpool.submit(self._send_rest, conn, answer[sent:])
-            fs.add_done_callback(lambda f: self.method_queue.defer(self.finish_request, conn, f))
-        return True
-
-    def _send_rest(self, conn: Any, rest: bytes) -> bool:
-        """On a thread: the rest of an answer written on the loop; whether to keep the
-        connection."""
-        try:
-            conn.sock.settimeout(self.body_s)
-            conn.sock.sendall(rest)
-        except OSError:
-            return False
-        return True
 
     def _list(self, conn: Any) -> None:
         """Run `conn`'s admitted list read on the lane's threads (as gthread's enqueue_req)."""
@@ -431,11 +392,6 @@ class IntakeWorker(BalancedThreadWorker):
             with contextlib.suppress(KeyError, ValueError):
                 self.poller.unregister(conn.sock)
 
-    @property
-    def lists_on_loop(self) -> bool:
-        """Whether the event loop answers repeated list requests from the list cache."""
-        return self._list_cache is not None
-
     def serving(self) -> Any:
         """The connection whose request this thread serves (None off a request)."""
         return getattr(self._serving, "conn", None)
@@ -539,16 +495,12 @@ class Parking:
 def offering_parking(app: Callable[..., Iterable[bytes]],
                      worker: IntakeWorker) -> Callable[..., Iterable[bytes]]:
     """WSGI middleware: a request read on the event loop may wait there (PARKING); one run
-    again after a wake-up is told its first deadline (WAIT_UNTIL); a list request whose
-    repeats the loop may answer from the list cache carries its bytes (RAW_REQUEST)."""
+    again after a wake-up is told its first deadline (WAIT_UNTIL)."""
 
     def wrapped(wsgi_env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         conn = worker.serving()
-        framed = getattr(conn, "framed", None)
-        if framed is not None:
+        if conn is not None and getattr(conn, "framed", None) is not None:
             wsgi_env[PARKING] = Parking(worker, conn)
-            if worker.lists_on_loop and listcache.loop_may_answer(framed.message):
-                wsgi_env[listcache.RAW_REQUEST] = framed.message
             until = getattr(conn, "wait_until", None)
             if until is not None:
                 wsgi_env[WAIT_UNTIL] = until
