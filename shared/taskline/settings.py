@@ -100,6 +100,9 @@ class Settings:
     """How much lower the OS priority (Linux nice) of each API process's list threads is than
     its request threads', so the kernel runs an enqueue's thread first when both want a core;
     0 <= value <= 19."""
+    api_list_rate: float = 0.0
+    """List and page reads each API process starts per second at most (0: no pace); more
+    wait, holding no thread, and are answered in turn; 0 <= value <= 100000."""
     api_list_cache_s: float = 1.0
     """Seconds an API process answers GET /api/v1/workflows from what the same query by the
     same principal was answered (its step counts, and workflows another API process created,
@@ -227,6 +230,7 @@ class Settings:
             (self.min_schedule_period_s >= 1, "TASKLINE_MIN_SCHEDULE_PERIOD_S must be >= 1"),
             (1 <= self.api_list_threads <= 1024, "TASKLINE_API_LIST_THREADS must be 1..1024"),
             (0 <= self.api_list_nice <= 19, "TASKLINE_API_LIST_NICE must be 0..19"),
+            (0 <= self.api_list_rate <= 100_000, "TASKLINE_API_LIST_RATE must be 0..100000"),
             (0 <= self.api_list_cache_s <= 60, "TASKLINE_API_LIST_CACHE_S must be 0..60"),
             (0 < self.http_header_timeout_s <= 3600,
              "TASKLINE_HTTP_HEADER_TIMEOUT_S must be > 0 and <= 3600"),

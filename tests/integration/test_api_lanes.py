@@ -101,3 +101,22 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+def test_paced_lists_are_all_answered_at_the_pace(template_db: str, tmp_path: Path):
+    with running_api(template_db, tmp_path, TASKLINE_API_LIST_RATE="5") as api:
+        answers: list[int] = []
+        listers = [threading.Thread(target=_list, args=(api.url("/api/v1/workflows"), answers))
+                   for _ in range(30)]
+        started = time.monotonic()
+        for t in listers:
+            t.start()
+        enqueued = requests.post(api.url("/api/v1/jobs"), json={"type": "lane.paced"},
+                                 timeout=10)
+        assert enqueued.status_code == 201 and time.monotonic() - started < 1.5
+        for t in listers:
+            t.join(timeout=60)
+        took = time.monotonic() - started
+    assert sorted(answers) == [200] * 30  # held, never refused
+    # Two processes, 5 a second each after one second's worth: 20 more take about 2 s.
+    assert took > 1.5, f"30 lists took {took:.1f} s at 5 a second per process"

@@ -84,7 +84,7 @@ class IntakeWorker(BalancedThreadWorker):
         self._reading: dict[Any, _Reading] = {}
         self._deadlines: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
-        self._lane = ListLane(settings.api_list_threads)
+        self._lane = ListLane(settings.api_list_threads, settings.api_list_rate)
         self._lane_threads = lane_threads(settings.api_list_threads, settings.api_list_nice)
         self._parked: dict[Any, tuple[Parked, float]] = {}
         """Connections whose answer waits for a job to finish (taskline_producer.http.waiting),
@@ -243,6 +243,8 @@ class IntakeWorker(BalancedThreadWorker):
         # Called on every turn of gthread's loop, while serving and while stopping.
         super().murder_pending()
         self._expire()
+        for conn in self._lane.due():  # list reads the pace held until now
+            self._list(conn)
         if not self.alive:
             for conn in self._lane.release_all():  # answered before the worker exits
                 self._list(conn)
@@ -250,6 +252,9 @@ class IntakeWorker(BalancedThreadWorker):
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         if self._deadlines:
             timeout = min(timeout, max(self._deadlines[0][0] - time.monotonic(), 0.0))
+        paced = self._lane.next_due_s()
+        if paced is not None:
+            timeout = min(timeout, paced)
         super().wait_for_and_dispatch_events(timeout)
 
     # --- waiting requests (taskline_producer.http.waiting) ---------------------------------------
