@@ -100,7 +100,7 @@ class Settings:
     """How much lower the OS priority (Linux nice) of each API process's list threads is than
     its request threads', so the kernel runs an enqueue's thread first when both want a core;
     0 <= value <= 19."""
-    api_list_rate: float = 0.0
+    api_list_rate: float = 50.0
     """List and page reads each API process starts per second at most (0: no pace); more
     wait, holding no thread, and are answered in turn; 0 <= value <= 100000."""
     api_list_cache_s: float = 1.0
