@@ -10,9 +10,9 @@ run on the lane's own `limit` threads (`lane_threads`), never on the request thr
 other request always finds a thread; those threads may run at a lower OS priority
 (`TASKLINE_API_LIST_NICE`). With `rate` set (`TASKLINE_API_LIST_RATE`), at most that many
 list reads start per second per process (a token bucket holding one second's worth): clients
-listing in a closed loop take whatever the API answers, so the lists' own pace, not their
-number, bounds the CPU they take from enqueues. Listing clients are answered, later, never
-refused.
+listing in a closed loop take every answer the API gives, so the pace of those answers, not
+what one costs, bounds the CPU they take from the enqueues (docs/performance.md). Listing
+clients are answered, later, never refused.
 
 Invariant: every admitted list read is matched by one `done`, which hands its slot to the
 oldest waiting one when the pace allows, else `due` starts it once a token is there (the event
@@ -59,7 +59,7 @@ def _lower_priority(nice: int) -> None:
 
 
 class ListLane:
-    """Admission of list reads to request threads, on the worker's event loop (one thread)."""
+    """Admission of list reads to the lane's threads, on the worker's event loop (one thread)."""
 
     def __init__(self, limit: int, rate: float = 0.0) -> None:
         self.limit = limit
