@@ -21,9 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scenarios as sc
 from clients import post_concurrently
+from pyspy import PY_SPY
 from stack import ROOT, Stack, open_stack, wait_until
-
-PY_SPY = str(Path(sys.executable).with_name("py-spy"))
 
 
 def record(pid: int, seconds: int, out: Path) -> None:

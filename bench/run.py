@@ -31,7 +31,9 @@ Redis Cluster it starts from `redis-server` (bench/clustered.py), in interleaved
 `cluster_partition_pairs` runs them on that cluster with TASKLINE_QUEUE_PARTITIONS 3 against 1.
 `waiters_1000` holds 1,000 waiting requests (`wait_s`) on one API of 2 processes: one client's
 enqueue rate and job reads' p99 beside them against a quiet run, then the wake-up delay from
-each job's finishing commit to its waiter's answer (bench/waiting.py).
+each job's finishing commit to its waiter's answer (bench/waiting.py); `waiters_0` runs the same
+phases with no waiter (only when named), the control for what the phases' order alone does
+to the ratios.
 `--only audit_verify` (only when named) builds a history of 250,000, 500,000 and 1,000,000 jobs
 (1, 5 and 10 million with --big; any with --audit-sizes) by copying a template of 1,000 jobs run
 by a worker, and times `taskline audit verify` over each with its CPU and peak memory, and the
@@ -457,6 +459,10 @@ def only_when_named(stack: Stack, args: argparse.Namespace, only: set[str],
     """The long scenarios, part of a run only when named."""
     if "retention" in only:
         results["retention"] = retention(stack, args)
+    if "waiters_0" in only:  # waiters_1000's control: its phases with no waiter
+        results["waiters_0"] = measure(stack, lambda s: waiting.beside_waiters(s, 0),
+                                       args.repeat, [])
+        show("waiters_0", results["waiters_0"])
     if "limits" in only:  # about ten minutes
         results["limits"] = limits.run_all(stack, args.jobs, args.soak_pairs)
     if "audit_verify" in only:  # minutes per million jobs, most of it building the history

@@ -58,6 +58,9 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
         proc.wait()
 
 
+SET_PREFIX = "BENCH_SET_"
+
+
 class Stack:
     """Where the benchmark's PostgreSQL and Redis are, and how taskline processes reach them."""
 
@@ -65,7 +68,12 @@ class Stack:
         self.admin_url = admin_url
         self.redis_url = redis_url
         self.redis = redis.Redis.from_url(redis_url)
-        self.extra_env: dict[str, str] = {}
+        # BENCH_SET_TASKLINE_X=v in the benchmark's environment sets TASKLINE_X=v for every
+        # process it starts (its own TASKLINE_ variables are not passed on): one setting's
+        # effect is measured by pairs of one checkout (bench/pairs.py --after-env).
+        self.extra_env: dict[str, str] = {
+            k.removeprefix(SET_PREFIX): v for k, v in os.environ.items()
+            if k.startswith(SET_PREFIX + "TASKLINE_")}
         self.api_pid = 0  # the gunicorn master serving now (the API's or the floor's)
         # Per measurement: the client connections each gunicorn process holds (see placement).
         self.placements: list[list[int]] = []

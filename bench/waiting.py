@@ -6,24 +6,32 @@ thread each would measure the client's scheduler), each sending one
 `GET /api/v1/jobs/{id}?wait_s=30` for a job of its own and stamping (host clock) the instant its
 answer is whole. `beside_waiters` runs one client's single enqueues one at a time (its rate)
 and one client's job reads one at a time (`other requests`: their p99), first with nothing else
-connected, then while every waiter is held; then starts a worker, which finishes the waited jobs
-(`bench.noop`), and reads each job's `finished_at` (PostgreSQL's clock on the same host: the
-finishing transaction's start, so the delay is counted from a little before its commit, never
-after). The targets: the enqueue rate and the other requests' p99 within 10 % of the quiet run's,
-every waiter answered `succeeded`.
+connected, then while every waiter is held (the API's waiting-requests gauge counts them all);
+then starts a worker, which finishes the waited jobs (`bench.noop`), and reads each job's
+`finished_at` (PostgreSQL's clock on the same host: the finishing transaction's start, so the
+delay is counted from a little before its commit, never after). The targets: the enqueue rate
+and the other requests' p99 within 10 % of the quiet run's, every waiter answered
+`succeeded`. Each phase's API CPU per request is reported (its worker processes' user + system
+time over the phase's requests); with BENCH_PROFILE_DIR set, py-spy records the API through
+both phases (bench/pyspy.py, GIL holders only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
+import os
 import selectors
 import socket
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import requests
 from clients import Connection
+from cpu import children, process_cpu_s
 from scenarios import quantiles
 from stack import Stack, wait_until
 
@@ -32,6 +40,7 @@ WAITER_PROCS = 4
 WAIT_S = 30
 ENQUEUES = 1000
 READS = 1000
+REQUESTS = ENQUEUES + READS + 40  # of a phase, the warm-ups included
 
 
 def _enqueue(base: str, count: int) -> list[str]:
@@ -119,6 +128,30 @@ def _waiters(base: str, ids: list[str], ready: Any, out: Any) -> None:
     out.put(answered)
 
 
+def _parked(base: str) -> float:
+    """The requests the API holds waiting (its taskline_api_waiting_requests gauge)."""
+    text = requests.get(base + "/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("taskline_api_waiting_requests"))
+
+
+def _api_cpu_s(stack: Stack) -> float:
+    """User + system CPU seconds the API's worker processes have used so far."""
+    return sum(process_cpu_s(pid) for pid in children(stack.api_pid))
+
+
+def _profiled(stack: Stack, phase: str) -> contextlib.AbstractContextManager[None]:
+    """With BENCH_PROFILE_DIR set, py-spy records the API's processes through `phase` into
+    <dir>/waiters_<phase>.txt (raw collapsed stacks), else nothing."""
+    folder = os.environ.get("BENCH_PROFILE_DIR")
+    if not folder:
+        return contextlib.nullcontext()
+    from pyspy import recording
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return recording(stack.api_pid, Path(folder) / f"waiters_{phase}.txt", gil=True)
+
+
 def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
     """Enqueue rate and other requests' p99 quiet and beside `waiters` waiting requests; the
     wake-up delay (ms) from the finishing commit to the answer."""
@@ -126,8 +159,11 @@ def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
     ctx = mp.get_context("fork")
     with stack.api(workers=2) as base:
         target = _enqueue(base, 1)[0]
-        quiet_rate = _enqueue_rate(base, ENQUEUES)
-        quiet_reads = quantiles(_read_latencies(base, target, READS))
+        with _profiled(stack, "quiet"):
+            cpu = _api_cpu_s(stack)
+            quiet_rate = _enqueue_rate(base, ENQUEUES)
+            quiet_reads = quantiles(_read_latencies(base, target, READS))
+            quiet_cpu = _api_cpu_s(stack) - cpu
         ids = _enqueue(base, waiters)
         ready, out = ctx.Queue(), ctx.Queue()
         procs = [ctx.Process(target=_waiters, args=(base, ids[i::WAITER_PROCS], ready, out))
@@ -136,9 +172,15 @@ def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
             proc.start()
         for _ in procs:
             ready.get(timeout=60)
-        time.sleep(1.0)  # every request read and parked
-        held_rate = _enqueue_rate(base, ENQUEUES)
-        held_reads = quantiles(_read_latencies(base, target, READS))
+        # Sent is not parked: reading and parking 1,000 requests takes the API seconds of CPU
+        # on a busy machine, which the beside phase would otherwise count as the waiters' cost.
+        wait_until(lambda: _parked(base) >= waiters, timeout=60, interval=0.1)
+        time.sleep(0.5)
+        with _profiled(stack, "beside"):
+            cpu = _api_cpu_s(stack)
+            held_rate = _enqueue_rate(base, ENQUEUES)
+            held_reads = quantiles(_read_latencies(base, target, READS))
+            held_cpu = _api_cpu_s(stack) - cpu
         with stack.workers(1, 16):
             answered: dict[str, tuple[float, str]] = {}
             for _ in procs:
@@ -156,6 +198,8 @@ def beside_waiters(stack: Stack, waiters: int = 1000) -> dict[str, Any]:
                               "ratio": held_rate / quiet_rate},
             "other_requests_ms": {"quiet": quiet_reads, "beside_waiters": held_reads,
                                   "p99_ratio": held_reads["p99"] / quiet_reads["p99"]},
+            "api_cpu_ms_per_request": {"quiet": quiet_cpu * 1000 / REQUESTS,
+                                       "beside_waiters": held_cpu * 1000 / REQUESTS},
             "wake_up_ms": quantiles(delays) if delays else None,
             "within_10pct": (held_rate >= 0.9 * quiet_rate
                              and held_reads["p99"] <= 1.1 * quiet_reads["p99"])}

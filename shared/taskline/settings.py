@@ -92,10 +92,17 @@ class Settings:
     """Shortest time between two slots of a schedule, seconds; a cron expression firing more
     often is refused (422); >= 1 (slots are whole seconds)."""
     api_list_threads: int = 2
-    """Of each API process's request threads, how many may serve list and page reads (GET of
-    the job, workflow, DLQ, audit, queue and schedule lists, and a workflow's steps) at once;
+    """Threads of each API process that serve list and page reads (GET of the job, workflow,
+    DLQ, audit, queue and schedule lists, and a workflow's steps), beside its request threads;
     more such reads wait for one without holding a thread, so a storm of them never leaves
     enqueues waiting for a thread; 1 <= value <= 1024."""
+    api_list_nice: int = 10
+    """How much lower the OS priority (Linux nice) of each API process's list threads is than
+    its request threads', so the kernel runs an enqueue's thread first when both want a core;
+    0 <= value <= 19."""
+    api_list_rate: float = 50.0
+    """List and page reads each API process starts per second at most (0: no pace); more
+    wait, holding no thread, and are answered in turn; 0 <= value <= 100000."""
     api_list_cache_s: float = 1.0
     """Seconds an API process answers GET /api/v1/workflows from what the same query by the
     same principal was answered (its step counts, and workflows another API process created,
@@ -222,6 +229,8 @@ class Settings:
             (self.max_schedules >= 1, "TASKLINE_MAX_SCHEDULES must be >= 1"),
             (self.min_schedule_period_s >= 1, "TASKLINE_MIN_SCHEDULE_PERIOD_S must be >= 1"),
             (1 <= self.api_list_threads <= 1024, "TASKLINE_API_LIST_THREADS must be 1..1024"),
+            (0 <= self.api_list_nice <= 19, "TASKLINE_API_LIST_NICE must be 0..19"),
+            (0 <= self.api_list_rate <= 100_000, "TASKLINE_API_LIST_RATE must be 0..100000"),
             (0 <= self.api_list_cache_s <= 60, "TASKLINE_API_LIST_CACHE_S must be 0..60"),
             (0 < self.http_header_timeout_s <= 3600,
              "TASKLINE_HTTP_HEADER_TIMEOUT_S must be > 0 and <= 3600"),

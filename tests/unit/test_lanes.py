@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -48,3 +49,25 @@ def test_a_stopping_worker_runs_every_waiting_read():
         assert not lane.admit(conn)
     assert lane.release_all() == rest
     assert lane.running == 4
+
+
+def test_a_paced_lane_starts_at_most_its_rate_and_the_rest_in_turn():
+    lane = ListLane(100, rate=20)
+    conns = [SimpleNamespace(name=n) for n in range(40)]
+    admitted = [c for c in conns if lane.admit(c)]
+    assert admitted == conns[:20]  # one second's worth of tokens
+    assert lane.due() == []
+    assert 0 < (lane.next_due_s() or 0) <= 0.05
+    assert lane.done(admitted[0]) is None  # no token: the slot is not handed on at once
+    time.sleep(0.26)
+    started = lane.due()
+    assert started == conns[20:20 + len(started)] and 4 <= len(started) <= 7  # in order
+    assert lane.running == 19 + len(started)
+
+
+def test_an_unpaced_lane_has_nothing_due():
+    lane = ListLane(1)
+    first, second = SimpleNamespace(), SimpleNamespace()
+    assert lane.admit(first) and not lane.admit(second)
+    assert lane.next_due_s() is None and lane.due() == []
+    assert lane.done(first) is second

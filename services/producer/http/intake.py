@@ -41,7 +41,7 @@ from taskline.settings import Settings
 from taskline_producer.http import request_metrics, woken
 from taskline_producer.http.balancer import BalancedThreadWorker
 from taskline_producer.http.framing import Framed, Refused, RequestFramer
-from taskline_producer.http.lanes import ListLane, is_list_read
+from taskline_producer.http.lanes import ListLane, is_list_read, lane_threads
 from taskline_producer.http.waiting import PARKING, WAIT_UNTIL, Parked, Reply
 from taskline_producer.schemas.errors import CLOSE_CONNECTION, error_bytes
 
@@ -84,7 +84,8 @@ class IntakeWorker(BalancedThreadWorker):
         self._reading: dict[Any, _Reading] = {}
         self._deadlines: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
-        self._lane = ListLane(settings.api_list_threads)
+        self._lane = ListLane(settings.api_list_threads, settings.api_list_rate)
+        self._lane_threads = lane_threads(settings.api_list_threads, settings.api_list_nice)
         self._parked: dict[Any, tuple[Parked, float]] = {}
         """Connections whose answer waits for a job to finish (taskline_producer.http.waiting),
         with its deadline: on the event loop, holding no thread."""
@@ -101,7 +102,10 @@ class IntakeWorker(BalancedThreadWorker):
         # After post_worker_init, which needs the Flask app itself as worker.wsgi.
         self._flask = self.wsgi
         self.wsgi = closing_when_asked(offering_parking(self.wsgi, self))
-        super().run()
+        try:
+            super().run()
+        finally:
+            self._lane_threads.shutdown(wait=False)
 
     # --- the event loop side -------------------------------------------------------------
 
@@ -158,8 +162,10 @@ class IntakeWorker(BalancedThreadWorker):
         if isinstance(outcome, Framed):
             self._unwatch(conn)
             conn.framed = outcome
-            if not is_list_read(outcome.message) or self._lane.admit(conn):
+            if not is_list_read(outcome.message):
                 super().enqueue_req(conn)
+            elif self._lane.admit(conn):
+                self._list(conn)
         elif isinstance(outcome, Refused):
             self._answer_and_close(conn, outcome.status, outcome.code, outcome.message)
         else:
@@ -176,6 +182,11 @@ class IntakeWorker(BalancedThreadWorker):
         if framer.expects_continue and not state.continued:
             state.continued = True
             _send(conn.sock, _CONTINUE)
+
+    def _list(self, conn: Any) -> None:
+        """Run `conn`'s admitted list read on the lane's threads (as gthread's enqueue_req)."""
+        fs = self._lane_threads.submit(self.handle, conn)
+        fs.add_done_callback(lambda f: self.method_queue.defer(self.finish_request, conn, f))
 
     def _set_deadline(self, conn: Any, state: _Reading, phase: str, seconds: float) -> None:
         state.phase, state.deadline = phase, time.monotonic() + seconds
@@ -232,13 +243,18 @@ class IntakeWorker(BalancedThreadWorker):
         # Called on every turn of gthread's loop, while serving and while stopping.
         super().murder_pending()
         self._expire()
+        for conn in self._lane.due():  # list reads the pace held until now
+            self._list(conn)
         if not self.alive:
             for conn in self._lane.release_all():  # answered before the worker exits
-                super().enqueue_req(conn)
+                self._list(conn)
 
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         if self._deadlines:
             timeout = min(timeout, max(self._deadlines[0][0] - time.monotonic(), 0.0))
+        paced = self._lane.next_due_s()
+        if paced is not None:
+            timeout = min(timeout, paced)
         super().wait_for_and_dispatch_events(timeout)
 
     # --- waiting requests (taskline_producer.http.waiting) ---------------------------------------
@@ -390,7 +406,7 @@ class IntakeWorker(BalancedThreadWorker):
         connection."""
         following = self._lane.done(conn)  # a list read's slot goes on, even if it waits now
         if following is not None:
-            super().enqueue_req(following)
+            self._list(following)
         parked = getattr(conn, "parked", None)
         if parked is not None:
             conn.parked = None
