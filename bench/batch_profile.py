@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import redis
+from opcodes import count_opcodes
 from psycopg import sql
 
 from taskline.settings import Settings
@@ -87,25 +88,8 @@ def _measure(client: Any, name: str, batches: int) -> tuple[float, float]:
 
 
 def _opcodes(client: Any, batches: int) -> int:
-    """Python bytecode instructions executed by `batches` batches: a count that, unlike
-    time, the machine's load does not move (C code, orjson's or the driver's, counts only as
-    the instruction that called it)."""
-    count = 0
-
-    def trace(frame: Any, event: str, _arg: Any) -> Any:
-        nonlocal count
-        if event == "call":
-            frame.f_trace_opcodes = True
-        elif event == "opcode":
-            count += 1
-        return trace
-
-    sys.settrace(trace)
-    try:
-        _post(client, batches)
-    finally:
-        sys.settrace(None)
-    return count
+    """Python bytecode instructions executed by `batches` batches (bench/opcodes.py)."""
+    return count_opcodes(lambda: _post(client, batches))
 
 
 def _report(profile: Any, jobs: int, top: int, dump: str | None) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from opcodes import count_opcodes
 from pairs import report
 
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/postgres")
@@ -69,27 +70,15 @@ def _timed(enqueue_one: Any, backend: int, warmup: int, jobs: int) -> dict[str, 
 
 
 def _opcodes(enqueue_one: Any, backend: int, warmup: int, calls: int) -> dict[str, float]:
-    """Python bytecode instructions per call (C code, the driver's, counts as the instruction
-    that called it)."""
+    """Python bytecode instructions per call (bench/opcodes.py)."""
     for _ in range(warmup):
         enqueue_one()
-    count = 0
 
-    def trace(frame: Any, event: str, _arg: Any) -> Any:
-        nonlocal count
-        if event == "call":
-            frame.f_trace_opcodes = True
-        elif event == "opcode":
-            count += 1
-        return trace
-
-    sys.settrace(trace)
-    try:
+    def run() -> None:
         for _ in range(calls):
             enqueue_one()
-    finally:
-        sys.settrace(None)
-    return {"opcodes_per_call": count / calls}
+
+    return {"opcodes_per_call": count_opcodes(run) / calls}
 
 
 def _on_psycopg(url: str, warmup: int, jobs: int, measure: Measure) -> dict[str, float]:
