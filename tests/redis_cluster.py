@@ -140,7 +140,9 @@ class RedisClusterServers:
         with replica.client() as c:
             c.execute_command("CLUSTER", "FAILOVER")
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while replica.role() != "master" or not self._healthy():
+        # Until the old master knows it is a replica, it still answers CLUSTER SLOTS as the
+        # slot's owner, and master_of may name it.
+        while replica.role() != "master" or master.role() == "master" or not self._healthy():
             if time.monotonic() > deadline:
                 raise ServerError("the failover did not complete")
             time.sleep(0.05)
