@@ -16,6 +16,7 @@ Usage: python bench/run.py [--jobs N] [--big] [--repeat R] [--only NAME,...] [--
            [--memory-jobs N] [--shared-postgres] [--log-level LEVEL]
            [--soak-s S] [--soak-window-s S] [--soak-sample-s S] [--soak-pairs N]
            [--audit-sizes N,...] [--audit-keep DIR[,DIR...]] [--audit-seed-only]
+           [--history-jobs N] [--history-rate R] [--history-buckets B]
            [--out bench-results/latest.json]
 `--only unique` runs the four unique and debounce scenarios (bench/uniques.py) with the plain
 single and batch enqueues they are read beside.
@@ -48,6 +49,13 @@ pickup while neither it nor the API reaches Redis.
 `--only retention` (never part of a run without --only: it lasts about half an hour) runs the
 retention soak at half the 2-worker drain rate with TASKLINE_RETAIN_SUCCEEDED_S=60, then drains
 with retention on and off in interleaved pairs (docs/performance.md, "Retention soak").
+`--only history_soak` (only when named; about an hour at 10 million jobs) builds a history of
+--history-jobs (10 million) finished jobs spread over jobs / --history-rate seconds, sets
+every retention window to its age, offers --history-rate (600) new jobs a second for --soak-s
+and reports over the last --soak-window-s: table and index sizes, autovacuum runs and time,
+rows deleted, partitions dropped, maintenance CPU and WAL per hour; then the drain and single
+enqueue rates on it against an empty database in --soak-pairs interleaved pairs
+(bench/history.py). Run with an older checkout's virtualenv, it measures that schema.
 `--only limits` (also only when named, about ten minutes) runs the flow-limit scenarios of
 bench/limits.py: --soak-pairs interleaved pairs of an unlimited type's drain beside a limited
 one and alone, a 60 s rate limit, an idle worker waiting on a full budget, and fairness.
@@ -79,6 +87,7 @@ import audit
 import clustered
 import cpu
 import degraded
+import history
 import limits
 import ordering
 import peers
@@ -366,6 +375,12 @@ def parse_args() -> argparse.Namespace:
                              "(or one per size, comma-separated)")
     parser.add_argument("--audit-seed-only", action="store_true",
                         help="audit_verify: build the history to the sizes, audit nothing")
+    parser.add_argument("--history-jobs", type=int, default=10_000_000,
+                        help="history_soak: jobs of history")
+    parser.add_argument("--history-rate", type=float, default=600.0,
+                        help="history_soak: jobs/s offered, and expiring")
+    parser.add_argument("--history-buckets", type=int, default=40,
+                        help="history_soak: partitions the history spans (partitioned schema)")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "latest.json"))
     return parser.parse_args()
 
@@ -463,6 +478,10 @@ def only_when_named(stack: Stack, args: argparse.Namespace, only: set[str],
         results["waiters_0"] = measure(stack, lambda s: waiting.beside_waiters(s, 0),
                                        args.repeat, [])
         show("waiters_0", results["waiters_0"])
+    if "history_soak" in only:
+        results["history_soak"] = history.run(
+            stack, args.history_jobs, args.history_rate, args.history_buckets, args.soak_s,
+            args.soak_window_s, args.soak_sample_s, args.soak_pairs)
     if "limits" in only:  # about ten minutes
         results["limits"] = limits.run_all(stack, args.jobs, args.soak_pairs)
     if "audit_verify" in only:  # minutes per million jobs, most of it building the history

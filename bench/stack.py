@@ -84,12 +84,16 @@ class Stack:
         self.schema = os.environ.get("TASKLINE_SCHEMA") or DEFAULT_SCHEMA
         self.private_postgres = False
         """Whether PostgreSQL is the benchmark's own cluster (its CPU is then the stack's)."""
+        self.postgres_log: Path | None = None
+        """The private cluster's server log (bench/history.py reads autovacuum's runs in it)."""
+        self.db_name = DB_NAME
+        """The database the processes use; bench/history.py switches it to compare two."""
         self.last_cpu: dict[str, float] | None = None
         """The last drain's CPU ms per job by component (bench/cpu.py), for run.py to report."""
 
     @property
     def url(self) -> str:
-        return urlunsplit(urlsplit(self.admin_url)._replace(path="/" + DB_NAME))
+        return urlunsplit(urlsplit(self.admin_url)._replace(path="/" + self.db_name))
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLINE_")}
@@ -125,8 +129,8 @@ class Stack:
         """A fresh database and an empty Redis DB."""
         self.close_sql()
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-            conn.execute(f"CREATE DATABASE {DB_NAME}")
+            conn.execute(f"DROP DATABASE IF EXISTS {self.db_name} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {self.db_name}")
         subprocess.run([sys.executable, "-m", "taskline_cli.main", "migrate"], env=self.env(),
                        check=True, stdout=subprocess.DEVNULL)
         if os.environ.get("BENCH_DECLARED") == "1":  # bench/benchjobs.py's declared types
@@ -255,5 +259,6 @@ def open_stack(shared_postgres: bool) -> Iterator[Stack]:
             admin_url = pg.url()
         stack = Stack(admin_url)
         stack.private_postgres = not shared_postgres
+        stack.postgres_log = None if shared_postgres else pg.log_path
         resources.callback(stack.close_sql)
         yield stack
