@@ -44,37 +44,43 @@ UUID7 = ("encode(set_byte(overlay(uuid_send(gen_random_uuid()) PLACING substring
          "(get_byte(uuid_send(gen_random_uuid()), 6) & 15) | 112), 'hex')::uuid")
 
 
-def _columns(stack: Stack, table: str, skip: tuple[str, ...]) -> list[str]:
-    rows = stack.sql("SELECT column_name FROM information_schema.columns "
-                     "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
-                     stack.schema, table)
-    return [r[0] for r in rows if r[0] not in skip]
+def _columns(stack: Stack, table: str, skip: tuple[str, ...], alias: str,
+             shifted: bool) -> tuple[str, str]:
+    """`table`'s columns but `skip`, and the values copying them from `alias` (each timestamp
+    moved by the copy's `m.shift` when `shifted`)."""
+    rows = [r for r in stack.sql(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+        stack.schema, table) if r[0] not in skip]
+    values = [f"{alias}.{name} + m.shift" if shifted and kind.startswith("timestamp")
+              else f"{alias}.{name}" for name, kind in rows]
+    return ", ".join(r[0] for r in rows), ", ".join(values)
 
 
-def _copy_statement(stack: Stack) -> str:
-    """One statement writing `%s` copies of the template jobs with their leases and events."""
-    jobs = _columns(stack, "jobs", ("id",))
-    leases = _columns(stack, "job_leases", ("id", "job_id"))
-    events = _columns(stack, "job_events", ("id", "job_id"))
-
-    def cols(names: list[str], alias: str) -> str:
-        return ", ".join(f"{alias}.{n}" for n in names)
-
+def _copy_statement(stack: Stack, shifted: bool = False) -> str:
+    """One statement writing `%(copies)s` copies of the `%(template)s` jobs with their leases
+    and events. `shifted`: each copy's timestamps moved by `%(base)s + (g - 1) * %(step)s`
+    seconds, g its number in the statement (bench/history.py spreads a history over time)."""
+    jobs, jobs_v = _columns(stack, "jobs", ("id",), "j", shifted)
+    leases, leases_v = _columns(stack, "job_leases", ("id", "job_id"), "l", shifted)
+    events, events_v = _columns(stack, "job_events", ("id", "job_id"), "e", shifted)
+    shift = ("make_interval(secs => %(base)s + (g - 1) * %(step)s) AS shift, "
+             if shifted else "")
     return f"""
 WITH m AS MATERIALIZED (
-    SELECT old, {UUID7} AS new
-    FROM (SELECT j.id AS old FROM taskline.jobs j CROSS JOIN generate_series(1, %s) g
-          WHERE j.id = ANY(%s::uuid[]) ORDER BY g, j.id) copies
+    SELECT old, {shift}{UUID7} AS new
+    FROM (SELECT j.id AS old, g FROM taskline.jobs j CROSS JOIN generate_series(1, %(copies)s) g
+          WHERE j.id = ANY(%(template)s::uuid[]) ORDER BY g, j.id) copies
 ), nj AS (
-    INSERT INTO taskline.jobs (id, {", ".join(jobs)})
-    SELECT m.new, {cols(jobs, "j")} FROM m JOIN taskline.jobs j ON j.id = m.old ORDER BY m.new
+    INSERT INTO taskline.jobs (id, {jobs})
+    SELECT m.new, {jobs_v} FROM m JOIN taskline.jobs j ON j.id = m.old ORDER BY m.new
 ), nl AS (
-    INSERT INTO taskline.job_leases (job_id, {", ".join(leases)})
-    SELECT m.new, {cols(leases, "l")} FROM m JOIN taskline.job_leases l ON l.job_id = m.old
+    INSERT INTO taskline.job_leases (job_id, {leases})
+    SELECT m.new, {leases_v} FROM m JOIN taskline.job_leases l ON l.job_id = m.old
     ORDER BY m.new, l.id
 )
-INSERT INTO taskline.job_events (job_id, {", ".join(events)})
-SELECT m.new, {cols(events, "e")} FROM m JOIN taskline.job_events e ON e.job_id = m.old
+INSERT INTO taskline.job_events (job_id, {events})
+SELECT m.new, {events_v} FROM m JOIN taskline.job_events e ON e.job_id = m.old
 ORDER BY m.new, e.id  -- a copy's events keep their order (the audit reads them by id)
 """
 
@@ -115,7 +121,7 @@ def _template(stack: Stack) -> list[str]:
     return [str(r[0]) for r in stack.sql("SELECT id FROM taskline.jobs")]
 
 
-def _execute(stack: Stack, statement: str, *params: object) -> None:
+def _execute(stack: Stack, statement: str, params: dict[str, Any] | None = None) -> None:
     """A statement that returns no rows, on a connection of its own."""
     with psycopg.connect(stack.url, autocommit=True) as conn:
         conn.execute(in_schema(statement, stack.schema), params)
@@ -131,7 +137,7 @@ def _grow(stack: Stack, template: list[str], statement: str, jobs: int) -> float
         copies = min(COPY_BATCH, (jobs - have) // len(template))
         if copies < 1:
             break
-        _execute(stack, statement, copies, template)
+        _execute(stack, statement, {"copies": copies, "template": template})
         have += copies * len(template)
     for table in ("jobs", "job_leases", "job_events"):  # what autovacuum does after inserts
         _execute(stack, f"VACUUM (ANALYZE) taskline.{table}")

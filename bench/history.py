@@ -41,8 +41,6 @@ import scenarios as sc
 from clients import Connection, post_concurrently
 from stack import DB_NAME, Stack, wait_until
 
-from taskline.store.queries import in_schema
-
 EMPTY_DB = DB_NAME + "_empty"
 """The empty database the rates are compared with, in the same cluster."""
 ROOTS = re.compile(r"^(jobs|job_events|job_leases|dead_letter_jobs)(?:_p\d+(?:_k)?|_legacy|"
@@ -60,44 +58,6 @@ def _partitioned(stack: Stack) -> bool:
         "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table p JOIN pg_class c "
         "ON c.oid = p.partrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relname = 'job_events')", stack.schema)[0][0])
-
-
-def _shifted_copy(stack: Stack) -> str:
-    """audit's copy statement with each copy's timestamps moved by `base + (g - 1) * step`
-    seconds (g: the copy's number within the statement)."""
-    def cols(table: str, skip: tuple[str, ...], alias: str) -> tuple[str, str]:
-        rows = stack.sql("SELECT column_name, data_type FROM information_schema.columns "
-                         "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
-                         stack.schema, table)
-        names = [r[0] for r in rows if r[0] not in skip]
-        values = [f"{alias}.{n} + m.shift" if t.startswith("timestamp") else f"{alias}.{n}"
-                  for n, t in ((r[0], r[1]) for r in rows if r[0] not in skip)]
-        return ", ".join(names), ", ".join(values)
-
-    jobs, jobs_v = cols("jobs", ("id",), "j")
-    leases, leases_v = cols("job_leases", ("id", "job_id"), "l")
-    events, events_v = cols("job_events", ("id", "job_id"), "e")
-    return f"""
-WITH m AS MATERIALIZED (
-    SELECT old, make_interval(secs => %(base)s + (g - 1) * %(step)s) AS shift, {audit.UUID7} AS new
-    FROM (SELECT j.id AS old, g FROM taskline.jobs j CROSS JOIN generate_series(1, %(copies)s) g
-          WHERE j.id = ANY(%(template)s::uuid[]) ORDER BY g, j.id) copies
-), nj AS (
-    INSERT INTO taskline.jobs (id, {jobs}) SELECT m.new, {jobs_v}
-    FROM m JOIN taskline.jobs j ON j.id = m.old ORDER BY m.new
-), nl AS (
-    INSERT INTO taskline.job_leases (job_id, {leases}) SELECT m.new, {leases_v}
-    FROM m JOIN taskline.job_leases l ON l.job_id = m.old ORDER BY m.new, l.id
-)
-INSERT INTO taskline.job_events (job_id, {events}) SELECT m.new, {events_v}
-FROM m JOIN taskline.job_events e ON e.job_id = m.old ORDER BY m.new, e.id
-"""
-
-
-def _execute(stack: Stack, statement: str, params: dict[str, Any]) -> None:
-    """A statement with named parameters that returns no rows, on a connection of its own."""
-    with psycopg.connect(stack.url, autocommit=True) as conn:
-        conn.execute(in_schema(statement, stack.schema), params)
 
 
 def _place(stack: Stack, k: int) -> None:
@@ -131,7 +91,7 @@ def build(stack: Stack, jobs: int, span_s: float, buckets: int) -> dict[str, Any
     started = time.monotonic()
     stack.reset()
     template = audit._template(stack)
-    statement = _shifted_copy(stack)
+    statement = audit._copy_statement(stack, shifted=True)
     partitioned = _partitioned(stack)
     ref, now = stack.sql("SELECT extract(epoch FROM max(finished_at)), extract(epoch FROM now())"
                          " FROM taskline.jobs")[0]
@@ -147,8 +107,8 @@ def build(stack: Stack, jobs: int, span_s: float, buckets: int) -> dict[str, Any
         while done < last:
             n = min(audit.COPY_BATCH, last - done)
             base = oldest + done * step - float(ref)
-            _execute(stack, statement, {"base": base, "step": step, "copies": n,
-                                        "template": template})
+            audit._execute(stack, statement, {"base": base, "step": step, "copies": n,
+                                              "template": template})
             done += n
         print(f"history_soak build: bucket {b + 1}/{buckets}, {done * len(template):,} jobs, "
               f"{time.monotonic() - started:.0f} s", flush=True)
@@ -163,17 +123,15 @@ def build(stack: Stack, jobs: int, span_s: float, buckets: int) -> dict[str, Any
 
 def _stats(stack: Stack) -> dict[str, Any]:
     """One sample: history table sizes, rows deleted so far, WAL position, partitions."""
-    dels = {r[0]: int(r[1]) for r in stack.sql(
-        "SELECT COALESCE(r.relname, s.relname), sum(s.n_tup_del) FROM pg_stat_user_tables s "
-        "LEFT JOIN pg_class r ON r.oid = pg_partition_root(s.relid) AND r.oid <> s.relid "
-        "GROUP BY 1 HAVING COALESCE(r.relname, s.relname) = ANY(%s)", list(sc.HISTORY_TABLES))}
+    tables = sc.table_sizes(stack)
     wal, queued = stack.sql("SELECT pg_current_wal_lsn() - '0/0', (SELECT count(*) FROM "
                             "taskline.jobs WHERE status = 'queued')")[0]
     parts = [r[0] for r in stack.sql(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
         "WHERE i.inhparent = ANY(ARRAY[to_regclass(%s), to_regclass(%s)])",
         f"{stack.schema}.job_events", f"{stack.schema}.job_leases")]
-    return {"tables": sc.table_sizes(stack), "deleted": dels, "wal": int(wal),
+    return {"tables": tables, "deleted": {t: v["deleted"] for t, v in tables.items()},
+            "wal": int(wal),
             "queued": int(queued), "partitions": sorted(parts)}
 
 
@@ -371,7 +329,6 @@ def migrate_under_load(stack: Stack, python: str, settle_s: float = 20.0) -> dic
     enqueues a second: every enqueue's latency, the migration's time, then the fault
     checker's per-job rules over every job acknowledged (bench/history_check.py, run with
     `python`)."""
-    latencies: list[tuple[float, float, str]] = []
     stop = threading.Event()
     with stack.api() as base, stack.process("maintenance"), \
             stack.workers(2, sc.DRAIN_CONCURRENCY):

@@ -393,17 +393,19 @@ DEAD_PEAK_RATIO = 1.25
 
 
 def table_sizes(stack: Stack) -> dict[str, dict[str, int]]:
-    """Each history table's total size with its indexes (bytes), dead and live tuples, and how
-    many times autovacuum has vacuumed it; a partitioned table's partitions added up
-    (migration 0021: its vacuums are those of its partitions)."""
+    """Each history table's total size with its indexes (bytes), dead and live tuples, how
+    many times autovacuum has vacuumed it and rows deleted since the server started; a
+    partitioned table's partitions added up (migration 0021: its vacuums are those of its
+    partitions)."""
     rows = stack.sql("SELECT COALESCE(r.relname, s.relname) AS name, "
                      "sum(pg_total_relation_size(s.relid)), sum(s.n_dead_tup), "
-                     "sum(s.n_live_tup), sum(s.autovacuum_count) FROM pg_stat_user_tables s "
+                     "sum(s.n_live_tup), sum(s.autovacuum_count), sum(s.n_tup_del) "
+                     "FROM pg_stat_user_tables s "
                      "LEFT JOIN pg_class r ON r.oid = pg_partition_root(s.relid) "
                      "AND r.oid <> s.relid GROUP BY 1 HAVING COALESCE(r.relname, s.relname) "
                      "= ANY(%s)", list(HISTORY_TABLES))
     return {r[0]: {"bytes": int(r[1]), "dead": int(r[2]), "live": int(r[3]),
-                   "vacuums": int(r[4])} for r in rows}
+                   "vacuums": int(r[4]), "deleted": int(r[5])} for r in rows}
 
 
 def kept_census(stack: Stack) -> dict[str, Any]:
