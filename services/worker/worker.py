@@ -106,7 +106,8 @@ class Worker:
         webhook.configure(settings)  # the built-in webhook handler's address allow-list
         self.store = Store.connect(settings.database_url, pool_size=concurrency + EXTRA_CONNECTIONS,
                                    schema=settings.schema, application_name="taskline-worker",
-                                   transaction_pooled=settings.transaction_pooled)
+                                   transaction_pooled=settings.transaction_pooled,
+                                   generic_plans=True)
         self.dispatcher = Dispatcher(settings.redis_url, block_timeout_s=block_timeout_s,
                                      timeout_s=REDIS_TIMEOUT_S, breaker=True,
                                      partitions=settings.queue_partitions)

@@ -234,3 +234,55 @@ def test_a_column_added_under_prepared_statements_costs_one_retry(settings, disp
         assert claimed.job.attempts == 1, "the refused claim did not run"
     finally:
         store.dispose()
+
+
+
+def _claim_plans(store: Store) -> tuple[str, int, int]:
+    """The store's plan_cache_mode, and the (generic, custom) plans its claim's prepared
+    statement ran. Read in autocommit: psycopg deallocates every prepared statement of a
+    connection whose transaction rolls back, as the pool's return does with one left open."""
+    with store.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        mode = conn.execute(text("SHOW plan_cache_mode")).scalar()
+        (generic, custom), = [(g, c) for s, g, c in conn.execute(text(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"))
+            if "INSERT INTO taskline.job_leases" in s]
+    return mode, generic, custom
+
+
+def test_a_generic_plans_store_plans_its_claim_once(settings, dispatcher):
+    """generic_plans (the worker's store): the claim runs the plan made when it was prepared,
+    never one per call, whatever PostgreSQL's estimates favour (docs/performance.md)."""
+    store = Store.connect(settings.database_url, pool_size=1, max_overflow=0,
+                          generic_plans=True)
+    try:
+        for _ in range(8):
+            succeed(store, claim_one(store, dispatcher).lease_id, "w1")
+        assert _claim_plans(store) == ("force_generic_plan", 8, 0)
+    finally:
+        store.dispose()
+
+
+def test_by_default_postgresql_plans_the_claim_per_call_first(settings, dispatcher):
+    """The control: left to choose, PostgreSQL plans a prepared statement for each call's
+    values at least five times, and after that whenever its estimates favour it."""
+    store = Store.connect(settings.database_url, pool_size=1, max_overflow=0)
+    try:
+        for _ in range(8):
+            succeed(store, claim_one(store, dispatcher).lease_id, "w1")
+        mode, generic, custom = _claim_plans(store)
+        assert mode == "auto" and custom >= 5 and generic + custom == 8
+    finally:
+        store.dispose()
+
+
+def test_a_transaction_pooled_store_sets_no_plan_mode(settings):
+    """Through a transaction pooler nothing is prepared, and a session setting would pass to
+    the pooler's other clients: generic_plans sets nothing there."""
+    store = Store.connect(settings.database_url, pool_size=1, max_overflow=0,
+                          generic_plans=True, transaction_pooled=True)
+    try:
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SHOW plan_cache_mode")).scalar() == "auto"
+    finally:
+        store.dispose()

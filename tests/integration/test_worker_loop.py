@@ -125,3 +125,14 @@ def test_unclaimed_ids_in_the_processing_list_go_back_at_shutdown(settings, stor
     assert dispatcher.client.lrange(Q.ready(7), 0, -1) == [str(queued.id)]
     assert dispatcher.client.llen(Q.ready(3)) == 0
     assert store.get_job(queued.id).status.value == "queued"
+
+
+def test_the_workers_connections_run_generic_plans(settings, store, dispatcher):
+    """Every statement a worker prepares runs one plan, made once (store.make_engine's
+    generic_plans): its claims and settles find rows by ids and literal states."""
+    enqueue(store, dispatcher, "t.record", {"tag": "planned"})
+    with running_worker(settings, concurrency=1) as worker:
+        wait_for(lambda: th.tags() == ["planned"], message="the job run")
+        with worker.store.engine.connect() as conn:
+            mode = conn.execute(text("SHOW plan_cache_mode")).scalar()
+    assert mode == "force_generic_plan"
