@@ -111,9 +111,9 @@ client's interpreter to the two cores the API runs on; 1 drives all 32 from one 
 closer to 32 clients on other hosts (BENCH_LISTER_PROCS)."""
 
 
-def _lister(base: str, stop: Any, counts: Any, conns: int = 1) -> None:
+def _lister(base: str, stop: Any, counts: Any, conns: int = 1, measuring: Any = None) -> None:
     """GET the workflow list in a closed loop on each of `conns` kept-alive connections until
-    `stop`; put (answers, non-2xx answers)."""
+    `stop`; put (answers while `measuring` was set, non-2xx answers at any time)."""
     parts = urlsplit(base)
     request = f"GET /api/v1/workflows HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode()
     sel = selectors.DefaultSelector()
@@ -129,7 +129,7 @@ def _lister(base: str, stop: Any, counts: Any, conns: int = 1) -> None:
             status = _whole_answer(buffer)
             if status is None:
                 continue
-            answered += 1
+            answered += measuring is None or measuring.is_set()
             failed += not 200 <= status < 300
             sock.sendall(request)  # type: ignore[union-attr]
     for key in list(sel.get_map().values()):
@@ -177,16 +177,21 @@ def enqueue_beside_lists(stack: Stack, jobs: int = 2000) -> dict[str, Any]:
         for i in range(LISTED):
             _submit(base, f"big{i}", steps)
         quiet = quantiles(_enqueue_latencies(base, jobs))
-        stop, counts = ctx.Event(), ctx.Queue()
+        stop, counts, measuring = ctx.Event(), ctx.Queue(), ctx.Event()
         listers = [ctx.Process(target=_lister,
-                               args=(base, stop, counts, len(range(i, LISTERS, LISTER_PROCS))))
+                               args=(base, stop, counts, len(range(i, LISTERS, LISTER_PROCS)),
+                                     measuring))
                    for i in range(LISTER_PROCS)]
         for proc in listers:
             proc.start()
         time.sleep(2.0)  # every lister connected and listing
+        # Lists a second count the measured phase's answers only: the first two seconds'
+        # (the pace's first second's worth at once) would add a third to them.
+        measuring.set()
         started = time.perf_counter()
         loaded = quantiles(_enqueue_latencies(base, jobs))
         seconds = time.perf_counter() - started
+        measuring.clear()
         stop.set()
         totals = [counts.get(timeout=120) for _ in listers]
         for proc in listers:
