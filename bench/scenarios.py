@@ -157,6 +157,9 @@ def pickup(stack: Stack, jobs: int = 300, spacing_s: float = 0.02) -> dict[str, 
                      "FROM taskline.jobs j JOIN taskline.job_leases l ON l.job_id = j.id")
     return {"from_201_ms": quantiles([(r[1] - answered[r[0]]) * 1000 for r in rows]),
             "from_request_ms": quantiles([(r[1] - sent[r[0]]) * 1000 for r in rows]),
+            # The part from_201 leaves out: a sooner 201 lengthens from_201 alone.
+            "request_to_201_ms": quantiles([(answered[r[0]] - sent[r[0]]) * 1000
+                                            for r in rows]),
             "pg_created_to_lease_ms": quantiles([float(r[2]) for r in rows])}
 
 
