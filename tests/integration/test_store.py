@@ -236,7 +236,6 @@ def test_a_column_added_under_prepared_statements_costs_one_retry(settings, disp
         store.dispose()
 
 
-
 def _claim_plans(store: Store) -> tuple[str, int, int]:
     """The store's plan_cache_mode, and the (generic, custom) plans its claim's prepared
     statement ran. Read in autocommit: psycopg deallocates every prepared statement of a
