@@ -8,6 +8,7 @@ at the limit, and a queue whose jobs finished no longer counts."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 
 import psycopg
@@ -20,6 +21,7 @@ from taskline.errors import InvalidJob, QueueLimitReached
 from taskline.jobs import new_job_id
 from taskline.settings import Settings
 from taskline.store.bulk import COPY_MIN_JOBS
+from taskline.store.queries import load_queries
 from taskline.store.store import Store, sqlalchemy_url
 from taskline_maintenance.scheduler import Scheduler
 from taskline_producer.app import close_app, create_app
@@ -189,3 +191,58 @@ def test_a_workflow_with_a_step_for_a_queue_too_many_is_refused_whole(limited, s
     assert refused.get_json()["error"]["code"] == "queue_limit"
     assert jobs(store) == 3
     assert limited.get("/api/v1/workflows").get_json()["workflows"] == []
+
+
+def set_status(store: Store, queue: str, status: str) -> None:
+    with store.transaction() as conn:
+        conn.execute(text("UPDATE taskline.jobs SET status = :status WHERE queue = :queue"),
+                     {"status": status, "queue": queue})
+
+
+def test_every_unfinished_state_holds_its_queue_and_a_queue_counts_once(limited, store):
+    """The count reads queued, scheduled/retrying/waiting and running jobs by three indexes:
+    each state alone holds its queue, and a queue in several of them counts once."""
+    for queue in ("q1", "q2", "q3"):
+        assert enqueue(limited, queue).status_code == 201
+    assert enqueue(limited, "q1", delay_s=3600).status_code == 201  # q1 queued and scheduled
+    assert enqueue(limited, "q4").status_code == 422
+    for status in ("retrying", "waiting", "running", "scheduled"):
+        set_status(store, "q2", status)
+        refused = enqueue(limited, "q4")
+        assert refused.status_code == 422, status
+        assert refused.get_json()["error"]["details"]["queues"] == ["q4"]
+    set_status(store, "q2", "dead")
+    assert enqueue(limited, "q4").status_code == 201
+    # q4 now queued: a job for q4 that is also scheduled there is no queue more.
+    assert enqueue(limited, "q4", delay_s=3600).status_code == 201
+
+
+def test_the_count_reads_queues_not_jobs(store):
+    """A write to a queue without work counts the queues holding unfinished jobs one probe per
+    queue (jobs_claimable, jobs_parked_queue): counted by job, it read every one of the 5,000
+    queued and 1,000 scheduled jobs here (a 60 ms enqueue beside 200,000 queued jobs)."""
+    rows = [{"id": str(new_job_id()), "type": "echo", "queue": f"q{i % 5}", "payload": {},
+             "priority": 5, "status": "queued" if i < 5000 else "scheduled",
+             "max_retries": 3, "timeout_s": 30.0, "run_at": None, "delay_s": 0,
+             "idempotency_key": None, "request_hash": None, "trace_context": None,
+             "actor": None, "limit_key": None} for i in range(6000)]
+    store.insert_jobs_with_events(rows)
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(
+            text("VACUUM ANALYZE taskline.jobs"))
+        shown = conn.execute(text(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + str(load_queries()["queue_limit_refused"])),
+            {"queues": ["empty"], "max_queues": 3}).scalar_one()
+        conn.rollback()
+    plan = json.dumps(shown)
+    top = shown[0]["Plan"]
+    assert "jobs_claimable" in plan and "jobs_parked_queue" in plan, plan
+    assert '"Actual Rows": 6000' not in plan and "Seq Scan" not in plan, plan
+    assert top["Shared Hit Blocks"] + top["Shared Read Blocks"] < 200, plan
+    one = {**rows[0], "id": str(new_job_id()), "queue": "empty", "status": "queued"}
+    store.max_queues = 5  # q0 - q4 hold unfinished jobs
+    with pytest.raises(QueueLimitReached) as refused:
+        store.insert_jobs_with_events([one])
+    assert refused.value.queues == ["empty"]
+    store.max_queues = 6
+    assert len(store.insert_jobs_with_events([one])) == 1

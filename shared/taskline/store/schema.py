@@ -119,6 +119,11 @@ Index("jobs_claimable", jobs.c.queue, jobs.c.priority.desc(), jobs.c.created_at,
 # jobs_claimable that test read every queued keyed job of the queue.
 Index("jobs_plain_queued", jobs.c.queue, jobs.c.priority,
       postgresql_where=text("status = 'queued' AND ordering_key IS NULL"))
+# The queues holding scheduled, retrying or waiting jobs, read one probe per queue: with
+# jobs_claimable (queued) and the running jobs, the queue limit counts queues, never jobs
+# (queue_limit_ctes; migration 0024). Jobs that are only queued, run and finish never enter it.
+Index("jobs_parked_queue", jobs.c.queue,
+      postgresql_where=text("status IN ('scheduled', 'retrying', 'waiting')"))
 # Retention reads expired jobs oldest first through these, never by scanning the table; the
 # second holds the jobs a release before 0003 finished without stamping finished_at.
 Index("jobs_finished", jobs.c.status, jobs.c.finished_at,

@@ -18,7 +18,7 @@ SELECT * FROM taskline.workflows WHERE idempotency_key = :idempotency_key;
 -- Insert a workflow's steps (a JSON array of jobs, each with its step id and its count of
 -- parents) in input order, each with its first event (:first_events, as insert_jobs_with_events).
 -- Over the queue limit it writes nothing and returns one row with `refused`, as that one does.
-WITH input AS MATERIALIZED (
+WITH RECURSIVE input AS MATERIALIZED (
     SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
@@ -28,23 +28,9 @@ WITH input AS MATERIALIZED (
                               timeout_s, run_at, delay_s, trace_context, actor, step,
                               pending_parents, limit_key, run_when, ordering_key, tags,
                               start_within_s, ord)
-), fresh AS MATERIALIZED (
-    -- The queue limit, as in insert_jobs_with_events: only the input's queues without a
-    -- queued or running job may add a queue, so only then are the queues counted.
-    SELECT t.queue FROM (SELECT DISTINCT queue FROM input OFFSET 0) t  -- each queue once
-    WHERE NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'queued'
-                      OFFSET 0)
-      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
-                      OFFSET 0)
-), refused AS MATERIALIZED (
-    SELECT f.queues
-    FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
-         LATERAL (SELECT count(DISTINCT j.queue) AS active,
-                         count(DISTINCT j.queue) FILTER (WHERE j.queue = ANY(f.queues)) AS present
-                  FROM taskline.jobs j
-                  WHERE f.n > 0
-                    AND j.status IN ('queued', 'scheduled', 'retrying', 'running', 'waiting')) a
-    WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
+), limit_queues AS (
+    SELECT DISTINCT queue FROM input OFFSET 0
+-- include: queue_limit_ctes
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
                       next_run_at, trace_context, workflow_id, step, pending_parents, limit_key,
