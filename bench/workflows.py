@@ -218,7 +218,8 @@ def enqueue_beside_lists(stack: Stack, jobs: int = 2000) -> dict[str, Any]:
         totals = [counts.get(timeout=120) for _ in listers]
         for proc in listers:
             proc.join()
-    ratios = sorted(quantiles(b)["p99"] / quantiles(a)["p99"] for a, b in zip(quiet, loaded))
+    ratios = sorted(quantiles(b)["p99"] / quantiles(a)["p99"]
+                    for a, b in zip(quiet, loaded, strict=True))
     ratio = ratios[len(ratios) // 2]
     return {"quiet_ms": quantiles([t for b in quiet for t in b]),
             "listing_ms": quantiles([t for b in loaded for t in b]),

@@ -230,9 +230,9 @@ def test_the_count_reads_queues_not_jobs(store):
     with store.engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(
             text("VACUUM ANALYZE taskline.jobs"))
-        shown = conn.execute(text(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + str(load_queries()["queue_limit_refused"])),
-            {"queues": ["empty"], "max_queues": 3}).scalar_one()
+        counting = str(load_queries()["queue_limit_refused"])
+        shown = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + counting),
+                             {"queues": ["empty"], "max_queues": 3}).scalar_one()
         conn.rollback()
     plan = json.dumps(shown)
     top = shown[0]["Plan"]
