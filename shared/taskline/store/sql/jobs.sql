@@ -48,7 +48,7 @@ VALUES (:job_id, :attempt, :event, :worker_id, CAST(:detail AS jsonb));
 -- Over the queue limit (see `fresh`) it inserts nothing and returns one row: `refused`, the
 -- input's queues without unfinished jobs (every other row has `refused` null): the queue limit,
 -- queue_limit_ctes.
-WITH RECURSIVE input AS MATERIALIZED (
+WITH input AS MATERIALIZED (
     SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
@@ -86,14 +86,14 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 
 -- name: queue_limit_ctes
 -- Not a statement: the queue limit (TASKLINE_MAX_QUEUES) of a write to the queues of the CTE
--- before it, `limit_queues` (each once), as CTEs `fresh` and `refused` (the statement starts WITH
--- RECURSIVE): a job for one queue more than :max_queues holding unfinished jobs is refused, and
--- the statement writes nothing. Only a queue without a queued or running job (`fresh`: a probe
--- of jobs_claimable, and of the few running jobs) may add a queue, so only then are the queues
--- holding unfinished jobs counted. They are counted by queue name, never by job: a skip scan of
--- jobs_claimable (queued) and of jobs_parked_queue (scheduled, retrying, waiting), one probe
--- per queue, and the running jobs (at most the workers' slots). Counted by job, a write to an
--- empty queue read every unfinished job: 60 ms beside 200,000 queued jobs (docs/performance.md).
+-- before it, `limit_queues` (each once), as CTEs `fresh` and `refused`: a job for one queue
+-- more than :max_queues holding unfinished jobs is refused, and the statement writes nothing.
+-- Only a queue without a queued or running job (`fresh`: a probe of jobs_claimable, and of the
+-- few running jobs) may add a queue, so only then are the queues holding unfinished jobs counted,
+-- by queues_in_use (migration 0024): one index probe per queue, never one read per job (counted
+-- by job, a write to an empty queue beside 200,000 queued jobs took 57 ms; docs/performance.md).
+-- A function, not CTEs of this statement: PostgreSQL sets up every node of a statement's plan on
+-- each call, run or not, and the count's CTEs made every write 7 % slower.
 ), fresh AS MATERIALIZED (
     -- A queue's queued jobs are probed as "the first queued queue from it on is it": in
     -- jobs_claimable's order, one probe whatever the statistics say. Asked as an equality, a
@@ -105,30 +105,12 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
            ORDER BY j.queue LIMIT 1) IS DISTINCT FROM t.queue
       AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
                       OFFSET 0)
-), queued_queues (queue) AS (
-    (SELECT j.queue FROM taskline.jobs j WHERE j.status = 'queued' ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM taskline.jobs j WHERE j.status = 'queued' AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM queued_queues q WHERE q.queue IS NOT NULL
-), parked_queues (queue) AS (
-    (SELECT j.queue FROM taskline.jobs j WHERE j.status IN ('scheduled', 'retrying', 'waiting')
-     ORDER BY j.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.queue FROM taskline.jobs j
-            WHERE j.status IN ('scheduled', 'retrying', 'waiting') AND j.queue > q.queue
-            ORDER BY j.queue LIMIT 1)
-    FROM parked_queues q WHERE q.queue IS NOT NULL
 ), refused AS MATERIALIZED (
-    -- The count runs only when `fresh` holds a queue (n > 0): a recursive CTE is read lazily.
+    -- The function runs only when `fresh` holds a queue (n > 0).
     SELECT f.queues
     FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
-         LATERAL (SELECT count(*) AS active,
-                         count(*) FILTER (WHERE a.queue = ANY(f.queues)) AS present
-                  FROM (SELECT queue FROM queued_queues
-                        UNION SELECT queue FROM parked_queues
-                        UNION SELECT j.queue FROM taskline.jobs j WHERE j.status = 'running') a
-                  WHERE f.n > 0 AND a.queue IS NOT NULL) a
+         LATERAL (SELECT u.active, u.present FROM taskline.queues_in_use(f.queues) u
+                  WHERE f.n > 0) a
     WHERE f.n > a.present AND a.active + f.n - a.present > :max_queues
 
 -- name: enqueue_input_ctes
@@ -239,7 +221,7 @@ FROM inserted i;
 -- with `refused` (the queues :queues holding no queued or running job) when writing to :queues
 -- would hold more than :max_queues queues with unfinished jobs, else none. Run in the writing
 -- transaction, before the write.
-WITH RECURSIVE limit_queues AS (
+WITH limit_queues AS (
     SELECT DISTINCT queue FROM unnest(CAST(:queues AS text[])) AS q(queue)
 -- include: queue_limit_ctes
 )
@@ -371,7 +353,7 @@ SELECT * FROM changed;
 -- Fire one slot of a schedule still at :revision and not paused: the slot's row, its job (a
 -- new queued job carrying the schedule and the slot instant) with its first event, and the
 -- schedule's last slot, in one statement. A slot already recorded inserts nothing: no row.
-WITH RECURSIVE limit_queues AS (
+WITH limit_queues AS (
     -- A slot whose job would add a queue past :max_queues inserts nothing, and returns one row
     -- with `refused` (queue_limit_ctes).
     SELECT CAST(:queue AS text) AS queue

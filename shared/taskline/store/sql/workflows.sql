@@ -18,7 +18,7 @@ SELECT * FROM taskline.workflows WHERE idempotency_key = :idempotency_key;
 -- Insert a workflow's steps (a JSON array of jobs, each with its step id and its count of
 -- parents) in input order, each with its first event (:first_events, as insert_jobs_with_events).
 -- Over the queue limit it writes nothing and returns one row with `refused`, as that one does.
-WITH RECURSIVE input AS MATERIALIZED (
+WITH input AS MATERIALIZED (
     SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
             max_retries int, timeout_s float8, run_at timestamptz, delay_s float8,
