@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,11 +28,11 @@ import time
 from typing import Any
 
 import psycopg
+from freshdb import fresh_database, url_of
 
 from taskline import enqueue
 from taskline.store.store import _claim_params, driver_sql
 
-ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
 DB = "taskline_claim_plans"
 PLAIN_RULE = """
 CREATE OR REPLACE VIEW taskline.claimable_rule_plain AS
@@ -47,18 +46,12 @@ WHERE NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = j.queue)
 
 
 def db_url(options: str = "") -> str:
-    base = ADMIN_URL.rsplit("/", 1)[0] + "/" + DB
-    return base + (f"?options={options}" if options else "")
+    return url_of(DB) + (f"?options={options}" if options else "")
 
 
 def build(backlog: int) -> None:
     """A fresh database at this checkout's schema, `backlog` finished jobs, the plain rule."""
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
-    subprocess.run([sys.executable, "-m", "taskline_cli.main", "migrate"], check=True,
-                   env={**os.environ, "DATABASE_URL": db_url()},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fresh_database(DB)
     with psycopg.connect(db_url(), autocommit=True) as conn:
         conn.execute(PLAIN_RULE)
         conn.execute("""

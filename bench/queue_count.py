@@ -20,27 +20,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 import psycopg
+from freshdb import fresh_database, url_of
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
 from taskline.store.params import FIRST_EVENTS
 from taskline.store.queries import load_queries
 
-ADMIN_URL = os.environ.get("BENCH_ADMIN_URL", "postgresql://root@127.0.0.1:5432/postgres")
 DB = "taskline_queue_count"
 BLOCK = 50
 
 
 def db_url() -> str:
-    return ADMIN_URL.rsplit("/", 1)[0] + "/" + DB
+    return url_of(DB)
 
 
 def statement(checkout: Path | None) -> str:
@@ -54,12 +52,7 @@ def statement(checkout: Path | None) -> str:
 
 
 def build() -> None:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
-    subprocess.run([sys.executable, "-m", "taskline_cli.main", "migrate"], check=True,
-                   env={**os.environ, "DATABASE_URL": db_url()},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fresh_database(DB)
     with psycopg.connect(db_url(), autocommit=True) as conn:
         add(conn, "'default'", "succeeded", 20000)
         add(conn, "'busy'", "queued", 1)

@@ -27,6 +27,8 @@ Create Date: 2026-12-02 10:15:00
 
 from alembic import op
 
+from taskline_migrations.online import drop_if_invalid
+
 revision = '0004'
 down_revision = '0003'
 branch_labels = None
@@ -46,17 +48,8 @@ def upgrade() -> None:
     op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS finished_at timestamptz")
     with op.get_context().autocommit_block():
         for name, definition in INDEXES.items():
-            _drop_if_invalid(name)
+            drop_if_invalid(name)
             op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
-
-
-def _drop_if_invalid(name: str) -> None:
-    """A CONCURRENTLY build that failed leaves an invalid index; IF NOT EXISTS would keep it."""
-    invalid = op.get_bind().exec_driver_sql(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %(name)s AND NOT i.indisvalid", {"name": name}).first()
-    if invalid:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
 def downgrade() -> None:

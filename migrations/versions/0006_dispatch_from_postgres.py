@@ -23,6 +23,8 @@ Create Date: 2026-12-01 12:40:00
 
 from alembic import op
 
+from taskline_migrations.online import drop_if_invalid
+
 revision = '0006'
 down_revision = '0005'
 branch_labels = None
@@ -36,17 +38,8 @@ INDEXES = {
 def upgrade() -> None:
     with op.get_context().autocommit_block():
         for name, definition in INDEXES.items():
-            _drop_if_invalid(name)
+            drop_if_invalid(name)
             op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
-
-
-def _drop_if_invalid(name: str) -> None:
-    """A CONCURRENTLY build that failed leaves an invalid index; IF NOT EXISTS would keep it."""
-    invalid = op.get_bind().exec_driver_sql(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %(name)s AND NOT i.indisvalid", {"name": name}).first()
-    if invalid:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
 def downgrade() -> None:

@@ -41,6 +41,8 @@ Revises: 0006
 
 from alembic import op
 
+from taskline_migrations.online import drop_if_invalid
+
 revision = '0007'
 down_revision = '0006'
 branch_labels = None
@@ -87,7 +89,7 @@ def upgrade() -> None:
         op.execute(f"ALTER TABLE jobs VALIDATE CONSTRAINT {NEW_CHECK}")
         op.execute(f"ALTER TABLE jobs DROP CONSTRAINT IF EXISTS {OLD_CHECK}")
         name, definition = INDEX
-        _drop_if_invalid(name)
+        drop_if_invalid(name)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
         op.execute("RESET lock_timeout")
 
@@ -96,15 +98,6 @@ def _constraint_exists(name: str) -> bool:
     return op.get_bind().exec_driver_sql(
         "SELECT 1 FROM pg_constraint WHERE conname = %(name)s "
         "AND conrelid = 'jobs'::regclass", {"name": name}).first() is not None
-
-
-def _drop_if_invalid(name: str) -> None:
-    """A CONCURRENTLY build that failed leaves an invalid index; IF NOT EXISTS would keep it."""
-    invalid = op.get_bind().exec_driver_sql(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %(name)s AND NOT i.indisvalid", {"name": name}).first()
-    if invalid:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
 def downgrade() -> None:

@@ -28,6 +28,7 @@ Create Date: 2026-12-03 09:10:00
 from alembic import op
 
 from taskline.fingerprint import fingerprint
+from taskline_migrations.online import drop_if_invalid
 
 revision = '0015'
 down_revision = '0014'
@@ -44,7 +45,7 @@ def upgrade() -> None:
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.execute("ALTER TABLE dead_letter_jobs ADD COLUMN IF NOT EXISTS fingerprint text")
     with op.get_context().autocommit_block():
-        _drop_if_invalid(INDEX)
+        drop_if_invalid(INDEX)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} "
                    "ON dead_letter_jobs (fingerprint, failed_at)")
         _fingerprint_existing()
@@ -70,16 +71,6 @@ def _fingerprint_existing() -> None:
             {"ids": [r[0] for r in rows], "errors": [r[1] for r in rows],
              "prints": [fingerprint(r[1]) for r in rows]})
         after = rows[-1][0]
-
-
-def _drop_if_invalid(name: str) -> None:
-    """A CONCURRENTLY build that failed leaves an invalid index; IF NOT EXISTS would keep it."""
-    invalid = op.get_bind().exec_driver_sql(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace "
-        "AND NOT i.indisvalid", {"name": name}).first()
-    if invalid:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
 def downgrade() -> None:

@@ -30,6 +30,8 @@ Create Date: 2026-12-03 13:40:00
 
 from alembic import op
 
+from taskline_migrations.online import drop_if_invalid
+
 revision = '0019'
 down_revision = '0018'
 branch_labels = None
@@ -50,18 +52,8 @@ def upgrade() -> None:
                "ADD COLUMN IF NOT EXISTS coalesced jsonb")
     with op.get_context().autocommit_block():
         for name, definition in INDEXES.items():
-            _drop_if_invalid(name)
+            drop_if_invalid(name)
             op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
-
-
-def _drop_if_invalid(name: str) -> None:
-    """A CONCURRENTLY build that failed leaves an invalid index; IF NOT EXISTS would keep it."""
-    invalid = op.get_bind().exec_driver_sql(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace "
-        "AND NOT i.indisvalid", {"name": name}).first()
-    if invalid:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
 def downgrade() -> None:

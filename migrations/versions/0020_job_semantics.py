@@ -40,6 +40,8 @@ Create Date: 2026-12-03 14:20:00
 
 from alembic import op
 
+from taskline_migrations.online import drop_if_invalid
+
 revision = '0020'
 down_revision = '0019'
 branch_labels = None
@@ -92,26 +94,16 @@ def upgrade() -> None:
                "ADD COLUMN IF NOT EXISTS start_within_s double precision")
     op.execute(CLAIMABLE_RULE)
     with op.get_context().autocommit_block():
-        _drop_if_invalid(INDEX)
+        drop_if_invalid(INDEX)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} "
                    f"ON jobs (queue, ordering_key) "
                    f"WHERE ordering_key IS NOT NULL AND status IN {UNFINISHED}")
-        _drop_if_invalid(LAPSING_INDEX)
+        drop_if_invalid(LAPSING_INDEX)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {LAPSING_INDEX} ON jobs (expires_at) "
                    "WHERE expires_at IS NOT NULL AND status IN ('queued', 'scheduled', 'retrying')")
-        _drop_if_invalid(TAGS_INDEX)
+        drop_if_invalid(TAGS_INDEX)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {TAGS_INDEX} "
                    "ON jobs USING gin (tags) WHERE tags IS NOT NULL")
-
-
-def _drop_if_invalid(name: str) -> None:
-    """A CONCURRENTLY build that failed leaves an invalid index; IF NOT EXISTS would keep it."""
-    invalid = op.get_bind().exec_driver_sql(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace "
-        "AND NOT i.indisvalid", {"name": name}).first()
-    if invalid:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
 
 
 def downgrade() -> None:

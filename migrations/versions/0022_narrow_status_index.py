@@ -21,6 +21,8 @@ Create Date: 2026-12-03 17:00:00
 
 from alembic import op
 
+from taskline_migrations.online import drop_if_invalid
+
 revision = '0022'
 down_revision = '0021'
 branch_labels = None
@@ -30,19 +32,9 @@ OLD = "jobs_status_created"
 NEW = "jobs_status_created_not_succeeded"
 
 
-def _drop_if_invalid(name: str) -> None:
-    """A CONCURRENTLY build that failed leaves an invalid index; IF NOT EXISTS would keep it."""
-    invalid = op.get_bind().exec_driver_sql(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace "
-        "AND NOT i.indisvalid", {"name": name}).first()
-    if invalid:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-
-
 def upgrade() -> None:
     with op.get_context().autocommit_block():
-        _drop_if_invalid(NEW)
+        drop_if_invalid(NEW)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {NEW} ON jobs (status, created_at, id) "
                    "WHERE status <> 'succeeded'")
         op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {OLD}")
@@ -50,6 +42,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.get_context().autocommit_block():
-        _drop_if_invalid(OLD)
+        drop_if_invalid(OLD)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {OLD} ON jobs (status, created_at, id)")
         op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {NEW}")

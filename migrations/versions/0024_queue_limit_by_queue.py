@@ -32,6 +32,8 @@ Create Date: 2026-12-05 21:40:00
 
 from alembic import op
 
+from taskline_migrations.online import drop_if_invalid
+
 revision = '0024'
 down_revision = '0023'
 branch_labels = None
@@ -69,19 +71,9 @@ $$
 """
 
 
-def _drop_if_invalid(name: str) -> None:
-    """A CONCURRENTLY build that failed leaves an invalid index; IF NOT EXISTS would keep it."""
-    invalid = op.get_bind().exec_driver_sql(
-        "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relname = %(name)s AND c.relnamespace = current_schema()::regnamespace "
-        "AND NOT i.indisvalid", {"name": name}).first()
-    if invalid:
-        op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
-
-
 def upgrade() -> None:
     with op.get_context().autocommit_block():
-        _drop_if_invalid(INDEX)
+        drop_if_invalid(INDEX)
         op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} {INDEX_DEFINITION}")
     schema = op.get_bind().exec_driver_sql("SELECT quote_ident(current_schema())").scalar_one()
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
