@@ -121,7 +121,7 @@ Index("jobs_plain_queued", jobs.c.queue, jobs.c.priority,
       postgresql_where=text("status = 'queued' AND ordering_key IS NULL"))
 # The queues holding scheduled, retrying or waiting jobs, read one probe per queue: with
 # jobs_claimable (queued) and the running jobs, the queue limit counts queues, never jobs
-# (queue_limit_ctes; migration 0024). Jobs that are only queued, run and finish never enter it.
+# (queues_in_use, migration 0024). Jobs that are only queued, run and finish never enter it.
 Index("jobs_parked_queue", jobs.c.queue,
       postgresql_where=text("status IN ('scheduled', 'retrying', 'waiting')"))
 # Retention reads expired jobs oldest first through these, never by scanning the table; the

@@ -45,9 +45,8 @@ VALUES (:job_id, :attempt, :event, :worker_id, CAST(:detail AS jsonb));
 -- JSON rather than one array per column: psycopg dumps lists value by value in Python.
 -- Each row's `actor` (who asked, or null) goes on its first event: the input is kept
 -- (MATERIALIZED) because an INSERT's RETURNING cannot carry a column it did not insert.
--- Over the queue limit (see `fresh`) it inserts nothing and returns one row: `refused`, the
--- input's queues without unfinished jobs (every other row has `refused` null): the queue limit,
--- queue_limit_ctes.
+-- Over the queue limit (queue_limit_ctes) it inserts nothing and returns one row: `refused`,
+-- the input's queues without unfinished jobs (every other row has `refused` null).
 WITH input AS MATERIALIZED (
     SELECT * FROM ROWS FROM (json_to_recordset(CAST(:jobs AS json)) AS (
             id uuid, type text, queue text, payload jsonb, priority smallint, status text,
@@ -61,6 +60,7 @@ WITH input AS MATERIALIZED (
                               start_within_s, ord)
 ), limit_queues AS (
     SELECT DISTINCT queue FROM input OFFSET 0
+-- include: queue_fresh_ctes
 -- include: queue_limit_ctes
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
@@ -84,27 +84,30 @@ SELECT id, payload, next_run_at, created_at, updated_at, NULL AS refused FROM in
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 
--- name: queue_limit_ctes
--- Not a statement: the queue limit (TASKLINE_MAX_QUEUES) of a write to the queues of the CTE
--- before it, `limit_queues` (each once), as CTEs `fresh` and `refused`: a job for one queue
--- more than :max_queues holding unfinished jobs is refused, and the statement writes nothing.
--- Only a queue without a queued or running job (`fresh`: a probe of jobs_claimable, and of the
--- few running jobs) may add a queue, so only then are the queues holding unfinished jobs counted,
--- by queues_in_use (migration 0024): one index probe per queue, never one read per job (counted
--- by job, a write to an empty queue beside 200,000 queued jobs took 57 ms; docs/performance.md).
--- A function, not CTEs of this statement: PostgreSQL sets up every node of a statement's plan on
--- each call, run or not, and the count's CTEs made every write 7 % slower.
+-- name: queue_fresh_ctes
+-- Not a statement: the queue limit's test (TASKLINE_MAX_QUEUES) of a write to the queues of the
+-- CTE before it, `limit_queues` (each once), as CTE `fresh`: those without a queued or running
+-- job, the only ones that may add a queue (a probe of jobs_claimable, and of the few running
+-- jobs). A queue's queued jobs are probed as "the first queued queue from it on is it": in
+-- jobs_claimable's order, one probe whatever the statistics say. Asked as an equality, a backlog
+-- in a few queues made a scan of the table look cheaper (it finds a match at once), which for an
+-- empty queue reads every row. OFFSET 0 keeps the running probe a lookup per queue: as an
+-- anti-join it could hash every running job.
 ), fresh AS MATERIALIZED (
-    -- A queue's queued jobs are probed as "the first queued queue from it on is it": in
-    -- jobs_claimable's order, one probe whatever the statistics say. Asked as an equality, a
-    -- backlog in a few queues made a scan of the table look cheaper (it finds a match at
-    -- once), which for an empty queue reads every row. OFFSET 0 keeps the running probe a
-    -- lookup per queue: as an anti-join it could hash every running job.
     SELECT t.queue FROM limit_queues t
     WHERE (SELECT j.queue FROM taskline.jobs j WHERE j.status = 'queued' AND j.queue >= t.queue
            ORDER BY j.queue LIMIT 1) IS DISTINCT FROM t.queue
       AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
                       OFFSET 0)
+
+-- name: queue_limit_ctes
+-- Not a statement: after queue_fresh_ctes, the queue limit's verdict as CTE `refused`: a job for
+-- one queue more than :max_queues holding unfinished jobs is refused, and the statement writes
+-- nothing. Only when `fresh` holds a queue are the queues holding unfinished jobs counted, by
+-- queues_in_use (migration 0024): one index probe per queue, never one read per job (counted by
+-- job, a write to an empty queue beside 200,000 queued jobs took 57 ms; docs/performance.md).
+-- A function, not CTEs of this statement: PostgreSQL sets up every node of a statement's plan on
+-- each call, run or not, and the count's CTEs made every write 7 % slower.
 ), refused AS MATERIALIZED (
     -- The function runs only when `fresh` holds a queue (n > 0).
     SELECT f.queues
@@ -169,14 +172,10 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 -- the statement's execution (docs/performance.md).
 WITH input AS MATERIALIZED (
 -- include: enqueue_input_ctes
-), fresh AS MATERIALIZED (
-    -- The queue limit's test, as queue_limit_ctes' `fresh`: only the input's queues without a
-    -- queued or running job may add a queue. Not read with :limit_checked.
-    SELECT t.queue FROM (SELECT DISTINCT queue FROM input OFFSET 0) t  -- each queue once
-    WHERE (SELECT j.queue FROM taskline.jobs j WHERE j.status = 'queued' AND j.queue >= t.queue
-           ORDER BY j.queue LIMIT 1) IS DISTINCT FROM t.queue
-      AND NOT EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
-                      OFFSET 0)
+), limit_queues AS (
+    -- The queue limit's test (queue_fresh_ctes); `fresh` is not read with :limit_checked.
+    SELECT DISTINCT queue FROM input OFFSET 0
+-- include: queue_fresh_ctes
 ), inserted AS (
 -- include: enqueue_insert_ctes
     WHERE CAST(:limit_checked AS boolean) OR NOT EXISTS (SELECT 1 FROM fresh)
@@ -223,6 +222,7 @@ FROM inserted i;
 -- transaction, before the write.
 WITH limit_queues AS (
     SELECT DISTINCT queue FROM unnest(CAST(:queues AS text[])) AS q(queue)
+-- include: queue_fresh_ctes
 -- include: queue_limit_ctes
 )
 SELECT queues AS refused FROM refused;
@@ -357,6 +357,7 @@ WITH limit_queues AS (
     -- A slot whose job would add a queue past :max_queues inserts nothing, and returns one row
     -- with `refused` (queue_limit_ctes).
     SELECT CAST(:queue AS text) AS queue
+-- include: queue_fresh_ctes
 -- include: queue_limit_ctes
 ), slot AS (
     INSERT INTO taskline.schedule_slots (schedule, slot, job_id)

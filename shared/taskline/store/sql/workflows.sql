@@ -30,6 +30,7 @@ WITH input AS MATERIALIZED (
                               start_within_s, ord)
 ), limit_queues AS (
     SELECT DISTINCT queue FROM input OFFSET 0
+-- include: queue_fresh_ctes
 -- include: queue_limit_ctes
 ), inserted AS (
     INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, max_retries, timeout_s,
