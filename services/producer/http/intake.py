@@ -38,7 +38,7 @@ from gunicorn.http import wsgi
 
 from taskline.metrics import WAITING_REQUESTS, WAITS_ENDED, WOKEN_ANSWERS
 from taskline.settings import Settings
-from taskline_producer.http import request_metrics, woken
+from taskline_producer.http import listcache, request_metrics, woken
 from taskline_producer.http.balancer import BalancedThreadWorker
 from taskline_producer.http.framing import Framed, Refused, RequestFramer
 from taskline_producer.http.lanes import ListLane, is_list_read, lane_threads
@@ -84,7 +84,8 @@ class IntakeWorker(BalancedThreadWorker):
         self._reading: dict[Any, _Reading] = {}
         self._deadlines: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
-        self._lane = ListLane(settings.api_list_threads, settings.api_list_rate)
+        self._lane = ListLane(settings.api_list_threads, settings.api_list_rate,
+                              quick=self._answerable)
         self._lane_threads = lane_threads(settings.api_list_threads, settings.api_list_nice)
         self._parked: dict[Any, tuple[Parked, float]] = {}
         """Connections whose answer waits for a job to finish (taskline_producer.http.waiting),
@@ -96,11 +97,13 @@ class IntakeWorker(BalancedThreadWorker):
         """Woken waiters the next burst answers (taskline_producer.http.woken), one at a time."""
         self._bursting = False
         self._flask: Any = None
+        self._list_cache: listcache.ListCache | None = None
         self._serving = threading.local()
 
     def run(self) -> None:
         # After post_worker_init, which needs the Flask app itself as worker.wsgi.
         self._flask = self.wsgi
+        self._list_cache = listcache.of(self._flask)
         self.wsgi = closing_when_asked(offering_parking(self.wsgi, self))
         try:
             super().run()
@@ -184,9 +187,63 @@ class IntakeWorker(BalancedThreadWorker):
             _send(conn.sock, _CONTINUE)
 
     def _list(self, conn: Any) -> None:
-        """Run `conn`'s admitted list read on the lane's threads (as gthread's enqueue_req)."""
-        fs = self._lane_threads.submit(self.handle, conn)
+        """Start `conn`'s admitted list read: answered here when it repeats one the list cache
+        holds (taskline_producer.http.listcache), handing its lane turn on at once, else run
+        on the lane's threads (as gthread's enqueue_req)."""
+        todo = [conn]
+        while todo:
+            conn = todo.pop(0)
+            answer = self._cached_answer(conn)
+            if answer is not None:
+                todo += self._lane.done(conn)
+                self._answer_on_loop(conn, answer)
+            elif not conn.lane_slot:
+                todo += self._lane.wait_for_slot(conn)
+            else:
+                fs = self._lane_threads.submit(self.handle, conn)
+                fs.add_done_callback(
+                    lambda f, c=conn: self.method_queue.defer(self.finish_request, c, f))
+
+    def _answerable(self, conn: Any) -> bool:
+        """Whether the list cache holds an answer the loop may give `conn` now."""
+        framed = conn.framed
+        return (self._list_cache is not None and self.alive and framed.complete
+                and self._list_cache.answerable(framed.message))
+
+    def _cached_answer(self, conn: Any) -> bytes | None:
+        """The list cache's answer to `conn`'s request, if the loop may give it."""
+        cache = self._list_cache
+        if cache is None or not self._answerable(conn):
+            return None
+        return cache.answer_on_loop(self._flask, conn.framed.message)
+
+    def _answer_on_loop(self, conn: Any, answer: bytes) -> None:
+        """Write `answer` without a thread; a client whose buffer is full gets the rest from
+        a thread, with the body deadline."""
+        started = time.perf_counter()
+        try:
+            sent = conn.sock.send(answer)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:  # the client left
+            self._drop(conn)
+            return
+        request_metrics.record(listcache.ROUTE, "GET", 200, started)
+        if sent == len(answer):
+            self._read(conn, conn.framed.rest)
+            return
+        fs = self.tpool.submit(self._send_rest, conn, answer[sent:])
         fs.add_done_callback(lambda f: self.method_queue.defer(self.finish_request, conn, f))
+
+    def _send_rest(self, conn: Any, rest: bytes) -> bool:
+        """On a thread: the rest of an answer written on the loop; whether to keep the
+        connection."""
+        try:
+            conn.sock.settimeout(self.body_s)
+            conn.sock.sendall(rest)
+        except OSError:
+            return False
+        return True
 
     def _set_deadline(self, conn: Any, state: _Reading, phase: str, seconds: float) -> None:
         state.phase, state.deadline = phase, time.monotonic() + seconds
@@ -404,8 +461,8 @@ class IntakeWorker(BalancedThreadWorker):
     def finish_request(self, conn: Any, fs: Any) -> None:
         """Back from its thread: hold a waiting answer, read the next request, or close the
         connection."""
-        following = self._lane.done(conn)  # a list read's slot goes on, even if it waits now
-        if following is not None:
+        # A list read's turn goes on, even if this connection waits now.
+        for following in self._lane.done(conn):
             self._list(following)
         parked = getattr(conn, "parked", None)
         if parked is not None:
@@ -500,12 +557,16 @@ class Parking:
 def offering_parking(app: Callable[..., Iterable[bytes]],
                      worker: IntakeWorker) -> Callable[..., Iterable[bytes]]:
     """WSGI middleware: a request read on the event loop may wait there (PARKING); one run
-    again after a wake-up is told its first deadline (WAIT_UNTIL)."""
+    again after a wake-up is told its first deadline (WAIT_UNTIL); a list request whose
+    repeats the loop may answer from the list cache carries its bytes (RAW_REQUEST)."""
 
     def wrapped(wsgi_env: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         conn = worker.serving()
-        if conn is not None and getattr(conn, "framed", None) is not None:
+        framed = getattr(conn, "framed", None)
+        if framed is not None:
             wsgi_env[PARKING] = Parking(worker, conn)
+            if listcache.loop_may_answer(framed.message):
+                wsgi_env[listcache.RAW_REQUEST] = framed.message
             until = getattr(conn, "wait_until", None)
             if until is not None:
                 wsgi_env[WAIT_UNTIL] = until

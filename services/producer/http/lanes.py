@@ -28,6 +28,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,50 +60,110 @@ def _lower_priority(nice: int) -> None:
 
 
 class ListLane:
-    """Admission of list reads to the lane's threads, on the worker's event loop (one thread)."""
+    """Admission of list reads to the lane's threads, on the worker's event loop (one thread).
 
-    def __init__(self, limit: int, rate: float = 0.0) -> None:
+    A read `quick` says the loop answers itself (a repeat the list cache holds) takes a token
+    of the pace but no slot, and goes ahead of waiting reads that wait for a slot; a started
+    read holds a slot when `conn.lane_slot` is set."""
+
+    def __init__(self, limit: int, rate: float = 0.0,
+                 quick: Callable[[Any], bool] | None = None) -> None:
         self.limit = limit
         self.rate = rate
         """List reads started per second at most (0: no pace)."""
+        self.quick = quick or _never
         self.running = 0
         self.waiting: deque[Any] = deque()
+        self._quick_waiting = 0
+        """Waiting reads that were quick when they came: only then may `due` look past a
+        read that waits for a slot."""
         self._tokens = max(rate, 1.0)
         self._stamp = time.monotonic()
 
     def admit(self, conn: Any) -> bool:
-        """True: run `conn`'s list read now; False: it waits for a slot (kept here)."""
-        conn.in_list_lane = True
-        if self.running < self.limit and not self.waiting and self._take():
-            self.running += 1
+        """True: start `conn`'s list read now (on a thread if `conn.lane_slot`, else the loop
+        answers it); False: it waits (kept here)."""
+        conn.in_list_lane, conn.lane_slot = True, False
+        conn.lane_quick = bool(self.quick(conn))
+        # Ahead of waiting reads only when each of them waits for a slot a quick read needs not.
+        passing = not self.waiting or (conn.lane_quick and self.running >= self.limit
+                                       and not self._quick_waiting)
+        if passing and self._startable(conn) and self._take():
+            self._start(conn)
             return True
         self.waiting.append(conn)
+        self._quick_waiting += conn.lane_quick
         return False
 
-    def done(self, conn: Any) -> Any | None:
-        """`conn`'s list read finished: the waiting connection to run next, if any."""
+    def done(self, conn: Any) -> list[Any]:
+        """`conn`'s list read finished: the waiting reads to start now."""
         if not getattr(conn, "in_list_lane", False):
-            return None
+            return []
         conn.in_list_lane = False
-        if self.waiting and self._take():
-            return self.waiting.popleft()
-        self.running -= 1
-        return None
+        if conn.lane_slot:
+            conn.lane_slot = False
+            self.running -= 1
+        return self.due()
+
+    def wait_for_slot(self, conn: Any) -> list[Any]:
+        """A started quick read the loop could not answer after all (its entry expired, or
+        its token no longer passes): it waits at the head for a slot; the reads to start now."""
+        conn.lane_quick = False
+        self.waiting.appendleft(conn)
+        return self.due()
 
     def due(self) -> list[Any]:
-        """Waiting connections whose turn came with the pace's tokens: run them now."""
-        started = []
-        while self.waiting and self.running < self.limit and self._take():
-            self.running += 1
-            started.append(self.waiting.popleft())
+        """Waiting reads whose turn came (a token, and a slot unless quick), in order; reads
+        that wait for a slot keep their place."""
+        started: list[Any] = []
+        kept: deque[Any] = deque()
+        while self.waiting and self._looking():
+            conn = self.waiting.popleft()
+            self._quick_waiting -= conn.lane_quick
+            conn.lane_quick = conn.lane_quick and bool(self.quick(conn))
+            if not self._startable(conn):
+                kept.append(conn)
+            elif self._take():
+                self._start(conn)
+                started.append(conn)
+            else:
+                self.waiting.appendleft(conn)
+                self._quick_waiting += conn.lane_quick
+                break
+        if kept:
+            kept.extend(self.waiting)
+            self.waiting = kept
         return started
 
     def next_due_s(self) -> float | None:
         """Seconds until `due` may start a waiting read (None: nothing waits on the pace)."""
-        if not self.waiting or self.running >= self.limit or self.rate <= 0:
+        if not self.waiting or self.rate <= 0 or not self._looking():
             return None
         self._refill()
         return max((1.0 - self._tokens) / self.rate, 0.0)
+
+    def release_all(self) -> list[Any]:
+        """Every waiting connection, to run at once on a thread (the worker is stopping)."""
+        released = list(self.waiting)
+        self.waiting.clear()
+        self._quick_waiting = 0
+        for conn in released:
+            conn.lane_quick, conn.lane_slot = False, True
+        self.running += len(released)
+        return released
+
+    def _looking(self) -> bool:
+        """Whether a waiting read may start once a token is there: a slot is free, or a
+        quick read waits."""
+        return self.running < self.limit or self._quick_waiting > 0
+
+    def _startable(self, conn: Any) -> bool:
+        return bool(conn.lane_quick) or self.running < self.limit
+
+    def _start(self, conn: Any) -> None:
+        if not conn.lane_quick:
+            conn.lane_slot = True
+            self.running += 1
 
     def _take(self) -> bool:
         if self.rate <= 0:
@@ -118,9 +179,6 @@ class ListLane:
         self._tokens = min(self._tokens + (now - self._stamp) * self.rate, max(self.rate, 1.0))
         self._stamp = now
 
-    def release_all(self) -> list[Any]:
-        """Every waiting connection, to run at once (the worker is stopping)."""
-        released = list(self.waiting)
-        self.waiting.clear()
-        self.running += len(released)
-        return released
+
+def _never(_conn: Any) -> bool:
+    return False
