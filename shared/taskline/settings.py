@@ -106,7 +106,8 @@ class Settings:
     api_list_cache_s: float = 1.0
     """Seconds an API process answers GET /api/v1/workflows from what the same query by the
     same principal was answered (its step counts, and workflows another API process created,
-    may be that old); 0 turns it off; 0 <= value <= 60."""
+    may be that old; a byte-identical repeat is answered by the event loop); 0 turns it off;
+    0 <= value <= 60."""
     http_header_timeout_s: float = 10.0
     """Seconds the API waits for a request's line and headers (from the connection's opening,
     or from a kept-alive request's first byte); a connection that misses it gets 408 and is
