@@ -120,7 +120,8 @@ def test_the_loop_may_answer_repeated_workflow_lists(message: bytes):
     b"GET /api/v1/workflows/0193e0c2 HTTP/1.1\r\nHost: x\r\n\r\n",  # a workflow's steps
     b"GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n",
     b"POST /api/v1/workflows HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"HEAD /api/v1/workflows HTTP/1.1\r\nHost: x\r\n\r\n"])
+    b"HEAD /api/v1/workflows HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /api/v1/workflows HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 8192 + b"\r\n\r\n"])
 def test_other_requests_go_to_flask(message: bytes):
     assert not loop_may_answer(message)
 

@@ -54,6 +54,9 @@ _LOOP_LINE = re.compile(rb"GET /api/v1/workflows(?:\?[^\s]*)? HTTP/1\.1\r\n")
 _FRAMING = (b"\r\ncontent-length:", b"\r\ntransfer-encoding:", b"\r\nexpect:",
             b"\r\nupgrade:")
 _CONNECTION = re.compile(rb"\r\nconnection:[ \t]*([^\r]*)")
+RAW_MAX = 8192
+"""The longest request (bytes) whose repeats the loop answers: its bytes are the entry's key,
+so MAX_ENTRIES of them stay within 2 MiB per process."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ def _keep(entries: OrderedDict[Any, Any], key: Any, entry: Any) -> None:
 def loop_may_answer(message: bytes) -> bool:
     """Whether the event loop may answer the repeats of the request `message` (its whole
     bytes): a GET of the workflow list over HTTP/1.1 that keeps its connection open."""
-    if _LOOP_LINE.match(message) is None or not message.endswith(b"\r\n\r\n"):
+    if (len(message) > RAW_MAX or _LOOP_LINE.match(message) is None
+            or not message.endswith(b"\r\n\r\n")):
         return False
     head = message.lower()
     if any(name in head for name in _FRAMING):
