@@ -27,7 +27,7 @@ Create Date: 2026-12-02 10:15:00
 
 from alembic import op
 
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0004'
 down_revision = '0003'
@@ -48,8 +48,7 @@ def upgrade() -> None:
     op.execute("ALTER TABLE jobs ADD COLUMN IF NOT EXISTS finished_at timestamptz")
     with op.get_context().autocommit_block():
         for name, definition in INDEXES.items():
-            drop_if_invalid(name)
-            op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
+            build_index(name, definition)
 
 
 def downgrade() -> None:

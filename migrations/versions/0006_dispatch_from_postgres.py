@@ -23,7 +23,7 @@ Create Date: 2026-12-01 12:40:00
 
 from alembic import op
 
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0006'
 down_revision = '0005'
@@ -38,8 +38,7 @@ INDEXES = {
 def upgrade() -> None:
     with op.get_context().autocommit_block():
         for name, definition in INDEXES.items():
-            drop_if_invalid(name)
-            op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
+            build_index(name, definition)
 
 
 def downgrade() -> None:

@@ -41,7 +41,7 @@ Revises: 0006
 
 from alembic import op
 
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0007'
 down_revision = '0006'
@@ -88,9 +88,7 @@ def upgrade() -> None:
                        f"CHECK (status IN {STATUSES}) NOT VALID")
         op.execute(f"ALTER TABLE jobs VALIDATE CONSTRAINT {NEW_CHECK}")
         op.execute(f"ALTER TABLE jobs DROP CONSTRAINT IF EXISTS {OLD_CHECK}")
-        name, definition = INDEX
-        drop_if_invalid(name)
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
+        build_index(*INDEX)
         op.execute("RESET lock_timeout")
 
 

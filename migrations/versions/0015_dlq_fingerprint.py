@@ -28,7 +28,7 @@ Create Date: 2026-12-03 09:10:00
 from alembic import op
 
 from taskline.fingerprint import fingerprint
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0015'
 down_revision = '0014'
@@ -45,9 +45,7 @@ def upgrade() -> None:
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.execute("ALTER TABLE dead_letter_jobs ADD COLUMN IF NOT EXISTS fingerprint text")
     with op.get_context().autocommit_block():
-        drop_if_invalid(INDEX)
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} "
-                   "ON dead_letter_jobs (fingerprint, failed_at)")
+        build_index(INDEX, "ON dead_letter_jobs (fingerprint, failed_at)")
         _fingerprint_existing()
 
 

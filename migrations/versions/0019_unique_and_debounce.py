@@ -30,7 +30,7 @@ Create Date: 2026-12-03 13:40:00
 
 from alembic import op
 
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0019'
 down_revision = '0018'
@@ -52,8 +52,7 @@ def upgrade() -> None:
                "ADD COLUMN IF NOT EXISTS coalesced jsonb")
     with op.get_context().autocommit_block():
         for name, definition in INDEXES.items():
-            drop_if_invalid(name)
-            op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
+            build_index(name, definition)
 
 
 def downgrade() -> None:

@@ -40,7 +40,7 @@ Create Date: 2026-12-03 14:20:00
 
 from alembic import op
 
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0020'
 down_revision = '0019'
@@ -94,16 +94,11 @@ def upgrade() -> None:
                "ADD COLUMN IF NOT EXISTS start_within_s double precision")
     op.execute(CLAIMABLE_RULE)
     with op.get_context().autocommit_block():
-        drop_if_invalid(INDEX)
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} "
-                   f"ON jobs (queue, ordering_key) "
-                   f"WHERE ordering_key IS NOT NULL AND status IN {UNFINISHED}")
-        drop_if_invalid(LAPSING_INDEX)
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {LAPSING_INDEX} ON jobs (expires_at) "
-                   "WHERE expires_at IS NOT NULL AND status IN ('queued', 'scheduled', 'retrying')")
-        drop_if_invalid(TAGS_INDEX)
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {TAGS_INDEX} "
-                   "ON jobs USING gin (tags) WHERE tags IS NOT NULL")
+        build_index(INDEX, "ON jobs (queue, ordering_key) "
+                           f"WHERE ordering_key IS NOT NULL AND status IN {UNFINISHED}")
+        build_index(LAPSING_INDEX, "ON jobs (expires_at) WHERE expires_at IS NOT NULL "
+                                   "AND status IN ('queued', 'scheduled', 'retrying')")
+        build_index(TAGS_INDEX, "ON jobs USING gin (tags) WHERE tags IS NOT NULL")
 
 
 def downgrade() -> None:

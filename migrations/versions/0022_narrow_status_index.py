@@ -21,7 +21,7 @@ Create Date: 2026-12-03 17:00:00
 
 from alembic import op
 
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0022'
 down_revision = '0021'
@@ -34,14 +34,11 @@ NEW = "jobs_status_created_not_succeeded"
 
 def upgrade() -> None:
     with op.get_context().autocommit_block():
-        drop_if_invalid(NEW)
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {NEW} ON jobs (status, created_at, id) "
-                   "WHERE status <> 'succeeded'")
+        build_index(NEW, "ON jobs (status, created_at, id) WHERE status <> 'succeeded'")
         op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {OLD}")
 
 
 def downgrade() -> None:
     with op.get_context().autocommit_block():
-        drop_if_invalid(OLD)
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {OLD} ON jobs (status, created_at, id)")
+        build_index(OLD, "ON jobs (status, created_at, id)")
         op.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {NEW}")

@@ -35,7 +35,7 @@ Create Date: 2026-12-04 20:00:00
 
 from alembic import op
 
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0023'
 down_revision = '0022'
@@ -97,8 +97,7 @@ WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = j.queue)
 def upgrade() -> None:
     with op.get_context().autocommit_block():
         for name, definition in INDEXES.items():
-            drop_if_invalid(name)
-            op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} {definition}")
+            build_index(name, definition)
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.execute(CLAIMABLE_RULE)
 

@@ -32,7 +32,7 @@ Create Date: 2026-12-05 21:40:00
 
 from alembic import op
 
-from taskline_migrations.online import drop_if_invalid
+from taskline_migrations.online import build_index
 
 revision = '0024'
 down_revision = '0023'
@@ -73,8 +73,7 @@ $$
 
 def upgrade() -> None:
     with op.get_context().autocommit_block():
-        drop_if_invalid(INDEX)
-        op.execute(f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {INDEX} {INDEX_DEFINITION}")
+        build_index(INDEX, INDEX_DEFINITION)
     schema = op.get_bind().exec_driver_sql("SELECT quote_ident(current_schema())").scalar_one()
     op.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
     op.execute(FUNCTION.format(schema=schema, parked=PARKED))
