@@ -36,11 +36,11 @@ def test_a_repeated_list_is_answered_on_the_loop(template_db: str, tmp_path: Pat
         assert first.status_code == 200 and len(first.json()["workflows"]) == 1
         with _lists_held(api.database_url, api.url(HELD_URL)) as held:
             again, took = _timed_get(session, url)  # the same bytes, on the same connection
-            assert held == []  # every list thread is still held
+            assert held.statuses == []  # every list thread is still held
         assert took < 2.0, f"the repeated list waited {took:.1f} s for a list thread"
         assert again.status_code == 200 and again.content == first.content
         assert _headers(again) == _headers(first)
-        assert sorted(held) == [200] * HELD
+        assert sorted(held.statuses) == [200] * HELD
 
 
 def test_a_static_tokens_repeats_are_answered_on_the_loop_and_nobody_elses(
@@ -56,10 +56,10 @@ def test_a_static_tokens_repeats_are_answered_on_the_loop_and_nobody_elses(
         assert first.status_code == 200
         with _lists_held(api.database_url, api.url(HELD_URL), reader) as held:
             again, took = _timed_get(session, url, reader)
-            assert held == [] and took < 2.0, f"waited {took:.1f} s for a list thread"
+            assert held.statuses == [] and took < 2.0, f"waited {took:.1f} s for a list thread"
             assert again.content == first.content and _headers(again) == _headers(first)
             # Another token's request is other bytes: it waits behind the held reads.
-            waited = _answered_later(url, other)
+            waited = held.answered_later(url, other)
             assert waited == []
         assert waited == [200]
 
@@ -75,8 +75,8 @@ def test_a_jwts_repeats_and_a_refused_token_wait_for_a_thread(template_db: str,
             requests.Session() as session:
         url = api.url("/api/v1/workflows")
         assert session.get(url, headers=bearer, timeout=10).status_code == 200
-        with _lists_held(api.database_url, api.url(HELD_URL), bearer):
-            waited = _answered_later(url, bearer)
+        with _lists_held(api.database_url, api.url(HELD_URL), bearer) as held:
+            waited = held.answered_later(url, bearer)
             assert waited == []  # no loop answer: Flask checks a JWT's expiry and keys
         assert waited == [200]
         refused = session.get(url, headers={"Authorization": "Bearer nobody"}, timeout=10)
@@ -114,27 +114,9 @@ def _timed_get(session: requests.Session, url: str,
     return answer, time.monotonic() - started
 
 
-def _answered_later(url: str, headers: dict[str, str]) -> list[int]:
-    """Start a list of `url` on a thread; the list holds its status once answered (after the
-    held block ends, the thread is left to finish: the caller reads the list then)."""
-    answered: list[int] = []
-
-    def get() -> None:
-        answered.append(requests.get(url, headers=headers, timeout=60).status_code)
-
-    thread = threading.Thread(target=get)
-    thread.start()
-    time.sleep(2.0)
-    _STARTED.append(thread)
-    return answered
-
-
-_STARTED: list[threading.Thread] = []
-
-
 class _lists_held:
     """Holds every list thread: HELD list reads of `url`, blocked by a lock on the workflows
-    table until the block ends; the list is their statuses once they are answered."""
+    table until the block ends; `statuses` holds theirs once they are answered."""
 
     def __init__(self, database_url: str, url: str, headers: dict[str, str] | None = None):
         self._lock = psycopg.connect(database_url)
@@ -146,19 +128,31 @@ class _lists_held:
         self.statuses.append(requests.get(self._url, headers=self._headers,
                                           timeout=60).status_code)
 
-    def __enter__(self) -> list[int]:
+    def answered_later(self, url: str, headers: dict[str, str]) -> list[int]:
+        """Start a list of `url` on a thread and give it 2 s; the list holds its status once
+        answered (the block's end waits for it)."""
+        answered: list[int] = []
+
+        def get() -> None:
+            answered.append(requests.get(url, headers=headers, timeout=60).status_code)
+
+        self._threads.append(threading.Thread(target=get))
+        self._threads[-1].start()
+        time.sleep(2.0)  # a loop answer takes milliseconds; a waiting one, until the block ends
+        return answered
+
+    def __enter__(self) -> _lists_held:
         self._lock.execute("LOCK TABLE taskline.workflows IN ACCESS EXCLUSIVE MODE")
         for thread in self._threads:
             thread.start()
         time.sleep(1.0)  # every held read has arrived: running (blocked) or waiting for a slot
-        return self.statuses
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self._lock.rollback()
         self._lock.close()
-        for thread in [*self._threads, *_STARTED]:
+        for thread in self._threads:
             thread.join(timeout=60)
-        _STARTED.clear()
 
 
 def _headers(answer: requests.Response) -> dict[str, str]:

@@ -204,18 +204,21 @@ class IntakeWorker(BalancedThreadWorker):
                 fs.add_done_callback(
                     lambda f, c=conn: self.method_queue.defer(self.finish_request, c, f))
 
+    def _loop_cache(self, conn: Any) -> listcache.ListCache | None:
+        """The list cache, when the loop may answer `conn`'s request from it at all."""
+        if not self.alive or not conn.framed.complete:
+            return None
+        return self._list_cache
+
     def _answerable(self, conn: Any) -> bool:
         """Whether the list cache holds an answer the loop may give `conn` now."""
-        framed = conn.framed
-        return (self._list_cache is not None and self.alive and framed.complete
-                and self._list_cache.answerable(framed.message))
+        cache = self._loop_cache(conn)
+        return cache is not None and cache.answerable(conn.framed.message)
 
     def _cached_answer(self, conn: Any) -> bytes | None:
         """The list cache's answer to `conn`'s request, if the loop may give it."""
-        cache = self._list_cache
-        if cache is None or not self._answerable(conn):
-            return None
-        return cache.answer_on_loop(self._flask, conn.framed.message)
+        cache = self._loop_cache(conn)
+        return None if cache is None else cache.answer_on_loop(self._flask, conn.framed.message)
 
     def _answer_on_loop(self, conn: Any, answer: bytes) -> None:
         """Write `answer` without a thread; a client whose buffer is full gets the rest from

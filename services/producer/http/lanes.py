@@ -116,6 +116,8 @@ class ListLane:
         """Waiting reads whose turn came (a token, and a slot unless quick), in order; reads
         that wait for a slot keep their place."""
         started: list[Any] = []
+        if not self.waiting:
+            return started  # every turn of the event loop asks
         kept: deque[Any] = deque()
         while self.waiting and self._looking():
             conn = self.waiting.popleft()

@@ -102,17 +102,20 @@ class ListCache:
 
     def answerable(self, message: bytes) -> bool:
         """Whether the loop holds an answer to the request `message` now (its token aside)."""
-        raw = self._answers.get(message)
-        return raw is not None and raw.expiry > time.monotonic()
+        return self._fresh(message) is not None
 
     def answer_on_loop(self, app: Flask, message: bytes) -> bytes | None:
         """The whole HTTP answer to the request `message` if the loop may give it, else None."""
-        raw = self._answers.get(message)  # a dict read needs no lock
-        if raw is None or raw.expiry <= time.monotonic():
+        raw = self._fresh(message)
+        if raw is None:
             return None
         if raw.token is not None and not auth.still_allowed(app, raw.token, ENDPOINT):
             return None  # Flask answers it, in the error shape
         return b"".join((_head(len(raw.body)), raw.body))
+
+    def _fresh(self, message: bytes) -> Raw | None:
+        raw = self._answers.get(message)  # a dict read needs no lock
+        return raw if raw is not None and raw.expiry > time.monotonic() else None
 
     def clear(self) -> None:
         with self._lock:
