@@ -20,11 +20,14 @@ from taskline_maintenance.scheduler import Scheduler
 from tests.helpers import wait_for
 
 KEYS = QueueKeys("sched")
+# Daily, so no new slot falls due while a test runs (a five-minute cron made one in about one run
+# in a hundred); only a run across midnight UTC can see a slot appear mid-test.
+DAILY = "0 0 * * *"
 JOB = {"type": "echo", "payload": {"n": 1}, "queue": "sched", "priority": 6,
        "max_retries": 2, "timeout_s": 30.0}
 
 
-def define(store: Store, name: str = "s1", cron: str = "*/5 * * * *", *,
+def define(store: Store, name: str = "s1", cron: str = DAILY, *,
            catch_up: str = "latest", paused: bool = False, backdate: str | None = None) -> None:
     store.upsert_schedule(name=name, cron=cron, timezone="UTC", job=JOB, paused=paused,
                           catch_up=catch_up)
@@ -52,13 +55,13 @@ def ready_ids(dispatcher: Dispatcher) -> list[str]:
 
 def test_a_missed_slot_fires_once_with_its_record_and_is_pushed_after_the_commit(
         store, dispatcher, settings):
-    define(store, backdate="1 hour")
+    define(store, backdate="12 days")
     scheduler = Scheduler(store, dispatcher, settings)
     first = scheduler.run_once()
     assert (first.fired, first.conflicts) == (1, 0) and first.skipped >= 11
     (job,) = slot_jobs(store)
     now = store.now()
-    newest = now.replace(minute=now.minute - now.minute % 5, second=0, microsecond=0)
+    newest = now.replace(hour=0, minute=0, second=0, microsecond=0)
     assert job.scheduled_for == newest and job.status == "queued"
     assert (job.type, job.queue, job.priority, job.payload, job.max_retries) == (
         "echo", "sched", 6, {"n": 1}, 2)
@@ -74,7 +77,7 @@ def test_a_missed_slot_fires_once_with_its_record_and_is_pushed_after_the_commit
 
 
 def test_a_second_instance_or_a_restart_never_fires_a_slot_again(store, dispatcher, settings):
-    define(store, backdate="1 hour")
+    define(store, backdate="12 days")
     assert Scheduler(store, dispatcher, settings).run_once().fired == 1
     # Another replica (or this one restarted) knows nothing of the first one's pass but what
     # PostgreSQL holds: the schedule's last slot.
@@ -125,15 +128,15 @@ def test_catch_up_none_skips_a_long_missed_slot_latest_fires_it(store, dispatche
 
 
 def test_paused_deleted_and_replaced_schedules(store, dispatcher, settings):
-    define(store, "p", paused=True, backdate="1 hour")
+    define(store, "p", paused=True, backdate="12 days")
     scheduler = Scheduler(store, dispatcher, settings)
     assert scheduler.run_once().fired == 0
     # Resuming moves `since`: slots missed while paused never fire.
     define(store, "p", paused=False)
     assert scheduler.run_once().fired == 0
     # Replacing only the job body keeps `since` (a declaration upserted at each start).
-    sql(store, "UPDATE taskline.schedules SET since = since - interval '1 hour'")
-    store.upsert_schedule(name="p", cron="*/5 * * * *", timezone="UTC",
+    sql(store, "UPDATE taskline.schedules SET since = since - interval '12 days'")
+    store.upsert_schedule(name="p", cron=DAILY, timezone="UTC",
                           job={**JOB, "payload": {"n": 2}}, paused=False, catch_up="latest")
     assert scheduler.run_once().fired == 1
     assert slot_jobs(store, "p")[0].payload == {"n": 2}
@@ -159,8 +162,8 @@ def test_periodic_declarations_are_upserted_on_the_first_pass(store, dispatcher,
 
 
 def test_a_schedule_postgresql_refuses_costs_only_its_own_slot(store, dispatcher, settings):
-    define(store, "broken", backdate="1 hour")
-    define(store, "fine", backdate="1 hour")
+    define(store, "broken", backdate="12 days")
+    define(store, "fine", backdate="12 days")
     # Written past the API's validation: a priority the jobs table refuses.
     sql(store, "UPDATE taskline.schedules SET job = jsonb_set(job, '{priority}', '99') "
                "WHERE name = 'broken'")
