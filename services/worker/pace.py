@@ -13,8 +13,16 @@ claim in three or four: the budget is the mean plus SPREAD standard deviations, 
 point covers the demand during a lead time. Handlers that run for seconds make it 0 (no job
 waits), handlers of a few milliseconds make it a few.
 
-Invariant: `ahead` is never above `concurrency` and is 0 until a handler has finished, so a
-worker never claims more than twice its slots, and an idle or slow-job worker claims none ahead.
+While it claims ahead, a worker also claims in batches: a claim waits until `batch` slots are
+free, and the slots are `batch - 1` higher, so the claim starts when as few jobs are left as
+with claims of one job each. Without it, handlers that end one at a time (10 ms jobs on 8
+slots) made a claim of 1.6 jobs on average: a fetch round trip, a claim statement and its
+commit, and a wake-up of the fetch loop per job or so (docs/performance.md, change 104).
+
+Invariant: `ahead` is never above `concurrency` and is 0 until a handler has finished;
+`ahead + batch - 1` is never above `concurrency` either, so a worker never holds more than
+twice its slots claimed; a slow-job worker claims none ahead and as each slot frees, and an idle
+one finds more free slots than a batch, so its claim never waits.
 """
 
 from __future__ import annotations
@@ -61,6 +69,15 @@ class Pace:
         if expected < HALF_A_SLOT:
             return 0  # long handlers: a job claimed ahead would wait, and waiting costs little
         return min(self.concurrency, math.ceil(expected + SPREAD * math.sqrt(expected)))
+
+    @property
+    def batch(self) -> int:
+        """The fewest jobs a claim waits for: while jobs are claimed ahead, half the slots as far
+        as `ahead + batch - 1` stays within `concurrency`; otherwise 1 (claim as a slot frees)."""
+        ahead = self.ahead
+        if ahead == 0:
+            return 1
+        return max(1, min(self.concurrency // 2, self.concurrency - ahead + 1))
 
 
 def _average(current: float | None, sample: float) -> float:

@@ -122,7 +122,8 @@ class Worker:
     def _build(self) -> None:
         s = self.settings
         self.pace = Pace(self.concurrency)
-        self.attempts = Attempts(self.concurrency, ahead=lambda: self.pace.ahead)
+        self.attempts = Attempts(self.concurrency, ahead=lambda: self.pace.ahead,
+                                 batch=lambda: self.pace.batch)
         self.deadlines = Deadlines()
         self.fence = Fence(self.store, self.deadlines, self.attempts)
         self.handback = Handback(self.store, self.dispatcher, self.worker_id, self.queues)

@@ -129,3 +129,45 @@ def test_jobs_claimed_beyond_the_threads_are_counted_as_waiting_until_threads_fr
     attempts.free_slot(first)  # a handler ended: a waiting job takes its thread
     attempts.discard(second)
     assert (attempts.running, attempts.waiting) == (2, 0)
+
+
+def test_claims_are_batched_only_while_jobs_are_claimed_ahead_and_within_twice_the_slots():
+    pace = Pace(8)
+    assert pace.batch == 1  # nothing measured: no job waits for a batch
+    pace.claimed(0.0023)
+    pace.finished(0.0105)
+    assert (pace.ahead, pace.batch) == (5, 4)  # half the slots; 8 + 5 + 3 held at most
+    pace.claimed(0.050)
+    assert (pace.ahead, pace.batch) == (8, 1)  # the claimed-ahead budget takes the headroom
+    long = Pace(8)
+    long.claimed(0.004)
+    long.finished(2.0)
+    assert (long.ahead, long.batch) == (0, 1)
+    for slots in range(1, 33):
+        for claim_s in (0.0005, 0.002, 0.008):
+            pace = Pace(slots)
+            pace.claimed(claim_s)
+            pace.finished(0.010)
+            assert pace.batch >= 1 and pace.ahead + pace.batch - 1 <= slots
+
+
+def test_a_claim_waits_for_a_batch_of_slots_and_no_freed_slot_wakes_it_before():
+    batch = [3]
+    attempts = Attempts(4, ahead=lambda: 2, batch=lambda: batch[0])  # 4 + 2 + 2 slots
+    running = [held(n) for n in range(8)]
+    attempts.add_many(running)
+    stop = threading.Event()
+    assert attempts.reserve(stop, timeout=0.01, most=8) == 0
+    reserved: list[int] = []
+    fetch = threading.Thread(target=lambda: reserved.append(attempts.reserve(stop, 5, 8)))
+    fetch.start()
+    for attempt in running[:2]:
+        attempts.free_slot(attempt)
+    time.sleep(0.05)
+    assert reserved == []  # two free: the claim still waits for its third
+    attempts.free_slot(running[2])
+    fetch.join(5)
+    assert reserved == [3]
+    attempts.unreserve(3)
+    batch[0] = 1  # no longer claiming ahead: one free slot is a claim
+    assert attempts.free_slots() == 1 and attempts.reserve(stop, timeout=0.01, most=8) == 1

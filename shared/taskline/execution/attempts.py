@@ -9,9 +9,12 @@ reported, so the next job starts while the outcome waits for its batched write. 
 those jobs wait, leased and renewed, for a thread, so a freed thread never waits for a claim's
 commit. A workflow step that succeeds keeps its slot until its outcome is written, and hands
 it to a step its success released and the same transaction claimed (taskline.execution.outcomes),
-or gives it back then. A worker therefore runs at most `concurrency` handlers, holds at most
-`concurrency + ahead` claimed jobs (ids being claimed count) and at most
-`LEASE_CAP_FACTOR * concurrency` leases; claiming stops at any bound.
+or gives it back then. While jobs are claimed ahead, a claim waits until `batch` slots are free
+and the bound is `batch - 1` higher, so it starts as early as a claim of one job would but takes
+several (one round trip and statement for several jobs). A worker therefore runs at most
+`concurrency` handlers, holds at most `concurrency + ahead + batch - 1` claimed jobs (ids being
+claimed count; at most twice `concurrency`) and at most `LEASE_CAP_FACTOR * concurrency`
+leases; claiming stops at any bound.
 """
 
 from __future__ import annotations
@@ -177,11 +180,16 @@ class Attempts:
     worker stop claiming instead of piling up leases.
     """
 
-    def __init__(self, concurrency: int, ahead: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, concurrency: int, ahead: Callable[[], int] = lambda: 0,
+                 batch: Callable[[], int] = lambda: 1) -> None:
         self.concurrency = concurrency
         self.lease_cap = LEASE_CAP_FACTOR * concurrency
         self._ahead = ahead
         """How many jobs to hold claimed beyond the handler threads (taskline_worker.pace)."""
+        self._batch = batch
+        """The fewest slots a claim waits for (taskline_worker.pace). The slots are that many
+        less one above `concurrency + ahead`: a claim starts when as few jobs are left as with
+        claims of one job each, but takes several."""
         self._held: dict[int, Attempt] = {}
         self._busy = 0
         self._reserved = 0
@@ -230,7 +238,11 @@ class Attempts:
         """The handler ended (or was abandoned): its slot takes new work (idempotent)."""
         with self._cond:
             self._release_slot(attempt)
-            self._cond.notify_all()
+            batch = self._least()
+            if self._free(batch) >= batch:
+                # Only then may a fetch loop go on: waking it per freed slot to find too few
+                # would cost a thread switch per job.
+                self._cond.notify_all()
 
     def discard(self, attempt: Attempt) -> None:
         """Stop holding `attempt` (idempotent) and wake whoever waits for a slot."""
@@ -264,16 +276,22 @@ class Attempts:
         with self._cond:
             return self._free()
 
-    def _free(self) -> int:
+    def _free(self, batch: int = 1) -> int:
+        """Free slots within the lease cap, the slots raised by `batch - 1` (see `__init__`)."""
         taken = self._busy + self._reserved
         held = len(self._held) + self._reserved
-        slots = self.concurrency + self._ahead()
+        slots = self.concurrency + self._ahead() + batch - 1
         return max(min(slots - taken, self.lease_cap - held), 0)
 
     def wait_for_free_slot(self, stop: threading.Event, timeout: float) -> int:
-        """Block until a slot is free or `stop` is set (see `wake`); returns the free slots."""
-        self._wait(lambda: self._free() > 0 or stop.is_set(), timeout)
-        return self.free_slots()
+        """Block until a claim's worth of slots is free (the batch, see `__init__`; after
+        `timeout`, any) or `stop` is set (see `wake`); returns the slots a claim may take now."""
+        batch = self._least()
+        self._wait(lambda: self._free(batch) >= batch or stop.is_set(), timeout)
+        return self._free(batch)
+
+    def _least(self) -> int:
+        return max(self._batch(), 1)
 
     def reserve(self, stop: threading.Event, timeout: float, most: int) -> int:
         """Wait like `wait_for_free_slot`, then take up to `most` free slots for one fetch.
