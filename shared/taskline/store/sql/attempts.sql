@@ -112,22 +112,14 @@ WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
 -- implies); :lease_ids lists the same leases. Each lease is found by primary key and its
 -- settlement by key, so no join with a recordset of unknown size is planned (the planner
 -- reads one as 100 rows and hash-joins it with every open lease, dead index entries included).
--- The leases are those of live_leases, its rule written out with the lease's state tested as
--- `(...) IS TRUE`, which no partial index answers: through the view, where the leases had no
--- statistics (a new history partition until autovacuum analyzes it), the generic plan also
--- read the whole open-lease index (job_leases_open, dead entries included until a vacuum) to
--- intersect it with the ids, and each settle cost more with every lease ended since the last
--- vacuum (test_store_plans; docs/performance.md, change 106).
 -- `lapsed` settlements (the reaper's) settle only a lease whose time has run out.
 WITH input AS MATERIALIZED (
     SELECT CAST(:settlements AS jsonb) AS doc
 ), leases AS (
-    UPDATE taskline.job_leases l
+    UPDATE taskline.live_leases l
     SET released_at = clock_timestamp(), outcome = input.doc -> l.id::text ->> 'outcome'
     FROM input
-    WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND (l.released_at IS NULL) IS TRUE
-      AND EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.id = l.job_id
-                  AND (j.status = 'running') IS TRUE AND j.attempts = l.attempt)
+    WHERE l.id = ANY(CAST(:lease_ids AS bigint[]))
       AND l.worker_id = input.doc -> l.id::text ->> 'worker_id'
       AND (CAST(input.doc -> l.id::text ->> 'lapsed' AS boolean) IS NOT TRUE
            OR l.leased_until < now())
