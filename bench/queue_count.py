@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psycopg
 from freshdb import fresh_database, url_of
+from sides import medians, sql_source
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
 from taskline.store.params import FIRST_EVENTS
@@ -43,11 +44,7 @@ def db_url() -> str:
 
 def statement(checkout: Path | None) -> str:
     """insert_jobs_with_events as psycopg runs it, from `checkout`'s SQL files (None: ours)."""
-    source = None
-    if checkout is not None:
-        folder = checkout / "shared" / "taskline" / "store" / "sql"
-        source = "\n".join(f.read_text() for f in sorted(folder.glob("*.sql")))
-    query = load_queries(source)["insert_jobs_with_events"]
+    query = load_queries(sql_source(checkout))["insert_jobs_with_events"]
     return str(query.compile(dialect=psycopg_dialect.dialect()))
 
 
@@ -100,11 +97,7 @@ def measure(sides: dict[str, str], queue: str, blocks: int) -> dict[str, float]:
                 median = block(conn, sql, queue)
                 if n >= 2:
                     took[name].append(median)
-    out = {f"{name}_us": round(statistics.median(v), 1) for name, v in took.items()}
-    if "before" in took:
-        out["before_over_after"] = round(statistics.median(
-            b / a for b, a in zip(took["before"], took["after"], strict=True)), 3)
-    return out
+    return medians(took)
 
 
 def main() -> int:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 
 import psycopg
 from freshdb import fresh_database, url_of
 from psycopg import sql
+from sides import medians, sql_source
 
 from taskline import transitions
 from taskline.store.queries import load_queries
@@ -39,11 +39,7 @@ HISTORY, OPEN = 20000, 40
 
 def statement(checkout: Path | None) -> str:
     """`settle` from `checkout`'s SQL files (None: ours), its parameters as $1 and $2."""
-    source = None
-    if checkout is not None:
-        folder = checkout / "shared" / "taskline" / "store" / "sql"
-        source = "\n".join(f.read_text() for f in sorted(folder.glob("*.sql")))
-    text = load_queries(source)["settle"].text
+    text = load_queries(sql_source(checkout))["settle"].text
     return re.sub(r"(?<!:):lease_ids", "$2", re.sub(r"(?<!:):settlements", "$1", text))
 
 
@@ -93,11 +89,7 @@ def measure(store: Store, sides: dict[str, str], rounds: int) -> dict[str, float
                 if n >= 2:
                     took[name].append(value)
             end(leases)
-    out = {f"{name}_us": round(statistics.median(v), 1) for name, v in took.items()}
-    if "before" in took:
-        out["before_over_after"] = round(statistics.median(
-            b / a for b, a in zip(took["before"], took["after"], strict=True)), 3)
-    return out
+    return medians(took)
 
 
 def main() -> int:

@@ -3,10 +3,10 @@
 Releases before the schema setting created every table, view and function of taskline, and
 its `alembic_version`, in `public`. `taskline migrate` moves them: `ALTER ... SET SCHEMA` is a
 catalog change (no row is copied or rewritten; indexes, constraints, triggers and owned
-sequences go with their table), taken under a short lock_timeout and retried, so a busy table
-is never queued behind for long. taskline's version row moves into the schema's own version
-table; only that row leaves `public.alembic_version`, which is dropped when nothing else is
-left in it.
+sequences go with their table), taken under a short lock_timeout and retried (after a deadlock
+with a running statement too), so a busy table is never queued behind for long. taskline's
+version row moves into the schema's own version table; only that row leaves
+`public.alembic_version`, which is dropped when nothing else is left in it.
 
 Invariant: processes of the earlier release, which name tables unqualified and find them
 through `search_path` (public), keep working through the move and after it: in the same
@@ -37,6 +37,8 @@ REVISIONS = tuple(f"{n:04d}" for n in range(1, 14))
 """The revisions such a release could be at (0001 - 0013)."""
 LOCK_TIMEOUT = "2s"
 ATTEMPTS = 30
+TRANSIENT = ("lock timeout", "deadlock detected")
+"""The errors after which a try of the move is taken again."""
 
 
 def legacy_revision(conn: Connection) -> str | None:
@@ -70,8 +72,11 @@ def move_from_public(conn: Connection, schema: str) -> str | None:
                 log.info("moved taskline's tables from public into its schema",
                          extra={"action": "migrate", "schema": schema, "revision": revision})
             return revision
-        except Exception as err:  # lock_timeout: an old transaction holds a table
-            if "lock timeout" not in str(err) or attempt == ATTEMPTS:
+        except Exception as err:
+            # A lock timeout (an old transaction holds a table) or a deadlock (a running
+            # statement took a view, then waits for a table this try moved first): the try was
+            # rolled back whole, so it is taken again.
+            if not any(s in str(err) for s in TRANSIENT) or attempt == ATTEMPTS:
                 raise
             log.warning("a table is busy; moving again", extra={"action": "migrate"})
             time.sleep(min(0.1 * attempt, 1.0))
