@@ -13,15 +13,12 @@ Usage: python bench/claim_batches.py [--handler sleep10] [--slots 8] [--jobs 100
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
-from pathlib import Path
 
 import psycopg
 import scenarios
 from costs import CountingPostgres
-from stack import Stack
+from stack import Stack, open_stack
 
 
 class CountedStack(Stack):
@@ -49,23 +46,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--handler", default="sleep10", help="bench.<handler> (benchjobs.py)")
     parser.add_argument("--slots", type=int, default=8)
-    parser.add_argument("--jobs", type=int, default=10000)
+    parser.add_argument("--jobs", type=int, default=10000,
+                        help="a multiple of 1,000 (the backlog is enqueued in batches of 1,000)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="taskline-batches-") as root:
-        os.chmod(root, 0o711)  # the `postgres` account must pass through
-        pg = CountingPostgres(Path(root) / "pg")
-        try:
-            pg.init()
-            pg.start()
-            stack = CountedStack(pg.url("postgres"))
-            stack.private_postgres = True
-            rate = scenarios.drain(stack, args.jobs, 2, job_type=f"bench.{args.handler}",
-                                   concurrency=args.slots)
-            print(f"{args.handler} 2 x {args.slots}: {rate:.0f} jobs/s, CPU ms per job "
-                  + ", ".join(f"{k} {v:.3f}" for k, v in (stack.last_cpu or {}).items()))
-            print("\n".join(statement_counts(stack.url, args.jobs)))
-        finally:
-            pg.close()
+    with open_stack(False, postgres=CountingPostgres, kind=CountedStack) as stack:
+        rate = scenarios.drain(stack, args.jobs, 2, job_type=f"bench.{args.handler}",
+                               concurrency=args.slots)
+        print(f"{args.handler} 2 x {args.slots}: {rate:.0f} jobs/s, CPU ms per job "
+              + ", ".join(f"{k} {v:.3f}" for k, v in (stack.last_cpu or {}).items()))
+        print("\n".join(statement_counts(stack.url, args.jobs)))
     return 0
 
 

@@ -245,19 +245,21 @@ def _ready(base: str) -> bool:
 
 
 @contextmanager
-def open_stack(shared_postgres: bool) -> Iterator[Stack]:
-    """The benchmark's stack: a private PostgreSQL (fsync on) unless `shared_postgres`."""
+def open_stack(shared_postgres: bool, *, postgres: type[PrivatePostgres] = PrivatePostgres,
+               kind: type[Stack] = Stack) -> Iterator[Stack]:
+    """The benchmark's stack (a `kind`): a private PostgreSQL (fsync on; a `postgres`, such as
+    bench/costs.py's counting one) unless `shared_postgres`."""
     with ExitStack() as resources:
         admin_url = SHARED_ADMIN_URL
         if not shared_postgres:
             root = resources.enter_context(tempfile.TemporaryDirectory(prefix="taskline-bench-"))
             os.chmod(root, 0o711)  # the `postgres` account must pass through
-            pg = PrivatePostgres(Path(root) / "pg")
+            pg = postgres(Path(root) / "pg")
             resources.callback(pg.close)
             pg.init()
             pg.start()
             admin_url = pg.url()
-        stack = Stack(admin_url)
+        stack = kind(admin_url)
         stack.private_postgres = not shared_postgres
         stack.postgres_log = None if shared_postgres else pg.log_path
         resources.callback(stack.close_sql)
