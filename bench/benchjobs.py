@@ -4,7 +4,8 @@
 measured from the API's 201 (seen by the client) to the handler's start on the same host clock.
 `bench.noop` does nothing; `bench.fail` raises, for the mixed run's failing jobs.
 `bench.redis` makes one Redis round trip and `bench.sleep10` waits 10 ms: the I/O-bound drains
-(`bench.sleep10_async` awaits 10 ms on the worker's event loop, the `async def` drain),
+(`bench.sleep10_async` awaits 10 ms on the worker's event loop, the `async def` drain, and
+`bench.redis_async` awaits its round trip there),
 (`bench.sleep` waits `payload["s"]` seconds: the flow-limit scenarios' jobs of a known length),
 with the job bodies the peers run too (iojobs.py). The worker gets the benchmark's Redis URL as
 REDIS_URL (bench/stack.py, Stack.env).
@@ -64,6 +65,11 @@ def sleep10(payload: Any, ctx: JobContext) -> None:
 @handler("bench.sleep10_async")
 async def sleep10_async(payload: Any, ctx: JobContext) -> None:
     await iojobs.asleep10()
+
+
+@handler("bench.redis_async")
+async def redis_async(payload: Any, ctx: JobContext) -> None:
+    await iojobs.aredis_round_trip(os.environ["REDIS_URL"])
 
 
 @handler("bench.sleep")

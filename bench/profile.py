@@ -6,6 +6,7 @@ request; writes py-spy's raw collapsed stacks and prints the top frames by own a
 py-spy comes from PyPI (`pip install py-spy`) and needs ptrace rights on the profiled process.
 
 Usage: python bench/profile.py [--seconds S] [--out bench-results/profile]
+       [--handler noop|redis|sleep10] [--workers N] [--slots N] [--jobs N] [--worker-only]
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from pyspy import PY_SPY
 from stack import ROOT, Stack, open_stack, wait_until
 
 
-def record(pid: int, seconds: int, out: Path) -> None:
+def record(pid: int, seconds: int, out: Path, gil: bool = False) -> None:
+    """py-spy samples `pid` for `seconds`; `gil`: only the thread holding the GIL, which
+    leaves out threads blocked in I/O that py-spy would otherwise count as running."""
     subprocess.run([PY_SPY, "record", "-p", str(pid), "-d", str(seconds), "-f", "raw",
-                    "-o", str(out), "--nonblocking", "-r", "200"], check=True,
+                    "-o", str(out), "--nonblocking", "-r", "200", *(["--gil"] if gil else [])],
+                   check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -54,11 +58,13 @@ def _idle(frame: str) -> bool:
                                           "get (queue", "select (selectors", "sleep"))
 
 
-def profile_worker(stack: Stack, jobs: int, seconds: int, out: Path) -> None:
-    sc._backlog(stack, jobs)
-    with stack.workers(1, sc.DRAIN_CONCURRENCY) as procs:
+def profile_worker(stack: Stack, jobs: int, seconds: int, out: Path, job_type: str = "bench.noop",
+                   workers: int = 1, slots: int = sc.DRAIN_CONCURRENCY, gil: bool = False) -> None:
+    """Records the first of `workers` worker processes draining `jobs` jobs of `job_type`."""
+    sc._backlog(stack, jobs, job_type=job_type)
+    with stack.workers(workers, slots) as procs:
         wait_until(lambda: stack.count("succeeded") > 500, timeout=60)
-        record(procs[0].pid, seconds, out)
+        record(procs[0].pid, seconds, out, gil)
 
 
 def profile_api(stack: Stack, seconds: int, out: Path) -> None:
@@ -77,13 +83,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "profile"))
+    parser.add_argument("--handler", default="noop", help="benchmark job: noop, redis, sleep10")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=sc.DRAIN_CONCURRENCY)
+    parser.add_argument("--jobs", type=int, default=40_000)
+    parser.add_argument("--worker-only", action="store_true", help="skip the API's profile")
+    parser.add_argument("--gil", action="store_true", help="sample the GIL's holder only")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open_stack(shared_postgres=False) as stack:
-        profile_worker(stack, 40_000, args.seconds, out / "worker.txt")
-        profile_api(stack, args.seconds, out / "api.txt")
-    for name in ("worker", "api"):
+        profile_worker(stack, args.jobs, args.seconds, out / "worker.txt", f"bench.{args.handler}",
+                       args.workers, args.slots, args.gil)
+        if not args.worker_only:
+            profile_api(stack, args.seconds, out / "api.txt")
+    for name in ("worker",) if args.worker_only else ("worker", "api"):
         print(f"== {name}")
         for kind, frames in top(out / f"{name}.txt").items():
             print(f"  -- {kind}")

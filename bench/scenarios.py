@@ -109,7 +109,7 @@ def drain(stack: Stack, jobs: int, workers: int, failing_per_1000: int = 0,
         dead = stack.count("dead")
         if dead != jobs // 1000 * failing_per_1000:
             raise RuntimeError(f"mixed run: {dead} dead jobs, expected 1 %")
-    if job_type == "bench.redis" and int(stack.redis.get(iojobs.COUNTER) or 0) < jobs:
+    if job_type.startswith("bench.redis") and int(stack.redis.get(iojobs.COUNTER) or 0) < jobs:
         raise RuntimeError(f"{stack.redis.get(iojobs.COUNTER)} of {jobs} jobs made their call")
     return steady_rate(stack)
 

@@ -3,7 +3,8 @@
 and batch enqueues (the one-statement insert and the COPY of a large batch), workflows, the
 library's enqueue in the caller's transaction and the scheduler;
 a job for a queue that already holds unfinished jobs (queued, running, scheduled) is accepted
-at the limit, and a queue whose jobs finished no longer counts."""
+at the limit, and a queue whose jobs finished no longer counts. A requeue of dead jobs is not
+refused (docs/api.md): it returns jobs the limit once admitted."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from taskline.store.queries import load_queries
 from taskline.store.store import Store, sqlalchemy_url
 from taskline_maintenance.scheduler import Scheduler
 from taskline_producer.app import close_app, create_app
+from tests.integration.test_api_dlq_bulk import make_dead
 
 LIMIT = 3
 
@@ -75,6 +77,17 @@ def test_a_queue_whose_jobs_finished_no_longer_counts(limited, store):
     assert enqueue(limited, "q2").status_code == 201  # running: still a queue of its own
     assert enqueue(limited, "q4").status_code == 201
     assert enqueue(limited, "q1").status_code == 422
+
+
+def test_a_dead_job_is_requeued_at_the_limit_and_then_counts(limited, store, dispatcher):
+    (dead,) = make_dead(store, dispatcher, 1, queue="q9")
+    for queue in ("q1", "q2", "q3"):
+        assert enqueue(limited, queue).status_code == 201
+    requeued = limited.post(f"/api/v1/jobs/{dead}/retry")
+    assert requeued.status_code == 200 and requeued.get_json()["status"] == "queued"
+    # Four queues hold work now: a new queue is refused until one of them drains.
+    assert enqueue(limited, "q4").status_code == 422
+    assert enqueue(limited, "q9").status_code == 201
 
 
 def test_a_large_batch_written_by_copy_is_refused_whole(limited, store):
