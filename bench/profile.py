@@ -6,7 +6,8 @@ request; writes py-spy's raw collapsed stacks and prints the top frames by own a
 py-spy comes from PyPI (`pip install py-spy`) and needs ptrace rights on the profiled process.
 
 Usage: python bench/profile.py [--seconds S] [--out bench-results/profile]
-       [--handler noop|redis|sleep10] [--workers N] [--slots N] [--jobs N] [--worker-only]
+       [--handler noop|redis|sleep10] [--workers N] [--slots N] [--jobs N] [--gil]
+       [--worker-only | --api-only]
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def profile_worker(stack: Stack, jobs: int, seconds: int, out: Path, job_type: s
         record(procs[0].pid, seconds, out, gil)
 
 
-def profile_api(stack: Stack, seconds: int, out: Path) -> None:
+def profile_api(stack: Stack, seconds: int, out: Path, gil: bool = False) -> None:
     stack.reset()
     with stack.api(workers=1) as base:
         pids = subprocess.run(["pgrep", "-P", str(stack.api_pid)], capture_output=True,
@@ -75,7 +76,7 @@ def profile_api(stack: Stack, seconds: int, out: Path) -> None:
         load = threading.Thread(target=post_concurrently,
                                 args=(base, "/api/v1/jobs", sc.NOOP, 400 * seconds, 8))
         load.start()
-        record(int(pids[0]), seconds, out)
+        record(int(pids[0]), seconds, out, gil)
         load.join()
 
 
@@ -89,15 +90,18 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=40_000)
     parser.add_argument("--worker-only", action="store_true", help="skip the API's profile")
     parser.add_argument("--gil", action="store_true", help="sample the GIL's holder only")
+    parser.add_argument("--api-only", action="store_true", help="skip the worker's profile")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open_stack(shared_postgres=False) as stack:
-        profile_worker(stack, args.jobs, args.seconds, out / "worker.txt", f"bench.{args.handler}",
-                       args.workers, args.slots, args.gil)
+        if not args.api_only:
+            profile_worker(stack, args.jobs, args.seconds, out / "worker.txt",
+                           f"bench.{args.handler}", args.workers, args.slots, args.gil)
         if not args.worker_only:
-            profile_api(stack, args.seconds, out / "api.txt")
-    for name in ("worker",) if args.worker_only else ("worker", "api"):
+            profile_api(stack, args.seconds, out / "api.txt", args.gil)
+    names = [n for n, skip in (("worker", args.api_only), ("api", args.worker_only)) if not skip]
+    for name in names:
         print(f"== {name}")
         for kind, frames in top(out / f"{name}.txt").items():
             print(f"  -- {kind}")
