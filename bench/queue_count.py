@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psycopg
 from freshdb import fresh_database, url_of
-from sides import medians, sql_source
+from sides import in_turn, medians, sql_source
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 
 from taskline.store.params import FIRST_EVENTS
@@ -91,11 +91,10 @@ def block(conn: psycopg.Connection, sql: str, queue: str) -> float:
 def measure(sides: dict[str, str], queue: str, blocks: int) -> dict[str, float]:
     took: dict[str, list[float]] = {name: [] for name in sides}
     with psycopg.connect(db_url(), autocommit=True) as conn:
-        for n in range(blocks + 2):  # the first two blocks prepare and warm up
-            order = list(sides.items())
-            for name, sql in order if n % 2 else order[::-1]:
-                median = block(conn, sql, queue)
-                if n >= 2:
+        for counted, order in in_turn(sides, blocks):
+            for name in order:
+                median = block(conn, sides[name], queue)
+                if counted:
                     took[name].append(median)
     return medians(took)
 

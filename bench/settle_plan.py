@@ -25,7 +25,7 @@ from pathlib import Path
 import psycopg
 from freshdb import fresh_database, url_of
 from psycopg import sql
-from sides import medians, sql_source
+from sides import in_turn, medians, sql_source
 
 from taskline import transitions
 from taskline.store.queries import load_queries
@@ -81,12 +81,11 @@ def measure(store: Store, sides: dict[str, str], rounds: int) -> dict[str, float
         for name, text in sides.items():
             conn.execute(f"PREPARE {name} (text, text) AS {text}")
         conn.commit()
-        for n in range(rounds + 2):  # the first two rounds warm up
+        for counted, order in in_turn(sides, rounds):
             leases = claimed(store, SETTLED)
-            order = list(sides) if n % 2 else list(sides)[::-1]
             for name in order:
                 value = timed(conn, name, leases)
-                if n >= 2:
+                if counted:
                     took[name].append(value)
             end(leases)
     return medians(took)

@@ -1,10 +1,15 @@
 """Statements of two checkouts timed side by side (queue_count.py, settle_plan.py): another
-checkout's SQL source, and the medians of the alternated timings with their ratio."""
+checkout's SQL source, the rounds in which the sides take turns, and the medians of the timings
+with their ratio."""
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+WARMUP = 2
+"""Rounds run first and not counted: they prepare the statements and warm the caches."""
 
 
 def sql_source(checkout: Path | None) -> str | None:
@@ -13,6 +18,14 @@ def sql_source(checkout: Path | None) -> str | None:
         return None
     folder = checkout / "shared" / "taskline" / "store" / "sql"
     return "\n".join(f.read_text() for f in sorted(folder.glob("*.sql")))
+
+
+def in_turn(sides: Iterable[str], rounds: int) -> Iterator[tuple[bool, list[str]]]:
+    """For each of WARMUP + `rounds` rounds, whether it counts and the order the sides run in:
+    which goes first alternates, so neither side always runs on what the other left behind."""
+    names = list(sides)
+    for n in range(rounds + WARMUP):
+        yield n >= WARMUP, names if n % 2 else names[::-1]
 
 
 def medians(took: dict[str, list[float]]) -> dict[str, float]:
