@@ -88,20 +88,23 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--slots", type=int, default=sc.DRAIN_CONCURRENCY)
     parser.add_argument("--jobs", type=int, default=40_000)
-    parser.add_argument("--worker-only", action="store_true", help="skip the API's profile")
     parser.add_argument("--gil", action="store_true", help="sample the GIL's holder only")
-    parser.add_argument("--api-only", action="store_true", help="skip the worker's profile")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--worker-only", action="store_true", help="skip the API's profile")
+    only.add_argument("--api-only", action="store_true", help="skip the worker's profile")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    recorded = []
     with open_stack(shared_postgres=False) as stack:
         if not args.api_only:
             profile_worker(stack, args.jobs, args.seconds, out / "worker.txt",
                            f"bench.{args.handler}", args.workers, args.slots, args.gil)
+            recorded.append("worker")
         if not args.worker_only:
             profile_api(stack, args.seconds, out / "api.txt", args.gil)
-    names = [n for n, skip in (("worker", args.api_only), ("api", args.worker_only)) if not skip]
-    for name in names:
+            recorded.append("api")
+    for name in recorded:
         print(f"== {name}")
         for kind, frames in top(out / f"{name}.txt").items():
             print(f"  -- {kind}")

@@ -17,31 +17,7 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.dispatch.keys import QueueKeys
 from taskline.store.store import Store
 from taskline_producer.operations import bulkdlq
-
-
-def make_dead(store: Store, dispatcher: Dispatcher, n: int, *, queue: str = "q1",
-              job_type: str = "mail") -> list[str]:
-    """`n` dead jobs with a history, a closed lease, a DLQ row and a DLQ list entry."""
-    ids = [str(uuid.uuid4()) for _ in range(n)]
-    with store.transaction() as conn:
-        conn.execute(text(
-            "INSERT INTO taskline.jobs (id, type, queue, payload, priority, status, attempts, "
-            "max_retries, timeout_s, finished_at) SELECT i, :t, :q, '{}', 5, 'dead', 1, 0, 30, "
-            "now() FROM unnest(CAST(:ids AS uuid[])) AS i"), {"ids": ids, "t": job_type,
-                                                                "q": queue})
-        conn.execute(text(
-            "INSERT INTO taskline.job_events (job_id, attempt, event) SELECT i, a, e FROM "
-            "unnest(CAST(:ids AS uuid[])) AS i, (VALUES (0, 'enqueued'), (1, 'claimed'), "
-            "(1, 'dead_lettered')) AS v(a, e)"), {"ids": ids})
-        conn.execute(text(
-            "INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, leased_until, "
-            "released_at, outcome) SELECT i, 1, 'w', now(), now(), now(), 'failed' "
-            "FROM unnest(CAST(:ids AS uuid[])) AS i"), {"ids": ids})
-        conn.execute(text("INSERT INTO taskline.dead_letter_jobs (job_id, final_error, attempts) "
-                          "SELECT i, 'boom', 1 FROM unnest(CAST(:ids AS uuid[])) AS i"),
-                     {"ids": ids})
-    dispatcher.client.rpush(QueueKeys(queue).dlq, *ids)
-    return ids
+from tests.helpers import make_dead
 
 
 def rows(store: Store, sql: str, **params) -> list:

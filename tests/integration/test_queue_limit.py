@@ -26,7 +26,7 @@ from taskline.store.queries import load_queries
 from taskline.store.store import Store, sqlalchemy_url
 from taskline_maintenance.scheduler import Scheduler
 from taskline_producer.app import close_app, create_app
-from tests.integration.test_api_dlq_bulk import make_dead
+from tests.helpers import make_dead
 
 LIMIT = 3
 
