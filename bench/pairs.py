@@ -92,6 +92,12 @@ def ratio(before: float, after: float, higher_is_better: bool) -> float:
     return after / before if higher_is_better else before / after
 
 
+def spread(ratios: list[float]) -> dict[str, Any]:
+    """The pairs' (or rounds') ratios of one metric: their median, min, max and the ratios."""
+    return {"median_ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "ratios": ratios}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", type=Path, required=True)
@@ -124,8 +130,7 @@ def main() -> int:
         if any(name not in p["before"] for p in pairs):
             continue
         ratios = [ratio(p["before"][name][0], p["after"][name][0], higher) for p in pairs]
-        summary[name] = {"median_ratio": statistics.median(ratios), "min": min(ratios),
-                         "max": max(ratios), "ratios": ratios,
+        summary[name] = {**spread(ratios),
                          "before_median": statistics.median(p["before"][name][0] for p in pairs),
                          "after_median": statistics.median(p["after"][name][0] for p in pairs)}
     report(summary, pairs, args.out, width=36)

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
-from pairs import metrics, ratio, run_once
+from pairs import metrics, ratio, run_once, spread
 
 
 def side(text: str) -> tuple[str, Path, dict[str, str]]:
@@ -38,12 +37,12 @@ def rounds(sides: list[tuple[str, Path, dict[str, str]]], count: int, only: str,
            jobs: int) -> list[dict[str, dict[str, tuple[float, bool]]]]:
     """`count` rounds, each running every side once, the order rotated by one each round."""
     out = []
+    first = sides[0][0]
     for n in range(count):
         shift = n % len(sides)
         turn = sides[shift:] + sides[:shift]
         runs = {name: metrics(run_once(tree, only, jobs, None, env)) for name, tree, env in turn}
         out.append(runs)
-        first = sides[0][0]
         print(f"round {n + 1}: " + json.dumps({
             name: {k: round(ratio(runs[first][k][0], v, higher), 3)
                    for k, (v, higher) in runs[name].items() if k in runs[first]}
@@ -59,10 +58,8 @@ def summary(sides: list[str], done: list[dict[str, Any]]) -> dict[str, Any]:
         for metric, (_v, higher) in done[0][name].items():
             if any(metric not in r[first] for r in done):
                 continue
-            ratios = [ratio(r[first][metric][0], r[name][metric][0], higher) for r in done]
-            out.setdefault(name, {})[metric] = {
-                "median_ratio": statistics.median(ratios), "min": min(ratios),
-                "max": max(ratios), "ratios": ratios}
+            out.setdefault(name, {})[metric] = spread(
+                [ratio(r[first][metric][0], r[name][metric][0], higher) for r in done])
     return out
 
 
