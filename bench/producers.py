@@ -1,6 +1,7 @@
 """The producer's ways in, measured on the real stack: the library's in-transaction enqueue
 (`taskline.enqueue` on an autocommit psycopg connection, and `taskline.aenqueue` on an async
-one) and the Python `Client`, single and bulk, and the enqueue call to handler start through
+one) and its bulk `taskline.enqueue_many`, the Python `Client`, single and bulk, and the enqueue
+call to handler start through
 each; beside pgqueuer in bench/run.py's `producers_side_by_side`. `library_enqueue` alone: the
 library's two, with their CPU per call, for bench/pairs.py.
 
@@ -95,6 +96,37 @@ def library_enqueue(stack: Stack, jobs: int) -> dict[str, float]:
     return out
 
 
+def _library_bulk_producer(url: str, calls: int, batch: int, cpu: Any, go: Any, ready: Any,
+                           done: Any) -> None:
+    """`taskline.enqueue_many` of `batch` no-op jobs per call on an autocommit connection
+    (each call one statement, committed by itself), as pgqueuer's bulk enqueue is measured."""
+    jobs = [{"type": NOOP}] * batch
+    with psycopg.connect(url, autocommit=True) as conn:
+        taskline.enqueue_many(conn, jobs)
+        ready.put(True)
+        go.wait()
+        started = time.process_time()
+        for _ in range(calls):
+            taskline.enqueue_many(conn, jobs)
+        cpu.put((time.process_time() - started) / calls)
+    done.put(calls * batch)
+
+
+def library_bulk(stack: Stack, jobs: int, batch: int = 1000, producers: int = 2,
+                 ) -> dict[str, float]:
+    """Jobs/s of `producers` processes calling `taskline.enqueue_many` in calls of `batch`,
+    maintenance relaying them to Redis meanwhile, and the producer's CPU per job (us)."""
+    stack.reset()
+    cpu = mp.get_context("fork").Queue()
+    calls = jobs // batch // producers
+    with _maintenance(stack):
+        seconds, finished = run_together(_library_bulk_producer, (stack.url, calls, batch, cpu),
+                                         producers)
+    per_call = [cpu.get(timeout=10) for _ in range(producers)]
+    return {"jobs_per_s": finished / seconds, "cpu_us_per_job": 1e6 * sum(per_call)
+            / len(per_call) / batch}
+
+
 def _client_producer(base: str, calls: int, batch: int, cpu: Any, go: Any, ready: Any,
                      done: Any) -> None:
     with Client(base, attempts=1) as client:
@@ -184,6 +216,7 @@ def side_by_side_once(stack: Stack, jobs: int, peers: Any | None) -> dict[str, f
            "client_single_jobs_per_s": client["jobs_per_s"],
            "client_cpu_ms_per_enqueue": client["client_cpu_ms_per_call"],
            "client_bulk_jobs_per_s": client_enqueue(stack, bulk, 1000, 2)["jobs_per_s"],
+           "library_bulk_jobs_per_s": library_bulk(stack, bulk)["jobs_per_s"],
            "library_pickup_p50_ms": library_pickup(stack)["p50"],
            "client_pickup_p50_ms": client_pickup(stack)["p50"]}
     if peers is not None:
@@ -198,5 +231,7 @@ def side_by_side_once(stack: Stack, jobs: int, peers: Any | None) -> dict[str, f
             "ratio_client_single_over_pgqueuer": out["client_single_jobs_per_s"]
             / out["pgqueuer_single_jobs_per_s"],
             "ratio_client_bulk_over_pgqueuer": out["client_bulk_jobs_per_s"]
+            / out["pgqueuer_bulk_jobs_per_s"],
+            "ratio_library_bulk_over_pgqueuer": out["library_bulk_jobs_per_s"]
             / out["pgqueuer_bulk_jobs_per_s"]})
     return out

@@ -240,7 +240,7 @@ def _with_ratios(runs: dict[str, list[float]]) -> dict[str, Any]:
 def producers_side_by_side(stack: Stack, n: int, repeat: int,
                            with_peers: bool) -> dict[str, Any]:
     """The producer's ways in (bench/producers.py) and pgqueuer's, in every repetition:
-    single enqueue through the library and the client, bulk through the client, enqueue call
+    single enqueue through the library and the client, bulk through both, enqueue call
     to handler start through each; each figure's summary, the ratios per repetition."""
     peer = peers if "pgqueuer" in _peers_installed(with_peers) else None
     runs: dict[str, list[float]] = {}

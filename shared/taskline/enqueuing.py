@@ -282,13 +282,14 @@ def _write(specs: Sequence[JobSpec], max_queues: int) -> caller.Plan[list[uuid.U
 
 def _write_now(conn: AppConnection, spec: JobSpec, max_queues: int, schema: str) -> uuid.UUID:
     """`_write` of one job on the sync connection `conn`, its insert (enqueue_one_in_transaction:
-    the queue limit tested on its own row) run at once. Only when it wrote nothing are the
-    plan's next steps driven, its queue counted first: it may be one to count (a queue holding
-    no queued or running job), or the job a key's replay."""
+    the queue limit judged on its own row, an idle queue's count included) run at once. Only
+    when it wrote nothing are the plan's next steps driven, its queue counted first: the limit
+    refused it (the count names the queues), or the job is a key's replay."""
     target = caller.sync_target(conn)
     rows = [_row(spec)]
     if caller.execute(target, caller.Statement("enqueue_one_in_transaction",
-                                               {"jobs": rows_json(rows), **_STATEMENT_PARAMS}),
+                                               {"jobs": rows_json(rows), **_STATEMENT_PARAMS,
+                                                "max_queues": max_queues}),
                       schema):
         return rows[0]["id"]  # type: ignore[no-any-return]
     return caller.drive(target, _written((spec,), [0], rows, [], [spec.queue], max_queues),

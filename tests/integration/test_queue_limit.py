@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from flask.testing import FlaskClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 import taskline
 from taskline.errors import InvalidJob, QueueLimitReached
@@ -152,9 +152,9 @@ def owed(store: Store) -> int:
 
 def test_the_library_counts_a_queue_without_work_then_writes_its_job(database_url, settings,
                                                                      store):
-    """A queue holding no queued or running job is counted before the insert writes (a second
-    statement, then the insert again): written whole under the limit, with its event and
-    outbox row, and an idempotency key's replay found after the count."""
+    """A queue holding no queued or running job is counted before the write: written whole
+    under the limit, with its event and outbox row, and an idempotency key's replay found after
+    the count."""
     limited = settings.replace(max_queues=2)
     with psycopg.connect(database_url) as conn:
         first = taskline.enqueue(conn, "echo", queue="s", delay_s=3600, idempotency_key="k",
@@ -173,6 +173,31 @@ def test_the_library_counts_a_queue_without_work_then_writes_its_job(database_ur
     with store.transaction() as conn:
         events = conn.execute(text("SELECT count(*) FROM taskline.job_events")).scalar_one()
     assert events == 3
+
+
+def test_the_library_writes_to_an_idle_queue_in_one_statement(database_url, settings, store):
+    """A queue holding no queued or running job is judged inside the insert (queues_admitted,
+    migration 0025): one statement writes its job; only a queue the limit refuses goes on to
+    the count, which names it, and nothing is written."""
+    limited = settings.replace(max_queues=2)
+    engine = create_engine(sqlalchemy_url(database_url))
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda _c, _cur, sql, *_rest: statements.append(sql))
+    try:
+        with engine.begin() as conn:
+            taskline.enqueue(conn, "echo", queue="a", settings=limited)  # an empty database
+            assert len(statements) == 1
+            taskline.enqueue(conn, "echo", queue="b", delay_s=3600, settings=limited)
+            taskline.enqueue(conn, "echo", queue="b", settings=limited)  # b holds parked work
+            assert len(statements) == 3
+        statements.clear()
+        with engine.begin() as conn, pytest.raises(QueueLimitReached) as refused:
+            taskline.enqueue(conn, "echo", queue="c", settings=limited)
+        assert refused.value.queues == ["c"] and len(statements) == 2  # the insert, the count
+    finally:
+        engine.dispose()
+    assert jobs(store) == 3 and owed(store) == 3
 
 
 def test_the_async_library_enqueue_counts_and_refuses_as_the_sync_one(database_url, settings,

@@ -8,7 +8,7 @@ tuple's status with a string literal and the Redis step after it is chosen from 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -262,6 +262,11 @@ class ScheduleRow:
                    declared_in_code=getattr(row, "declared_in_code", None))
 
 
+_STATUSES = {status.value: status for status in Status}
+"""A status by its name: a dict lookup, where `Status(name)` runs the enum's lookup in Python."""
+_OWED_MOVES = {status: transitions.CREATED[status] for status in (Status.QUEUED, Status.SCHEDULED)}
+"""The creating move Redis may owe an outbox row's job, by the job's status now."""
+
 KEYED_ANNOUNCEMENT = "keyed "
 """How an announcement of a job with an ordering key begins (enqueue_in_transaction)."""
 
@@ -280,12 +285,21 @@ class Owed:
     """The job has an ordering key: pushed only as its key's head."""
 
     @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> Owed:
+        """An outbox row from its fields' values, as `Job.of` builds a job: one dict update
+        instead of the frozen __init__'s object.__setattr__ per field. The relay builds one
+        per job an application enqueues, where that __init__ was half its Python work."""
+        owed = object.__new__(cls)
+        owed.__dict__.update(fields)
+        return owed
+
+    @classmethod
     def from_row(cls, row: Any) -> Owed:
         due = row.next_run_at
-        return cls(job_id=row.job_id, queue=row.queue, priority=row.priority,
-                   status=None if row.status is None else Status(row.status),
-                   due_ms=None if due is None else round(due.timestamp() * 1000),
-                   keyed=bool(getattr(row, "keyed", False)))
+        return cls.of({"job_id": row.job_id, "queue": row.queue, "priority": row.priority,
+                       "status": None if row.status is None else Status(row.status),
+                       "due_ms": None if due is None else round(due.timestamp() * 1000),
+                       "keyed": bool(getattr(row, "keyed", False))})
 
     @classmethod
     def from_announcement(cls, payload: str) -> Owed | None:
@@ -299,16 +313,19 @@ class Owed:
             return None
         job_id, priority, status, due_ms, queue = parts
         try:
-            return cls(job_id=uuid.UUID(job_id), queue=queue, priority=int(priority),
-                       status=Status(status), due_ms=int(due_ms), keyed=keyed)
-        except ValueError:
+            return cls.of({"job_id": uuid.UUID(job_id), "queue": queue,
+                           "priority": int(priority), "status": _STATUSES[status],
+                           "due_ms": int(due_ms), "keyed": keyed})
+        except (ValueError, KeyError):
             return None
 
     def committed(self) -> Committed | None:
         """The creating move Redis still owes this job, or None when it no longer waits to
         start (claimed already, cancelled, deleted): its row is then simply forgotten. A job
         promoted since is queued and pushed like a new one; a second copy is dropped at claim."""
-        if self.status not in (Status.QUEUED, Status.SCHEDULED) or self.priority is None:
+        move = _OWED_MOVES.get(self.status) if self.status is not None else None
+        if move is None or self.priority is None:
             return None
-        return Committed(transitions.CREATED[self.status], str(self.job_id), self.queue,
-                         self.priority, due_ms=self.due_ms)
+        return Committed.of({"move": move,
+                             "job_id": str(self.job_id), "queue": self.queue,
+                             "priority": self.priority, "due_ms": self.due_ms})

@@ -191,13 +191,15 @@ UNION ALL
 SELECT NULL, NULL, NULL, queue FROM fresh WHERE NOT CAST(:limit_checked AS boolean);
 
 -- name: enqueue_one_in_transaction
--- One job (:jobs holds one) as enqueue_in_transaction writes it, its queue limit tested on its own row: written when its queue holds a queued or running job, else nothing.
--- The single enqueue's statement (taskline.enqueuing): a queue with work, the usual case, costs
--- no more than the test; when nothing is written (a queue to count, or an idempotency key's
--- replay) the caller counts the queue (queue_limit_refused) and goes on with
--- enqueue_in_transaction, :limit_checked. Without enqueue_in_transaction's `fresh` CTE, its
--- DISTINCT and its answer's fourth column, PostgreSQL sets up a smaller plan on every call
--- (docs/performance.md).
+-- One job (:jobs holds one) as enqueue_in_transaction writes it, its queue limit tested on its own row: written unless the limit refuses its queue.
+-- The single enqueue's statement (taskline.enqueuing): a queue with work costs no more than the
+-- test's two probes; a queue without (an idle queue, whose workers keep up) is judged by
+-- queues_admitted (migration 0025), the test's last arm, so it runs only for such a queue and
+-- the job is written in this one statement. When nothing is written (a queue the limit refuses,
+-- or an idempotency key's replay) the caller counts the queue (queue_limit_refused, which names
+-- the refused queues) and goes on with enqueue_in_transaction, :limit_checked. Without
+-- enqueue_in_transaction's `fresh` CTE, its DISTINCT and its answer's fourth column, PostgreSQL
+-- sets up a smaller plan on every call (docs/performance.md).
 WITH input AS (
 -- include: enqueue_input_ctes
 ), inserted AS (
@@ -206,6 +208,7 @@ WITH input AS (
            ORDER BY j.queue LIMIT 1) = t.queue
        OR EXISTS (SELECT 1 FROM taskline.jobs j WHERE j.queue = t.queue AND j.status = 'running'
                   OFFSET 0)
+       OR taskline.queues_admitted(ARRAY[t.queue], CAST(:max_queues AS integer))
 -- include: enqueue_written_ctes
 -- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
 SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
