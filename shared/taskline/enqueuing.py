@@ -274,7 +274,7 @@ def _limit(settings: Settings | None) -> int:
 def _write(specs: Sequence[JobSpec], max_queues: int) -> caller.Plan[list[uuid.UUID]]:
     """Insert `specs` in one statement, and what its answer asks for next (_written). Ids in the
     order of `specs`."""
-    statement, order, rows = _insert(specs)
+    statement, order, rows = _insert(specs, max_queues)
     written = yield statement
     fresh = [r.fresh for r in written if r.fresh is not None]
     return (yield from _written(specs, order, rows, written, fresh, max_queues))
@@ -296,7 +296,8 @@ def _write_now(conn: AppConnection, spec: JobSpec, max_queues: int, schema: str)
                         schema)[0]
 
 
-def _insert(specs: Sequence[JobSpec]) -> tuple[caller.Statement, list[int], list[dict[str, Any]]]:
+def _insert(specs: Sequence[JobSpec],
+            max_queues: int) -> tuple[caller.Statement, list[int], list[dict[str, Any]]]:
     """The statement inserting `specs`, the order it writes them in (indexes into `specs`) and
     their rows in that order.
 
@@ -307,12 +308,14 @@ def _insert(specs: Sequence[JobSpec]) -> tuple[caller.Statement, list[int], list
                                                      specs[i].queue,
                                                      specs[i].idempotency_key or ""))
     rows = [_row(specs[i]) for i in order]
-    return _insert_rows(rows, limit_checked=False), order, rows
+    return _insert_rows(rows, max_queues, limit_checked=False), order, rows
 
 
-def _insert_rows(rows: list[dict[str, Any]], *, limit_checked: bool) -> caller.Statement:
+def _insert_rows(rows: list[dict[str, Any]], max_queues: int, *,
+                 limit_checked: bool) -> caller.Statement:
     return caller.Statement("enqueue_in_transaction", {"jobs": rows_json(rows),
                                                        **_STATEMENT_PARAMS,
+                                                       "max_queues": max_queues,
                                                        "limit_checked": limit_checked})
 
 
@@ -320,17 +323,18 @@ def _written(specs: Sequence[JobSpec], order: list[int], rows: list[dict[str, An
              written: list, fresh: list[str], max_queues: int) -> caller.Plan[list[uuid.UUID]]:
     """What an insert's answer `written` still asks for; the ids in the order of `specs`.
 
-    With `fresh` queues (holding no queued or running job) the insert wrote nothing: they are
-    counted against `max_queues` (QueueLimitReached, nothing written, when one too many) and the
-    insert runs again, counted. A job the insert skipped holds a key some job already had: its
-    id is a replay's (_replay_id).
+    With `fresh` queues (holding no queued or running job, which the insert's own verdict
+    refused) the insert wrote nothing: they are counted against `max_queues` (QueueLimitReached,
+    nothing written, when one too many; the count names the refused queues) and, admitted after
+    all, the insert runs again, counted. A job the insert skipped holds a key some job already
+    had: its id is a replay's (_replay_id).
     """
     if fresh:
         refused = yield caller.Statement("queue_limit_refused", {"queues": sorted(fresh),
                                                                  "max_queues": max_queues})
         if refused:
             raise QueueLimitReached(list(refused[0].refused), max_queues)
-        written = yield _insert_rows(rows, limit_checked=True)
+        written = yield _insert_rows(rows, max_queues, limit_checked=True)
     inserted = {r.id for r in written}
     ids: dict[int, uuid.UUID] = {}
     for index, row in zip(order, rows, strict=True):

@@ -195,9 +195,19 @@ def test_the_library_writes_to_an_idle_queue_in_one_statement(database_url, sett
         with engine.begin() as conn, pytest.raises(QueueLimitReached) as refused:
             taskline.enqueue(conn, "echo", queue="c", settings=limited)
         assert refused.value.queues == ["c"] and len(statements) == 2  # the insert, the count
+        statements.clear()
+        with engine.begin() as conn:
+            taskline.enqueue(conn, "echo", queue="a", settings=limited)  # a holds work now
+            conn.execute(text("UPDATE taskline.jobs SET status = 'succeeded' "
+                              "WHERE queue = 'a'"))
+            statements.clear()
+            # A batch to idle queues "a" and "b" (b holds a scheduled job): one statement.
+            taskline.enqueue_many(conn, [{"type": "echo", "queue": "a"},
+                                         {"type": "echo", "queue": "b"}], settings=limited)
+            assert len(statements) == 1
     finally:
         engine.dispose()
-    assert jobs(store) == 3 and owed(store) == 3
+    assert jobs(store) == 6 and owed(store) == 6
 
 
 def test_the_async_library_enqueue_counts_and_refuses_as_the_sync_one(database_url, settings,

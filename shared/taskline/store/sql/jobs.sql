@@ -164,21 +164,26 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 -- A job's status is decided here, by PostgreSQL's clock: :scheduled when its first run lies
 -- ahead, else :queued. A job whose (queue, idempotency key) exists, or comes earlier in the
 -- array, is skipped (no event, no outbox row, no signal), as in insert_jobs_with_events.
--- The queue limit in two steps, so that a write to queues already holding work pays only the
--- first: unless :limit_checked, a statement for a queue holding no queued or running job (one
--- that may add a queue) writes nothing and returns a row per such queue in `fresh`; the caller
--- counts them (queue_limit_refused) and, unless refused, runs the statement again with
--- :limit_checked. The whole count in this statement cost every call its plan's setup, a third of
--- the statement's execution (docs/performance.md).
+-- The queue limit: the queues holding no queued or running job (`fresh`, the only ones that
+-- may add a queue) are judged by queues_admitted (migration 0025), a function call, so a write
+-- to queues with work sets up no count (as CTEs the count cost every call its plan's setup, a
+-- third of the statement's execution; docs/performance.md). Unless :limit_checked, a statement
+-- whose fresh queues the limit refuses writes nothing and returns a row per such queue in
+-- `fresh`; the caller counts them (queue_limit_refused, which names the refused queues) and,
+-- unless refused after all, runs the statement again with :limit_checked.
 WITH input AS MATERIALIZED (
 -- include: enqueue_input_ctes
 ), limit_queues AS (
     -- The queue limit's test (queue_fresh_ctes); `fresh` is not read with :limit_checked.
     SELECT DISTINCT queue FROM input OFFSET 0
 -- include: queue_fresh_ctes
+), admitted AS MATERIALIZED (
+    SELECT CAST(:limit_checked AS boolean) OR NOT EXISTS (SELECT 1 FROM fresh)
+           OR taskline.queues_admitted(ARRAY(SELECT queue FROM fresh),
+                                       CAST(:max_queues AS integer)) AS ok
 ), inserted AS (
 -- include: enqueue_insert_ctes
-    WHERE CAST(:limit_checked AS boolean) OR NOT EXISTS (SELECT 1 FROM fresh)
+    WHERE (SELECT ok FROM admitted)
 -- include: enqueue_written_ctes
 -- PostgreSQL folds repeated (channel, payload) pairs of one transaction into one signal.
 SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
@@ -188,7 +193,7 @@ SELECT i.id, pg_notify('taskline_enqueued', i.queue) AS signal,
        NULL AS fresh
 FROM inserted i
 UNION ALL
-SELECT NULL, NULL, NULL, queue FROM fresh WHERE NOT CAST(:limit_checked AS boolean);
+SELECT NULL, NULL, NULL, queue FROM fresh WHERE NOT (SELECT ok FROM admitted);
 
 -- name: enqueue_one_in_transaction
 -- One job (:jobs holds one) as enqueue_in_transaction writes it, its queue limit tested on its own row: written unless the limit refuses its queue.
