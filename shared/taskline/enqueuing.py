@@ -241,6 +241,8 @@ def _plan(specs: Sequence[JobSpec], settings: Settings | None) -> caller.Plan[li
     """The plain insert, or (any job with unique or debounce) the keyed plan; ids in order.
     A unique duplicate or a debounce arrival gets the id of the job it was folded into."""
     if not uniqueness.keyed(specs):
+        if len(specs) == 1:  # aenqueue's plain job: the single enqueue's smaller statement
+            return _write_one(specs[0], _limit(settings))
         return _write(specs, _limit(settings))
     return _ids(uniqueness.write(specs, uniqueness.Context(
         max_queues=_limit(settings), max_bytes=(settings or _DEFAULTS).max_payload_bytes,
@@ -280,20 +282,32 @@ def _write(specs: Sequence[JobSpec], max_queues: int) -> caller.Plan[list[uuid.U
     return (yield from _written(specs, order, rows, written, fresh, max_queues))
 
 
+def _write_one(spec: JobSpec, max_queues: int) -> caller.Plan[list[uuid.UUID]]:
+    """`_write` of one job: its insert (enqueue_one_in_transaction: the queue limit judged on
+    its own row, an idle queue's count included), then, only when it wrote nothing, the later
+    steps, its queue counted first: the limit refused it (the count names the queues), or the
+    job is a key's replay."""
+    rows = [_row(spec)]
+    if (yield _one_statement(rows, max_queues)):
+        return [rows[0]["id"]]
+    return (yield from _written((spec,), [0], rows, [], [spec.queue], max_queues))
+
+
 def _write_now(conn: AppConnection, spec: JobSpec, max_queues: int, schema: str) -> uuid.UUID:
-    """`_write` of one job on the sync connection `conn`, its insert (enqueue_one_in_transaction:
-    the queue limit judged on its own row, an idle queue's count included) run at once. Only
-    when it wrote nothing are the plan's next steps driven, its queue counted first: the limit
-    refused it (the count names the queues), or the job is a key's replay."""
+    """`_write_one` on the sync connection `conn`, its insert run straight rather than driven
+    through the plan's generator (about 100 bytecode instructions a call, docs/performance.md)."""
     target = caller.sync_target(conn)
     rows = [_row(spec)]
-    if caller.execute(target, caller.Statement("enqueue_one_in_transaction",
-                                               {"jobs": rows_json(rows), **_STATEMENT_PARAMS,
-                                                "max_queues": max_queues}),
-                      schema):
+    if caller.execute(target, _one_statement(rows, max_queues), schema):
         return rows[0]["id"]  # type: ignore[no-any-return]
     return caller.drive(target, _written((spec,), [0], rows, [], [spec.queue], max_queues),
                         schema)[0]
+
+
+def _one_statement(rows: list[dict[str, Any]], max_queues: int) -> caller.Statement:
+    return caller.Statement("enqueue_one_in_transaction", {"jobs": rows_json(rows),
+                                                           **_STATEMENT_PARAMS,
+                                                           "max_queues": max_queues})
 
 
 def _insert(specs: Sequence[JobSpec],

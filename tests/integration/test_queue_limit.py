@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import create_engine, event, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 import taskline
 from taskline.errors import InvalidJob, QueueLimitReached
@@ -208,6 +209,25 @@ def test_the_library_writes_to_an_idle_queue_in_one_statement(database_url, sett
     finally:
         engine.dispose()
     assert jobs(store) == 6 and owed(store) == 6
+
+
+def test_the_async_library_writes_to_an_idle_queue_in_one_statement(database_url, settings,
+                                                                    store):
+    """aenqueue's plain job takes the sync enqueue's statement: to an idle queue, one."""
+    engine = create_async_engine(sqlalchemy_url(database_url).replace("+psycopg://",
+                                                                      "+psycopg_async://"))
+    statements: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute",
+                 lambda _c, _cur, sql, *_rest: statements.append(sql))
+
+    async def body() -> None:
+        async with engine.begin() as conn:
+            await taskline.aenqueue(conn, "echo", queue="idle", settings=settings)
+        await engine.dispose()
+
+    asyncio.run(body())
+    assert len(statements) == 1 and "limit_queues" not in statements[0]  # not the batch one
+    assert jobs(store) == 1 and owed(store) == 1
 
 
 def test_the_async_library_enqueue_counts_and_refuses_as_the_sync_one(database_url, settings,
