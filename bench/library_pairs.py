@@ -140,25 +140,33 @@ def _admin(statement: str) -> None:
 
 def run_side(tree: Path, warmup: int, jobs: int, opcodes: bool = False) -> dict[str, Any]:
     """One run of `tree`'s code on a fresh database its own `taskline migrate` made."""
-    name = f"taskline_libpair_{uuid.uuid4().hex[:10]}"
+    return run_in_tree(tree, Path(__file__), "--produce",
+                       ["--warmup", str(warmup), "--jobs", str(jobs),
+                        *(["--count-opcodes"] if opcodes else [])])
+
+
+def run_in_tree(tree: Path, script: Path, mode: str, args: list[str]) -> dict[str, Any]:
+    """`script mode <url> *args` run with `tree`'s virtualenv (so it imports that checkout's
+    taskline) against a fresh database `tree`'s own `taskline migrate` made, dropped after; the
+    JSON object its last line prints, which names the taskline it imported (checked)."""
+    name = f"taskline_pair_{uuid.uuid4().hex[:10]}"
     url = urlunsplit(urlsplit(ADMIN_URL)._replace(path="/" + name))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("TASKLINE_") and k not in ("DATABASE_URL", "REDIS_URL")}
     _admin(f'CREATE DATABASE "{name}"')
     try:
         subprocess.run([str(tree / ".venv" / "bin" / "taskline"), "migrate"], check=True,
-                       env={**env, "DATABASE_URL": url}, stdout=subprocess.DEVNULL)
+                       env={**env, "DATABASE_URL": url}, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
         with tempfile.TemporaryDirectory() as cwd:  # nothing imported from a working directory
             answer = subprocess.run(
-                [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()),
-                 "--produce", url, "--warmup", str(warmup), "--jobs", str(jobs),
-                 *(["--count-opcodes"] if opcodes else [])],
-                env=env, cwd=cwd, capture_output=True, text=True)
+                [str(tree / ".venv" / "bin" / "python"), str(script.resolve()), mode, url,
+                 *args], env=env, cwd=cwd, capture_output=True, text=True)
         if answer.returncode != 0:
-            raise RuntimeError(f"the producer of {tree} failed:\n{answer.stderr[-2000:]}")
+            raise RuntimeError(f"{script.name} on {tree} failed:\n{answer.stderr[-2000:]}")
     finally:
         _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    result: dict[str, Any] = json.loads(answer.stdout)
+    result: dict[str, Any] = json.loads(answer.stdout.splitlines()[-1])
     if not Path(result["taskline"]).is_relative_to(tree.resolve()):
         raise RuntimeError(f"{tree}'s virtualenv imported taskline from {result['taskline']}")
     return result

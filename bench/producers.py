@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -42,17 +43,24 @@ def _maintenance(stack: Stack) -> Any:
 
 # --- single and bulk enqueue ------------------------------------------------------------------
 
-def _library_producer(url: str, calls: int, cpu: Any, go: Any, ready: Any,
-                      done: Any) -> None:
+def _timed_calls(url: str, call: Callable[[psycopg.Connection], object], warmup: int,
+                 calls: int, cpu: Any, go: Any, ready: Any) -> None:
+    """`call` `warmup` times, then `calls` times once `go` is set, on one autocommit connection
+    (each call's statement committed by itself); the producer's CPU per timed call on `cpu`."""
     with psycopg.connect(url, autocommit=True) as conn:
-        for _ in range(WARMUP):
-            taskline.enqueue(conn, NOOP)
+        for _ in range(warmup):
+            call(conn)
         ready.put(True)
         go.wait()
         started = time.process_time()
         for _ in range(calls):
-            taskline.enqueue(conn, NOOP)
+            call(conn)
         cpu.put((time.process_time() - started) / calls)
+
+
+def _library_producer(url: str, calls: int, cpu: Any, go: Any, ready: Any,
+                      done: Any) -> None:
+    _timed_calls(url, lambda conn: taskline.enqueue(conn, NOOP), WARMUP, calls, cpu, go, ready)
     done.put(calls)
 
 
@@ -98,17 +106,9 @@ def library_enqueue(stack: Stack, jobs: int) -> dict[str, float]:
 
 def _library_bulk_producer(url: str, calls: int, batch: int, cpu: Any, go: Any, ready: Any,
                            done: Any) -> None:
-    """`taskline.enqueue_many` of `batch` no-op jobs per call on an autocommit connection
-    (each call one statement, committed by itself), as pgqueuer's bulk enqueue is measured."""
+    """`taskline.enqueue_many` of `batch` no-op jobs a call, as pgqueuer's bulk is measured."""
     jobs = [{"type": NOOP}] * batch
-    with psycopg.connect(url, autocommit=True) as conn:
-        taskline.enqueue_many(conn, jobs)
-        ready.put(True)
-        go.wait()
-        started = time.process_time()
-        for _ in range(calls):
-            taskline.enqueue_many(conn, jobs)
-        cpu.put((time.process_time() - started) / calls)
+    _timed_calls(url, lambda conn: taskline.enqueue_many(conn, jobs), 1, calls, cpu, go, ready)
     done.put(calls * batch)
 
 

@@ -24,16 +24,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/postgres")
+from library_pairs import run_in_tree
+
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 NOOP = "bench.noop"
 HOUR_S = 3600.0
@@ -76,35 +73,10 @@ def measure(url: str, batches: int, batch: int) -> dict[str, Any]:
             "relay_cpu_us_per_job": cpu / (batches * batch) * 1e6}
 
 
-def _admin(statement: str) -> None:
-    import psycopg
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(statement)
-
-
 def run_side(tree: Path, batches: int, batch: int) -> float:
     """One run of `tree`'s code on a fresh database its own `taskline migrate` made."""
-    name = f"taskline_relay_{uuid.uuid4().hex[:10]}"
-    url = urlunsplit(urlsplit(ADMIN_URL)._replace(path="/" + name))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TASKLINE_") and k not in ("DATABASE_URL", "REDIS_URL")}
-    _admin(f'CREATE DATABASE "{name}"')
-    try:
-        subprocess.run([str(tree / ".venv" / "bin" / "taskline"), "migrate"], check=True,
-                       env={**env, "DATABASE_URL": url}, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-        with tempfile.TemporaryDirectory() as cwd:  # nothing imported from a working directory
-            answer = subprocess.run(
-                [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()),
-                 "--measure", url, "--batches", str(batches), "--batch", str(batch)],
-                env=env, cwd=cwd, capture_output=True, text=True)
-        if answer.returncode != 0:
-            raise RuntimeError(f"the relay of {tree} failed:\n{answer.stderr[-2000:]}")
-    finally:
-        _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    result: dict[str, Any] = json.loads(answer.stdout.splitlines()[-1])
-    if not Path(result["taskline"]).is_relative_to(tree.resolve()):
-        raise RuntimeError(f"{tree}'s virtualenv imported taskline from {result['taskline']}")
+    result = run_in_tree(tree, Path(__file__), "--measure",
+                         ["--batches", str(batches), "--batch", str(batch)])
     return float(result["relay_cpu_us_per_job"])
 
 

@@ -48,7 +48,6 @@ from taskline.metrics import OUTBOX_RELAYED, LabelGuard
 from taskline.mirror import Mirror
 from taskline.service import IDLE_POLL_S, Periodic, always, guarded
 from taskline.store import caller
-from taskline.store.params import uuid_array
 from taskline.store.queries import channel
 from taskline.store.rows import Owed
 from taskline.store.views import MaintenanceStore
@@ -150,9 +149,7 @@ class OutboxRelay(Periodic):
             self.store.delete_outbox(ids)
         elif ids:
             with self._translated():
-                # One array literal: psycopg dumps a list of UUIDs id by id in Python, a share
-                # of the relay's CPU per job a bulk enqueue showed (docs/performance.md).
-                caller.run(self._listener, "delete_outbox", {"ids": uuid_array(ids)},
+                caller.run(self._listener, "delete_outbox", {"ids": ids},
                            self.store.schema)
 
     def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
