@@ -288,7 +288,8 @@ class Owed:
     def of(cls, fields: Mapping[str, Any]) -> Owed:
         """An outbox row from its fields' values, as `Job.of` builds a job: one dict update
         instead of the frozen __init__'s object.__setattr__ per field. The relay builds one
-        per job an application enqueues, where that __init__ was half its Python work."""
+        per job an application enqueues, where that __init__ was a quarter of reading the
+        job's announcement (docs/performance.md, change 114)."""
         owed = object.__new__(cls)
         owed.__dict__.update(fields)
         return owed
