@@ -1,9 +1,8 @@
 """The producer's ways in, measured on the real stack: the library's in-transaction enqueue
 (`taskline.enqueue` on an autocommit psycopg connection, and `taskline.aenqueue` on an async
 one) and its bulk `taskline.enqueue_many`, the Python `Client`, single and bulk, and the enqueue
-call to handler start through
-each; beside pgqueuer in bench/run.py's `producers_side_by_side`. `library_enqueue` alone: the
-library's two, with their CPU per call, for bench/pairs.py.
+call to handler start through each; beside pgqueuer in bench/run.py's `producers_side_by_side`.
+`library_enqueue` alone: the library's two, with their CPU per call, for bench/pairs.py.
 
 Invariant: as in bench/clients.py, every producer is its own process, connected and warmed up
 before the clock starts, and the clock stops when the last one is done. Maintenance runs

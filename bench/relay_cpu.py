@@ -47,7 +47,8 @@ def measure(url: str, batches: int, batch: int) -> dict[str, Any]:
     from taskline.store.store import Store
     from taskline_maintenance.outbox import OutboxRelay
 
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
     store, dispatcher = Store.connect(url), Dispatcher(REDIS_URL)
     relay = OutboxRelay(store, dispatcher, url, backstop_s=HOUR_S)  # no drain by the clock
     relay._turn()  # maintenance's first turn: listens, then drains the (empty) outbox
@@ -65,8 +66,7 @@ def measure(url: str, batches: int, batch: int) -> dict[str, Any]:
             if n:  # the first batch warms up (statements prepared, scripts loaded)
                 cpu += time.thread_time() - started
     relay._close()
-    held = sum(redis.Redis.from_url(REDIS_URL).llen(key)
-               for key in redis.Redis.from_url(REDIS_URL).keys("taskline:*:ready:*"))
+    held = sum(client.llen(key) for key in client.keys("taskline:*:ready:*"))
     if held != (batches + 1) * batch:
         raise RuntimeError(f"Redis holds {held} ids, {(batches + 1) * batch} were enqueued")
     return {"taskline": str(Path(taskline.__file__).resolve().parent),

@@ -324,7 +324,7 @@ class Owed:
         """The creating move Redis still owes this job, or None when it no longer waits to
         start (claimed already, cancelled, deleted): its row is then simply forgotten. A job
         promoted since is queued and pushed like a new one; a second copy is dropped at claim."""
-        move = _OWED_MOVES.get(self.status) if self.status is not None else None
+        move = _OWED_MOVES.get(self.status)  # None too: the job is gone
         if move is None or self.priority is None:
             return None
         return Committed.of({"move": move,
