@@ -10,12 +10,13 @@ that checkout's virtualenv (`<tree>/.venv/bin/python`, so it imports that checko
 in a producer mode, against a fresh database migrated by that checkout's own `taskline
 migrate`, dropped afterwards. The producer enqueues `--warmup` jobs, then `--jobs` jobs one per
 transaction (`with conn.transaction():` on psycopg, `with conn.begin():` on SQLAlchemy, both on
-the psycopg 3 driver), and reports jobs/s, its own CPU per call (user and system,
-`time.process_time`) and its PostgreSQL backend's (/proc). No maintenance runs: the jobs stay
+the psycopg 3 driver), or with `--batch N` N to a transaction through `taskline.enqueue_many`,
+and reports jobs/s, its own CPU per job (user and system, `time.process_time`) and its
+PostgreSQL backend's (/proc). No maintenance runs: the jobs stay
 owed to Redis in the outbox, the same on both sides. Pairs alternate which side runs first.
 
 Usage: python bench/library_pairs.py --before DIR --after DIR [--pairs 7] [--jobs 3000]
-           [--warmup 200] [--out bench-results/library_pairs.json] [--opcodes N]
+           [--warmup 200] [--batch 1] [--out bench-results/library_pairs.json] [--opcodes N]
 `--opcodes N` times nothing: each side counts the Python bytecode instructions of N calls per
 kind of connection (after `--warmup`), per call, a count the machine's load does not move.
 Ratios are after / before for jobs/s and before / after for CPU, so above 1 is better in every
@@ -55,18 +56,34 @@ def _backend_cpu(pid: int) -> float:
 
 
 Measure = Callable[[Callable[[], None], int, int, int], dict[str, float]]
-"""How a producer measures its calls: (enqueue one, backend pid, warmup, calls) -> figures."""
+"""How a producer measures its calls: (enqueue one call's jobs, backend pid, warmup calls,
+calls) -> figures per call."""
 
 
-def _timed(enqueue_one: Any, backend: int, warmup: int, jobs: int) -> dict[str, float]:
+def _timed(enqueue_one: Any, backend: int, warmup: int, calls: int) -> dict[str, float]:
     for _ in range(warmup):
         enqueue_one()
     pg, cpu, wall = _backend_cpu(backend), time.process_time(), time.perf_counter()
-    for _ in range(jobs):
+    for _ in range(calls):
         enqueue_one()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"jobs_per_s": jobs / wall, "cpu_us": cpu / jobs * 1e6,
-            "pg_cpu_us": (_backend_cpu(backend) - pg) / jobs * 1e6}
+    return {"jobs_per_s": calls / wall, "cpu_us": cpu / calls * 1e6,
+            "pg_cpu_us": (_backend_cpu(backend) - pg) / calls * 1e6}
+
+
+def _per_job(figures: dict[str, float], batch: int) -> dict[str, float]:
+    """Per-call figures of calls of `batch` jobs as per-job ones (opcodes stay per call)."""
+    scale = {"jobs_per_s": batch, "cpu_us": 1 / batch, "pg_cpu_us": 1 / batch}
+    return {name: value * scale.get(name, 1) for name, value in figures.items()}
+
+
+def _enqueue(conn: Any, batch: int) -> None:
+    """One call's jobs: `taskline.enqueue`, or `enqueue_many` of `batch` no-op jobs."""
+    import taskline
+    if batch == 1:
+        taskline.enqueue(conn, NOOP)
+    else:
+        taskline.enqueue_many(conn, [{"type": NOOP}] * batch)
 
 
 def _opcodes(enqueue_one: Any, backend: int, warmup: int, calls: int) -> dict[str, float]:
@@ -81,24 +98,24 @@ def _opcodes(enqueue_one: Any, backend: int, warmup: int, calls: int) -> dict[st
     return {"opcodes_per_call": count_opcodes(run) / calls}
 
 
-def _on_psycopg(url: str, warmup: int, jobs: int, measure: Measure) -> dict[str, float]:
+def _on_psycopg(url: str, warmup: int, calls: int, measure: Measure,
+                batch: int) -> dict[str, float]:
     import psycopg
 
-    import taskline
     with psycopg.connect(url) as conn:
         backend = conn.info.backend_pid
 
         def one() -> None:
             with conn.transaction():
-                taskline.enqueue(conn, NOOP)
+                _enqueue(conn, batch)
 
-        return measure(one, backend, warmup, jobs)
+        return measure(one, backend, warmup, calls)
 
 
-def _on_sqlalchemy(url: str, warmup: int, jobs: int, measure: Measure) -> dict[str, float]:
+def _on_sqlalchemy(url: str, warmup: int, calls: int, measure: Measure,
+                   batch: int) -> dict[str, float]:
     from sqlalchemy import create_engine, text
 
-    import taskline
     engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
     with engine.connect() as conn:
         backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
@@ -106,27 +123,29 @@ def _on_sqlalchemy(url: str, warmup: int, jobs: int, measure: Measure) -> dict[s
 
         def one() -> None:
             with conn.begin():
-                taskline.enqueue(conn, NOOP)
+                _enqueue(conn, batch)
 
-        result = measure(one, backend, warmup, jobs)
+        result = measure(one, backend, warmup, calls)
     engine.dispose()
     return result
 
 
-def produce(url: str, warmup: int, jobs: int, opcodes: bool) -> dict[str, Any]:
+def produce(url: str, warmup: int, jobs: int, opcodes: bool, batch: int = 1) -> dict[str, Any]:
     """Both kinds of connection, one after the other, timed (or their opcodes counted); checks
-    every job was written."""
+    every job was written. `warmup` and `jobs` are rounded down to whole calls of `batch`."""
     measure = _opcodes if opcodes else _timed
     import psycopg
 
     import taskline
+    warmup_calls, calls = warmup // batch, jobs // batch
     out: dict[str, Any] = {"taskline": str(Path(taskline.__file__).resolve().parent)}
-    out["psycopg"] = _on_psycopg(url, warmup, jobs, measure)
-    out["sqlalchemy"] = _on_sqlalchemy(url, warmup, jobs, measure)
+    for kind, on in (("psycopg", _on_psycopg), ("sqlalchemy", _on_sqlalchemy)):
+        out[kind] = _per_job(on(url, warmup_calls, calls, measure, batch), batch)
     with psycopg.connect(url) as conn:
         written = conn.execute("SELECT count(*) FROM taskline.jobs").fetchone()
-    if written is None or written[0] != 2 * (warmup + jobs):
-        raise RuntimeError(f"{written} jobs written, {2 * (warmup + jobs)} enqueued")
+    expected = 2 * (warmup_calls + calls) * batch
+    if written is None or written[0] != expected:
+        raise RuntimeError(f"{written} jobs written, {expected} enqueued")
     return out
 
 
@@ -138,10 +157,11 @@ def _admin(statement: str) -> None:
         conn.execute(statement)
 
 
-def run_side(tree: Path, warmup: int, jobs: int, opcodes: bool = False) -> dict[str, Any]:
+def run_side(tree: Path, warmup: int, jobs: int, opcodes: bool = False,
+             batch: int = 1) -> dict[str, Any]:
     """One run of `tree`'s code on a fresh database its own `taskline migrate` made."""
     return run_in_tree(tree, Path(__file__), "--produce",
-                       ["--warmup", str(warmup), "--jobs", str(jobs),
+                       ["--warmup", str(warmup), "--jobs", str(jobs), "--batch", str(batch),
                         *(["--count-opcodes"] if opcodes else [])])
 
 
@@ -198,6 +218,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=1,
+                        help="jobs per call: above 1, taskline.enqueue_many of that many")
     parser.add_argument("--out", type=Path, default=Path("bench-results/library_pairs.json"))
     parser.add_argument("--opcodes", type=int, default=0, metavar="N",
                         help="count the Python bytecode instructions of N calls instead")
@@ -205,20 +227,23 @@ def main() -> int:
     parser.add_argument("--count-opcodes", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.produce:
-        print(json.dumps(produce(args.produce, args.warmup, args.jobs, args.count_opcodes)))
+        print(json.dumps(produce(args.produce, args.warmup, args.jobs, args.count_opcodes,
+                                 args.batch)))
         return 0
     if args.before is None or args.after is None:
         parser.error("--before and --after are required")
     if args.opcodes:
         for side in ("before", "after"):
-            counted = run_side(getattr(args, side), args.warmup, args.opcodes, opcodes=True)
+            counted = run_side(getattr(args, side), args.warmup, args.opcodes, opcodes=True,
+                               batch=args.batch)
             print(f"{side}: " + ", ".join(f"{kind} {counted[kind]['opcodes_per_call']:,.0f}"
                                           for kind in KINDS) + " opcodes per call", flush=True)
         return 0
     pairs: list[dict[str, dict[str, float]]] = []
     for n in range(args.pairs):
         order = ("before", "after") if n % 2 == 0 else ("after", "before")
-        runs = {side: _flat(run_side(getattr(args, side), args.warmup, args.jobs))
+        runs = {side: _flat(run_side(getattr(args, side), args.warmup, args.jobs,
+                                     batch=args.batch))
                 for side in order}
         pairs.append(runs)
         print(f"pair {n + 1}: " + json.dumps({k: round(ratio(k, runs["before"][k], v), 3)
