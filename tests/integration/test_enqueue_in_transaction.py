@@ -8,13 +8,14 @@ the caller's transaction alone.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session
 
 import taskline
@@ -174,3 +175,31 @@ def test_a_refused_batch_undoes_only_itself(engine: Engine, store: Store) -> Non
     assert store.get_job(kept) is not None
     assert store.get_job_and_hash_by_key("default", "k0") is None
     assert len(_outbox(store)) == 2  # k1's first job and `kept`
+
+
+def test_a_row_carries_only_the_fields_set(engine: Engine, store: Store) -> None:
+    """The insert's JSON leaves out what a job does not set (PostgreSQL reads an absent field as
+    NULL), and writes every optional field a job does set."""
+    sent: list[dict] = []
+    event.listen(engine, "before_cursor_execute",
+                 lambda _c, _cur, _sql, params, *_rest: sent.append(params))
+    due = datetime.now(UTC) + timedelta(hours=1)
+    expires = due + timedelta(hours=1)
+    with engine.begin() as conn:
+        plain, full = taskline.enqueue_many(conn, [
+            {"type": "echo"},
+            {"type": "echo", "run_at": due, "idempotency_key": "k", "limit_key": "tenant-1",
+             "ordering_key": "account-1", "tags": ["blue"], "expires_at": expires}])
+    inserts = [p["jobs"] for p in sent if isinstance(p, dict) and "jobs" in p]
+    assert len(inserts) == 1  # the batch is one insert (after its savepoint)
+    rows = {row["id"]: row for row in json.loads(inserts[0])}
+    assert set(rows[str(plain)]) == {"id", "type", "queue", "payload", "priority",
+                                     "max_retries", "timeout_s", "delay_s"}
+    assert None not in rows[str(full)].values()
+    job = store.get_job(full)
+    assert (job.idempotency_key, job.limit_key, job.ordering_key, job.tags) == (
+        "k", "tenant-1", "account-1", ("blue",))
+    assert (job.status, job.next_run_at, job.expires_at) == (Status.SCHEDULED, due, expires)
+    bare = store.get_job(plain)
+    assert (bare.idempotency_key, bare.limit_key, bare.ordering_key, bare.tags,
+            bare.expires_at) == (None, None, None, None, None)
