@@ -109,7 +109,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, queues FROM refused;
 -- A function, not CTEs of this statement: PostgreSQL sets up every node of a statement's plan on
 -- each call, run or not, and the count's CTEs made every write 7 % slower.
 ), refused AS MATERIALIZED (
-    -- The function runs only when `fresh` holds a queue (n > 0).
+    -- The function runs only when `fresh` holds a queue (n > 0). The verdict is queues_admitted's
+    -- (migration 0025), written out here: asking that PL/pgSQL function instead made a write to
+    -- a queue without work 3 % slower (docs/performance.md, change 117).
     SELECT f.queues
     FROM (SELECT array_agg(queue ORDER BY queue) AS queues, count(*) AS n FROM fresh) f,
          LATERAL (SELECT u.active, u.present FROM taskline.queues_in_use(f.queues) u
