@@ -34,7 +34,6 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from taskline.metrics import OUTBOX_RELAYED, LabelGuard
 from taskline.mirror import Mirror
 from taskline.service import IDLE_POLL_S, Periodic, always, guarded
 from taskline.store import caller
+from taskline.store.params import uuid_array
 from taskline.store.queries import channel
 from taskline.store.rows import Owed
 from taskline.store.views import MaintenanceStore
@@ -106,7 +106,7 @@ class OutboxRelay(Periodic):
         """How many times this relay has (re)started listening: tests wait on it."""
         self._listener: psycopg.Connection | None = None
         self._last_drain = 0.0
-        self._pushed: list[uuid.UUID] = []
+        self._pushed: list[str] = []
         """Ids pushed (or found not waiting) whose outbox rows are still to be deleted."""
         self._forget_by = 0.0
 
@@ -144,12 +144,12 @@ class OutboxRelay(Periodic):
                                                          {"limit": self.page_size},
                                                          self.store.schema)]
 
-    def _forget(self, ids: list[uuid.UUID]) -> None:
+    def _forget(self, ids: list[str]) -> None:
         if self._listener is None:
             self.store.delete_outbox(ids)
         elif ids:
             with self._translated():
-                caller.run(self._listener, "delete_outbox", {"ids": ids},
+                caller.run(self._listener, "delete_outbox", {"ids": uuid_array(ids)},
                            self.store.schema)
 
     def run(self, stop: threading.Event, active: Callable[[], bool] = always) -> None:
@@ -231,7 +231,7 @@ class OutboxRelay(Periodic):
         own enqueues): pushed, each would be fetched, refused and acked away; the turn's push
         brings it when its time comes, so its row is simply forgotten."""
         changes = {o.job_id: c for o in owed if (c := o.committed()) is not None}
-        keyed = [str(o.job_id) for o in owed if o.keyed and o.status is Status.QUEUED
+        keyed = [o.job_id for o in owed if o.keyed and o.status is Status.QUEUED
                  and o.job_id in changes]
         if keyed:
             try:
@@ -239,7 +239,7 @@ class OutboxRelay(Periodic):
             except StoreUnavailable:
                 heads = set(keyed)  # pushed all: the claim refuses those behind their head
             for job_id in set(keyed) - heads:
-                del changes[uuid.UUID(job_id)]
+                del changes[job_id]
         return list(changes.values())
 
     def _wait_s(self) -> float:

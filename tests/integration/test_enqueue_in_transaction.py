@@ -94,13 +94,14 @@ def test_each_job_is_announced_at_commit(database_url: str, store: Store) -> Non
         heard = {owed.job_id: owed for owed in (
             Owed.from_announcement(n.payload) for n in listener.notifies(timeout=2, stop_after=2))}
     first, second = (store.get_job(i) for i in ids)
-    assert heard[ids[0]] == Owed(ids[0], "q:1", 8, Status.QUEUED,
-                                 round(first.next_run_at.timestamp() * 1000))
-    assert heard[ids[1]] == Owed(ids[1], "default", 5, Status.SCHEDULED,
-                                 round(second.next_run_at.timestamp() * 1000))
-    assert heard[ids[1]].committed().due_ms == heard[ids[1]].due_ms
+    assert heard[str(ids[0])] == Owed(str(ids[0]), "q:1", 8, Status.QUEUED,
+                                      round(first.next_run_at.timestamp() * 1000))
+    assert heard[str(ids[1])] == Owed(str(ids[1]), "default", 5, Status.SCHEDULED,
+                                      round(second.next_run_at.timestamp() * 1000))
+    assert heard[str(ids[1])].committed().due_ms == heard[str(ids[1])].due_ms
     assert Owed.from_announcement("not one") is None
     assert Owed.from_announcement(f"{ids[0]} 5 bogus 0 default") is None
+    assert Owed.from_announcement("not-an-id 5 queued 0 default") is None
 
 
 def test_autocommit_psycopg_commits_at_once(database_url: str, store: Store) -> None:

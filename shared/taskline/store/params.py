@@ -20,7 +20,8 @@ from taskline import transitions
 from taskline.jobs import parse_job_id
 from taskline.transitions import Move
 
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""A uuid as PostgreSQL and `str(uuid.UUID)` write it."""
 
 
 def uuids(ids: Sequence[uuid.UUID | str]) -> list[str]:
@@ -28,7 +29,7 @@ def uuids(ids: Sequence[uuid.UUID | str]) -> list[str]:
     absent rather than fail the whole statement (and with it every later reconciliation)."""
     # Ids from Redis are canonical (str of a UUID): a match spares building a UUID per id.
     return [text for text in map(str, ids)
-            if _CANONICAL_UUID.fullmatch(text) or parse_job_id(text) is not None]
+            if CANONICAL_UUID.fullmatch(text) or parse_job_id(text) is not None]
 
 
 def uuid_array(ids: Sequence[uuid.UUID | str]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from taskline import transitions
 from taskline.fingerprint import fingerprint
 from taskline.jobs import Status
+from taskline.store.params import CANONICAL_UUID
 from taskline.transitions import Committed, Move, Transition
 
 CONDITION_UNMET = "condition_unmet"
@@ -274,9 +275,13 @@ KEYED_ANNOUNCEMENT = "keyed "
 @dataclass(frozen=True)
 class Owed:
     """An outbox row: a job committed inside an application's transaction that Redis may not
-    hold yet, with its job's state now (`status` None: the job is gone)."""
+    hold yet, with its job's state now (`status` None: the job is gone).
 
-    job_id: uuid.UUID
+    Its id is kept as text, the form Redis is given and the outbox delete is sent: the relay
+    reads it so from each announcement, and a `uuid.UUID` made of it and turned back into text
+    cost a third of the relay's CPU per job (docs/performance.md, change 118)."""
+
+    job_id: str
     queue: str
     priority: int | None
     status: Status | None
@@ -297,7 +302,7 @@ class Owed:
     @classmethod
     def from_row(cls, row: Any) -> Owed:
         due = row.next_run_at
-        return cls.of({"job_id": row.job_id, "queue": row.queue, "priority": row.priority,
+        return cls.of({"job_id": str(row.job_id), "queue": row.queue, "priority": row.priority,
                        "status": None if row.status is None else Status(row.status),
                        "due_ms": None if due is None else round(due.timestamp() * 1000),
                        "keyed": bool(getattr(row, "keyed", False))})
@@ -313,8 +318,10 @@ class Owed:
         if len(parts) != 5:
             return None
         job_id, priority, status, due_ms, queue = parts
+        if CANONICAL_UUID.fullmatch(job_id) is None:
+            return None
         try:
-            return cls.of({"job_id": uuid.UUID(job_id), "queue": queue,
+            return cls.of({"job_id": job_id, "queue": queue,
                            "priority": int(priority), "status": _STATUSES[status],
                            "due_ms": int(due_ms), "keyed": keyed})
         except (ValueError, KeyError):
@@ -328,5 +335,5 @@ class Owed:
         if move is None or self.priority is None:
             return None
         return Committed.of({"move": move,
-                             "job_id": str(self.job_id), "queue": self.queue,
+                             "job_id": self.job_id, "queue": self.queue,
                              "priority": self.priority, "due_ms": self.due_ms})
