@@ -12,8 +12,8 @@ migrate`, dropped afterwards. The producer enqueues `--warmup` jobs, then `--job
 transaction (`with conn.transaction():` on psycopg, `with conn.begin():` on SQLAlchemy, both on
 the psycopg 3 driver), or with `--batch N` N to a transaction through `taskline.enqueue_many`,
 and reports jobs/s, its own CPU per job (user and system, `time.process_time`) and its
-PostgreSQL backend's (/proc). No maintenance runs: the jobs stay
-owed to Redis in the outbox, the same on both sides. Pairs alternate which side runs first.
+PostgreSQL backend's (/proc). No maintenance runs: the jobs stay owed to Redis in the outbox,
+the same on both sides. Pairs alternate which side runs first.
 
 Usage: python bench/library_pairs.py --before DIR --after DIR [--pairs 7] [--jobs 3000]
            [--warmup 200] [--batch 1] [--out bench-results/library_pairs.json] [--opcodes N]
