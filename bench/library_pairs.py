@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from opcodes import count_opcodes
-from pairs import report
+from pairs import alternating, compared, report
 
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://root@127.0.0.1:5432/postgres")
 NOOP = "bench.noop"
@@ -204,10 +203,8 @@ def summarize(pairs: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for name in pairs[0]["after"]:
         ratios = [ratio(name, p["before"][name], p["after"][name]) for p in pairs]
-        summary[name] = {"median_ratio": statistics.median(ratios), "min": min(ratios),
-                         "max": max(ratios), "ratios": ratios,
-                         "before_median": statistics.median(p["before"][name] for p in pairs),
-                         "after_median": statistics.median(p["after"][name] for p in pairs)}
+        summary[name] = compared(ratios, (p["before"][name] for p in pairs),
+                                 (p["after"][name] for p in pairs))
     return summary
 
 
@@ -241,10 +238,9 @@ def main() -> int:
         return 0
     pairs: list[dict[str, dict[str, float]]] = []
     for n in range(args.pairs):
-        order = ("before", "after") if n % 2 == 0 else ("after", "before")
         runs = {side: _flat(run_side(getattr(args, side), args.warmup, args.jobs,
                                      batch=args.batch))
-                for side in order}
+                for side in alternating(n)}
         pairs.append(runs)
         print(f"pair {n + 1}: " + json.dumps({k: round(ratio(k, runs["before"][k], v), 3)
                                              for k, v in runs["after"].items()}), flush=True)

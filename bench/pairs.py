@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,18 @@ def spread(ratios: list[float]) -> dict[str, Any]:
             "ratios": ratios}
 
 
+def compared(ratios: list[float], before: Iterable[float],
+             after: Iterable[float]) -> dict[str, Any]:
+    """One metric over the pairs: its ratios' spread and the median of each side's values."""
+    return {**spread(ratios), "before_median": statistics.median(before),
+            "after_median": statistics.median(after)}
+
+
+def alternating(n: int) -> tuple[str, str]:
+    """The order of pair `n`'s two runs: it alternates, so neither side always runs second."""
+    return ("before", "after") if n % 2 == 0 else ("after", "before")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", type=Path, required=True)
@@ -115,10 +128,9 @@ def main() -> int:
     after_env = dict(item.split("=", 1) for item in args.after_env)
     pairs: list[dict[str, Any]] = []
     for n in range(args.pairs):
-        order = ("before", "after") if n % 2 == 0 else ("after", "before")
         runs = {side: metrics(run_once(getattr(args, side), args.only, args.jobs,
                                        args.bench_from, after_env if side == "after" else None))
-                for side in order}
+                for side in alternating(n)}
         pairs.append(runs)
         print(f"pair {n + 1}: " + json.dumps({
             k: round(ratio(runs["before"][k][0], after, higher), 3)
@@ -130,9 +142,8 @@ def main() -> int:
         if any(name not in p["before"] for p in pairs):
             continue
         ratios = [ratio(p["before"][name][0], p["after"][name][0], higher) for p in pairs]
-        summary[name] = {**spread(ratios),
-                         "before_median": statistics.median(p["before"][name][0] for p in pairs),
-                         "after_median": statistics.median(p["after"][name][0] for p in pairs)}
+        summary[name] = compared(ratios, (p["before"][name][0] for p in pairs),
+                                 (p["after"][name][0] for p in pairs))
     report(summary, pairs, args.out, width=36)
     return 0
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from library_pairs import run_in_tree
+from pairs import alternating, compared
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 NOOP = "bench.noop"
@@ -97,15 +97,13 @@ def main() -> int:
         parser.error("--before and --after are required")
     pairs = []
     for n in range(args.pairs):
-        order = ("before", "after") if n % 2 == 0 else ("after", "before")
-        run = {side: run_side(getattr(args, side), args.batches, args.batch) for side in order}
+        run = {side: run_side(getattr(args, side), args.batches, args.batch)
+               for side in alternating(n)}
         pairs.append(run)
         print(f"pair {n + 1}: before {run['before']:.2f}, after {run['after']:.2f} us/job, "
               f"ratio {run['before'] / run['after']:.3f}", flush=True)
     ratios = [p["before"] / p["after"] for p in pairs]
-    summary = {"median_ratio": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-               "before_median": statistics.median(p["before"] for p in pairs),
-               "after_median": statistics.median(p["after"] for p in pairs)}
+    summary = compared(ratios, (p["before"] for p in pairs), (p["after"] for p in pairs))
     print(f"relay CPU per job, before / after: ratio median {summary['median_ratio']:.3f} "
           f"(min {summary['min']:.3f}, max {summary['max']:.3f}); before "
           f"{summary['before_median']:.2f} us, after {summary['after_median']:.2f} us")
