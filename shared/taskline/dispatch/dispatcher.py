@@ -56,7 +56,7 @@ __all__ = ["DISCARD_MARKER", "SIGNAL_MAX", "Dispatcher", "make_client", "transla
 
 SIGNAL_MAX = 64
 HELD_MARKER_MS = 1000
-_SCRIPTS = ("fetch", "push", "promote", "retry_later", "dead_letter", "requeue", "snapshot",
+_SCRIPTS = ("fetch", "push", "ack", "promote", "retry_later", "dead_letter", "requeue", "snapshot",
             "discard", "drop_dead", "renew_marker", "forget_holders")
 PROBE_TIMEOUT_S = 1.0
 """Connect and reply timeout of the breaker's probe, seconds."""
@@ -221,13 +221,8 @@ class Dispatcher:
     # --- producer and promoter -----------------------------------------------------------
 
     def push(self, jobs: Iterable[tuple[str, int, str]]) -> int:
-        """Make (queue, priority, id) dispatchable, in order, in one pipelined round trip.
-
-        The push script goes by EVALSHA straight into the pipeline: handing redis-py the
-        Script object would make it send SCRIPT EXISTS first, a second round trip per push.
-        A group Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH) did not run at all,
-        so exactly those groups are sent again once the script is loaded.
-        """
+        """Make (queue, priority, id) dispatchable, in order, in one pipelined round trip
+        (the push script per queue, partition and priority, then the queues' registration)."""
         groups: dict[tuple[str, int, int], list[str]] = defaultdict(list)
         n = self.partitions
         for queue, priority, job_id in jobs:
@@ -237,12 +232,12 @@ class Dispatcher:
             return 0
         if self.cluster:
             return self._push_per_group(groups)
-        with self._guard():
-            missed = self._push_groups(list(groups.items()), register=True)
-            if missed:
-                self.client.script_load(self._scripts["push"].script)
-                if self._push_groups(missed, register=False):
-                    raise DispatchUnavailable("Redis lost the push script while pushing")
+        calls, names = [], set()
+        for (queue, partition, priority), ids in groups.items():
+            keys = QueueKeys(queue, partition)
+            calls.append(([keys.ready(priority), keys.signal], [SIGNAL_MAX, *ids]))
+            names.add(keys.name)
+        self._pipelined("push", calls, [("SADD", QUEUES_SET, *names)])
         return sum(len(ids) for ids in groups.values())
 
     def _push_per_group(self, groups: dict[tuple[str, int, int], list[str]]) -> int:
@@ -255,23 +250,41 @@ class Dispatcher:
             self.client.sadd(QUEUES_SET, *{QueueKeys(q, p).name for q, p, _ in groups})
         return sum(len(ids) for ids in groups.values())
 
-    def _push_groups(self, groups: list[tuple[tuple[str, int, int], list[str]]], *,
-                     register: bool) -> list[tuple[tuple[str, int, int], list[str]]]:
-        """Run the push script for each group (and register the queues' partitions) in one
-        round trip; the groups answered NOSCRIPT. Any other error reply is raised."""
-        sha = self._scripts["push"].sha
+    def _pipelined(self, name: str, calls: Sequence[tuple[list[str], list[object]]],
+                   after: Sequence[tuple[object, ...]] = ()) -> None:
+        """Script `name` once per (keys, args) call, in order, then the commands `after` (sent
+        the first time only), in one round trip; a single Redis only (cluster mode sends each
+        call to its slot's node through `_script`).
+
+        The script goes by EVALSHA straight into the pipeline: handing redis-py the Script
+        object would make it send SCRIPT EXISTS first, a second round trip per call. A call
+        Redis answers NOSCRIPT (after a restart or SCRIPT FLUSH) did not run at all, so
+        exactly those calls are sent again once the script is loaded.
+        """
+        with self._guard():
+            missed = self._pipeline_once(name, calls, after)
+            if missed:
+                self.client.script_load(self._scripts[name].script)
+                if self._pipeline_once(name, missed, ()):
+                    raise DispatchUnavailable(f"Redis lost the {name} script while running it")
+
+    def _pipeline_once(self, name: str, calls: Sequence[tuple[list[str], list[object]]],
+                       after: Sequence[tuple[object, ...]]
+                       ) -> list[tuple[list[str], list[object]]]:
+        """One round trip of `_pipelined`; the calls answered NOSCRIPT. Any other error reply
+        is raised."""
+        sha = self._scripts[name].sha
         with self.client.pipeline(transaction=False) as pipe:
-            for (queue, partition, priority), ids in groups:
-                keys = QueueKeys(queue, partition)
-                pipe.evalsha(sha, 2, keys.ready(priority), keys.signal, SIGNAL_MAX, *ids)
-            if register:
-                pipe.sadd(QUEUES_SET, *{QueueKeys(q, p).name for (q, p, _), _ in groups})
+            for keys, args in calls:
+                pipe.evalsha(sha, len(keys), *keys, *args)
+            for command in after:
+                pipe.execute_command(*command)
             replies = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, redis.ResponseError) and not isinstance(reply, NoScriptError):
                 raise reply
-        # The SADD reply, when sent, is the one extra reply at the end.
-        return [group for group, reply in zip(groups, replies, strict=False)
+        # The replies of `after`, when sent, are the extra ones at the end.
+        return [call for call, reply in zip(calls, replies, strict=False)
                 if isinstance(reply, NoScriptError)]
 
     def schedule(self, queue: str, job_id: str, due_ms: int, *, retry: bool = False) -> None:
@@ -394,11 +407,16 @@ class Dispatcher:
         items = list(items)
         if not items:
             return
-        with self._guard(), self.client.pipeline(transaction=False) as pipe:
-            for queue, job_id in items:
-                pipe.lrem(self._keys(queue, job_id, partition).processing(worker_id), -1,
-                          str(job_id))
-            pipe.execute()
+        # One script call per processing list: a settled batch is mostly one queue's, and a
+        # call costs redis-py a command's work however many ids it carries.
+        lists: dict[str, list[str]] = defaultdict(list)
+        for queue, job_id in items:
+            lists[self._keys(queue, job_id, partition).processing(worker_id)].append(str(job_id))
+        if self.cluster or len(lists) == 1:
+            for key, ids in lists.items():
+                self._script("ack", [key], ids)
+        else:
+            self._pipelined("ack", [([key], list(ids)) for key, ids in lists.items()])
         if self._away:
             for _, job_id in items:
                 self._settled(job_id)
