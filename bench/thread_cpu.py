@@ -1,0 +1,167 @@
+"""`python bench/thread_cpu.py`: a worker's CPU per job by thread role, in interleaved pairs of
+two checkouts (or one checkout's runs alone).
+
+A worker process runs its fetch loops, its handler threads, the recorder that writes outcomes,
+the lease keeper, the heartbeat and the deadline thread; py-spy's sampling says which steps
+hold the GIL, not what each thread costs. This reads the kernel's own account instead: for
+every thread of the two worker processes, its CPU time (`/proc/<pid>/task/<tid>/schedstat`, in
+nanoseconds: user and system, the kernel's work of its sockets and futexes included) at the
+window's two ends, named by the thread's Python name (one `py-spy dump` per process). The
+window runs from the `--margin`th job succeeded to the `--margin`th before the last, so start-up
+and the drain's tail are left out; PostgreSQL's and Redis's CPU over the same window are read
+beside it (the private cluster's every process, the Redis server's).
+
+Each run is this script started with one checkout's virtualenv (so its workers are that
+checkout's code) on the benchmark's stack: a private PostgreSQL and Redis DB 9. Pairs alternate
+which side runs first; lower is better, so each ratio is before / after.
+
+Usage: python bench/thread_cpu.py [--before DIR --after DIR | --tree DIR] [--pairs 5]
+           [--handler redis] [--slots 8] [--jobs 20000] [--margin 2000]
+           [--out bench-results/thread_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROLES = ("fetch", "handlers", "recorder", "lease keeper", "other")
+"""A worker's threads by role; `other` is every thread not named below (heartbeat, deadlines,
+the metrics server, the main thread while it only waits)."""
+_ROLE_OF = (("taskline-fetch", "fetch"), ("taskline-worker", "fetch"),
+            ("taskline-handler", "handlers"), ("taskline-recorder", "recorder"),
+            ("taskline-lease-keeper", "lease keeper"))
+"""Thread names by prefix: the first fetch loop runs on the worker's own thread."""
+
+
+def role(name: str) -> str:
+    return next((r for prefix, r in _ROLE_OF if name.startswith(prefix)), "other")
+
+
+def thread_ns(pid: int) -> dict[int, int]:
+    """CPU nanoseconds so far of every thread of `pid`, by thread id."""
+    out: dict[int, int] = {}
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            out[int(stat.parent.name)] = int(stat.read_text().split()[0])
+        except (OSError, ValueError):
+            continue  # the thread ended while it was read
+    return out
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Each live thread's Python name, from py-spy's dump of the process."""
+    from pyspy import PY_SPY
+
+    dump = subprocess.run([PY_SPY, "dump", "--pid", str(pid)], capture_output=True,
+                          text=True, check=True).stdout
+    return {int(m.group(1)): m.group(2)
+            for m in re.finditer(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump, re.M)}
+
+
+def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
+    """One drain on this interpreter's taskline: CPU us per job by role, and the servers'."""
+    sys.path.insert(0, str(BENCH))
+    import cpu
+    import scenarios
+    from stack import open_stack, wait_until
+
+    import taskline
+
+    with open_stack(False) as stack:
+        scenarios._backlog(stack, jobs, job_type=f"bench.{handler}")
+        with stack.workers(2, slots) as procs:
+            pids = [p.pid for p in procs]
+            wait_until(lambda: stack.count("succeeded") >= margin, timeout=120, interval=0.005)
+            servers = [cpu.tree_cpu([stack.postmaster_pid() or 0]), cpu.tree_cpu(
+                [stack.redis_pid() or 0])]
+            names = {tid: name for pid in pids for tid, name in thread_names(pid).items()}
+            start = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
+                     [probe() for probe in servers], time.monotonic())
+            wait_until(lambda: stack.count("succeeded") >= jobs - margin, timeout=600,
+                       interval=0.005)
+            end = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
+                   [probe() for probe in servers], time.monotonic())
+            # A handler thread started in the window (one replaced after a timeout) too.
+            names.update({tid: name for pid in pids for tid, name in thread_names(pid).items()})
+    done = end[1] - start[1]
+    by_role = dict.fromkeys(ROLES, 0.0)
+    for before, after in zip(start[0], end[0], strict=True):
+        for tid, ns in after.items():
+            by_role[role(names.get(tid, ""))] += (ns - before.get(tid, 0)) / 1e3 / done
+    result: dict[str, Any] = {f"{r} us": round(v, 2) for r, v in by_role.items()}
+    result["worker us"] = round(sum(by_role.values()), 2)
+    for label, b, a in zip(("postgres us", "redis us"), start[2], end[2], strict=True):
+        result[label] = round((a - b) * 1e6 / done, 2)
+    result["jobs/s"] = round(done / (end[3] - start[3]), 1)
+    result["taskline"] = str(Path(taskline.__file__).resolve())
+    return result
+
+
+def run_in_tree(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """`measure` under `tree`'s virtualenv; the JSON object its last line prints."""
+    answer = subprocess.run(
+        [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()), "--measure",
+         "--handler", args.handler, "--slots", str(args.slots), "--jobs", str(args.jobs),
+         "--margin", str(args.margin)], capture_output=True, text=True, cwd=BENCH)
+    if answer.returncode != 0:
+        raise RuntimeError(f"thread_cpu.py on {tree} failed:\n{answer.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(answer.stdout.splitlines()[-1])
+    if not Path(result["taskline"]).is_relative_to(tree.resolve()):
+        raise RuntimeError(f"{tree}'s virtualenv imported taskline from {result['taskline']}")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", type=Path)
+    parser.add_argument("--after", type=Path)
+    parser.add_argument("--tree", type=Path, help="one checkout's runs, no pairs")
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--handler", default="redis", help="bench.<handler> (benchjobs.py)")
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--margin", type=int, default=2_000)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/thread_cpu.json"))
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.handler, args.slots, args.jobs, args.margin)))
+        return 0
+    from pairs import alternating, compared
+
+    sides = {"before": args.before, "after": args.after} if args.tree is None else {
+        "before": args.tree, "after": args.tree}
+    if None in sides.values():
+        parser.error("give --before and --after, or --tree")
+    runs: list[dict[str, dict[str, Any]]] = []
+    for n in range(args.pairs):
+        runs.append({side: run_in_tree(sides[side], args) for side in alternating(n)})
+        print(json.dumps(runs[-1]), flush=True)
+    metrics = [k for k, v in runs[0]["before"].items() if isinstance(v, float | int)]
+    summary = {}
+    for metric in metrics:
+        before = [r["before"][metric] for r in runs]
+        after = [r["after"][metric] for r in runs]
+        # CPU: before / after (above 1, the after side is cheaper); jobs/s: after / before.
+        ratios = [a / b if metric == "jobs/s" else b / a
+                  for b, a in zip(before, after, strict=True) if a and b]
+        if ratios:  # a role no thread of either side had (nothing to compare) is left out
+            summary[metric] = compared(ratios, before, after)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                    "pairs": runs, "summary": summary}, indent=2))
+    for metric, s in summary.items():
+        print(f"{metric:16s} {s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
