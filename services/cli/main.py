@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from taskline import log
+from taskline import affinity, log
 from taskline.errors import ConfigError
 from taskline.settings import Settings
 
@@ -53,11 +53,19 @@ def _api_installed(command: str) -> bool:
     return not missing
 
 
+def _cpus(value: str) -> str:
+    if not affinity.valid(value):
+        raise argparse.ArgumentTypeError("auto or a CPU list such as 0,2-3")
+    return value
+
+
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from taskline_worker.main import run
     port = settings.metrics_port if args.metrics_port is None else args.metrics_port
     if args.handlers is not None:
         settings = dataclasses.replace(settings, handlers=tuple(args.handlers))
+    if args.cpus is not None:
+        settings = dataclasses.replace(settings, worker_cpus=args.cpus)
     return run(settings, queues=args.queues, concurrency=args.concurrency, metrics_port=port,
                fallback=args.metrics_port is None)
 
@@ -138,6 +146,10 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
     worker.add_argument("--handlers", type=_csv, default=None, metavar="MOD1,MOD2",
                         help="comma-separated modules imported for their @handler "
                              "registrations (default TASKLINE_HANDLERS; given, it replaces it)")
+    worker.add_argument("--cpus", type=_cpus, default=None, metavar="auto|LIST",
+                        help="pin the process: auto (a CPU of its own per worker process of "
+                             "the host) or CPUs such as 0,2-3 (default TASKLINE_WORKER_CPUS; "
+                             "unset: not pinned; docs/deployment.md)")
     worker.set_defaults(fn=cmd_worker)
     maint = sub.add_parser("maintenance", help="reaper, promoter and reconciliation")
     maint.add_argument("--metrics-port", type=int, default=None, help=METRICS_PORT_HELP)

@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from taskline import doctor, heap, metrics, startup, tracing
+from taskline import affinity, doctor, heap, metrics, startup, tracing
 from taskline.errors import ConfigError
 from taskline.settings import Settings
 from taskline.startup import Readiness
@@ -34,6 +34,8 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     """Run a worker until it is signalled to stop; returns the process exit code.
     `fallback`: `metrics_port` is the default one, not given, so a taken one moves on to the
     next free port (taskline.metrics.serve); the port bound is recorded in `workers`."""
+    if not pinned(settings.worker_cpus):
+        return 2
     try:
         worker = Worker(settings, queues, concurrency)
     except (ConfigError, ImportError) as err:
@@ -59,8 +61,26 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     if outcome is None:
         return 1
     if outcome is Exit.RECYCLE:
-        reexec(queues, concurrency, None if fallback else metrics_port, settings.handlers)
+        reexec(queues, concurrency, None if fallback else metrics_port, settings.handlers,
+               settings.worker_cpus)
     return 0
+
+
+def pinned(spec: str) -> bool:
+    """Pin this process to TASKLINE_WORKER_CPUS before any of the worker's threads starts (they
+    inherit it); False when that cannot be done (logged)."""
+    try:
+        cpus = affinity.pin(spec)
+    except (ConfigError, OSError) as err:
+        log.error("cannot pin the worker to CPUs", extra={"action": "start", "cpus": spec,
+                                                          "error": str(err)})
+        return False
+    if cpus is not None:
+        log.info("worker pinned", extra={"action": "start", "cpus": sorted(cpus)})
+    elif spec:
+        log.warning("every CPU has its most worker processes pinned to it: not pinned",
+                    extra={"action": "start", "cpus": spec, "per_cpu": affinity.ROUNDS})
+    return True
 
 
 def worker_readiness(worker: Worker) -> Readiness:
@@ -123,19 +143,23 @@ def install_signal_handlers(worker: Worker, readiness: Readiness) -> None:
 
 
 def reexec(queues: Sequence[str], concurrency: int, metrics_port: int | None,
-           handlers: Sequence[str] = ()) -> None:
+           handlers: Sequence[str] = (), cpus: str = "") -> None:
     """Replace this process with a fresh `taskline worker` with the same options.
 
     The environment (and so the settings, TASKLINE_HANDLERS with them) is inherited unchanged;
     the options are rebuilt from what `run` received, which is what the original command line
     said: a metrics port only when one was given (None: the default, free to move again), and
-    the handler modules, which `--handlers` may have named instead of the environment.
+    the handler modules, which `--handlers` may have named instead of the environment, and
+    the CPUs, which `--cpus` may have (the new image claims its `auto` CPU afresh: the old
+    image's lock was closed on exec).
     """
     args = ["worker", "--queues", ",".join(queues), "--concurrency", str(concurrency)]
     if metrics_port is not None:
         args += ["--metrics-port", str(metrics_port)]
     if handlers:
         args += ["--handlers", ",".join(handlers)]
+    if cpus:
+        args += ["--cpus", cpus]
     log.warning("re-executing the worker", extra={"action": "recycle", "argv": args})
     for handler in logging.getLogger().handlers:
         handler.flush()

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from taskline import affinity
 from taskline.access import parse_quotas, parse_tokens
 from taskline.errors import ConfigError
 
@@ -141,6 +142,10 @@ class Settings:
     """CIDRs or host names the webhook handler may reach although private or loopback."""
     claim_batch: int = 0
     """Ids a worker claims per PostgreSQL round trip; 0 means its concurrency."""
+    worker_cpus: str = ""
+    """CPUs a worker process is pinned to (taskline.affinity): empty (default) leaves it to the
+    kernel; `auto` gives each worker process of the host one CPU of its own while CPUs last; a
+    list (`3`, `0,2`, `0-3`) pins it to those."""
     retain_succeeded_s: float = 604_800.0
     """Seconds a succeeded job, its events and leases are kept after it finished (7 days);
     >= 0, 0 keeps them forever."""
@@ -244,6 +249,8 @@ class Settings:
             (0 <= self.max_snoozes <= 1_000_000, "TASKLINE_MAX_SNOOZES must be 0..1000000"),
             (self.log_format in ("json", "text"), "TASKLINE_LOG_FORMAT must be json or text"),
             (0 <= self.claim_batch <= 1000, "TASKLINE_CLAIM_BATCH must be 0..1000"),
+            (affinity.valid(self.worker_cpus),
+             "TASKLINE_WORKER_CPUS must be empty, auto or a CPU list such as 0,2-3"),
             (0 <= self.jwt_leeway_s <= 300, "TASKLINE_JWT_LEEWAY_S must be 0..300"),
             (self.retain_audit_s >= 0, "TASKLINE_RETAIN_AUDIT_S must be >= 0"),
             (1 <= self.history_partitions_ahead <= 60,

@@ -1,0 +1,118 @@
+"""Pinning a process to CPUs (TASKLINE_WORKER_CPUS): why, and how `auto` spreads processes.
+
+A worker process runs Python on one core at a time (the GIL), yet its threads hand the GIL and
+their jobs to one another thousands of times a second. Spread over several cores, each hand-off
+wakes a thread on another core (an inter-processor interrupt, on a VM an exit to the
+hypervisor) and moves the data it touches between caches; on one core, the same hand-offs are
+a local switch. Pinned, a worker spent 16 - 21 % less CPU per Redis round-trip job and drained
+faster (docs/performance.md, change 120). What pinning gives up is the other cores for the
+system-call side of its I/O, which is small for a job engine's worker.
+
+`auto` gives each worker process one CPU of those it may use, a different one for each process
+on the host while CPUs last, then a second process per CPU, and so on: each process holds an
+advisory lock (flock) on one slot file per (round, CPU) in a directory of the user's under the
+temporary directory, which the kernel releases when the process ends, so a restarted worker
+finds its CPU free again. Processes that do not share that directory (separate containers)
+cannot see each other's locks: each then starts from a random CPU, so they spread on average,
+and a pod given whole CPUs by Kubernetes' static CPU manager is already pinned to them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from taskline.errors import ConfigError
+
+AUTO = "auto"
+ROUNDS = 16
+"""Processes per CPU `auto` spreads before it leaves a process unpinned."""
+_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+_held: list[int] = []
+"""File descriptors of the slot locks this process holds (kept open for its lifetime)."""
+
+
+def valid(spec: str) -> bool:
+    """Whether `spec` is empty, `auto` or a CPU list (`3`, `0,2`, `0-3,6`)."""
+    return spec in ("", AUTO) or (_LIST.fullmatch(spec) is not None
+                                  and all(lo <= hi for lo, hi in _ranges(spec)))
+
+
+def parse(spec: str) -> set[int]:
+    """The CPUs of a list like `0-3,6`."""
+    return {cpu for lo, hi in _ranges(spec) for cpu in range(lo, hi + 1)}
+
+
+def pin(spec: str, *, slots_dir: Path | None = None) -> set[int] | None:
+    """Pin every thread of this process, and the threads it starts later, to the CPUs `spec`
+    names (`auto`: one, see the module's docstring); None when `spec` is empty or `auto` found
+    no free slot (the process stays unpinned). ConfigError when it cannot be done."""
+    if not spec:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ConfigError("TASKLINE_WORKER_CPUS needs Linux (os.sched_setaffinity)")
+    allowed = os.sched_getaffinity(0)
+    if spec == AUTO:
+        slot = claim_slot(sorted(allowed), slots_dir or default_slots_dir())
+        if slot is None:
+            return None
+        cpu, lock = slot
+        _held.append(lock)
+        cpus = {cpu}
+    else:
+        cpus = parse(spec)
+        if not cpus <= allowed:
+            raise ConfigError(f"TASKLINE_WORKER_CPUS={spec!r}: CPUs {_text(cpus - allowed)} "
+                              f"are not among this process's CPUs ({_text(allowed)})")
+    for tid in _threads():
+        os.sched_setaffinity(tid, cpus)
+    return cpus
+
+
+def claim_slot(cpus: list[int], slots_dir: Path) -> tuple[int, int] | None:
+    """The CPU of the first free slot, round by round, starting each round at a random CPU,
+    and the descriptor holding its lock (until it is closed, or the process ends). None when
+    every slot is taken."""
+    slots_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    start = random.randrange(len(cpus))
+    order = cpus[start:] + cpus[:start]
+    for round_ in range(ROUNDS):
+        for cpu in order:
+            fd = os.open(slots_dir / f"cpu{cpu}-{round_}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return cpu, fd
+    return None
+
+
+def default_slots_dir() -> Path:
+    """Where `auto`'s slot files are: one directory per user under the temporary directory."""
+    return Path(tempfile.gettempdir()) / f"taskline-cpus-{os.getuid()}"
+
+
+def _threads() -> Iterable[int]:
+    """This process's thread ids (0, the calling thread, where /proc cannot be read)."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+def _ranges(spec: str) -> list[tuple[int, int]]:
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.append((int(lo), int(hi or lo)))
+    return out
+
+
+def _text(cpus: set[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))

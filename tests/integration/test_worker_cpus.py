@@ -1,0 +1,86 @@
+"""Worker processes pinned to CPUs (TASKLINE_WORKER_CPUS, `taskline worker --cpus`).
+
+Two workers started with `auto` on one host each run every thread on one CPU, different CPUs
+where the machine has two, and run jobs; a worker given a list runs on exactly those CPUs; one
+given CPUs it may not use stops at start with status 2 and says why. The kernel's account of
+each thread (/proc/<pid>/task/<tid>/status) is what is checked, not the worker's own word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from taskline import affinity
+from taskline.dispatch.dispatcher import Dispatcher
+from taskline.settings import Settings
+from taskline.store.store import Store
+from tests.helpers import enqueue, service, service_env, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def thread_cpus(pid: int) -> list[set[int]]:
+    """The CPUs each thread of `pid` may run on, as the kernel holds them."""
+    found = []
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        for line in status.read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                found.append(affinity.parse(line.split(":", 1)[1].strip()))
+    return found
+
+
+def logged(log_dir: Path, message: str) -> list[dict]:
+    records = []
+    for path in log_dir.glob("worker-*.log"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line) if line.startswith("{") else {}
+            if record.get("msg") == message:
+                records.append(record)
+    return records
+
+
+def test_auto_gives_each_worker_a_cpu_of_its_own(settings: Settings, store: Store,
+                                                 dispatcher: Dispatcher, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    # TMPDIR: the slot files of this test's workers only, not the host's other workers'.
+    env = service_env(settings, TASKLINE_WORKER_CPUS="auto", TMPDIR=str(tmp_path))
+    with service(["worker", "--concurrency", "4"], env, logs) as one, \
+            service(["worker", "--concurrency", "4"], env, logs) as two:
+        wait_for(lambda: len(store.list_workers(30)) == 2, timeout=60,
+                 message="both workers registered")
+        jobs = [enqueue(store, dispatcher) for _ in range(20)]
+        wait_for(lambda: all(store.get_job(j.id).status == "succeeded" for j in jobs),
+                 timeout=30, message="the jobs run by pinned workers")
+        pinned = [thread_cpus(proc.pid) for proc in (one, two)]
+        assert all(len(threads) > 4 for threads in pinned)  # the handler threads among them
+        cpus = [threads[0] for threads in pinned]
+        assert all(len(c) == 1 for c in cpus)
+        assert all(t == cpus[i] for i, threads in enumerate(pinned) for t in threads)
+        if len(os.sched_getaffinity(0)) >= 2:
+            assert cpus[0] != cpus[1]
+        assert sorted(r["cpus"] for r in logged(logs, "worker pinned")) == sorted(
+            sorted(c) for c in cpus)
+
+
+def test_a_list_pins_to_those_cpus(settings: Settings, store: Store, tmp_path: Path) -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    spec = str(allowed[-1])
+    with service(["worker", "--cpus", spec], service_env(settings), tmp_path) as proc:
+        wait_for(lambda: len(store.list_workers(30)) == 1, timeout=60,
+                 message="the worker registered")
+        assert all(cpus == {allowed[-1]} for cpus in thread_cpus(proc.pid))
+
+
+def test_cpus_it_may_not_use_stop_the_worker_at_start(settings: Settings, store: Store,
+                                                       tmp_path: Path) -> None:
+    outside = str(max(os.sched_getaffinity(0)) + 1)
+    env = service_env(settings, TASKLINE_WORKER_CPUS=outside)
+    with service(["worker"], env, tmp_path) as proc:
+        assert proc.wait(timeout=30) == 2
+    (record,) = logged(tmp_path, "cannot pin the worker to CPUs")
+    assert f"CPUs {outside} are not among" in record["error"]
+    assert store.list_workers(30) == []

@@ -1,0 +1,93 @@
+"""CPU lists and `auto`'s slots (taskline.affinity): distinct CPUs while they last, a slot freed
+with its holder, and lists checked before anything is pinned."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from taskline import affinity
+from taskline.errors import ConfigError
+from taskline.settings import Settings
+
+
+@pytest.mark.parametrize("spec", ["", "auto", "0", "3", "0,2", "0-3", "0-3,6,8-9"])
+def test_valid_lists(spec: str) -> None:
+    assert affinity.valid(spec)
+
+
+@pytest.mark.parametrize("spec", ["Auto", "x", "1,", ",1", "3-1", "-1", "0-", "1 2", "0;2"])
+def test_invalid_lists(spec: str) -> None:
+    assert not affinity.valid(spec)
+    with pytest.raises(ConfigError, match="TASKLINE_WORKER_CPUS"):
+        Settings.from_env(env={"TASKLINE_WORKER_CPUS": spec})
+
+
+def test_a_list_names_its_cpus() -> None:
+    assert affinity.parse("0-3,6,8-9") == {0, 1, 2, 3, 6, 8, 9}
+    assert affinity.parse("5") == {5}
+
+
+def test_slots_give_every_cpu_once_before_any_twice(tmp_path: Path) -> None:
+    locks = []
+    try:
+        first = [affinity.claim_slot([0, 1, 2], tmp_path) for _ in range(3)]
+        locks += [slot[1] for slot in first if slot]
+        assert sorted(slot[0] for slot in first if slot) == [0, 1, 2]
+        second = [affinity.claim_slot([0, 1, 2], tmp_path) for _ in range(3)]
+        locks += [slot[1] for slot in second if slot]
+        assert sorted(slot[0] for slot in second if slot) == [0, 1, 2]
+    finally:
+        for fd in locks:
+            os.close(fd)
+
+
+def test_a_slot_is_free_again_once_its_holder_lets_go(tmp_path: Path) -> None:
+    held = affinity.claim_slot([4], tmp_path)
+    assert held is not None
+    again = affinity.claim_slot([4], tmp_path)
+    assert again is not None and again[0] == 4  # the next round's slot
+    os.close(held[1])
+    reclaimed = affinity.claim_slot([4], tmp_path)
+    assert reclaimed is not None
+    assert (tmp_path / "cpu4-0.lock").exists()
+    for fd in (again[1], reclaimed[1]):
+        os.close(fd)
+
+
+def test_every_slot_taken_leaves_none(tmp_path: Path) -> None:
+    slots = [affinity.claim_slot([0, 1], tmp_path) for _ in range(2 * affinity.ROUNDS)]
+    try:
+        assert all(slots)
+        assert affinity.claim_slot([0, 1], tmp_path) is None
+    finally:
+        for slot in slots:
+            if slot:
+                os.close(slot[1])
+
+
+def test_pin_refuses_cpus_the_process_may_not_use_and_changes_nothing() -> None:
+    before = os.sched_getaffinity(0)
+    outside = max(before) + 1
+    with pytest.raises(ConfigError, match=f"CPUs {outside} are not among"):
+        affinity.pin(str(outside))
+    assert os.sched_getaffinity(0) == before
+
+
+def test_no_spec_pins_nothing() -> None:
+    before = os.sched_getaffinity(0)
+    assert affinity.pin("") is None
+    assert os.sched_getaffinity(0) == before
+
+
+def test_the_worker_command_takes_a_list_or_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    from taskline_cli.main import build_parser
+
+    assert build_parser().parse_args(["worker", "--cpus", "0-1"]).cpus == "0-1"
+    assert build_parser().parse_args(["worker"]).cpus is None
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["worker", "--cpus", "fast"])
+    assert exit_.value.code == 2
+    assert "auto or a CPU list" in capsys.readouterr().err
