@@ -17,6 +17,7 @@ which side runs first; lower is better, so each ratio is before / after.
 
 Usage: python bench/thread_cpu.py [--before DIR --after DIR | --tree DIR] [--pairs 5]
            [--handler redis] [--slots 8] [--jobs 20000] [--margin 2000]
+           [--after-env BENCH_SET_TASKLINE_WORKER_CPUS=auto]
            [--out bench-results/thread_cpu.json]
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -105,12 +107,15 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
     return result
 
 
-def run_in_tree(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """`measure` under `tree`'s virtualenv; the JSON object its last line prints."""
+def run_in_tree(tree: Path, args: argparse.Namespace,
+                env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`measure` under `tree`'s virtualenv (`env` added to its environment); the JSON object
+    its last line prints."""
     answer = subprocess.run(
         [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()), "--measure",
          "--handler", args.handler, "--slots", str(args.slots), "--jobs", str(args.jobs),
-         "--margin", str(args.margin)], capture_output=True, text=True, cwd=BENCH)
+         "--margin", str(args.margin)], capture_output=True, text=True, cwd=BENCH,
+        env={**os.environ, **(env or {})})
     if answer.returncode != 0:
         raise RuntimeError(f"thread_cpu.py on {tree} failed:\n{answer.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(answer.stdout.splitlines()[-1])
@@ -130,6 +135,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--margin", type=int, default=2_000)
     parser.add_argument("--out", type=Path, default=Path("bench-results/thread_cpu.json"))
+    parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set for the after side's runs only (BENCH_SET_TASKLINE_X=v sets "
+                             "TASKLINE_X for the workers: one setting against its default)")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -141,9 +149,11 @@ def main() -> int:
         "before": args.tree, "after": args.tree}
     if None in sides.values():
         parser.error("give --before and --after, or --tree")
+    after_env = dict(item.split("=", 1) for item in args.after_env)
     runs: list[dict[str, dict[str, Any]]] = []
     for n in range(args.pairs):
-        runs.append({side: run_in_tree(sides[side], args) for side in alternating(n)})
+        runs.append({side: run_in_tree(sides[side], args, after_env if side == "after" else None)
+                     for side in alternating(n)})
         print(json.dumps(runs[-1]), flush=True)
     metrics = [k for k, v in runs[0]["before"].items() if isinstance(v, float | int)]
     summary = {}
