@@ -10,7 +10,7 @@ side's, so above 1 is better in every row).
 
 Usage: python bench/rotation.py --side NAME=DIR[,VAR=VALUE...] --side ... [--rounds 9]
            [--only enqueue_single_8_clients,pickup_idle_worker] [--jobs N]
-           [--out bench-results/rotation.json]
+           [--bench-from DIR] [--out bench-results/rotation.json]
 e.g. `--side before=<06c2642 tree> --side after=<tree> --side declared=<tree>,BENCH_DECLARED=1`.
 """
 
@@ -34,14 +34,14 @@ def side(text: str) -> tuple[str, Path, dict[str, str]]:
 
 
 def rounds(sides: list[tuple[str, Path, dict[str, str]]], count: int, only: str,
-           jobs: int) -> list[dict[str, dict[str, tuple[float, bool]]]]:
+           jobs: int, bench: Path | None = None) -> list[dict[str, dict[str, tuple[float, bool]]]]:
     """`count` rounds, each running every side once, the order rotated by one each round."""
     out = []
     first = sides[0][0]
     for n in range(count):
         shift = n % len(sides)
         turn = sides[shift:] + sides[:shift]
-        runs = {name: metrics(run_once(tree, only, jobs, None, env)) for name, tree, env in turn}
+        runs = {name: metrics(run_once(tree, only, jobs, bench, env)) for name, tree, env in turn}
         out.append(runs)
         print(f"round {n + 1}: " + json.dumps({
             name: {k: round(ratio(runs[first][k][0], v, higher), 3)
@@ -70,11 +70,13 @@ def main() -> int:
     parser.add_argument("--only", default="enqueue_single_8_clients,pickup_idle_worker")
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--out", type=Path, default=Path("bench-results/rotation.json"))
+    parser.add_argument("--bench-from", type=Path, default=None,
+                        help="a checkout whose bench/ every side runs (default: each its own)")
     args = parser.parse_args()
     if len(args.side) < 2:
         parser.error("at least two --side")
     names = [name for name, _, _ in args.side]
-    done = rounds(args.side, args.rounds, args.only, args.jobs)
+    done = rounds(args.side, args.rounds, args.only, args.jobs, args.bench_from)
     result = summary(names, done)
     for name, by_metric in result.items():
         for metric, s in by_metric.items():

@@ -8,8 +8,9 @@ every thread of the two worker processes, its CPU time (`/proc/<pid>/task/<tid>/
 nanoseconds: user and system, the kernel's work of its sockets and futexes included) at the
 window's two ends, named by the thread's Python name (one `py-spy dump` per process). The
 window runs from the `--margin`th job succeeded to the `--margin`th before the last, so start-up
-and the drain's tail are left out; PostgreSQL's and Redis's CPU over the same window are read
-beside it (the private cluster's every process, the Redis server's).
+and the drain's tail are left out; PostgreSQL's, Redis's and the machine's CPU over the same
+window are read beside it (the private cluster's every process, the Redis server's, every core's
+from /proc/stat).
 
 Each run is this script started with one checkout's virtualenv (so its workers are that
 checkout's code) on the benchmark's stack: a private PostgreSQL and Redis DB 9. Pairs alternate
@@ -83,7 +84,7 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
             pids = [p.pid for p in procs]
             wait_until(lambda: stack.count("succeeded") >= margin, timeout=120, interval=0.005)
             servers = [cpu.tree_cpu([stack.postmaster_pid() or 0]), cpu.tree_cpu(
-                [stack.redis_pid() or 0])]
+                [stack.redis_pid() or 0]), cpu.machine_cpu_s]
             names = {tid: name for pid in pids for tid, name in thread_names(pid).items()}
             start = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
                      [probe() for probe in servers], time.monotonic())
@@ -100,7 +101,8 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
             by_role[role(names.get(tid, ""))] += (ns - before.get(tid, 0)) / 1e3 / done
     result: dict[str, Any] = {f"{r} us": round(v, 2) for r, v in by_role.items()}
     result["worker us"] = round(sum(by_role.values()), 2)
-    for label, b, a in zip(("postgres us", "redis us"), start[2], end[2], strict=True):
+    for label, b, a in zip(("postgres us", "redis us", "machine us"), start[2], end[2],
+                           strict=True):
         result[label] = round((a - b) * 1e6 / done, 2)
     result["jobs/s"] = round(done / (end[3] - start[3]), 1)
     result["taskline"] = str(Path(taskline.__file__).resolve())
