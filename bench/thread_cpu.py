@@ -44,6 +44,13 @@ _ROLE_OF = (("taskline-fetch", "fetch"), ("taskline-worker", "fetch"),
 """Thread names by prefix: the first fetch loop runs on the worker's own thread."""
 
 
+POLL_S = 0.1
+"""How often the count of succeeded jobs is polled for the window's ends. Each count reads the
+jobs table: polled every few milliseconds it would be a large share of PostgreSQL's CPU in the
+window, and a share per job that falls as the drain speeds up. The counts at the two ends are
+read exactly whenever the polls stop."""
+
+
 def role(name: str) -> str:
     return next((r for prefix, r in _ROLE_OF if name.startswith(prefix)), "other")
 
@@ -82,14 +89,14 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
         scenarios._backlog(stack, jobs, job_type=f"bench.{handler}")
         with stack.workers(2, slots) as procs:
             pids = [p.pid for p in procs]
-            wait_until(lambda: stack.count("succeeded") >= margin, timeout=120, interval=0.005)
+            wait_until(lambda: stack.count("succeeded") >= margin, timeout=120, interval=POLL_S)
             servers = [cpu.tree_cpu([stack.postmaster_pid() or 0]), cpu.tree_cpu(
                 [stack.redis_pid() or 0]), cpu.machine_cpu_s]
             names = {tid: name for pid in pids for tid, name in thread_names(pid).items()}
             start = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
                      [probe() for probe in servers], time.monotonic())
             wait_until(lambda: stack.count("succeeded") >= jobs - margin, timeout=600,
-                       interval=0.005)
+                       interval=POLL_S)
             end = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
                    [probe() for probe in servers], time.monotonic())
             # A handler thread started in the window (one replaced after a timeout) too.
