@@ -4,9 +4,10 @@ A worker process runs Python on one core at a time (the GIL), yet its threads ha
 their jobs to one another thousands of times a second. Spread over several cores, each hand-off
 wakes a thread on another core (an inter-processor interrupt, on a VM an exit to the
 hypervisor) and moves the data it touches between caches; on one core, the same hand-offs are
-a local switch. Pinned, two workers spent 22 % less CPU per Redis round-trip job and drained
-26 % faster (docs/performance.md, change 120). What pinning gives up is the other cores for the
-system-call side of its I/O, which is small for a job engine's worker.
+a local switch. Pinned, two workers of 8 slots spent 10 - 14 % less CPU per Redis round-trip
+job (their handler threads 17 - 22 % less) and drained 6 - 14 % faster (docs/performance.md,
+change 120). What pinning gives up is the other cores for the system-call side of its I/O,
+which is small for a job engine's worker.
 
 `auto` gives each worker process one CPU of those it may use, a different one for each process
 on the host while CPUs last, then a second process per CPU, and so on: each process holds an
