@@ -1,6 +1,6 @@
 """Heartbeat: the worker's proof of life in the workers table and in Redis, and its slot gauges
-(busy, all, and the jobs claimed ahead waiting for a thread), with the runner's health: the
-abandoned handlers and how long an async handler has been holding the event loop.
+(busy, all, and the jobs claimed ahead waiting for a thread) and CPUs, with the runner's health:
+the abandoned handlers and how long an async handler has been holding the event loop.
 
 Invariant: a failed heartbeat is logged and never stops the worker. The Redis key lives three
 periods, but its absence alone proves nothing (after a Redis restart every key is gone while
@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import logging
 
+from taskline import affinity
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.execution.attempts import Attempts
 from taskline.execution.runner import Runner
-from taskline.metrics import ABANDONED_HANDLERS, BUSY_SLOTS, CLAIMED_AHEAD, EVENT_LOOP_LAG, SLOTS
+from taskline.metrics import (
+    ABANDONED_HANDLERS,
+    BUSY_SLOTS,
+    CLAIMED_AHEAD,
+    EVENT_LOOP_LAG,
+    SLOTS,
+    WORKER_CPUS,
+)
 from taskline.service import Periodic, guarded
 from taskline.store.views import WorkerStore
 
@@ -49,6 +57,7 @@ class Heartbeat(Periodic):
         active = self._attempts.running
         BUSY_SLOTS.labels(self._worker_id).set(active)
         SLOTS.labels(self._worker_id).set(self._attempts.concurrency)
+        WORKER_CPUS.labels(self._worker_id).set(affinity.allowed())
         CLAIMED_AHEAD.labels(self._worker_id).set(self._attempts.waiting)
         if self._runner is not None:
             EVENT_LOOP_LAG.labels(self._worker_id).set(self._runner.loop.lag_s())

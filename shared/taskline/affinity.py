@@ -94,6 +94,13 @@ def claim_slot(cpus: list[int], slots_dir: Path) -> tuple[int, int] | None:
     return None
 
 
+def allowed() -> int:
+    """How many CPUs this thread may run on (for a pinned worker, every thread's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def default_slots_dir() -> Path:
     """Where `auto`'s slot files are: one directory per user under the temporary directory."""
     return Path(tempfile.gettempdir()) / f"taskline-cpus-{os.getuid()}"

@@ -198,6 +198,9 @@ STALE_COMPLETIONS = Counter("job_stale_completions_total",
 BUSY_SLOTS = Gauge("taskline_worker_busy_slots", "Handler slots in use", ["worker"],
                    multiprocess_mode="livesum")
 SLOTS = Gauge("taskline_worker_slots", "Handler slots", ["worker"], multiprocess_mode="livesum")
+WORKER_CPUS = Gauge("taskline_worker_cpus",
+                    "CPUs the worker process may run on (1 when TASKLINE_WORKER_CPUS=auto "
+                    "pinned it)", ["worker"], multiprocess_mode="livesum")
 CLAIMED_AHEAD = Gauge("taskline_worker_claimed_ahead",
                       "Jobs claimed and leased (status running) waiting for a handler thread",
                       ["worker"], multiprocess_mode="livesum")

@@ -1,7 +1,8 @@
 """Worker processes pinned to CPUs (TASKLINE_WORKER_CPUS, `taskline worker --cpus`).
 
 Two workers started with `auto` on one host each run every thread on one CPU, different CPUs
-where the machine has two, and run jobs; a worker given a list runs on exactly those CPUs; one
+where the machine has two, and run jobs; a worker given a list runs on exactly those CPUs, as
+its `taskline_worker_cpus` gauge says; one
 given CPUs it may not use stops at start with status 2 and says why. The kernel's account of
 each thread (/proc/<pid>/task/<tid>/status) is what is checked, not the worker's own word.
 """
@@ -13,9 +14,11 @@ import os
 from pathlib import Path
 
 import pytest
+import requests
 
 from taskline import affinity
 from taskline.dispatch.dispatcher import Dispatcher
+from taskline.localservers import free_port
 from taskline.settings import Settings
 from taskline.store.store import Store
 from tests.helpers import enqueue, service, service_env, wait_for
@@ -31,6 +34,13 @@ def thread_cpus(pid: int) -> list[set[int]]:
             if line.startswith("Cpus_allowed_list:"):
                 found.append(affinity.parse(line.split(":", 1)[1].strip()))
     return found
+
+
+def scrape(port: int) -> str:
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except requests.RequestException:
+        return ""
 
 
 def logged(log_dir: Path, message: str) -> list[dict]:
@@ -66,13 +76,18 @@ def test_auto_gives_each_worker_a_cpu_of_its_own(settings: Settings, store: Stor
             sorted(c) for c in cpus)
 
 
-def test_a_list_pins_to_those_cpus(settings: Settings, store: Store, tmp_path: Path) -> None:
+def test_a_list_pins_to_those_cpus_and_the_gauge_says_so(settings: Settings, store: Store,
+                                                         tmp_path: Path) -> None:
     allowed = sorted(os.sched_getaffinity(0))
-    spec = str(allowed[-1])
-    with service(["worker", "--cpus", spec], service_env(settings), tmp_path) as proc:
-        wait_for(lambda: len(store.list_workers(30)) == 1, timeout=60,
-                 message="the worker registered")
-        assert all(cpus == {allowed[-1]} for cpus in thread_cpus(proc.pid))
+    spec = f"{allowed[0]}-{allowed[1]}" if len(allowed) > 1 else str(allowed[0])
+    port = free_port()
+    env = service_env(settings, TASKLINE_METRICS_PORT=str(port))
+    with service(["worker", "--cpus", spec], env, tmp_path) as proc:
+        (worker,) = wait_for(lambda: store.list_workers(30), timeout=60,
+                             message="the worker registered")
+        assert all(cpus == affinity.parse(spec) for cpus in thread_cpus(proc.pid))
+        gauge = f'taskline_worker_cpus{{worker="{worker["id"]}"}} {len(affinity.parse(spec))}.0'
+        wait_for(lambda: gauge in scrape(port), timeout=30, message=gauge)
 
 
 def test_cpus_it_may_not_use_stop_the_worker_at_start(settings: Settings, store: Store,
