@@ -71,7 +71,10 @@ def pin(spec: str, *, slots_dir: Path | None = None) -> set[int] | None:
             raise ConfigError(f"TASKLINE_WORKER_CPUS={spec!r}: CPUs {_text(cpus - allowed)} "
                               f"are not among this process's CPUs ({_text(allowed)})")
     for tid in _threads():
-        os.sched_setaffinity(tid, cpus)
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except ProcessLookupError:
+            continue  # the thread ended since the list was read
     return cpus
 
 

@@ -279,7 +279,7 @@ class Owed:
 
     Its id is kept as text, the form Redis is given and the outbox delete is sent: the relay
     reads it so from each announcement, and a `uuid.UUID` made of it and turned back into text
-    cost a quarter of the relay's CPU per job (docs/performance.md, change 118)."""
+    cost a fifth of the relay's CPU per job (docs/performance.md, change 118)."""
 
     job_id: str
     queue: str
