@@ -108,7 +108,8 @@ def _supervise(settings: Settings, api_bind: str, console: Console) -> int:
     worker_port = _metrics_port(WORKER_METRICS_PORT, avoid=())
     maintenance_port = _metrics_port(MAINTENANCE_METRICS_PORT, avoid=(worker_port,))
     specs = service_specs(settings, api_bind, worker_port, maintenance_port)
-    console.line(LABEL, f"api on http://{api_bind}; metrics: worker :{worker_port}, "
+    console.line(LABEL, f"api on http://{api_bind}, dashboard http://{api_bind}/dashboard; "
+                        f"metrics: worker :{worker_port}, "
                         f"maintenance :{maintenance_port}; Ctrl-C stops everything")
     # The worker may spend its whole grace period finishing jobs; give it a little more.
     return Supervisor(specs, console, settings.shutdown_grace_s + 10, LABEL).run()

@@ -141,3 +141,13 @@ def test_a_stream_token_without_read_is_forbidden(scoped_app: Flask) -> None:
     response = scoped_app.test_client().get("/api/v1/events?token=w-secret")
     assert response.status_code == 403
     assert response.get_json()["error"]["details"]["scope"] == READ
+
+
+def test_the_apis_address_leads_to_the_dashboard_without_a_token(scoped_app: Flask) -> None:
+    """`make run` prints the API's address; opened in a browser it shows the dashboard, whose
+    page asks for the token (the API's routes keep requiring one)."""
+    client = scoped_app.test_client()
+    root = client.get("/")
+    assert root.status_code == 302 and root.headers["Location"] == "/dashboard"
+    assert client.get("/", follow_redirects=True).status_code == 200
+    assert client.get("/api/v1/jobs").status_code == 401

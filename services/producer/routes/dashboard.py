@@ -1,4 +1,5 @@
-"""The operations dashboard: `/dashboard` and its two files, served by the API itself.
+"""The operations dashboard: `/dashboard` and its two files, served by the API itself (`/`
+leads there).
 
 Invariant: the page loads nothing from anywhere else (no CDN, no build step: the files in
 `static/` are served as they are) and holds no secret: it is open like /healthz, while every
@@ -12,7 +13,7 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, redirect, request
 
 bp = Blueprint("dashboard", __name__)
 
@@ -44,6 +45,12 @@ def _serve(name: str) -> Response:
     response = Response(data, headers={"Content-Type": FILES[name], **SECURITY_HEADERS})
     response.set_etag(etag)
     return response.make_conditional(request)
+
+
+@bp.get("/")
+def root() -> Response:
+    """The API's address opened in a browser (`make run` prints it) leads to the dashboard."""
+    return redirect("/dashboard", code=302)
 
 
 @bp.get("/dashboard")
