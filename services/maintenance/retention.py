@@ -183,11 +183,13 @@ class Retention(Periodic):
             self.store.delete_empty_workflows(longest, self.batch_size)
 
     def _partitions(self) -> None:
-        """Partitions ahead created, the sequences rolled daily, expired partitions replaced
-        by their kept rows or dropped, orphans of the default partitions deleted."""
+        """Partitions ahead created, the sequences rolled daily, a new partition analyzed,
+        expired partitions replaced by their kept rows or dropped, orphans of the default
+        partitions deleted."""
         parts = self.store.partitions
         parts.ensure_ahead(self.settings.history_partitions_ahead)
         parts.roll(self.settings.history_partition_s)
+        parts.analyze_new()
         horizon = horizon_s(self.settings.retention_s)
         if horizon is not None:
             for part in parts.expirable(horizon):

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
-from taskline.store.partitions import TABLES, WIDTH, Partition
+from taskline.store.partitions import ANALYZE_AFTER, TABLES, WIDTH, Partition
 from taskline.store.queries import queries_for
 from taskline.store.store import Store
 from taskline_maintenance.retention import Retention
@@ -181,3 +181,50 @@ def test_ids_keep_their_partition_width(store: Store, dispatcher: Dispatcher):
     part = current(store, "job_leases")
     assert part.lower is not None and part.upper == part.lower + WIDTH
     assert part.lower <= claim.lease_id < part.upper
+
+
+def reltuples(store: Store, part: Partition) -> float:
+    with store.engine.connect() as conn:
+        return float(conn.execute(text("SELECT reltuples FROM pg_class WHERE oid = "
+                                       "to_regclass(:t)"), {"t": f"taskline.{part.name}"}
+                                  ).scalar_one())
+
+
+def settle_plan(store: Store, lease_ids: list[int]) -> str:
+    """The settle's generic plan (the worker's prepared statement), as EXPLAIN shows it."""
+    sql = str(queries_for("taskline")["settle"])
+    sql = sql.replace(":settlements", "$1").replace(":lease_ids", "$2")
+    with store.engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        driver.execute("SET plan_cache_mode = force_generic_plan")
+        driver.execute(f"PREPARE s (text, bigint[]) AS {sql}")
+        ids = "{" + ",".join(map(str, lease_ids)) + "}"
+        rows = driver.execute(f"EXPLAIN EXECUTE s('{{}}', '{ids}')").fetchall()
+        driver.execute("DEALLOCATE s")
+        conn.rollback()
+    return "\n".join(r[0] for r in rows)
+
+
+def test_a_pass_analyzes_a_new_partition_once_it_has_rows(
+        store: Store, dispatcher: Dispatcher, settings: Settings):
+    """A partition never analyzed (no autovacuum yet, or none at all) gets its statistics from
+    maintenance once it holds ANALYZE_AFTER rows; the settle's generic plan then reads its
+    leases by primary key alone, not the open-lease index with every ended lease in it."""
+    retention = Retention(store, dispatcher, settings)
+    part = current(store, "job_leases")
+    claims = [claimed(store, dispatcher) for _ in range(3)]
+    retention.run_once()
+    assert reltuples(store, part) < 0, "too few rows yet: left to autovacuum"
+    with store.transaction() as conn:  # the history of 20,000 attempts, all ended
+        conn.execute(text(
+            "INSERT INTO taskline.job_leases (job_id, attempt, worker_id, leased_at, "
+            "leased_until, released_at, outcome) SELECT gen_random_uuid(), 1, 'w0', now(), "
+            "now(), now(), 'succeeded' FROM generate_series(1, :n)"), {"n": 20 * ANALYZE_AFTER})
+    lease_ids = [c.lease_id for c in claims]
+    assert "_open" in settle_plan(store, lease_ids) or "leased_until_idx" in settle_plan(
+        store, lease_ids), "without statistics the plan reads the open-lease index"
+    retention.run_once()
+    assert reltuples(store, part) >= 20 * ANALYZE_AFTER
+    shown = settle_plan(store, lease_ids)
+    assert "_open" not in shown and "leased_until_idx" not in shown, shown
+    assert store.partitions.analyze_new() == [], "analyzed once; autovacuum keeps it after"

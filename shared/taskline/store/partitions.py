@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import OperationalError
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ ROLL_LOCK = 29805
 STORAGE = ("autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_insert_scale_factor = 0.05, "
            "autovacuum_analyze_scale_factor = 0.02, vacuum_truncate = false")
 """The history tables' storage parameters (migrations 0011, 0013), set on each partition."""
+ANALYZE_AFTER = 1_000
+"""Rows a new partition takes before maintenance analyzes it (`analyze_new`): enough for its
+statistics to show what the table holds (ended leases, few open ones)."""
 _BOUND = re.compile(r"FROM \((MINVALUE|'?-?\d+'?)\) TO \('?(-?\d+)'?\)")
 
 
@@ -185,6 +189,42 @@ class HistoryPartitions:
                 conn.exec_driver_sql(f"SELECT setval('{seq}', {upper}, false)")
                 rolled.append(table)
         return rolled
+
+    def analyze_new(self) -> list[str]:
+        """ANALYZE each table's current partition (the one the sequence is in) once it holds
+        `ANALYZE_AFTER` rows if it was never analyzed; returns the partitions analyzed.
+
+        Without statistics the planner guesses: the settle's and the renewal's generic plans
+        then read the whole open-lease index (`job_leases_open`, every lease ended since the
+        last vacuum still in it) beside their primary-key lookups, a settle taking 1.5x - 3.9x
+        as long (docs/performance.md, change 106). Autovacuum analyzes a new partition within
+        its naptime after 50 rows; this covers the time before, and an installation running
+        without autovacuum, for which it is the partition's only analysis (`taskline doctor`
+        warns about that setting). A lock not had within `LOCK_TIMEOUT` (autovacuum at work on
+        it) leaves it to the next pass."""
+        analyzed = []
+        for table in TABLES:
+            with self.engine.connect() as conn:
+                nxt = self.next_id(conn, table)
+                lower = nxt // WIDTH * WIDTH
+                part = next((p for p in self.list(conn, table) if p.lower == lower), None)
+                if part is None or nxt - lower < ANALYZE_AFTER or conn.exec_driver_sql(
+                        "SELECT reltuples >= 0 FROM pg_class WHERE oid = to_regclass(%(t)s)",
+                        {"t": self._q(part.name)}).scalar():
+                    continue
+            try:
+                with self.engine.begin() as conn:
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+                    conn.exec_driver_sql(f"ANALYZE {self._q(part.name)}")
+            except OperationalError as err:
+                log.warning("history partition left unanalyzed for the next pass", extra={
+                    "action": "partition_analyzed", "partition": part.name,
+                    "error": str(err).splitlines()[0]})
+                continue
+            log.info("history partition analyzed", extra={"action": "partition_analyzed",
+                                                          "partition": part.name})
+            analyzed.append(part.name)
+        return analyzed
 
     def expirable(self, horizon_s: float) -> list[Partition]:
         """Closed partitions (the sequence is past them) whose newest row is older than
