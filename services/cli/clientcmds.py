@@ -360,7 +360,7 @@ DLQ_COLUMNS = (("ID", "job.id"), ("TYPE", "job.type"), ("QUEUE", "job.queue"),
 WORKER_COLUMNS = (("ID", "id"), ("HOST", "hostname"), ("PID", "pid"), ("QUEUES", "queues"),
                   ("CONCURRENCY", "concurrency"), ("ACTIVE", "active_jobs"),
                   ("HEARTBEAT AGE S", "heartbeat_age_s"), ("METRICS PORT", "metrics_port"),
-                  ("STARTED", "started_at"))
+                  ("CPUS", "cpus"), ("STARTED", "started_at"))
 TYPE_COLUMNS = (("TYPE", "type"), ("QUEUE", "queue"), ("FIELDS", "fields"),
                 ("VERSIONS", "versions"), ("WORKERS", "worker_count"), ("LAST SEEN", "last_seen"))
 QUEUE_COLUMNS = (("QUEUE", "name"), ("PAUSED", "paused"), ("SCHEDULED", "counts.scheduled"),

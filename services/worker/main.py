@@ -34,13 +34,15 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     """Run a worker until it is signalled to stop; returns the process exit code.
     `fallback`: `metrics_port` is the default one, not given, so a taken one moves on to the
     next free port (taskline.metrics.serve); the port bound is recorded in `workers`."""
-    if not pinned(settings.worker_cpus):
+    ok, cpus = pinned(settings.worker_cpus)
+    if not ok:
         return 2
     try:
         worker = Worker(settings, queues, concurrency)
     except (ConfigError, ImportError) as err:
         log.error("cannot start the worker", extra={"action": "start", "error": str(err)})
         return 2
+    worker.cpus = None if cpus is None else sorted(cpus)
     readiness = worker_readiness(worker)
     try:
         worker.metrics_port = metrics.serve(metrics_port, ready=readiness.answer,
@@ -66,21 +68,22 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     return 0
 
 
-def pinned(spec: str) -> bool:
+def pinned(spec: str) -> tuple[bool, set[int] | None]:
     """Pin this process to TASKLINE_WORKER_CPUS before any of the worker's threads starts (they
-    inherit it); False when that cannot be done (logged)."""
+    inherit it): (True, the CPUs, or None when not pinned); (False, None) when it cannot be
+    done (logged)."""
     try:
         cpus = affinity.pin(spec)
     except (ConfigError, OSError) as err:
         log.error("cannot pin the worker to CPUs", extra={"action": "start", "cpus": spec,
                                                           "error": str(err)})
-        return False
+        return False, None
     if cpus is not None:
         log.info("worker pinned", extra={"action": "start", "cpus": sorted(cpus)})
     elif spec:
         log.warning("every CPU has its most worker processes pinned to it: not pinned",
                     extra={"action": "start", "cpus": spec, "per_cpu": affinity.ROUNDS})
-    return True
+    return True, cpus
 
 
 def worker_readiness(worker: Worker) -> Readiness:

@@ -94,6 +94,9 @@ class Worker:
     metrics_port: int | None = None
     """The port its /metrics is served on (None: off), recorded in `workers` at registration;
     set by `taskline worker` once the port is bound."""
+    cpus: list[int] | None = None
+    """The CPUs `taskline worker` pinned the process to (None: not pinned), recorded in
+    `workers` at registration."""
 
     def __init__(self, settings: Settings, queues: Sequence[str], concurrency: int, *,
                  block_timeout_s: float = 1.0) -> None:
@@ -159,7 +162,7 @@ class Worker:
         connections opened. StoreUnavailable while PostgreSQL is unreachable; `taskline
         worker` retries it until PostgreSQL answers (taskline.startup)."""
         self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
-                                 self.queues, self.concurrency, self.metrics_port)
+                                 self.queues, self.concurrency, self.metrics_port, self.cpus)
         serving.record(self.store, self.worker_id, self.settings)  # types with payload schemas
         # One connection for each thread that talks to PostgreSQL by itself (and one for a
         # step's success written on its handler thread), opened now: opened on first use, its

@@ -77,6 +77,10 @@ def test_workers_lists_live_workers_only(client: FlaskClient, store: Store) -> N
     assert [w["id"] for w in workers] == ["w-live"]
     assert workers[0]["queues"] == ["default", "mail"] and workers[0]["concurrency"] == 4
     assert workers[0]["job_ids"] == [] and workers[0]["heartbeat_age_s"] >= 0
+    assert workers[0]["cpus"] is None  # not pinned
+    store.upsert_worker("w-live", "host-a", 101, ["default", "mail"], 4, cpus=[3, 1])
+    (pinned,) = client.get("/api/v1/workers").get_json()["workers"]
+    assert pinned["cpus"] == [3, 1] and pinned["concurrency"] == 4
 
 
 def test_queues_report_postgresql_counts_and_redis_depths(client: FlaskClient,

@@ -2,8 +2,9 @@
 
 Two workers started with `auto` on one host each run every thread on one CPU, different CPUs
 where the machine has two, and run jobs; a worker given a list runs on exactly those CPUs, as
-its `taskline_worker_cpus` gauge says; one
-given CPUs it may not use stops at start with status 2 and says why. The kernel's account of
+its `taskline_worker_cpus` gauge says, and every worker's row in `workers` lists its CPUs
+(what the API, the CLI and the dashboard show); one given CPUs it may not use stops at start
+with status 2 and says why. The kernel's account of
 each thread (/proc/<pid>/task/<tid>/status) is what is checked, not the worker's own word.
 """
 
@@ -74,6 +75,9 @@ def test_auto_gives_each_worker_a_cpu_of_its_own(settings: Settings, store: Stor
             assert cpus[0] != cpus[1]
         assert sorted(r["cpus"] for r in logged(logs, "worker pinned")) == sorted(
             sorted(c) for c in cpus)
+        # What GET /api/v1/workers, `taskline workers` and the dashboard show (migration 0026).
+        assert sorted(w["cpus"] for w in store.list_workers(30)) == sorted(
+            sorted(c) for c in cpus)
 
 
 def test_a_list_pins_to_those_cpus_and_the_gauge_says_so(settings: Settings, store: Store,
@@ -86,6 +90,7 @@ def test_a_list_pins_to_those_cpus_and_the_gauge_says_so(settings: Settings, sto
         (worker,) = wait_for(lambda: store.list_workers(30), timeout=60,
                              message="the worker registered")
         assert all(cpus == affinity.parse(spec) for cpus in thread_cpus(proc.pid))
+        assert worker["cpus"] == sorted(affinity.parse(spec))
         gauge = f'taskline_worker_cpus{{worker="{worker["id"]}"}} {len(affinity.parse(spec))}.0'
         wait_for(lambda: gauge in scrape(port), timeout=30, message=gauge)
 

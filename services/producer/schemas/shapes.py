@@ -72,7 +72,7 @@ def dead_group(row: Mapping[str, Any]) -> dict[str, Any]:
 def worker(row: Mapping[str, Any]) -> dict[str, Any]:
     return {k: plain(row[k]) for k in ("id", "hostname", "pid", "queues", "concurrency",
                                        "started_at", "last_heartbeat", "heartbeat_age_s",
-                                       "active_jobs", "job_ids", "metrics_port")}
+                                       "active_jobs", "job_ids", "metrics_port", "cpus")}
 
 
 def queues(counts: Iterable[Any], depths: Mapping[str, Mapping[str, Any]] | None,

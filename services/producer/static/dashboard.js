@@ -457,6 +457,8 @@
       name.title = w.id;
       // Several processes share a host: which port this one's /metrics took (null: off).
       if (w.metrics_port) name.append(` · metrics :${w.metrics_port}`);
+      // A pinned process (TASKLINE_WORKER_CPUS): the CPUs it runs on.
+      if (w.cpus) name.append(` · CPU ${w.cpus.join(",")}`);
       const age = Number(w.heartbeat_age_s || 0);
       const beat = cell(`${age.toFixed(1)} s ago`, age > 10 ? "stale" : "");
       const meter = document.createElement("meter");

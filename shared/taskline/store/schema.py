@@ -223,6 +223,8 @@ workers = Table(
     # The port of its /metrics and /readyz (NULL: off); the next free one when the default
     # was taken (migration 0014).
     Column("metrics_port", Integer, nullable=True),
+    # The CPUs it is pinned to (TASKLINE_WORKER_CPUS; NULL: not pinned; migration 0026).
+    Column("cpus", ARRAY(Integer), nullable=True),
 )
 
 leader_leases = Table(

@@ -12,10 +12,12 @@ from taskline.store.aggregate import Aggregate
 
 class Workers(Aggregate):
     def upsert_worker(self, worker_id: str, hostname: str, pid: int, queues: Sequence[str],
-                      concurrency: int, metrics_port: int | None = None) -> None:
+                      concurrency: int, metrics_port: int | None = None,
+                      cpus: Sequence[int] | None = None) -> None:
         self._run("upsert_worker", {"id": worker_id, "hostname": hostname, "pid": pid,
                                     "queues": list(queues), "concurrency": concurrency,
-                                    "metrics_port": metrics_port})
+                                    "metrics_port": metrics_port,
+                                    "cpus": None if cpus is None else list(cpus)})
 
     def heartbeat_worker(self, worker_id: str, active_jobs: int) -> None:
         self._run("heartbeat_worker", {"id": worker_id, "active_jobs": active_jobs})

@@ -4,12 +4,14 @@
 -- names, status tests next to a job id, moves taken from taskline.transitions) are in jobs.sql's header.
 
 -- name: upsert_worker
--- Register a worker at start-up, with the port its metrics are served on (NULL: off).
+-- Register a worker at start-up, with the port its metrics are served on (NULL: off) and the
+-- CPUs it is pinned to (NULL: not pinned).
 INSERT INTO taskline.workers (id, hostname, pid, queues, concurrency, started_at, last_heartbeat,
-                              metrics_port)
-VALUES (:id, :hostname, :pid, CAST(:queues AS text[]), :concurrency, now(), now(), :metrics_port)
+                              metrics_port, cpus)
+VALUES (:id, :hostname, :pid, CAST(:queues AS text[]), :concurrency, now(), now(), :metrics_port,
+        CAST(:cpus AS integer[]))
 ON CONFLICT (id) DO UPDATE SET last_heartbeat = now(), stopped_at = NULL,
-                               metrics_port = EXCLUDED.metrics_port;
+                               metrics_port = EXCLUDED.metrics_port, cpus = EXCLUDED.cpus;
 
 -- name: heartbeat_worker
 -- A worker's periodic proof of life with its busy slots.
