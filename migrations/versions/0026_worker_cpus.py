@@ -7,13 +7,9 @@ line and, as a count, in its `taskline_worker_cpus` gauge. An operator looking a
 pid now. NULL: not pinned (it may run on every CPU of its host), or a worker of an earlier
 release.
 
-Online on any size of `workers`: ADD COLUMN of a nullable column without a default changes the
-catalog only (no rewrite, no scan), under a lock held for milliseconds; `lock_timeout` makes it
-fail fast rather than wait behind a long transaction (run `taskline migrate` again).
-
-Rolling deploy beside the previous release: that release neither writes nor reads the column
-(its `SELECT w.*` gets one more field, which it does not show); this release's workers write
-it at registration, so they start after this migration, as every release's do.
+Online and beside the previous release as 0014's `metrics_port` was: a nullable column added
+without a default (a catalog change under a 5 s lock timeout, no rewrite), which the previous
+release neither writes nor shows, written by this release's workers at registration.
 
 Revision ID: 0026
 Revises: 0025
