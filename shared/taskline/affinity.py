@@ -5,8 +5,9 @@ their jobs to one another thousands of times a second. Spread over several cores
 wakes a thread on another core (an inter-processor interrupt, on a VM an exit to the
 hypervisor) and moves the data it touches between caches; on one core, the same hand-offs are
 a local switch. Pinned, two workers of 8 slots spent 10 - 14 % less CPU per Redis round-trip
-job (their handler threads 17 - 22 % less) and drained 6 - 14 % faster (docs/performance.md,
-change 120). What pinning gives up is the other cores for the system-call side of its I/O,
+job on an Intel Xeon VM (their handler threads 17 - 22 % less) and drained 6 - 14 % faster,
+and 25 % less on an AMD EPYC VM, draining 24 % faster (docs/performance.md, changes 120 and
+125). What pinning gives up is the other cores for the system-call side of its I/O,
 which is small for a job engine's worker.
 
 `auto` gives each worker process one CPU of those it may use, a different one for each process
