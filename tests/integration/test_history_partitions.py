@@ -19,6 +19,7 @@ from taskline.store.store import Store
 from taskline_maintenance.retention import Retention
 from tests.helpers import enqueue, fail, succeed
 from tests.integration.test_maintenance_retention import backdate, claimed
+from tests.integration.test_store_plans import generic_plan
 
 DAY_S = 86_400.0
 RETAINED = {"retain_succeeded_s": 7 * DAY_S, "retain_cancelled_s": 7 * DAY_S,
@@ -192,17 +193,9 @@ def reltuples(store: Store, part: Partition) -> float:
 
 def settle_plan(store: Store, lease_ids: list[int]) -> str:
     """The settle's generic plan (the worker's prepared statement), as EXPLAIN shows it."""
-    sql = str(queries_for("taskline")["settle"])
-    sql = sql.replace(":settlements", "$1").replace(":lease_ids", "$2")
-    with store.engine.connect() as conn:
-        driver = conn.connection.driver_connection
-        driver.execute("SET plan_cache_mode = force_generic_plan")
-        driver.execute(f"PREPARE s (text, bigint[]) AS {sql}")
-        ids = "{" + ",".join(map(str, lease_ids)) + "}"
-        rows = driver.execute(f"EXPLAIN EXECUTE s('{{}}', '{ids}')").fetchall()
-        driver.execute("DEALLOCATE s")
-        conn.rollback()
-    return "\n".join(r[0] for r in rows)
+    ids = "{" + ",".join(map(str, lease_ids)) + "}"
+    return generic_plan(store, "settle", {"settlements": "text", "lease_ids": "bigint[]"},
+                        f"'{{}}', '{ids}'")
 
 
 def test_a_pass_analyzes_a_new_partition_once_it_has_rows(
@@ -221,8 +214,9 @@ def test_a_pass_analyzes_a_new_partition_once_it_has_rows(
             "leased_until, released_at, outcome) SELECT gen_random_uuid(), 1, 'w0', now(), "
             "now(), now(), 'succeeded' FROM generate_series(1, :n)"), {"n": 20 * ANALYZE_AFTER})
     lease_ids = [c.lease_id for c in claims]
-    assert "_open" in settle_plan(store, lease_ids) or "leased_until_idx" in settle_plan(
-        store, lease_ids), "without statistics the plan reads the open-lease index"
+    shown = settle_plan(store, lease_ids)
+    assert "_open" in shown or "leased_until_idx" in shown, (
+        "without statistics the plan reads the open-lease index", shown)
     retention.run_once()
     assert reltuples(store, part) >= 20 * ANALYZE_AFTER
     shown = settle_plan(store, lease_ids)

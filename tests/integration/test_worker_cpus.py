@@ -4,8 +4,8 @@ Two workers started with `auto` on one host each run every thread on one CPU, di
 where the machine has two, and run jobs; a worker given a list runs on exactly those CPUs, as
 its `taskline_worker_cpus` gauge says, and every worker's row in `workers` lists its CPUs
 (what the API, the CLI and the dashboard show); one given CPUs it may not use stops at start
-with status 2 and says why. The kernel's account of
-each thread (/proc/<pid>/task/<tid>/status) is what is checked, not the worker's own word.
+with status 2 and says why. The kernel's account of each thread
+(/proc/<pid>/task/<tid>/status) is what is checked, not the worker's own word.
 """
 
 from __future__ import annotations

@@ -164,6 +164,14 @@ class HistoryPartitions:
         log.info("history partition created", extra={"action": "partition_created",
                                                      "partition": f"{table}_p{k}"})
 
+    def _current(self, conn: Connection, table: str) -> tuple[int, Partition | None]:
+        """The id `table`'s next insert takes, and the range partition holding it (None while
+        maintenance has not created it yet: rows go to the default partition)."""
+        nxt = self.next_id(conn, table)
+        lower = nxt // WIDTH * WIDTH
+        return nxt, next((p for p in self.list(conn, table)
+                          if p.lower == lower and p.upper == lower + WIDTH), None)
+
     def roll(self, every_s: float) -> list[str]:
         """Move each sequence to the next partition once its current one got its first row
         more than `every_s` ago; returns the tables rolled."""
@@ -171,13 +179,9 @@ class HistoryPartitions:
         for table, at in TABLES.items():
             with self.engine.begin() as conn:
                 conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({ROLL_LOCK})")
-                nxt = self.next_id(conn, table)
-                lower, upper = nxt // WIDTH * WIDTH, (nxt // WIDTH + 1) * WIDTH
-                if upper - nxt < ROLL_MARGIN:
-                    continue
-                part = next((p for p in self.list(conn, table)
-                             if p.lower == lower and p.upper == upper), None)
-                if part is None:
+                nxt, part = self._current(conn, table)
+                upper = (nxt // WIDTH + 1) * WIDTH
+                if part is None or upper - nxt < ROLL_MARGIN:
                     continue
                 opened = conn.exec_driver_sql(
                     f"SELECT {at} < now() - make_interval(secs => %(s)s) FROM "
@@ -205,10 +209,8 @@ class HistoryPartitions:
         analyzed = []
         for table in TABLES:
             with self.engine.connect() as conn:
-                nxt = self.next_id(conn, table)
-                lower = nxt // WIDTH * WIDTH
-                part = next((p for p in self.list(conn, table) if p.lower == lower), None)
-                if part is None or nxt - lower < ANALYZE_AFTER or conn.exec_driver_sql(
+                nxt, part = self._current(conn, table)
+                if part is None or nxt % WIDTH < ANALYZE_AFTER or conn.exec_driver_sql(
                         "SELECT reltuples >= 0 FROM pg_class WHERE oid = to_regclass(%(t)s)",
                         {"t": self._q(part.name)}).scalar():
                     continue
