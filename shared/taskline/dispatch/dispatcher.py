@@ -250,7 +250,7 @@ class Dispatcher:
             self.client.sadd(QUEUES_SET, *{QueueKeys(q, p).name for q, p, _ in groups})
         return sum(len(ids) for ids in groups.values())
 
-    def _pipelined(self, name: str, calls: Sequence[tuple[list[str], list[object]]],
+    def _pipelined(self, name: str, calls: Sequence[tuple[list[str], Sequence[object]]],
                    after: Sequence[tuple[object, ...]] = ()) -> None:
         """Script `name` once per (keys, args) call, in order, then the commands `after` (sent
         the first time only), in one round trip; a single Redis only (cluster mode sends each
@@ -268,9 +268,9 @@ class Dispatcher:
                 if self._pipeline_once(name, missed, ()):
                     raise DispatchUnavailable(f"Redis lost the {name} script while running it")
 
-    def _pipeline_once(self, name: str, calls: Sequence[tuple[list[str], list[object]]],
+    def _pipeline_once(self, name: str, calls: Sequence[tuple[list[str], Sequence[object]]],
                        after: Sequence[tuple[object, ...]]
-                       ) -> list[tuple[list[str], list[object]]]:
+                       ) -> list[tuple[list[str], Sequence[object]]]:
         """One round trip of `_pipelined`; the calls answered NOSCRIPT. Any other error reply
         is raised."""
         sha = self._scripts[name].sha
@@ -416,7 +416,7 @@ class Dispatcher:
             for key, ids in lists.items():
                 self._script("ack", [key], ids)
         else:
-            self._pipelined("ack", [([key], list(ids)) for key, ids in lists.items()])
+            self._pipelined("ack", [([key], ids) for key, ids in lists.items()])
         if self._away:
             for _, job_id in items:
                 self._settled(job_id)
