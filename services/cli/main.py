@@ -99,8 +99,9 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"ok": not doctor.failed(checks),
                           "checks": [c.as_dict() for c in checks]}, indent=2))
     else:
+        width = max((len(check.name) for check in checks), default=0)
         for check in checks:
-            print(check.line())
+            print(check.line(width))
     return 1 if doctor.failed(checks) else 0
 
 

@@ -74,8 +74,10 @@ class Check:
     detail: str
     fix: str = ""
 
-    def line(self) -> str:
-        text = f"{self.status.value:<4}  {self.name:<11} {self.detail}"
+    def line(self, width: int = 11) -> str:
+        """One line: status, name padded to `width` (a table's widest name lines its details
+        up), detail and fix."""
+        text = f"{self.status.value:<4}  {self.name:<{width}} {self.detail}"
         return f"{text}; fix: {self.fix}" if self.fix else text
 
     def as_dict(self) -> dict[str, str]:

@@ -76,6 +76,8 @@ def test_a_sound_setup_passes_every_check_and_prints_one_line_each(sound: Settin
     assert text.returncode == 0
     lines = text.stdout.splitlines()
     assert len(lines) == len(checks) and all(line.startswith("ok") for line in lines)
+    details = {line.index(checks[line.split()[1]]["detail"]) for line in lines}
+    assert len(details) == 1, "every detail starts in one column"
 
 
 def test_an_evicting_redis_fails(sound: Settings, private_redis: PrivateRedis) -> None:

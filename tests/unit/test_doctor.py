@@ -143,6 +143,8 @@ def test_the_session_check_follows_the_pooling_setting():
 def test_a_line_names_status_check_and_fix():
     assert Check("eviction", Status.FAIL, "allkeys-lru", "set noeviction").line() == \
         "fail  eviction    allkeys-lru; fix: set noeviction"
+    assert Check("eviction", Status.OK, "noeviction").line(18) == \
+        "ok    eviction           noeviction", "padded to the table's widest name"
     assert Check("clock", Status.OK, "in step").as_dict() == \
         {"name": "clock", "status": "ok", "detail": "in step", "fix": ""}
     assert doctor.failed([Check("a", Status.WARN, "")]) is False
