@@ -99,10 +99,12 @@ def finished_table(store: Store) -> None:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE taskline.jobs"))
 
 
-def generic_plan(store: Store, name: str, types: dict[str, str], values: str) -> str:
-    """EXPLAIN of query `name` prepared with parameters of `types` under a generic plan (what a
-    statement prepared by the driver settles on), executed with `values`."""
-    sql = str(QUERIES[name])
+def generic_plan(store: Store, name: str, types: dict[str, str], values: str,
+                 sql: str | None = None) -> str:
+    """EXPLAIN of query `name` (or of the text `sql`) prepared with parameters of `types` under
+    a generic plan (what a statement prepared by the driver settles on), executed with
+    `values`."""
+    sql = str(QUERIES[name]) if sql is None else sql
     for n, param in enumerate(types, start=1):
         sql = sql.replace(f":{param}", f"${n}")
     with store.engine.connect() as conn:

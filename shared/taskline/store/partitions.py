@@ -198,13 +198,16 @@ class HistoryPartitions:
         """ANALYZE each table's current partition (the one the sequence is in) once it holds
         `ANALYZE_AFTER` rows if it was never analyzed; returns the partitions analyzed.
 
-        Without statistics the planner guesses: the settle's and the renewal's generic plans
-        then read the whole open-lease index (`job_leases_open`, every lease ended since the
-        last vacuum still in it) beside their primary-key lookups, a settle taking 1.5x - 3.9x
-        as long (docs/performance.md, change 106). Autovacuum analyzes a new partition within
-        its naptime after 50 rows; this covers the time before, and an installation running
-        without autovacuum, for which it is the partition's only analysis (`taskline doctor`
-        warns about that setting). A lock not had within `LOCK_TIMEOUT` (autovacuum at work on
+        Without statistics the planner guesses. This release's settle and renewal read their
+        leases by primary key whatever the statistics (`live_leases_by_id`, migration 0027); a
+        release before it, running beside it through a rolling deploy, reads them through
+        `live_leases`, and its generic plans then also read the whole open-lease index
+        (`job_leases_open`, every lease ended since the last vacuum still in it), a settle
+        taking 1.5x - 5x as long (docs/performance.md, changes 106 and 126); other plans over
+        the partition are guesses too. Autovacuum analyzes a new partition within its naptime
+        after 50 rows; this covers the time before, and an installation running without
+        autovacuum, for which it is the partition's only analysis (`taskline doctor` warns
+        about that setting). A lock not had within `LOCK_TIMEOUT` (autovacuum at work on
         it) leaves it to the next pass."""
         analyzed = []
         for table in TABLES:

@@ -86,11 +86,11 @@ WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 -- statement until their leases lapsed. A skipped lease is still live: it is neither renewed
 -- nor lost, and the next renewal tries it again.
 WITH free AS (
-    SELECT l.id FROM taskline.live_leases l
+    SELECT l.id FROM taskline.live_leases_by_id l
     WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
     FOR UPDATE OF l SKIP LOCKED
 ), renewed AS (
-    UPDATE taskline.live_leases l
+    UPDATE taskline.live_leases_by_id l
     SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
     FROM free, taskline.jobs j
     WHERE l.id = free.id AND j.id = l.job_id
@@ -99,7 +99,7 @@ WITH free AS (
 )
 SELECT lease_id, cancel_requested, false AS busy FROM renewed
 UNION ALL
-SELECT l.id, NULL, true FROM taskline.live_leases l
+SELECT l.id, NULL, true FROM taskline.live_leases_by_id l
 WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
   AND l.id NOT IN (SELECT id FROM free);
 
@@ -116,7 +116,7 @@ WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
 WITH input AS MATERIALIZED (
     SELECT CAST(:settlements AS jsonb) AS doc
 ), leases AS (
-    UPDATE taskline.live_leases l
+    UPDATE taskline.live_leases_by_id l
     SET released_at = clock_timestamp(), outcome = input.doc -> l.id::text ->> 'outcome'
     FROM input
     WHERE l.id = ANY(CAST(:lease_ids AS bigint[]))
@@ -363,11 +363,11 @@ FROM released r LEFT JOIN step_leases l ON l.job_id = r.id
 WHERE r.frees;
 
 -- name: write_progress
--- A running attempt's progress (`ctx.progress`), only while its lease is live (live_leases, the
--- fence), with its event :event (detail.progress); returns the job only when written.
+-- A running attempt's progress (`ctx.progress`), only while its lease is live (live_leases_by_id,
+-- the fence), with its event :event (detail.progress); returns the job only when written.
 WITH changed AS (
     UPDATE taskline.jobs j SET progress = CAST(:progress AS jsonb)
-    FROM taskline.live_leases l
+    FROM taskline.live_leases_by_id l
     WHERE l.id = :lease_id AND l.worker_id = :worker_id AND j.id = l.job_id
       AND (j.status = ANY(CAST(:sources AS text[]))) IS TRUE
     RETURNING j.id, j.attempts

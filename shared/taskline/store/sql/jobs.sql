@@ -10,8 +10,11 @@
 -- nothing ran (one running job estimated) made the planner read every running job through
 -- jobs_status_created (now jobs_status_created_not_succeeded) once per lease: a 50-lease completion visited ~4,000 rows, not 50.
 -- The attempt fence (an open lease whose job is still running that very attempt) is the view
--- live_leases (migration 0002), written nowhere else; every statement that ends an attempt is
--- `settle`. Which states a move starts from and goes to is taskline.transitions' table: a
+-- live_leases_by_id (migration 0027), written nowhere else: statements that name their leases
+-- read it, and its lease test `(released_at IS NULL) IS TRUE` lets only the primary key reach
+-- them; live_leases is the same rows with the plain `released_at IS NULL` beside, for the
+-- statements that read open leases by `leased_until` through the open-lease index. Every
+-- statement that ends an attempt is `settle`. Which states a move starts from and goes to is taskline.transitions' table: a
 -- statement takes them as parameters (:sources, :target, :event) where a job is found by its
 -- primary key. The claim and the promotion keep their states literal, so their partial
 -- indexes match under generic plans; a unit test holds those literals to the table.

@@ -20,7 +20,7 @@ SELECT queue, paused_at, actor FROM taskline.queue_pauses ORDER BY queue;
 -- name: statuses
 -- Status, queue and open-lease worker of the given ids (absent ids are simply missing).
 SELECT j.id, j.status, j.queue, j.priority, j.updated_at,
-       (SELECT l.worker_id FROM taskline.live_leases l WHERE l.job_id = j.id
+       (SELECT l.worker_id FROM taskline.live_leases_by_id l WHERE l.job_id = j.id
         ORDER BY l.id DESC LIMIT 1) AS lease_worker
 FROM taskline.jobs j WHERE j.id = ANY(CAST(:ids AS uuid[]));
 
