@@ -37,10 +37,16 @@ SETTLED = 10
 HISTORY, OPEN = 20000, 40
 
 
+PARAMS = ("settlements", "lease_ids", "lease_min", "lease_max")
+"""settle's parameters, as $1 - $4 (a checkout before the ids' bounds uses the first two)."""
+
+
 def statement(checkout: Path | None) -> str:
-    """`settle` from `checkout`'s SQL files (None: ours), its parameters as $1 and $2."""
+    """`settle` from `checkout`'s SQL files (None: ours), its parameters numbered as PARAMS."""
     text = load_queries(sql_source(checkout))["settle"].text
-    return re.sub(r"(?<!:):lease_ids", "$2", re.sub(r"(?<!:):settlements", "$1", text))
+    for n, name in enumerate(PARAMS, start=1):
+        text = re.sub(rf"(?<!:):{name}\b", f"${n}", text)
+    return text
 
 
 def claimed(store: Store, count: int) -> list[int]:
@@ -67,8 +73,9 @@ def timed(conn: psycopg.Connection, name: str, leases: list[int]) -> float:
     doc = json.dumps({str(lease): Settlement(lease, "w1", transitions.succeeded(None))
                       .to_input(lapsed=False) for lease in leases})
     ids = "{" + ",".join(map(str, leases)) + "}"
-    query = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {}({}, {})").format(
-        sql.Identifier(name), sql.Literal(doc), sql.Literal(ids))
+    query = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {}({}, {}, {}, {})").format(
+        sql.Identifier(name), sql.Literal(doc), sql.Literal(ids), sql.Literal(min(leases)),
+        sql.Literal(max(leases)))
     plan = conn.execute(query).fetchone()[0][0]
     conn.rollback()
     return float(plan["Execution Time"]) * 1000
@@ -79,7 +86,7 @@ def measure(store: Store, sides: dict[str, str], rounds: int) -> dict[str, float
     with psycopg.connect(url_of(DB)) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
         for name, text in sides.items():
-            conn.execute(f"PREPARE {name} (text, text) AS {text}")
+            conn.execute(f"PREPARE {name} (text, text, bigint, bigint) AS {text}")
         conn.commit()
         for counted, order in in_turn(sides, rounds):
             leases = claimed(store, SETTLED)

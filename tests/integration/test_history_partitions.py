@@ -7,6 +7,7 @@ statements by job id reading indexes."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from sqlalchemy import text
@@ -24,6 +25,8 @@ from tests.integration.test_store_plans import generic_plan
 DAY_S = 86_400.0
 RETAINED = {"retain_succeeded_s": 7 * DAY_S, "retain_cancelled_s": 7 * DAY_S,
             "retain_dead_s": 30 * DAY_S}
+UNBOUNDED = "AND l.id BETWEEN CAST(:lease_min AS bigint) AND CAST(:lease_max AS bigint)"
+"""The lease statements' bounds on their ids (what prunes a generic plan's partitions)."""
 
 
 def partitions(store: Store, table: str) -> list[Partition]:
@@ -156,10 +159,12 @@ def test_the_hot_lease_statements_read_at_most_two_partitions(
     claims = [claimed(store, dispatcher) for _ in range(2)]
     store.partitions.ensure_ahead(5)
     ids = "{" + ",".join(str(c.lease_id) for c in claims) + "}"
+    span = {"lease_min": min(c.lease_id for c in claims),
+            "lease_max": max(c.lease_id for c in claims)}
     renew = plan_relations(store, "renew_leases",
-                           {"lease_ids": ids, "worker_id": "w1", "lease_s": 60})
+                           {"lease_ids": ids, "worker_id": "w1", "lease_s": 60, **span})
     assert history_partitions_read(renew) <= {current(store, "job_leases").name}
-    settle = plan_relations(store, "settle", {"lease_ids": ids, "settlements": "{}"})
+    settle = plan_relations(store, "settle", {"lease_ids": ids, "settlements": "{}", **span})
     partitions_read = history_partitions_read(settle)
     assert len({p for p in partitions_read if p.startswith("job_leases_")}) <= 1
     assert len(partitions_read) <= 2  # the lease's and, for the insert, none: routed per row
@@ -167,6 +172,36 @@ def test_the_hot_lease_statements_read_at_most_two_partitions(
         "lease_id": claims[0].lease_id, "worker_id": "w1", "progress": "0.5", "event": "x",
         "sources": "{running}"})
     assert len(history_partitions_read(progress)) <= 2
+
+
+def partitions_scanned(plan: str) -> set[str]:
+    """The history partitions an EXPLAIN's scan nodes read (pruned ones have none)."""
+    return set(re.findall(r"Scan (?:using \S+ )?on (job_(?:leases|events)_\w+)", plan))
+
+
+def test_the_worker_generic_plans_prune_the_lease_partitions(
+        store: Store, dispatcher: Dispatcher):
+    """The worker runs its statements on generic plans (store.make_engine), which cannot prune
+    partitions by an id array: the lease statements' bounds on the ids prune all but the
+    partition of their leases when the plan starts, however many partitions there are."""
+    claims = [claimed(store, dispatcher) for _ in range(2)]
+    store.partitions.ensure_ahead(9)
+    lease_ids = sorted(c.lease_id for c in claims)
+    span = f"'{{{','.join(map(str, lease_ids))}}}', {lease_ids[0]}, {lease_ids[-1]}"
+    own = {current(store, "job_leases").name}
+    settle = generic_plan(store, "settle", {"settlements": "text", "lease_ids": "bigint[]",
+                                            "lease_min": "bigint", "lease_max": "bigint"},
+                          f"'{{}}', {span}")
+    assert "Subplans Removed" in settle and partitions_scanned(settle) == own, settle
+    renew = generic_plan(store, "renew_leases", {"lease_ids": "bigint[]", "lease_min": "bigint",
+                                                 "lease_max": "bigint", "worker_id": "text",
+                                                 "lease_s": "float8"},
+                         f"{span}, 'w1', 60")
+    assert "Subplans Removed" in renew and partitions_scanned(renew) == own, renew
+    unbounded = str(queries_for(store.schema)["settle"]).replace(UNBOUNDED, "")
+    whole = generic_plan(store, "settle", {"settlements": "text", "lease_ids": "bigint[]"},
+                         f"'{{}}', '{{{','.join(map(str, lease_ids))}}}'", unbounded)
+    assert len(partitions_scanned(whole)) > len(own) + 8, "by the array alone: every partition"
 
 
 def test_reads_by_job_use_each_partitions_index(store: Store, dispatcher: Dispatcher):
@@ -195,8 +230,17 @@ def settle_plan(store: Store, lease_ids: list[int], sql: str | None = None) -> s
     """The settle's generic plan (the worker's prepared statement), as EXPLAIN shows it; `sql`
     another text of it."""
     ids = "{" + ",".join(map(str, lease_ids)) + "}"
-    return generic_plan(store, "settle", {"settlements": "text", "lease_ids": "bigint[]"},
-                        f"'{{}}', '{ids}'", sql)
+    types = {"settlements": "text", "lease_ids": "bigint[]", "lease_min": "bigint",
+             "lease_max": "bigint"}
+    return generic_plan(store, "settle", types,
+                        f"'{{}}', '{ids}', {min(lease_ids)}, {max(lease_ids)}", sql)
+
+
+def previous_settle(store: Store) -> str:
+    """The settle as the release before migration 0027 wrote it: through live_leases, its
+    leases found by the id array alone."""
+    return str(queries_for(store.schema)["settle"]).replace(
+        "live_leases_by_id", "live_leases").replace(UNBOUNDED, "")
 
 
 def reads_open_lease_index(plan: str) -> bool:
@@ -225,8 +269,7 @@ def test_the_settle_reads_its_leases_by_primary_key_without_statistics(
     assert reltuples(store, part) < 0, "never analyzed"
     shown = settle_plan(store, lease_ids)
     assert "pkey" in shown and not reads_open_lease_index(shown), shown
-    before = str(queries_for(store.schema)["settle"]).replace("live_leases_by_id", "live_leases")
-    assert reads_open_lease_index(settle_plan(store, lease_ids, before))
+    assert reads_open_lease_index(settle_plan(store, lease_ids, previous_settle(store)))
 
 
 def test_a_pass_analyzes_a_new_partition_once_it_has_rows(
@@ -242,7 +285,7 @@ def test_a_pass_analyzes_a_new_partition_once_it_has_rows(
     assert reltuples(store, part) < 0, "too few rows yet: left to autovacuum"
     ended_history(store, 20 * ANALYZE_AFTER)
     lease_ids = [c.lease_id for c in claims]
-    before = str(queries_for(store.schema)["settle"]).replace("live_leases_by_id", "live_leases")
+    before = previous_settle(store)
     assert reads_open_lease_index(settle_plan(store, lease_ids, before)), (
         "without statistics the plan reads the open-lease index")
     retention.run_once()

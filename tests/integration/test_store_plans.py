@@ -56,13 +56,15 @@ def plan(store: Store, name: str, params: dict) -> str:
 def settle_params(leases: list[int], transition: transitions.Transition) -> dict:
     rows = {str(lease): Settlement(lease, "w1", transition).to_input(lapsed=False)
             for lease in leases}
-    return {"settlements": json.dumps(rows), "lease_ids": leases}
+    return {"settlements": json.dumps(rows), "lease_ids": leases,
+            "lease_min": min(leases), "lease_max": max(leases)}
 
 
 @pytest.mark.parametrize("name, params", [
     ("settle", lambda leases: settle_params(leases, transitions.succeeded(None))),
     ("settle", lambda leases: settle_params(leases, transitions.handed_back())),
-    ("renew_leases", lambda leases: {"lease_ids": leases, "worker_id": "w1", "lease_s": 30}),
+    ("renew_leases", lambda leases: {"lease_ids": leases, "worker_id": "w1", "lease_s": 30,
+                                     "lease_min": min(leases), "lease_max": max(leases)}),
 ])
 def test_batched_lease_statements_find_jobs_by_primary_key(store: Store, leases, name, params):
     shown = plan(store, name, params(leases))

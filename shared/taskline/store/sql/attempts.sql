@@ -85,22 +85,29 @@ WHERE j.id = ANY(CAST(:ids AS uuid[])) AND (j.status = 'queued') IS TRUE;
 -- round trips, and waiting there would hold back the renewal of every other lease in this
 -- statement until their leases lapsed. A skipped lease is still live: it is neither renewed
 -- nor lost, and the next renewal tries it again.
+-- Each read of the leases also bounds their ids by :lease_min and :lease_max (the ids' lowest
+-- and highest): a generic plan prunes the history partitions by such bounds when it starts,
+-- where by the id array alone it scans every partition (migration 0021; docs/performance.md,
+-- change 127).
 WITH free AS (
     SELECT l.id FROM taskline.live_leases_by_id l
     WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
+      AND l.id BETWEEN CAST(:lease_min AS bigint) AND CAST(:lease_max AS bigint)
     FOR UPDATE OF l SKIP LOCKED
 ), renewed AS (
     UPDATE taskline.live_leases_by_id l
     SET leased_until = clock_timestamp() + make_interval(secs => :lease_s)
     FROM free, taskline.jobs j
     WHERE l.id = free.id AND j.id = l.job_id
-      AND l.id = ANY(CAST(:lease_ids AS bigint[]))  -- the partitions of these ids only (0021)
+      AND l.id = ANY(CAST(:lease_ids AS bigint[]))
+      AND l.id BETWEEN CAST(:lease_min AS bigint) AND CAST(:lease_max AS bigint)
     RETURNING l.id AS lease_id, j.cancel_requested
 )
 SELECT lease_id, cancel_requested, false AS busy FROM renewed
 UNION ALL
 SELECT l.id, NULL, true FROM taskline.live_leases_by_id l
 WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
+  AND l.id BETWEEN CAST(:lease_min AS bigint) AND CAST(:lease_max AS bigint)
   AND l.id NOT IN (SELECT id FROM free);
 
 -- name: settle
@@ -109,7 +116,8 @@ WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
 -- that finishes the job (and cleared by one that does not), one event each; returns the jobs
 -- it changed. :settlements is a JSON object keyed by lease id (each settlement names its
 -- worker, status, event, outcome, error, result, delay and detail, and the flags its move
--- implies); :lease_ids lists the same leases. Each lease is found by primary key and its
+-- implies); :lease_ids lists the same leases, :lease_min and :lease_max their lowest and
+-- highest id (the partitions' pruning, as in renew_leases). Each lease is found by primary key and its
 -- settlement by key, so no join with a recordset of unknown size is planned (the planner
 -- reads one as 100 rows and hash-joins it with every open lease, dead index entries included).
 -- `lapsed` settlements (the reaper's) settle only a lease whose time has run out.
@@ -120,6 +128,7 @@ WITH input AS MATERIALIZED (
     SET released_at = clock_timestamp(), outcome = input.doc -> l.id::text ->> 'outcome'
     FROM input
     WHERE l.id = ANY(CAST(:lease_ids AS bigint[]))
+      AND l.id BETWEEN CAST(:lease_min AS bigint) AND CAST(:lease_max AS bigint)  -- pruning
       AND l.worker_id = input.doc -> l.id::text ->> 'worker_id'
       AND (CAST(input.doc -> l.id::text ->> 'lapsed' AS boolean) IS NOT TRUE
            OR l.leased_until < now())
