@@ -45,10 +45,28 @@ _ROLE_OF = (("taskline-fetch", "fetch"), ("taskline-worker", "fetch"),
 
 
 POLL_S = 0.1
-"""How often the count of succeeded jobs is polled for the window's ends. Each count reads the
-jobs table: polled every few milliseconds it would be a large share of PostgreSQL's CPU in the
-window, and a share per job that falls as the drain speeds up. The counts at the two ends are
-read exactly whenever the polls stop."""
+"""How often the succeeded jobs are polled for the window's ends. The counts at the two ends
+are read exactly (a count of the jobs table) whenever the polls stop."""
+
+
+class Succeeded:
+    """About how many jobs have succeeded, for deciding when the window ends: each poll reads
+    only the events written since the last one (the primary key's range), where a count of the
+    jobs table read every succeeded row, ten times a second, inside the window it measures
+    (37 us of PostgreSQL's CPU per job at 2,000 jobs/s, change 127). An event committed after
+    a later id was read is missed, so the figure may lag by a few jobs; the window's own
+    counts are exact."""
+
+    def __init__(self, stack: Any) -> None:
+        self.stack, self.after, self.seen = stack, 0, 0
+
+    def __call__(self) -> int:
+        count, last = self.stack.sql(
+            "SELECT count(*) FILTER (WHERE event = 'succeeded'), max(id) "
+            "FROM taskline.job_events WHERE id > %s", self.after)[0]
+        self.seen += count
+        self.after = last if last is not None else self.after
+        return self.seen
 
 
 def role(name: str) -> str:
@@ -89,14 +107,14 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
         scenarios._backlog(stack, jobs, job_type=f"bench.{handler}")
         with stack.workers(2, slots) as procs:
             pids = [p.pid for p in procs]
-            wait_until(lambda: stack.count("succeeded") >= margin, timeout=120, interval=POLL_S)
+            succeeded = Succeeded(stack)
+            wait_until(lambda: succeeded() >= margin, timeout=120, interval=POLL_S)
             servers = [cpu.tree_cpu([stack.postmaster_pid() or 0]), cpu.tree_cpu(
                 [stack.redis_pid() or 0]), cpu.machine_cpu_s]
             names = {tid: name for pid in pids for tid, name in thread_names(pid).items()}
             start = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
                      [probe() for probe in servers], time.monotonic())
-            wait_until(lambda: stack.count("succeeded") >= jobs - margin, timeout=600,
-                       interval=POLL_S)
+            wait_until(lambda: succeeded() >= jobs - margin, timeout=600, interval=POLL_S)
             end = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
                    [probe() for probe in servers], time.monotonic())
             # A handler thread started in the window (one replaced after a timeout) too.
