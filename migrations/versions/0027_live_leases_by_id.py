@@ -28,6 +28,8 @@ Revises: 0026
 Create Date: 2026-12-06 20:20:00
 """
 
+from importlib import import_module
+
 from alembic import op
 
 revision = '0027'
@@ -55,14 +57,8 @@ CREATE OR REPLACE VIEW live_leases AS
 SELECT * FROM live_leases_by_id WHERE released_at IS NULL
 """
 
-LIVE_LEASES_0002 = """
-CREATE OR REPLACE VIEW live_leases AS
-SELECT l.* FROM job_leases l
-WHERE l.released_at IS NULL
-  AND EXISTS (SELECT 1 FROM jobs j
-              WHERE j.id = l.job_id AND (j.status = 'running') IS TRUE
-                AND j.attempts = l.attempt)
-"""
+# What the downgrade restores: 0002's definition, as that migration wrote it.
+LIVE_LEASES_0002 = import_module("taskline_migrations.versions.0002_live_leases").LIVE_LEASES
 
 
 def upgrade() -> None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
-from taskline.store.migrate import upgrade
+from taskline.store.migrate import alembic_config, upgrade
 from taskline.store.schema import metadata
 from taskline.store.store import sqlalchemy_url
+from tests.integration.test_light_install import empty_database  # noqa: F401 (a fixture)
 
 
 def test_migrated_schema_matches_metadata(database_url: str):
@@ -61,3 +63,32 @@ def test_history_tables_are_vacuumed_at_their_churn(database_url: str):
                 "autovacuum_analyze_scale_factor=0.02", "vacuum_truncate=false"}
     assert len(options) >= 1 + 2 * 4  # legacy, default and two ranges of each
     assert options == {name: expected for name in options}
+
+
+def view_reads(engine, view: str) -> set[str]:
+    """The relations `view`'s definition reads (its FROM list)."""
+    with engine.connect() as conn:
+        return {name for (name,) in conn.exec_driver_sql(
+            "SELECT DISTINCT d.refobjid::regclass::text FROM pg_rewrite r "
+            "JOIN pg_depend d ON d.objid = r.oid AND d.classid = 'pg_rewrite'::regclass "
+            "WHERE r.ev_class = to_regclass(%(v)s) AND d.refobjid <> r.ev_class "
+            "AND d.refclassid = 'pg_class'::regclass", {"v": f"taskline.{view}"})}
+
+
+def test_the_fence_views_downgrade_to_0002s_and_back(empty_database: str):  # noqa: F811
+    """Migration 0027: live_leases is live_leases_by_id with the plain test; its downgrade
+    restores 0002's view over the leases and drops the new one; upgrading again redoes it."""
+    upgrade(empty_database)
+    engine = create_engine(sqlalchemy_url(empty_database))
+    try:
+        assert view_reads(engine, "live_leases") == {"taskline.live_leases_by_id"}
+        assert "taskline.job_leases" in view_reads(engine, "live_leases_by_id")
+        command.downgrade(alembic_config(empty_database), "0026")
+        assert "taskline.job_leases" in view_reads(engine, "live_leases")
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql(
+                "SELECT to_regclass('taskline.live_leases_by_id')").scalar() is None
+        upgrade(empty_database)
+        assert view_reads(engine, "live_leases") == {"taskline.live_leases_by_id"}
+    finally:
+        engine.dispose()
