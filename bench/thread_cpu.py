@@ -53,7 +53,7 @@ class Succeeded:
     """About how many jobs have succeeded, for deciding when the window ends: each poll reads
     only the events written since the last one (the primary key's range), where a count of the
     jobs table read every succeeded row, ten times a second, inside the window it measures
-    (37 us of PostgreSQL's CPU per job at 2,000 jobs/s, change 127). An event committed after
+    (37 us of PostgreSQL's CPU per job at 2,000 jobs/s, change 128). An event committed after
     a later id was read is missed, so the figure may lag by a few jobs; the window's own
     counts are exact."""
 

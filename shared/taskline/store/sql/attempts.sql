@@ -117,9 +117,10 @@ WHERE l.id = ANY(CAST(:lease_ids AS bigint[])) AND l.worker_id = :worker_id
 -- it changed. :settlements is a JSON object keyed by lease id (each settlement names its
 -- worker, status, event, outcome, error, result, delay and detail, and the flags its move
 -- implies); :lease_ids lists the same leases, :lease_min and :lease_max their lowest and
--- highest id (the partitions' pruning, as in renew_leases). Each lease is found by primary key and its
--- settlement by key, so no join with a recordset of unknown size is planned (the planner
--- reads one as 100 rows and hash-joins it with every open lease, dead index entries included).
+-- highest id (the partitions' pruning, as in renew_leases). Each lease is found by primary key
+-- and its settlement by key, so no join with a recordset of unknown size is planned (the
+-- planner reads one as 100 rows and hash-joins it with every open lease, dead index entries
+-- included).
 -- `lapsed` settlements (the reaper's) settle only a lease whose time has run out.
 WITH input AS MATERIALIZED (
     SELECT CAST(:settlements AS jsonb) AS doc
