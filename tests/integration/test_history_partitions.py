@@ -187,20 +187,17 @@ def test_the_worker_generic_plans_prune_the_lease_partitions(
     claims = [claimed(store, dispatcher) for _ in range(2)]
     store.partitions.ensure_ahead(9)
     lease_ids = sorted(c.lease_id for c in claims)
-    span = f"'{{{','.join(map(str, lease_ids))}}}', {lease_ids[0]}, {lease_ids[-1]}"
     own = {current(store, "job_leases").name}
-    settle = generic_plan(store, "settle", {"settlements": "text", "lease_ids": "bigint[]",
-                                            "lease_min": "bigint", "lease_max": "bigint"},
-                          f"'{{}}', {span}")
+    settle = settle_plan(store, lease_ids)
     assert "Subplans Removed" in settle and partitions_scanned(settle) == own, settle
     renew = generic_plan(store, "renew_leases", {"lease_ids": "bigint[]", "lease_min": "bigint",
                                                  "lease_max": "bigint", "worker_id": "text",
                                                  "lease_s": "float8"},
-                         f"{span}, 'w1', 60")
+                         f"'{{{','.join(map(str, lease_ids))}}}', {lease_ids[0]}, "
+                         f"{lease_ids[-1]}, 'w1', 60")
     assert "Subplans Removed" in renew and partitions_scanned(renew) == own, renew
     unbounded = str(queries_for(store.schema)["settle"]).replace(UNBOUNDED, "")
-    whole = generic_plan(store, "settle", {"settlements": "text", "lease_ids": "bigint[]"},
-                         f"'{{}}', '{{{','.join(map(str, lease_ids))}}}'", unbounded)
+    whole = settle_plan(store, lease_ids, unbounded)
     assert len(partitions_scanned(whole)) > len(own) + 8, "by the array alone: every partition"
 
 
