@@ -37,7 +37,7 @@ def drain_redis_down(stack: Stack, jobs: int, workers: int = 2) -> float:
     jobs straight from PostgreSQL."""
     sc._backlog(stack, jobs)
     with redis_unreachable(stack), stack.workers(workers, sc.DRAIN_CONCURRENCY):
-        wait_until(lambda: stack.count("succeeded", "dead") >= jobs, timeout=1200, interval=0.1)
+        sc.wait_drained(stack, jobs)
     return sc.steady_rate(stack)
 
 

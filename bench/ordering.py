@@ -13,7 +13,7 @@ from typing import Any
 
 import scenarios as sc
 from clients import post_concurrently
-from stack import Stack, wait_until
+from stack import Stack
 
 KEYS = 100
 WORKERS = 2
@@ -35,7 +35,7 @@ def drain(stack: Stack, jobs: int, keyed: bool) -> float:
     """Jobs/s of WORKERS x SLOTS draining `jobs` no-op jobs, over KEYS ordering keys or none."""
     _backlog(stack, jobs, keyed)
     with stack.workers(WORKERS, SLOTS):
-        wait_until(lambda: stack.count("succeeded", "dead") >= jobs, timeout=1200, interval=0.1)
+        sc.wait_drained(stack, jobs)
     return sc.steady_rate(stack)
 
 

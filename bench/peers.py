@@ -2,10 +2,12 @@
 
 Invariant: each peer's backlog is enqueued before its workers start, and its rate is taken
 between the moment 5 % of the backlog is done (start-up and warm-up excluded, as for taskline)
-and the moment nothing is left unacknowledged, polled every 5 ms in the peer's own store (Redis
-for Celery and Dramatiq, pgqueuer's table for pgqueuer). Every peer runs the same job bodies
-(bench/iojobs.py): `noop`, `redis` (one Redis round trip; the counter it increments must reach
-the backlog's size) and `sleep10`.
+and the moment nothing is left unacknowledged: for Celery and Dramatiq as their Redis keys show
+it, polled every 5 ms; for pgqueuer by the timestamps of its log (picks and acknowledgements),
+as taskline's are read from its leases and outcomes, its end polled ten times a second by
+reads that do not load its tables (bench/finished.py), as taskline's. Every peer runs the same
+job bodies (bench/iojobs.py): `noop`, `redis` (one Redis round trip; the counter it increments
+must reach the backlog's size) and `sleep10`.
 
 Worker setups: the no-op drain keeps each peer's documented short-task setup (peer_celery.py,
 peer_dramatiq.py; pgqueuer's defaults, one consumer per core). The I/O drains give every
@@ -29,6 +31,7 @@ from contextlib import ExitStack
 from urllib.parse import urlsplit, urlunsplit
 
 import cpu
+import finished
 import psycopg
 from iojobs import COUNTER
 from stack import BENCH_DIR, Stack, stop
@@ -47,8 +50,8 @@ def _env(stack: Stack, **extra: str) -> dict[str, str]:
 
 
 def _timed(remaining: Callable[[], int], jobs: int, timeout: float = 1200,
-           span: list[float] | None = None) -> float:
-    """Jobs/s from 5 % done to all done, `remaining` polled every 5 ms; `span` receives the
+           span: list[float] | None = None, poll_s: float = 0.005) -> float:
+    """Jobs/s from 5 % done to all done, `remaining` polled every `poll_s`; `span` receives the
     wall times of the first pickup and the last acknowledgement (as the polls saw them)."""
     deadline = time.monotonic() + timeout
     started = first = None
@@ -59,7 +62,7 @@ def _timed(remaining: Callable[[], int], jobs: int, timeout: float = 1200,
             started = time.perf_counter()
         if time.monotonic() > deadline:
             raise TimeoutError("peer drain did not finish")
-        time.sleep(0.005)
+        time.sleep(poll_s)
     ended = time.perf_counter()
     if span is not None:
         last = time.time()
@@ -67,10 +70,17 @@ def _timed(remaining: Callable[[], int], jobs: int, timeout: float = 1200,
     return jobs * 0.95 / (ended - (started or ended))
 
 
+Timing = Callable[[], tuple[float, list[float]]]
+"""A drain's jobs/s and window (first pickup, last acknowledgement; epoch seconds), read from
+the peer's own records once it has ended."""
+
+
 def _run_workers(stack: Stack, argvs: list[list[str]], remaining: Callable[[], int], jobs: int,
-                 handler: str, env: dict[str, str]) -> float:
+                 handler: str, env: dict[str, str], timing: Timing | None = None) -> float:
     """Start every worker process, time the drain, stop them (each by its own PID), and check
-    that a `redis` backlog really ran (after the stop: Celery acknowledges before it runs)."""
+    that a `redis` backlog really ran (after the stop: Celery acknowledges before it runs).
+    With `timing`, the rate and the window are the peer's own timestamps, as taskline's are,
+    and the end is polled ten times a second instead of every 5 ms."""
     if remaining() != jobs:
         raise RuntimeError(f"peer backlog holds {remaining()} of {jobs} messages")
     span: list[float] = []
@@ -83,7 +93,9 @@ def _run_workers(stack: Stack, argvs: list[list[str]], remaining: Callable[[], i
             pids.append(proc.pid)
         sampler = procs.enter_context(cpu.sampled(cpu.probes(
             pids, stack.postmaster_pid(), stack.redis_pid())))
-        rate = _timed(remaining, jobs, span=span)
+        rate = _timed(remaining, jobs, span=span, poll_s=0.005 if timing is None else 0.1)
+        if timing is not None:
+            rate, span = timing()
     # The same components and window as taskline's drains (bench/cpu.py).
     stack.last_cpu = sampler.per_job_ms(span[0], span[1], jobs)
     if handler == "redis" and int(stack.redis.get(COUNTER) or 0) < jobs:
@@ -156,11 +168,27 @@ def pgqueuer_drain(stack: Stack, jobs: int, handler: str = "noop", processes: in
 
     dsn = pgqueuer_reset(stack)
     peer_pgqueuer.produce(dsn, jobs, batch=min(jobs, 1000), entrypoint=handler)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        def remaining() -> int:
-            return conn.execute("SELECT count(*) FROM pgqueuer").fetchone()[0]
+    with psycopg.connect(dsn, autocommit=True) as conn, finished.by_index(dsn) as polls:
+        done = finished.Finished(finished.since(
+            polls, "SELECT count(*) FILTER (WHERE status = ANY('{successful,exception,canceled,"
+            "deleted}')), max(id) FROM pgqueuer_log WHERE id > %s"),
+            lambda: jobs - conn.execute("SELECT count(*) FROM pgqueuer").fetchone()[0], jobs)
         return _run_workers(stack, [pgqueuer_consumer(slots)] * (processes or int(CORES)),
-                            remaining, jobs, handler, _env(stack, BENCH_PGQ_DSN=dsn))
+                            lambda: jobs - done(), jobs, handler,
+                            _env(stack, BENCH_PGQ_DSN=dsn), lambda: _pgqueuer_timing(conn))
+
+
+def _pgqueuer_timing(conn: psycopg.Connection) -> tuple[float, list[float]]:
+    """Jobs/s from the pick after the first 5 % to the last acknowledgement, and the window from
+    the first pick, by pgqueuer's log (each row stamped by its statement's transaction, as
+    taskline's leases and outcomes are; scenarios.steady_rate)."""
+    picks = [float(r[0]) for r in conn.execute(
+        "SELECT extract(epoch FROM created) FROM pgqueuer_log WHERE status = 'picked' "
+        "ORDER BY created").fetchall()]
+    last = float(conn.execute("SELECT extract(epoch FROM max(created)) FROM pgqueuer_log "
+                              "WHERE status = 'successful'").fetchone()[0])
+    skip = int(len(picks) * 0.05)
+    return (len(picks) - skip) / (last - picks[skip]), [picks[0], last]
 
 
 def pgqueuer_enqueue(stack: Stack, jobs: int, batch: int, producers: int) -> float:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import scenarios as sc
 from clients import post_concurrently
-from stack import Stack, wait_until
+from stack import Stack
 
 from tests.pgbouncer import BINARY, running_pgbouncer
 
@@ -74,8 +74,7 @@ def drain(stack: Stack, jobs: int, workers: int = 2) -> tuple[float, float]:
 
     def run() -> float:
         with stack.workers(workers, sc.DRAIN_CONCURRENCY):
-            wait_until(lambda: stack.count("succeeded", "dead") >= jobs, timeout=1200,
-                       interval=0.1)
+            sc.wait_drained(stack, jobs)
         return sc.steady_rate(stack)
 
     return _cpu_of(run, jobs)

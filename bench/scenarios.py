@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import cpu
+import finished
 import iojobs
 import peers
 from clients import Connection, enqueue_batches, post_concurrently
@@ -103,7 +104,7 @@ def drain(stack: Stack, jobs: int, workers: int, failing_per_1000: int = 0,
     with stack.workers(workers, concurrency or DRAIN_CONCURRENCY) as procs, \
             cpu.sampled(cpu.probes([p.pid for p in procs], stack.postmaster_pid(),
                                    stack.redis_pid())) as sampler:
-        wait_until(lambda: stack.count("succeeded", "dead") >= jobs, timeout=1200, interval=0.1)
+        wait_drained(stack, jobs)
     stack.last_cpu = drain_cpu(stack, sampler, jobs)
     if failing_per_1000:
         dead = stack.count("dead")
@@ -112,6 +113,13 @@ def drain(stack: Stack, jobs: int, workers: int, failing_per_1000: int = 0,
     if job_type.startswith("bench.redis") and int(stack.redis.get(iojobs.COUNTER) or 0) < jobs:
         raise RuntimeError(f"{stack.redis.get(iojobs.COUNTER)} of {jobs} jobs made their call")
     return steady_rate(stack)
+
+
+def wait_drained(stack: Stack, jobs: int, timeout: float = 1200) -> None:
+    """Until `jobs` jobs have succeeded or gone dead, polled ten times a second by reads that
+    do not load the drain they wait for (bench/finished.py)."""
+    with finished.taskline(stack, jobs) as done:
+        wait_until(lambda: done() >= jobs, timeout=timeout, interval=0.1)
 
 
 def drain_cpu(stack: Stack, sampler: cpu.CpuSampler, jobs: int) -> dict[str, float]:

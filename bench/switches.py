@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import cpu
+import finished
 import scenarios
 from stack import open_stack, wait_until
 
@@ -58,10 +59,10 @@ def main() -> int:
         scenarios._backlog(stack, args.jobs, job_type=f"bench.{args.handler}")
         with stack.workers(2, args.slots) as procs:
             pids = [p.pid for p in procs]
-            wait_until(lambda: stack.count("succeeded") >= MARGIN, timeout=120, interval=0.01)
-            first, done_first = sample(pids), stack.count("succeeded")
-            wait_until(lambda: stack.count("succeeded") >= args.jobs - MARGIN, timeout=1200,
-                       interval=0.01)
+            with finished.taskline(stack, args.jobs) as done:
+                wait_until(lambda: done() >= MARGIN, timeout=120, interval=0.01)
+                first, done_first = sample(pids), stack.count("succeeded")
+                wait_until(lambda: done() >= args.jobs - MARGIN, timeout=1200, interval=0.01)
             last, done_last = sample(pids), stack.count("succeeded")
     jobs = done_last - done_first
     voluntary, involuntary, seconds = (b - a for a, b in zip(first, last, strict=True))

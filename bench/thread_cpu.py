@@ -45,28 +45,8 @@ _ROLE_OF = (("taskline-fetch", "fetch"), ("taskline-worker", "fetch"),
 
 
 POLL_S = 0.1
-"""How often the succeeded jobs are polled for the window's ends. The counts at the two ends
-are read exactly (a count of the jobs table) whenever the polls stop."""
-
-
-class Succeeded:
-    """About how many jobs have succeeded, for deciding when the window ends: each poll reads
-    only the events written since the last one (the primary key's range), where a count of the
-    jobs table read every succeeded row, ten times a second, inside the window it measures
-    (37 us of PostgreSQL's CPU per job at 2,000 jobs/s, change 128). An event committed after
-    a later id was read is missed, so the figure may lag by a few jobs; the window's own
-    counts are exact."""
-
-    def __init__(self, stack: Any) -> None:
-        self.stack, self.after, self.seen = stack, 0, 0
-
-    def __call__(self) -> int:
-        count, last = self.stack.sql(
-            "SELECT count(*) FILTER (WHERE event = 'succeeded'), max(id) "
-            "FROM taskline.job_events WHERE id > %s", self.after)[0]
-        self.seen += count
-        self.after = last if last is not None else self.after
-        return self.seen
+"""How often the finished jobs are polled for the window's ends (bench/finished.py: cheap reads
+inside the window). The counts at the two ends are read exactly whenever the polls stop."""
 
 
 def role(name: str) -> str:
@@ -98,6 +78,7 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
     """One drain on this interpreter's taskline: CPU us per job by role, and the servers'."""
     sys.path.insert(0, str(BENCH))
     import cpu
+    import finished
     import scenarios
     from stack import open_stack, wait_until
 
@@ -105,9 +86,8 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
 
     with open_stack(False) as stack:
         scenarios._backlog(stack, jobs, job_type=f"bench.{handler}")
-        with stack.workers(2, slots) as procs:
+        with stack.workers(2, slots) as procs, finished.taskline(stack, jobs) as succeeded:
             pids = [p.pid for p in procs]
-            succeeded = Succeeded(stack)
             wait_until(lambda: succeeded() >= margin, timeout=120, interval=POLL_S)
             servers = [cpu.tree_cpu([stack.postmaster_pid() or 0]), cpu.tree_cpu(
                 [stack.redis_pid() or 0]), cpu.machine_cpu_s]
