@@ -17,10 +17,15 @@ While it claims ahead, a worker also claims in batches: a claim waits until `bat
 free, and the slots are `batch - 1` higher, so the claim starts when as few jobs are left as
 with claims of one job each. Without it, handlers that end one at a time (10 ms jobs on 8
 slots) made a claim of 1.6 jobs on average: a fetch round trip, a claim statement and its
-commit, and a wake-up of the fetch loop per job or so (docs/performance.md, change 104).
+commit, and a wake-up of the fetch loop per job or so (docs/performance.md, change 104). The
+batch is half the slots, and the budget ahead yields to it: handlers so short that more slots
+free during one claim than a worker has (a Redis round trip) would otherwise fill the headroom
+with jobs ahead and claim as each slot frees, a claim and a fetch-loop wake-up per five jobs
+where half the slots' batch makes one per eight or more (change 130).
 
 Invariant: `ahead` is never above `concurrency` and is 0 until a handler has finished;
-`ahead + batch - 1` is never above `concurrency` either, so a worker never holds more than
+`ahead + batch - 1` is never above `concurrency` either, and while jobs are claimed ahead the
+batch is half of `concurrency` (at least 1), so a worker never holds more than
 twice its slots claimed; a slow-job worker claims none ahead and as each slot frees, and an idle
 one finds more free slots than a batch, so its claim never waits.
 """
@@ -61,23 +66,26 @@ class Pace:
     @property
     def ahead(self) -> int:
         """Jobs to hold claimed beyond the free slots: enough for the slots that free while
-        one claim is in flight in all but a few claims, at most `concurrency`."""
+        one claim is in flight in all but a few claims, within the headroom the batch leaves
+        (`concurrency - batch + 1`)."""
         claim_s, handler_s = self._claim_s, self._handler_s
         if claim_s is None or handler_s is None:
             return 0
         expected = claim_s * self.concurrency / max(handler_s, 1e-4)
         if expected < HALF_A_SLOT:
             return 0  # long handlers: a job claimed ahead would wait, and waiting costs little
-        return min(self.concurrency, math.ceil(expected + SPREAD * math.sqrt(expected)))
+        budget = math.ceil(expected + SPREAD * math.sqrt(expected))
+        return min(budget, self.concurrency - self._half + 1)
 
     @property
     def batch(self) -> int:
-        """The fewest jobs a claim waits for: while jobs are claimed ahead, half the slots as far
-        as `ahead + batch - 1` stays within `concurrency`; otherwise 1 (claim as a slot frees)."""
-        ahead = self.ahead
-        if ahead == 0:
-            return 1
-        return max(1, min(self.concurrency // 2, self.concurrency - ahead + 1))
+        """The fewest jobs a claim waits for: half the slots while jobs are claimed ahead;
+        otherwise 1 (claim as a slot frees)."""
+        return self._half if self.ahead else 1
+
+    @property
+    def _half(self) -> int:
+        return max(1, self.concurrency // 2)
 
 
 def _average(current: float | None, sample: float) -> float:
