@@ -1,15 +1,15 @@
 """How many jobs a drain has finished, read cheaply while the drain's CPU is being measured.
 
 A drain polls for its end ten times a second inside the window whose CPU it reports. A count of
-the finished rows reads every one of them on each poll (no visibility map before a vacuum): 37
-us of PostgreSQL's CPU per job at 2,000 jobs/s for taskline's jobs table (docs/performance.md,
-change 128); pgqueuer's queue table, counted every 5 ms, about as much on its side. Here each
+the finished rows reads every one of them on each poll (no visibility map before a vacuum):
+11 - 17 us of PostgreSQL's CPU per job for taskline's jobs table at 2,000 jobs/s, and 31 - 47
+us for pgqueuer's queue table counted every 5 ms (docs/performance.md, change 129). Here each
 poll reads only the log rows written since the last one, by the primary key's range, on a
 connection of its own that may not scan the whole table: a young table has no statistics, and
-the planner's guess for an open range reads every row, as the count did. A row
-committed after a later id was read is missed by that range, so the cheap figure may lag by a
-few jobs; the exact count answers once the cheap one is within `slack` of the target, and on
-every `EXACT_EVERY`th poll, so a missed row can delay the end by at most that many polls.
+the planner's guess for an open range reads every row, as the count did. A row committed after
+a later id was read is missed by that range, so the cheap figure may lag by a few jobs; the
+exact count answers once the cheap one is within `slack` of the target, and on every
+`EXACT_EVERY`th poll, so a missed row can delay the end by at most that many polls.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ slots) made a claim of 1.6 jobs on average: a fetch round trip, a claim statemen
 commit, and a wake-up of the fetch loop per job or so (docs/performance.md, change 104). The
 batch is half the slots, and the budget ahead yields to it: handlers so short that more slots
 free during one claim than a worker has (a Redis round trip) would otherwise fill the headroom
-with jobs ahead and claim as each slot frees, a claim and a fetch-loop wake-up per five jobs
-where half the slots' batch makes one per eight or more (change 130).
+with jobs ahead and claim as each slot frees: a claim and a fetch-loop wake-up per 5.2 jobs of
+a Redis round trip on 8 slots, where a batch of half the slots makes one per 6.5 (change 130).
 
 Invariant: `ahead` is never above `concurrency` and is 0 until a handler has finished;
 `ahead + batch - 1` is never above `concurrency` either, and while jobs are claimed ahead the
