@@ -60,7 +60,7 @@ def by_index(url: str) -> psycopg.Connection:
                            options="-c enable_seqscan=off -c enable_bitmapscan=off")
 
 
-def since(conn: psycopg.Connection, query: str) -> Since:
+def reads_since(conn: psycopg.Connection, query: str) -> Since:
     """`Since` by `query`, which takes the last id seen as its one parameter."""
     def read(after: int) -> tuple[int, int | None]:
         row = conn.execute(query, (after,)).fetchone()
@@ -73,7 +73,7 @@ def since(conn: psycopg.Connection, query: str) -> Since:
 def taskline(stack: Stack, target: int) -> Iterator[Finished]:
     """Jobs of `stack` that succeeded or went to the dead-letter queue, from their events."""
     with by_index(stack.url) as conn:
-        yield Finished(since(conn, in_schema(
+        yield Finished(reads_since(conn, in_schema(
             "SELECT count(*) FILTER (WHERE event IN ('succeeded', 'dead_lettered')), max(id) "
             "FROM taskline.job_events WHERE id > %s", stack.schema)),
             lambda: stack.count("succeeded", "dead"), target)

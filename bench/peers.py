@@ -169,7 +169,7 @@ def pgqueuer_drain(stack: Stack, jobs: int, handler: str = "noop", processes: in
     dsn = pgqueuer_reset(stack)
     peer_pgqueuer.produce(dsn, jobs, batch=min(jobs, 1000), entrypoint=handler)
     with psycopg.connect(dsn, autocommit=True) as conn, finished.by_index(dsn) as polls:
-        done = finished.Finished(finished.since(
+        done = finished.Finished(finished.reads_since(
             polls, "SELECT count(*) FILTER (WHERE status = ANY('{successful,exception,canceled,"
             "deleted}')), max(id) FROM pgqueuer_log WHERE id > %s"),
             lambda: jobs - conn.execute("SELECT count(*) FROM pgqueuer").fetchone()[0], jobs)

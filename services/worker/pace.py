@@ -24,10 +24,10 @@ with jobs ahead and claim as each slot frees: a claim and a fetch-loop wake-up p
 a Redis round trip on 8 slots, where a batch of half the slots makes one per 6.5 (change 130).
 
 Invariant: `ahead` is never above `concurrency` and is 0 until a handler has finished;
-`ahead + batch - 1` is never above `concurrency` either, and while jobs are claimed ahead the
-batch is half of `concurrency` (at least 1), so a worker never holds more than
-twice its slots claimed; a slow-job worker claims none ahead and as each slot frees, and an idle
-one finds more free slots than a batch, so its claim never waits.
+`ahead + batch - 1` is never above `concurrency` either, so a worker never holds more than
+twice its slots claimed; while jobs are claimed ahead the batch is half of `concurrency` (at
+least 1); a slow-job worker claims none ahead and as each slot frees, and an idle one finds
+more free slots than a batch, so its claim never waits.
 """
 
 from __future__ import annotations

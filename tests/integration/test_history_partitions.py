@@ -16,7 +16,7 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.partitions import ANALYZE_AFTER, TABLES, WIDTH, Partition
 from taskline.store.queries import queries_for
-from taskline.store.store import Store
+from taskline.store.store import Store, lease_span
 from taskline_maintenance.retention import Retention
 from tests.helpers import enqueue, fail, succeed
 from tests.integration.test_maintenance_retention import backdate, claimed
@@ -25,7 +25,7 @@ from tests.integration.test_store_plans import generic_plan
 DAY_S = 86_400.0
 RETAINED = {"retain_succeeded_s": 7 * DAY_S, "retain_cancelled_s": 7 * DAY_S,
             "retain_dead_s": 30 * DAY_S}
-UNBOUNDED = "AND l.id BETWEEN CAST(:lease_min AS bigint) AND CAST(:lease_max AS bigint)"
+BOUNDS = "AND l.id BETWEEN CAST(:lease_min AS bigint) AND CAST(:lease_max AS bigint)"
 """The lease statements' bounds on their ids (what prunes a generic plan's partitions)."""
 
 
@@ -159,8 +159,7 @@ def test_the_hot_lease_statements_read_at_most_two_partitions(
     claims = [claimed(store, dispatcher) for _ in range(2)]
     store.partitions.ensure_ahead(5)
     ids = "{" + ",".join(str(c.lease_id) for c in claims) + "}"
-    span = {"lease_min": min(c.lease_id for c in claims),
-            "lease_max": max(c.lease_id for c in claims)}
+    span = lease_span([c.lease_id for c in claims])
     renew = plan_relations(store, "renew_leases",
                            {"lease_ids": ids, "worker_id": "w1", "lease_s": 60, **span})
     assert history_partitions_read(renew) <= {current(store, "job_leases").name}
@@ -196,7 +195,7 @@ def test_the_worker_generic_plans_prune_the_lease_partitions(
                          f"'{{{','.join(map(str, lease_ids))}}}', {lease_ids[0]}, "
                          f"{lease_ids[-1]}, 'w1', 60")
     assert "Subplans Removed" in renew and partitions_scanned(renew) == own, renew
-    unbounded = str(queries_for(store.schema)["settle"]).replace(UNBOUNDED, "")
+    unbounded = str(queries_for(store.schema)["settle"]).replace(BOUNDS, "")
     whole = settle_plan(store, lease_ids, unbounded)
     assert len(partitions_scanned(whole)) > len(own) + 8, "by the array alone: every partition"
 
@@ -237,7 +236,7 @@ def previous_settle(store: Store) -> str:
     """The settle as the release before migration 0027 wrote it: through live_leases, its
     leases found by the id array alone."""
     return str(queries_for(store.schema)["settle"]).replace(
-        "live_leases_by_id", "live_leases").replace(UNBOUNDED, "")
+        "live_leases_by_id", "live_leases").replace(BOUNDS, "")
 
 
 def reads_open_lease_index(plan: str) -> bool:

@@ -18,7 +18,7 @@ from taskline import transitions
 from taskline.jobs import new_job_id
 from taskline.store.queries import load_queries
 from taskline.store.rows import Settlement
-from taskline.store.store import Store
+from taskline.store.store import Store, lease_span
 
 QUERIES = load_queries()
 RUNNING = 40
@@ -56,15 +56,14 @@ def plan(store: Store, name: str, params: dict) -> str:
 def settle_params(leases: list[int], transition: transitions.Transition) -> dict:
     rows = {str(lease): Settlement(lease, "w1", transition).to_input(lapsed=False)
             for lease in leases}
-    return {"settlements": json.dumps(rows), "lease_ids": leases,
-            "lease_min": min(leases), "lease_max": max(leases)}
+    return {"settlements": json.dumps(rows), "lease_ids": leases, **lease_span(leases)}
 
 
 @pytest.mark.parametrize("name, params", [
     ("settle", lambda leases: settle_params(leases, transitions.succeeded(None))),
     ("settle", lambda leases: settle_params(leases, transitions.handed_back())),
     ("renew_leases", lambda leases: {"lease_ids": leases, "worker_id": "w1", "lease_s": 30,
-                                     "lease_min": min(leases), "lease_max": max(leases)}),
+                                     **lease_span(leases)}),
 ])
 def test_batched_lease_statements_find_jobs_by_primary_key(store: Store, leases, name, params):
     shown = plan(store, name, params(leases))

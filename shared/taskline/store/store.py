@@ -766,7 +766,7 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         if not lease_ids:
             return {}
         rows = self._run("renew_leases", {"lease_ids": list(lease_ids), "worker_id": worker_id,
-                                          "lease_s": lease_s, **_lease_span(lease_ids)})
+                                          "lease_s": lease_s, **lease_span(lease_ids)})
         return {r.lease_id: None if r.busy else r.cancel_requested for r in rows}
 
     def settle(self, settlements: Sequence[Settlement], conn: Connection | None = None, *,
@@ -974,10 +974,10 @@ def _settle_params(settlements: Sequence[Settlement], lapsed: bool) -> dict[str,
     ids = [s.lease_id for s in settlements]
     return {"settlements": _rows_json({str(s.lease_id): s.to_input(lapsed=lapsed)
                                        for s in settlements}),
-            "lease_ids": "{" + ",".join(map(str, ids)) + "}", **_lease_span(ids)}
+            "lease_ids": "{" + ",".join(map(str, ids)) + "}", **lease_span(ids)}
 
 
-def _lease_span(lease_ids: Sequence[int]) -> dict[str, int]:
+def lease_span(lease_ids: Sequence[int]) -> dict[str, int]:
     """The lowest and highest of `lease_ids`: a lease statement's bounds on the partition key,
     which a generic plan prunes the history partitions by (an id array cannot prune them)."""
     return {"lease_min": min(lease_ids), "lease_max": max(lease_ids)}
