@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from taskline import affinity, log
+from taskline import affinity, log, sched_policy
 from taskline.errors import ConfigError
 from taskline.settings import Settings
 
@@ -66,6 +66,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         settings = dataclasses.replace(settings, handlers=tuple(args.handlers))
     if args.cpus is not None:
         settings = dataclasses.replace(settings, worker_cpus=args.cpus)
+    if args.sched is not None:
+        settings = dataclasses.replace(settings, worker_sched=args.sched)
     return run(settings, queues=args.queues, concurrency=args.concurrency, metrics_port=port,
                fallback=args.metrics_port is None)
 
@@ -151,6 +153,10 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
                         help="pin the process: auto (a CPU of its own per worker process of "
                              "the host) or CPUs such as 0,2-3 (default TASKLINE_WORKER_CPUS; "
                              "unset: not pinned; docs/deployment.md)")
+    worker.add_argument("--sched", choices=sched_policy.POLICIES, default=None,
+                        help="the kernel's scheduling policy of the process: batch (a thread "
+                             "it wakes does not preempt its waker) or normal (default "
+                             "TASKLINE_WORKER_SCHED, else batch; docs/deployment.md)")
     worker.set_defaults(fn=cmd_worker)
     maint = sub.add_parser("maintenance", help="reaper, promoter and reconciliation")
     maint.add_argument("--metrics-port", type=int, default=None, help=METRICS_PORT_HELP)

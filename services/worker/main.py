@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from taskline import affinity, doctor, heap, metrics, startup, tracing
+from taskline import affinity, doctor, heap, metrics, sched_policy, startup, tracing
 from taskline.errors import ConfigError
 from taskline.settings import Settings
 from taskline.startup import Readiness
@@ -37,6 +37,7 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     ok, cpus = pinned(settings.worker_cpus)
     if not ok:
         return 2
+    scheduled(settings.worker_sched)
     try:
         worker = Worker(settings, queues, concurrency)
     except (ConfigError, ImportError) as err:
@@ -64,7 +65,7 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
         return 1
     if outcome is Exit.RECYCLE:
         reexec(queues, concurrency, None if fallback else metrics_port, settings.handlers,
-               settings.worker_cpus)
+               settings.worker_cpus, settings.worker_sched)
     return 0
 
 
@@ -84,6 +85,17 @@ def pinned(spec: str) -> tuple[bool, set[int] | None]:
         log.warning("every CPU has its most worker processes pinned to it: not pinned",
                     extra={"action": "start", "cpus": spec, "per_cpu": affinity.ROUNDS})
     return True, cpus
+
+
+def scheduled(policy: str) -> None:
+    """Put this process under TASKLINE_WORKER_SCHED before any of the worker's threads starts
+    (they inherit it); where it cannot be, the worker runs as started (logged)."""
+    if sched_policy.apply(policy):
+        log.info("worker scheduling policy set", extra={"action": "start", "sched": policy})
+    else:
+        log.warning("the scheduling policy could not be set: running as started",
+                    extra={"action": "start", "sched": policy,
+                           "running": sched_policy.current()})
 
 
 def worker_readiness(worker: Worker) -> Readiness:
@@ -146,15 +158,16 @@ def install_signal_handlers(worker: Worker, readiness: Readiness) -> None:
 
 
 def reexec(queues: Sequence[str], concurrency: int, metrics_port: int | None,
-           handlers: Sequence[str] = (), cpus: str = "") -> None:
+           handlers: Sequence[str] = (), cpus: str = "",
+           sched: str = sched_policy.BATCH) -> None:
     """Replace this process with a fresh `taskline worker` with the same options.
 
     The environment (and so the settings, TASKLINE_HANDLERS with them) is inherited unchanged;
     the options are rebuilt from what `run` received, which is what the original command line
     said: a metrics port only when one was given (None: the default, free to move again), and
     the handler modules, which `--handlers` may have named instead of the environment, and
-    the CPUs, which `--cpus` may have (the new image claims its `auto` CPU afresh: the old
-    image's lock was closed on exec).
+    the CPUs and the scheduling policy, which `--cpus` and `--sched` may have (the new image
+    claims its `auto` CPU afresh: the old image's lock was closed on exec).
     """
     args = ["worker", "--queues", ",".join(queues), "--concurrency", str(concurrency)]
     if metrics_port is not None:
@@ -163,6 +176,7 @@ def reexec(queues: Sequence[str], concurrency: int, metrics_port: int | None,
         args += ["--handlers", ",".join(handlers)]
     if cpus:
         args += ["--cpus", cpus]
+    args += ["--sched", sched]
     log.warning("re-executing the worker", extra={"action": "recycle", "argv": args})
     for handler in logging.getLogger().handlers:
         handler.flush()

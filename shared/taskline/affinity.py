@@ -71,7 +71,7 @@ def pin(spec: str, *, slots_dir: Path | None = None) -> set[int] | None:
         if not cpus <= allowed:
             raise ConfigError(f"TASKLINE_WORKER_CPUS={spec!r}: CPUs {_text(cpus - allowed)} "
                               f"are not among this process's CPUs ({_text(allowed)})")
-    for tid in _threads():
+    for tid in threads():
         try:
             os.sched_setaffinity(tid, cpus)
         except ProcessLookupError:
@@ -110,7 +110,7 @@ def default_slots_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"taskline-cpus-{os.getuid()}"
 
 
-def _threads() -> Iterable[int]:
+def threads() -> Iterable[int]:
     """This process's thread ids (0, the calling thread, where /proc cannot be read)."""
     try:
         return [int(t) for t in os.listdir("/proc/self/task")]

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from taskline import affinity
+from taskline import affinity, sched_policy
 from taskline.access import parse_quotas, parse_tokens
 from taskline.errors import ConfigError
 
@@ -146,6 +146,9 @@ class Settings:
     """CPUs a worker process is pinned to (taskline.affinity): empty (default) leaves it to the
     kernel; `auto` gives each worker process of the host one CPU of its own while CPUs last; a
     list (`3`, `0,2`, `0-3`) pins it to those."""
+    worker_sched: str = "batch"
+    """The kernel's scheduling policy of a worker process (taskline.sched_policy): `batch`
+    (default: a thread it wakes does not preempt the thread that woke it) or `normal`."""
     retain_succeeded_s: float = 604_800.0
     """Seconds a succeeded job, its events and leases are kept after it finished (7 days);
     >= 0, 0 keeps them forever."""
@@ -251,6 +254,8 @@ class Settings:
             (0 <= self.claim_batch <= 1000, "TASKLINE_CLAIM_BATCH must be 0..1000"),
             (affinity.valid(self.worker_cpus),
              "TASKLINE_WORKER_CPUS must be empty, auto or a CPU list such as 0,2-3"),
+            (self.worker_sched in sched_policy.POLICIES,
+             "TASKLINE_WORKER_SCHED must be batch or normal"),
             (0 <= self.jwt_leeway_s <= 300, "TASKLINE_JWT_LEEWAY_S must be 0..300"),
             (self.retain_audit_s >= 0, "TASKLINE_RETAIN_AUDIT_S must be >= 0"),
             (1 <= self.history_partitions_ahead <= 60,
