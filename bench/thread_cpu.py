@@ -6,7 +6,9 @@ the lease keeper, the heartbeat and the deadline thread; py-spy's sampling says 
 hold the GIL, not what each thread costs. This reads the kernel's own account instead: for
 every thread of the two worker processes, its CPU time (`/proc/<pid>/task/<tid>/schedstat`, in
 nanoseconds: user and system, the kernel's work of its sockets and futexes included) at the
-window's two ends, named by the thread's Python name (one `py-spy dump` per process). The
+window's two ends, with its switches (`status`: voluntary ones, waits for a lock, the GIL or a
+socket; involuntary ones, preemptions), named by the thread's Python name (one `py-spy dump`
+per process). The
 window runs from the `--margin`th job succeeded to the `--margin`th before the last, so start-up
 and the drain's tail are left out; PostgreSQL's, Redis's and the machine's CPU over the same
 window are read beside it (the private cluster's every process, the Redis server's, every core's
@@ -53,13 +55,18 @@ def role(name: str) -> str:
     return next((r for prefix, r in _ROLE_OF if name.startswith(prefix)), "other")
 
 
-def thread_ns(pid: int) -> dict[int, int]:
-    """CPU nanoseconds so far of every thread of `pid`, by thread id."""
-    out: dict[int, int] = {}
-    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+def thread_ns(pid: int) -> dict[int, tuple[int, int, int]]:
+    """Every thread of `pid`, by thread id: its CPU nanoseconds so far, and how often it gave up
+    its core waiting (voluntary switches) and was taken off it (involuntary: preempted)."""
+    out: dict[int, tuple[int, int, int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            out[int(stat.parent.name)] = int(stat.read_text().split()[0])
-        except (OSError, ValueError):
+            ns = int((task / "schedstat").read_text().split()[0])
+            status = dict(line.split(":", 1) for line in
+                          (task / "status").read_text().splitlines() if ":" in line)
+            out[int(task.name)] = (ns, int(status["voluntary_ctxt_switches"]),
+                                   int(status["nonvoluntary_ctxt_switches"]))
+        except (OSError, ValueError, KeyError):
             continue  # the thread ended while it was read
     return out
 
@@ -100,12 +107,17 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
             # A handler thread started in the window (one replaced after a timeout) too.
             names.update({tid: name for pid in pids for tid, name in thread_names(pid).items()})
     done = end[1] - start[1]
-    by_role = dict.fromkeys(ROLES, 0.0)
+    by_role = {r: [0.0, 0.0, 0.0] for r in ROLES}
     for before, after in zip(start[0], end[0], strict=True):
-        for tid, ns in after.items():
-            by_role[role(names.get(tid, ""))] += (ns - before.get(tid, 0)) / 1e3 / done
-    result: dict[str, Any] = {f"{r} us": round(v, 2) for r, v in by_role.items()}
-    result["worker us"] = round(sum(by_role.values()), 2)
+        for tid, counts in after.items():
+            was = before.get(tid, (0, 0, 0))
+            sums = by_role[role(names.get(tid, ""))]
+            for i, (a, b) in enumerate(zip(counts, was, strict=True)):
+                sums[i] += (a - b) / done
+    result: dict[str, Any] = {f"{r} us": round(v[0] / 1e3, 2) for r, v in by_role.items()}
+    result["worker us"] = round(sum(v[0] for v in by_role.values()) / 1e3, 2)
+    for r, v in by_role.items():  # switches per job, fewer is better as for CPU
+        result[f"{r} waits"], result[f"{r} preempted"] = round(v[1], 3), round(v[2], 3)
     for label, b, a in zip(("postgres us", "redis us", "machine us"), start[2], end[2],
                            strict=True):
         result[label] = round((a - b) * 1e6 / done, 2)
