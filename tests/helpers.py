@@ -4,6 +4,7 @@ service subprocesses."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -138,6 +139,14 @@ def service(args: list[str], env: dict[str, str], log_dir: Path) -> Iterator[sub
             yield proc
         finally:
             stop_process(proc)
+
+
+def logged(log_dir: Path, message: str, service_name: str = "worker") -> list[dict[str, Any]]:
+    """The JSON records with this `msg` that `service` processes of `service_name` wrote to
+    `log_dir` (other lines, such as a traceback's, are skipped)."""
+    return [record for path in log_dir.glob(f"{service_name}-*.log")
+            for line in path.read_text().splitlines()
+            if (record := json.loads(line) if line.startswith("{") else {}).get("msg") == message]
 
 
 def start_api(settings: Settings, log_dir: Path, **env: str) -> Iterator[str]:

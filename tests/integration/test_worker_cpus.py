@@ -10,7 +10,6 @@ with status 2 and says why. The kernel's account of each thread
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from taskline.dispatch.dispatcher import Dispatcher
 from taskline.localservers import free_port
 from taskline.settings import Settings
 from taskline.store.store import Store
-from tests.helpers import enqueue, service, service_env, wait_for
+from tests.helpers import enqueue, logged, service, service_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -42,16 +41,6 @@ def scrape(port: int) -> str:
         return requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
     except requests.RequestException:
         return ""
-
-
-def logged(log_dir: Path, message: str) -> list[dict]:
-    records = []
-    for path in log_dir.glob("worker-*.log"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line) if line.startswith("{") else {}
-            if record.get("msg") == message:
-                records.append(record)
-    return records
 
 
 def test_auto_gives_each_worker_a_cpu_of_its_own(settings: Settings, store: Store,

@@ -8,7 +8,6 @@ preempt the thread that woke it: taskline.sched_policy), jobs run, and the start
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 from taskline.dispatch.dispatcher import Dispatcher
 from taskline.settings import Settings
 from taskline.store.store import Store
-from tests.helpers import enqueue, service, service_env, wait_for
+from tests.helpers import enqueue, logged, service, service_env, wait_for
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's policies")]
@@ -32,12 +31,6 @@ def thread_policies(pid: int) -> list[int]:
         except ProcessLookupError:
             continue  # the thread ended since the list was read
     return found
-
-
-def logged(log_dir: Path, message: str) -> list[dict]:
-    return [record for path in log_dir.glob("worker-*.log")
-            for line in path.read_text().splitlines()
-            if (record := json.loads(line) if line.startswith("{") else {}).get("msg") == message]
 
 
 def test_a_worker_runs_its_jobs_under_batch_by_default(settings: Settings, store: Store,
