@@ -146,7 +146,7 @@ class Settings:
     """CPUs a worker process is pinned to (taskline.affinity): empty (default) leaves it to the
     kernel; `auto` gives each worker process of the host one CPU of its own while CPUs last; a
     list (`3`, `0,2`, `0-3`) pins it to those."""
-    worker_sched: str = "batch"
+    worker_sched: str = sched_policy.BATCH
     """The kernel's scheduling policy of a worker process (taskline.sched_policy): `batch`
     (default: a thread it wakes does not preempt the thread that woke it) or `normal`."""
     retain_succeeded_s: float = 604_800.0
