@@ -55,7 +55,7 @@ def _api_installed(command: str) -> bool:
 
 def _cpus(value: str) -> str:
     if not affinity.valid(value):
-        raise argparse.ArgumentTypeError("auto or a CPU list such as 0,2-3")
+        raise argparse.ArgumentTypeError("auto, none or a CPU list such as 0,2-3")
     return value
 
 
@@ -149,10 +149,11 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
     worker.add_argument("--handlers", type=_csv, default=None, metavar="MOD1,MOD2",
                         help="comma-separated modules imported for their @handler "
                              "registrations (default TASKLINE_HANDLERS; given, it replaces it)")
-    worker.add_argument("--cpus", type=_cpus, default=None, metavar="auto|LIST",
+    worker.add_argument("--cpus", type=_cpus, default=None, metavar="auto|none|LIST",
                         help="pin the process: auto (a CPU of its own per worker process of "
-                             "the host) or CPUs such as 0,2-3 (default TASKLINE_WORKER_CPUS; "
-                             "unset: not pinned; docs/deployment.md)")
+                             "the host, moved off a crowded one), none (not pinned) or CPUs "
+                             "such as 0,2-3 (default TASKLINE_WORKER_CPUS, else auto; "
+                             "docs/deployment.md)")
     worker.add_argument("--sched", choices=sched_policy.POLICIES, default=None,
                         help="the kernel's scheduling policy of the process: batch (a thread "
                              "it wakes does not preempt its waker) or normal (default "

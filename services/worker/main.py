@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from taskline import affinity, doctor, heap, metrics, sched_policy, startup, tracing
 from taskline.errors import ConfigError
+from taskline.placement import Placement
 from taskline.settings import Settings
 from taskline.startup import Readiness
 from taskline_worker.worker import Exit, Worker
@@ -34,6 +35,7 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     """Run a worker until it is signalled to stop; returns the process exit code.
     `fallback`: `metrics_port` is the default one, not given, so a taken one moves on to the
     next free port (taskline.metrics.serve); the port bound is recorded in `workers`."""
+    unpinned = affinity.allowed_cpus()
     ok, cpus = pinned(settings.worker_cpus)
     if not ok:
         return 2
@@ -44,6 +46,8 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
         log.error("cannot start the worker", extra={"action": "start", "error": str(err)})
         return 2
     worker.cpus = None if cpus is None else sorted(cpus)
+    if settings.worker_cpus == affinity.AUTO and cpus is not None:
+        worker.placement = Placement(min(cpus), unpinned, worker.placed)
     readiness = worker_readiness(worker)
     try:
         worker.metrics_port = metrics.serve(metrics_port, ready=readiness.answer,
@@ -81,7 +85,7 @@ def pinned(spec: str) -> tuple[bool, set[int] | None]:
         return False, None
     if cpus is not None:
         log.info("worker pinned", extra={"action": "start", "cpus": sorted(cpus)})
-    elif spec:
+    elif spec == affinity.AUTO and affinity.supported():
         log.warning("every CPU has its most worker processes pinned to it: not pinned",
                     extra={"action": "start", "cpus": spec, "per_cpu": affinity.ROUNDS})
     return True, cpus

@@ -38,11 +38,14 @@ from taskline.metrics import (
     EVENT_LOOP_LAG,
     LEASE_RENEWALS,
     LOOP_ERRORS,
+    PLACEMENT_CHANGES,
     PROCESSING_TIME,
     STALE_COMPLETIONS,
     CachedLabels,
     TypeLabels,
 )
+from taskline.placement import Placement
+from taskline.service import guarded
 from taskline.settings import Settings
 from taskline.store.store import Claimed, Store
 from taskline_worker.degraded import DispatchMode
@@ -57,7 +60,7 @@ log = logging.getLogger(__name__)
 FETCH_LOOPS = 2
 """Threads running the fetch loop: one claims while the other waits for its commit."""
 EXTRA_CONNECTIONS = FETCH_LOOPS + 3  # fetch loops, lease keeper, recorder, heartbeat
-LOOPS = ("fetch", "recorder", "lease_keeper", "heartbeat", "deadlines")
+LOOPS = ("fetch", "recorder", "lease_keeper", "heartbeat", "deadlines", "placement")
 """The `loop` label values of taskline_loop_errors_total this process can report."""
 THREAD_JOIN_S = 5.0
 REDIS_TIMEOUT_S = 2.0
@@ -96,7 +99,10 @@ class Worker:
     set by `taskline worker` once the port is bound."""
     cpus: list[int] | None = None
     """The CPUs `taskline worker` pinned the process to (None: not pinned), recorded in
-    `workers` at registration."""
+    `workers` at registration and again when its placement changes them."""
+    placement: Placement | None = None
+    """Watches an `auto`-pinned process's CPU from a thread of its own (set by `taskline
+    worker`; None: not `auto`-pinned)."""
 
     def __init__(self, settings: Settings, queues: Sequence[str], concurrency: int, *,
                  block_timeout_s: float = 1.0) -> None:
@@ -161,8 +167,7 @@ class Worker:
         """The worker's first contact with PostgreSQL: its row in `workers`, and its
         connections opened. StoreUnavailable while PostgreSQL is unreachable; `taskline
         worker` retries it until PostgreSQL answers (taskline.startup)."""
-        self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
-                                 self.queues, self.concurrency, self.metrics_port, self.cpus)
+        self._upsert_row()
         serving.record(self.store, self.worker_id, self.settings)  # types with payload schemas
         # One connection for each thread that talks to PostgreSQL by itself (and one for a
         # step's success written on its handler thread), opened now: opened on first use, its
@@ -224,6 +229,9 @@ class Worker:
             ("lease-keeper", lambda: self.keeper.run(bg)),
             ("heartbeat", lambda: self.heartbeat.run(bg)),
         ]
+        if self.placement is not None:
+            placement = self.placement
+            targets.append(("placement", lambda: placement.run(bg)))
         threads = [threading.Thread(target=fn, name=f"taskline-{name}", daemon=True)
                    for name, fn in targets]
         for thread in threads:
@@ -292,6 +300,17 @@ class Worker:
             log.warning(f"shutdown step failed: {what}",
                         extra={"action": "stop", "worker": self.worker_id,
                                "error": f"{type(err).__name__}: {err}"})
+
+    def placed(self, cpus: list[int] | None) -> None:
+        """The placement moved (`cpus`) or unpinned (None) this process: counted, and recorded
+        in its row of `workers` for `GET /api/v1/workers` and the dashboard."""
+        self.cpus = cpus
+        PLACEMENT_CHANGES.labels("unpinned" if cpus is None else "moved").inc()
+        guarded("placement", self._upsert_row, "workers table")
+
+    def _upsert_row(self) -> None:
+        self.store.upsert_worker(self.worker_id, socket.gethostname(), os.getpid(),
+                                 self.queues, self.concurrency, self.metrics_port, self.cpus)
 
     def _recycle(self) -> None:
         log.warning("too many abandoned handler threads: recycling the worker process",

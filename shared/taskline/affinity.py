@@ -1,4 +1,5 @@
-"""Pinning a process to CPUs (TASKLINE_WORKER_CPUS): why, and how `auto` spreads processes.
+"""Pinning a process to CPUs (TASKLINE_WORKER_CPUS, `auto` by default): why, and how `auto`
+spreads processes.
 
 A worker process runs Python on one core at a time (the GIL), yet its threads hand the GIL and
 their jobs to one another thousands of times a second. Spread over several cores, each hand-off
@@ -15,12 +16,14 @@ on the host while CPUs last, then a second process per CPU, and so on: each proc
 advisory lock (flock) on one slot file per (round, CPU) in a directory of the user's under the
 temporary directory, which the kernel releases when the process ends, so a restarted worker
 finds its CPU free again. Processes that do not share that directory (separate containers)
-cannot see each other's locks: each then starts from a random CPU, so they spread on average,
-and a pod given whole CPUs by Kubernetes' static CPU manager is already pinned to them.
+cannot see each other's locks: each then starts from a random CPU, and taskline.placement moves
+a process off a CPU it finds crowded while another idles, or unpins one whose own threads keep
+its CPU busy. `none` (or an empty value) leaves the kernel to place the process's threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
@@ -32,6 +35,7 @@ from pathlib import Path
 from taskline.errors import ConfigError
 
 AUTO = "auto"
+NONE = "none"
 ROUNDS = 16
 """Processes per CPU `auto` spreads before it leaves a process unpinned."""
 _LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
@@ -40,8 +44,8 @@ _held: list[int] = []
 
 
 def valid(spec: str) -> bool:
-    """Whether `spec` is empty, `auto` or a CPU list (`3`, `0,2`, `0-3,6`)."""
-    return spec in ("", AUTO) or (_LIST.fullmatch(spec) is not None
+    """Whether `spec` is empty, `auto`, `none` or a CPU list (`3`, `0,2`, `0-3,6`)."""
+    return spec in ("", AUTO, NONE) or (_LIST.fullmatch(spec) is not None
                                   and all(lo <= hi for lo, hi in _ranges(spec)))
 
 
@@ -52,11 +56,14 @@ def parse(spec: str) -> set[int]:
 
 def pin(spec: str, *, slots_dir: Path | None = None) -> set[int] | None:
     """Pin every thread of this process, and the threads it starts later, to the CPUs `spec`
-    names (`auto`: one, see the module's docstring); None when `spec` is empty or `auto` found
-    no free slot (the process stays unpinned). ConfigError when it cannot be done."""
-    if not spec:
+    names (`auto`: one, see the module's docstring); None when `spec` is empty or `none`, or
+    when `auto` found no free slot or no way to pin (not Linux): the process stays unpinned.
+    ConfigError when a CPU list cannot be pinned."""
+    if spec in ("", NONE):
         return None
-    if not hasattr(os, "sched_setaffinity"):
+    if not supported():
+        if spec == AUTO:
+            return None
         raise ConfigError("TASKLINE_WORKER_CPUS needs Linux (os.sched_setaffinity)")
     allowed = os.sched_getaffinity(0)
     if spec == AUTO:
@@ -71,12 +78,45 @@ def pin(spec: str, *, slots_dir: Path | None = None) -> set[int] | None:
         if not cpus <= allowed:
             raise ConfigError(f"TASKLINE_WORKER_CPUS={spec!r}: CPUs {_text(cpus - allowed)} "
                               f"are not among this process's CPUs ({_text(allowed)})")
-    for tid in threads():
-        try:
-            os.sched_setaffinity(tid, cpus)
-        except ProcessLookupError:
-            continue  # the thread ended since the list was read
+    _set_all(cpus)
     return cpus
+
+
+def move(cpu: int, *, slots_dir: Path | None = None) -> None:
+    """Pin every thread of this `auto`-pinned process to `cpu` instead, trading its slot for
+    one of `cpu`'s where one is free (taskline.placement; slots are advisory, so it moves
+    either way)."""
+    _release_slots()
+    slot = claim_slot([cpu], slots_dir or default_slots_dir())
+    if slot is not None:
+        _held.append(slot[1])
+    _set_all({cpu})
+
+
+def unpin(cpus: set[int]) -> None:
+    """Let every thread of this process run on `cpus` again (those it had before `auto`),
+    giving up its slot."""
+    _release_slots()
+    _set_all(cpus)
+
+
+def _set_all(cpus: set[int]) -> None:
+    """Set the affinity of every thread, then of any a thread started meanwhile (it inherited
+    its creator's, which may not have been set yet)."""
+    done: set[int] = set()
+    while True:
+        pending = [tid for tid in threads() if tid not in done]
+        if not pending:
+            return
+        for tid in pending:
+            with contextlib.suppress(ProcessLookupError):  # the thread ended since
+                os.sched_setaffinity(tid, cpus)
+            done.add(tid)
+
+
+def _release_slots() -> None:
+    while _held:
+        os.close(_held.pop())
 
 
 def claim_slot(cpus: list[int], slots_dir: Path) -> tuple[int, int] | None:
@@ -96,6 +136,16 @@ def claim_slot(cpus: list[int], slots_dir: Path) -> tuple[int, int] | None:
                 continue
             return cpu, fd
     return None
+
+
+def supported() -> bool:
+    """Whether this platform can pin a process (Linux)."""
+    return hasattr(os, "sched_setaffinity")
+
+
+def allowed_cpus() -> set[int]:
+    """The CPUs this thread may run on (empty where that cannot be read)."""
+    return os.sched_getaffinity(0) if supported() else set()
 
 
 def allowed() -> int:

@@ -142,9 +142,10 @@ class Settings:
     """CIDRs or host names the webhook handler may reach although private or loopback."""
     claim_batch: int = 0
     """Ids a worker claims per PostgreSQL round trip; 0 means its concurrency."""
-    worker_cpus: str = ""
-    """CPUs a worker process is pinned to (taskline.affinity): empty (default) leaves it to the
-    kernel; `auto` gives each worker process of the host one CPU of its own while CPUs last; a
+    worker_cpus: str = affinity.AUTO
+    """CPUs a worker process is pinned to (taskline.affinity): `auto` (default) gives each
+    worker process of the host one CPU of its own while CPUs last, moved or unpinned when that
+    CPU stops suiting it (taskline.placement); `none` (or empty) leaves it to the kernel; a
     list (`3`, `0,2`, `0-3`) pins it to those."""
     worker_sched: str = sched_policy.BATCH
     """The kernel's scheduling policy of a worker process (taskline.sched_policy): `batch`
@@ -253,7 +254,7 @@ class Settings:
             (self.log_format in ("json", "text"), "TASKLINE_LOG_FORMAT must be json or text"),
             (0 <= self.claim_batch <= 1000, "TASKLINE_CLAIM_BATCH must be 0..1000"),
             (affinity.valid(self.worker_cpus),
-             "TASKLINE_WORKER_CPUS must be empty, auto or a CPU list such as 0,2-3"),
+             "TASKLINE_WORKER_CPUS must be auto, none or a CPU list such as 0,2-3"),
             (self.worker_sched in sched_policy.POLICIES,
              "TASKLINE_WORKER_SCHED must be batch or normal"),
             (0 <= self.jwt_leeway_s <= 300, "TASKLINE_JWT_LEEWAY_S must be 0..300"),

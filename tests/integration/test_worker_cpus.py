@@ -1,7 +1,9 @@
 """Worker processes pinned to CPUs (TASKLINE_WORKER_CPUS, `taskline worker --cpus`).
 
-Two workers started with `auto` on one host each run every thread on one CPU, different CPUs
-where the machine has two, and run jobs; a worker given a list runs on exactly those CPUs, as
+Two workers started as they are by default (`auto`) on one host each run every thread on one
+CPU, different CPUs where the machine has two, and run jobs; one whose handler keeps its CPU
+busy is unpinned (taskline.placement), every thread, and its row says so; `none` leaves a worker
+unpinned; a worker given a list runs on exactly those CPUs, as
 its `taskline_worker_cpus` gauge says, and every worker's row in `workers` lists its CPUs
 (what the API, the CLI and the dashboard show); one given CPUs it may not use stops at start
 with status 2 and says why. The kernel's account of each thread
@@ -43,11 +45,13 @@ def scrape(port: int) -> str:
         return ""
 
 
-def test_auto_gives_each_worker_a_cpu_of_its_own(settings: Settings, store: Store,
-                                                 dispatcher: Dispatcher, tmp_path: Path) -> None:
+def test_by_default_each_worker_has_a_cpu_of_its_own(settings: Settings, store: Store,
+                                                     dispatcher: Dispatcher,
+                                                     tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     # TMPDIR: the slot files of this test's workers only, not the host's other workers'.
-    env = service_env(settings, TASKLINE_WORKER_CPUS="auto", TMPDIR=str(tmp_path))
+    env = service_env(settings, TMPDIR=str(tmp_path))
+    assert "TASKLINE_WORKER_CPUS" not in env
     with service(["worker", "--concurrency", "4"], env, logs) as one, \
             service(["worker", "--concurrency", "4"], env, logs) as two:
         wait_for(lambda: len(store.list_workers(30)) == 2, timeout=60,
@@ -93,3 +97,39 @@ def test_cpus_it_may_not_use_stop_the_worker_at_start(settings: Settings, store:
     (record,) = logged(tmp_path, "cannot pin the worker to CPUs")
     assert f"CPUs {outside} are not among" in record["error"]
     assert store.list_workers(30) == []
+
+
+def test_none_leaves_the_worker_to_the_kernel(settings: Settings, store: Store,
+                                              tmp_path: Path) -> None:
+    allowed = os.sched_getaffinity(0)
+    env = service_env(settings, TASKLINE_WORKER_CPUS="none", TMPDIR=str(tmp_path))
+    with service(["worker", "--concurrency", "4"], env, tmp_path) as proc:
+        (worker,) = wait_for(lambda: store.list_workers(30), timeout=60,
+                             message="the worker registered")
+        assert worker["cpus"] is None
+        assert all(cpus == allowed for cpus in thread_cpus(proc.pid))
+    assert logged(tmp_path, "worker pinned") == []
+
+
+def test_a_worker_that_keeps_its_cpu_busy_is_unpinned(settings: Settings, store: Store,
+                                                      dispatcher: Dispatcher,
+                                                      tmp_path: Path) -> None:
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        pytest.skip("pinning to one CPU of one changes nothing")
+    port = free_port()
+    env = service_env(settings, TMPDIR=str(tmp_path), TASKLINE_METRICS_PORT=str(port))
+    with service(["worker", "--concurrency", "2"], env, tmp_path) as proc:
+        (worker,) = wait_for(lambda: store.list_workers(30), timeout=60,
+                             message="the worker registered")
+        assert worker["cpus"] is not None and len(worker["cpus"]) == 1
+        # Pure Python holding the GIL: one CPU's worth of the process's own work.
+        job = enqueue(store, dispatcher, "simulate", {"cpu_ms": 30_000}, timeout_s=60)
+        wait_for(lambda: logged(tmp_path, "worker unpinned: its threads keep a whole CPU busy"),
+                 timeout=40, message="the worker unpinned")
+        assert all(cpus == allowed for cpus in thread_cpus(proc.pid))
+        wait_for(lambda: store.list_workers(30)[0]["cpus"] is None, timeout=10,
+                 message="its row shows it unpinned")
+        counted = 'taskline_worker_placement_changes_total{change="unpinned"} 1.0'
+        wait_for(lambda: counted in scrape(port), timeout=10, message=counted)
+        assert store.get_job(job.id).status == "running"  # moved under a running handler

@@ -13,12 +13,13 @@ from taskline.errors import ConfigError
 from taskline.settings import Settings
 
 
-@pytest.mark.parametrize("spec", ["", "auto", "0", "3", "0,2", "0-3", "0-3,6,8-9"])
+@pytest.mark.parametrize("spec", ["", "auto", "none", "0", "3", "0,2", "0-3", "0-3,6,8-9"])
 def test_valid_lists(spec: str) -> None:
     assert affinity.valid(spec)
 
 
-@pytest.mark.parametrize("spec", ["Auto", "x", "1,", ",1", "3-1", "-1", "0-", "1 2", "0;2"])
+@pytest.mark.parametrize("spec", ["Auto", "None", "off", "x", "1,", ",1", "3-1", "-1", "0-",
+                                  "1 2", "0;2"])
 def test_invalid_lists(spec: str) -> None:
     assert not affinity.valid(spec)
     with pytest.raises(ConfigError, match="TASKLINE_WORKER_CPUS"):
@@ -76,18 +77,25 @@ def test_pin_refuses_cpus_the_process_may_not_use_and_changes_nothing() -> None:
     assert os.sched_getaffinity(0) == before
 
 
-def test_no_spec_pins_nothing() -> None:
+@pytest.mark.parametrize("spec", ["", "none"])
+def test_no_spec_or_none_pins_nothing(spec: str) -> None:
     before = os.sched_getaffinity(0)
-    assert affinity.pin("") is None
+    assert affinity.pin(spec) is None
     assert os.sched_getaffinity(0) == before
 
 
-def test_the_worker_command_takes_a_list_or_auto(capsys: pytest.CaptureFixture[str]) -> None:
+def test_workers_are_pinned_by_default() -> None:
+    assert Settings.from_env(env={}).worker_cpus == affinity.AUTO
+    assert Settings.from_env(env={"TASKLINE_WORKER_CPUS": "none"}).worker_cpus == "none"
+
+
+def test_the_worker_command_takes_a_list_auto_or_none(capsys: pytest.CaptureFixture[str]) -> None:
     from taskline_cli.main import build_parser
 
     assert build_parser().parse_args(["worker", "--cpus", "0-1"]).cpus == "0-1"
+    assert build_parser().parse_args(["worker", "--cpus", "none"]).cpus == "none"
     assert build_parser().parse_args(["worker"]).cpus is None
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["worker", "--cpus", "fast"])
     assert exit_.value.code == 2
-    assert "auto or a CPU list" in capsys.readouterr().err
+    assert "auto, none or a CPU list" in capsys.readouterr().err

@@ -1,0 +1,156 @@
+"""Keeping an `auto`-pinned worker on a CPU that suits it: moved off a crowded CPU, unpinned
+when its own work needs more than one.
+
+`auto` pins each worker process to one CPU, because its threads then hand the GIL and their
+jobs to one another on one core (taskline.affinity). Two things can make that CPU wrong later,
+and processes that do not share `auto`'s slot directory (separate containers) cannot see the
+first coming:
+
+- another busy process is pinned to the same CPU while another CPU idles: pinned processes share
+  their core and the kernel may not move them. This process then moves to the idlest CPU, with
+  probability one half at each look, so that two crowded processes do not move together;
+- the process's own threads keep its CPU busy (handlers computing in C extensions that release
+  the GIL could use several): it is unpinned for good, and the kernel places its threads as it
+  places an unpinned worker's.
+
+It looks about once a second from two cheap reads: the process's CPU time (`os.times`) and
+every CPU's idle time (`/proc/stat`, which in a container is the host's). A CPU kept busy by
+everything together (the usual case of a loaded host) is left alone: no CPU is idle enough to
+be worth a move.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from taskline import affinity
+from taskline.service import Periodic
+
+log = logging.getLogger(__name__)
+
+PERIOD_S = 1.0
+"""About how often the placement looks (each wait is drawn from 0.75 - 1.25 of it)."""
+SATURATED = 0.9
+"""The process's own CPU use, in CPUs, from which it is unpinned."""
+CROWDED_IDLE = 0.1
+"""Its CPU is crowded when idle less than this share of the time ..."""
+OTHERS_MIN = 0.25
+"""... and other processes take at least this share of it."""
+TARGET_IDLE = 0.5
+"""A CPU worth moving to is idle at least this share of the time."""
+MOVE_CHANCE = 0.5
+"""The chance of moving at a look that finds the CPU crowded and a better one."""
+
+STAY, MOVE, UNPIN = "stay", "move", "unpin"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one look reads: when (s), the process's CPU time (s) and, per CPU, its idle and
+    total time (clock ticks since boot)."""
+
+    at: float
+    own_s: float
+    cpus: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    cpu: int | None = None
+
+
+def read(stat: str = "/proc/stat") -> Sample:
+    """This process's CPU time and every CPU's idle (idle + iowait) and total time, now."""
+    times = os.times()
+    cpus: dict[int, tuple[int, int]] = {}
+    with open(stat, encoding="ascii") as lines:
+        for line in lines:
+            if not line.startswith("cpu") or not line[3].isdigit():
+                continue
+            name, *ticks = line.split()
+            values = [int(t) for t in ticks[:8]]  # guest time is counted in user already
+            cpus[int(name[3:])] = (values[3] + values[4], sum(values))
+    return Sample(time.monotonic(), times.user + times.system, cpus)
+
+
+def idle_shares(before: Sample, after: Sample) -> dict[int, float]:
+    """Each CPU's idle share of the time between two samples."""
+    shares = {}
+    for cpu, (idle, total) in after.cpus.items():
+        if cpu in before.cpus and total > before.cpus[cpu][1]:
+            shares[cpu] = (idle - before.cpus[cpu][0]) / (total - before.cpus[cpu][1])
+    return shares
+
+
+def decide(before: Sample, after: Sample, cpu: int, allowed: set[int], coin: float) -> Decision:
+    """Where a process pinned to `cpu` (of `allowed`) should be, from two samples; `coin` is
+    drawn from [0, 1) for the move's chance."""
+    wall = after.at - before.at
+    if wall <= 0:
+        return Decision(STAY)
+    own = (after.own_s - before.own_s) / wall
+    if own >= SATURATED:
+        return Decision(UNPIN)
+    idle = {c: share for c, share in idle_shares(before, after).items() if c in allowed}
+    mine = idle.get(cpu)
+    if mine is None or mine >= CROWDED_IDLE or (1.0 - mine) - own < OTHERS_MIN:
+        return Decision(STAY)
+    target = max((c for c in idle if c != cpu), key=lambda c: (idle[c], -c), default=None)
+    if target is None or idle[target] < TARGET_IDLE or coin >= MOVE_CHANCE:
+        return Decision(STAY)
+    return Decision(MOVE, target)
+
+
+class Placement(Periodic):
+    """Watches an `auto`-pinned process (`run(stop)`, from a thread of its own) and moves or
+    unpins it as `decide` says; `on_change(cpus)` hears each change (None: unpinned)."""
+
+    name = "placement"
+
+    def __init__(self, cpu: int, allowed: set[int],
+                 on_change: Callable[[list[int] | None], None], *,
+                 sample: Callable[[], Sample] = read,
+                 coin: Callable[[], float] = random.random) -> None:
+        super().__init__()
+        self.cpu: int | None = cpu
+        self.allowed = set(allowed)
+        self._on_change = on_change
+        self._sample = sample
+        self._coin = coin
+        self._last: Sample | None = None
+
+    @property
+    def interval_s(self) -> float:
+        return PERIOD_S
+
+    def next_wait(self) -> float:
+        return PERIOD_S * random.uniform(0.75, 1.25)  # apart from another crowded process
+
+    def run_once(self) -> Decision:
+        if self.cpu is None:
+            return Decision(STAY)
+        now = self._sample()
+        last, self._last = self._last, now
+        if last is None:
+            return Decision(STAY)
+        decision = decide(last, now, self.cpu, self.allowed, self._coin())
+        if decision.action == MOVE and decision.cpu is not None:
+            affinity.move(decision.cpu)
+            log.info("worker moved to a less busy CPU", extra={
+                "action": "placement", "cpus": [decision.cpu], "from": self.cpu})
+            self.cpu = decision.cpu
+            self._last = None  # the next look measures the new CPU only
+            self._on_change([decision.cpu])
+        elif decision.action == UNPIN:
+            affinity.unpin(self.allowed)
+            log.info("worker unpinned: its threads keep a whole CPU busy", extra={
+                "action": "placement", "cpus": sorted(self.allowed), "from": self.cpu})
+            self.cpu = None
+            self._on_change(None)
+        return decision
