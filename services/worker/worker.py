@@ -301,11 +301,12 @@ class Worker:
                         extra={"action": "stop", "worker": self.worker_id,
                                "error": f"{type(err).__name__}: {err}"})
 
-    def placed(self, cpus: list[int] | None) -> None:
-        """The placement moved (`cpus`) or unpinned (None) this process: counted, and recorded
-        in its row of `workers` for `GET /api/v1/workers` and the dashboard."""
+    def placed(self, cpus: list[int] | None, change: str) -> None:
+        """The placement pinned, freed, moved or unpinned this process (`cpus` None: not
+        pinned now): counted, and recorded in its row of `workers` for `GET /api/v1/workers`
+        and the dashboard."""
         self.cpus = cpus
-        PLACEMENT_CHANGES.labels("unpinned" if cpus is None else "moved").inc()
+        PLACEMENT_CHANGES.labels(change).inc()
         guarded("placement", self._upsert_row, "workers table")
 
     def _upsert_row(self) -> None:

@@ -78,7 +78,7 @@ def pin(spec: str, *, slots_dir: Path | None = None) -> set[int] | None:
         if not cpus <= allowed:
             raise ConfigError(f"TASKLINE_WORKER_CPUS={spec!r}: CPUs {_text(cpus - allowed)} "
                               f"are not among this process's CPUs ({_text(allowed)})")
-    _set_all(cpus)
+    set_all(cpus)
     return cpus
 
 
@@ -90,17 +90,17 @@ def move(cpu: int, *, slots_dir: Path | None = None) -> None:
     slot = claim_slot([cpu], slots_dir or default_slots_dir())
     if slot is not None:
         _held.append(slot[1])
-    _set_all({cpu})
+    set_all({cpu})
 
 
 def unpin(cpus: set[int]) -> None:
     """Let every thread of this process run on `cpus` again (those it had before `auto`),
     giving up its slot."""
     _release_slots()
-    _set_all(cpus)
+    set_all(cpus)
 
 
-def _set_all(cpus: set[int]) -> None:
+def set_all(cpus: set[int]) -> None:
     """Set the affinity of every thread, then of any a thread started meanwhile (it inherited
     its creator's, which may not have been set yet)."""
     done: set[int] = set()

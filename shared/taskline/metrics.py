@@ -202,9 +202,10 @@ WORKER_CPUS = Gauge("taskline_worker_cpus",
                     "CPUs the worker process may run on (1 when TASKLINE_WORKER_CPUS=auto "
                     "pinned it)", ["worker"], multiprocess_mode="livesum")
 PLACEMENT_CHANGES = Counter("taskline_worker_placement_changes_total",
-                            "Times an auto-pinned worker process moved off a crowded CPU "
-                            "(moved) or was unpinned because its own threads kept its CPU busy "
-                            "(unpinned)", ["change"])
+                            "Changes of an auto-pinned worker process's CPUs: pinned to its CPU "
+                            "once busy (pin), free while idle (free), moved off a crowded CPU "
+                            "(move), unpinned for good because its own threads kept a CPU busy "
+                            "(unpin)", ["change"])
 CLAIMED_AHEAD = Gauge("taskline_worker_claimed_ahead",
                       "Jobs claimed and leased (status running) waiting for a handler thread",
                       ["worker"], multiprocess_mode="livesum")

@@ -1,22 +1,26 @@
-"""Keeping an `auto`-pinned worker on a CPU that suits it: moved off a crowded CPU, unpinned
-when its own work needs more than one.
+"""Keeping an `auto`-pinned worker where it runs best: on its CPU while busy, free while idle,
+off a crowded CPU, and unpinned for good when its own work needs more than one CPU.
 
-`auto` pins each worker process to one CPU, because its threads then hand the GIL and their
-jobs to one another on one core (taskline.affinity). Two things can make that CPU wrong later,
-and processes that do not share `auto`'s slot directory (separate containers) cannot see the
-first coming:
+`auto` gives each worker process a CPU (taskline.affinity), because a busy worker's threads then
+hand the GIL and their jobs to one another on one core. Pinning pays only under load and can
+cost otherwise, so the process is pinned to that CPU only while it is busy:
 
-- another busy process is pinned to the same CPU while another CPU idles: pinned processes share
-  their core and the kernel may not move them. This process then moves to the idlest CPU, with
-  probability one half at each look, so that two crowded processes do not move together;
-- the process's own threads keep its CPU busy (handlers computing in C extensions that release
-  the GIL could use several): it is unpinned for good, and the kernel places its threads as it
-  places an unpinned worker's.
+- busy (its own threads use at least BUSY_FROM of a CPU): pinned to its CPU;
+- idle (under IDLE_BELOW): its threads may run on any CPU it may use, so a job that arrives
+  starts on whichever core is free rather than waiting for its own (pinned, the idle pickup's
+  p50 was 10 % slower and its p99 35 % slower: docs/performance.md, change 132);
+- its CPU crowded (idle under CROWDED_IDLE, other processes taking at least OTHERS_MIN of it)
+  while another CPU it may use idles (at least TARGET_IDLE): it moves to the idlest CPU, with
+  probability one half at each look, so that two crowded processes do not move together.
+  Processes that do not share `auto`'s slot directory (separate containers) cannot see each
+  other's CPUs and may start on the same one;
+- its own threads keeping a whole CPU busy (SATURATED: handlers computing, in Python or in C
+  extensions that release the GIL and could use several cores): unpinned for good, and the
+  kernel places its threads as it places an unpinned worker's.
 
 It looks about once a second from two cheap reads: the process's CPU time (`os.times`) and
 every CPU's idle time (`/proc/stat`, which in a container is the host's). A CPU kept busy by
-everything together (the usual case of a loaded host) is left alone: no CPU is idle enough to
-be worth a move.
+everything together (a loaded host) moves nothing: no CPU is idle enough to be worth a move.
 """
 
 from __future__ import annotations
@@ -35,8 +39,12 @@ log = logging.getLogger(__name__)
 
 PERIOD_S = 1.0
 """About how often the placement looks (each wait is drawn from 0.75 - 1.25 of it)."""
+BUSY_FROM = 0.2
+"""The process's own CPU use, in CPUs, from which an idle process is pinned again ..."""
+IDLE_BELOW = 0.1
+"""... and below which a pinned one is left free (between the two it stays as it is)."""
 SATURATED = 0.9
-"""The process's own CPU use, in CPUs, from which it is unpinned."""
+"""The process's own CPU use, in CPUs, from which it is unpinned for good."""
 CROWDED_IDLE = 0.1
 """Its CPU is crowded when idle less than this share of the time ..."""
 OTHERS_MIN = 0.25
@@ -46,7 +54,7 @@ TARGET_IDLE = 0.5
 MOVE_CHANCE = 0.5
 """The chance of moving at a look that finds the CPU crowded and a better one."""
 
-STAY, MOVE, UNPIN = "stay", "move", "unpin"
+STAY, PIN, FREE, MOVE, UNPIN = "stay", "pin", "free", "move", "unpin"
 
 
 @dataclass(frozen=True)
@@ -88,16 +96,26 @@ def idle_shares(before: Sample, after: Sample) -> dict[int, float]:
     return shares
 
 
-def decide(before: Sample, after: Sample, cpu: int, allowed: set[int], coin: float) -> Decision:
-    """Where a process pinned to `cpu` (of `allowed`) should be, from two samples; `coin` is
-    drawn from [0, 1) for the move's chance."""
+def decide(before: Sample, after: Sample, cpu: int, allowed: set[int], coin: float, *,
+           pinned: bool = True) -> Decision:
+    """What a process given `cpu` (of `allowed`), pinned to it or free, should do, from two
+    samples; `coin` is drawn from [0, 1) for a move's chance."""
     wall = after.at - before.at
     if wall <= 0:
         return Decision(STAY)
     own = (after.own_s - before.own_s) / wall
     if own >= SATURATED:
         return Decision(UNPIN)
-    idle = {c: share for c, share in idle_shares(before, after).items() if c in allowed}
+    if not pinned:
+        return Decision(PIN) if own >= BUSY_FROM else Decision(STAY)
+    if own < IDLE_BELOW:
+        return Decision(FREE)
+    return _crowding(idle_shares(before, after), own, cpu, allowed, coin)
+
+
+def _crowding(shares: dict[int, float], own: float, cpu: int, allowed: set[int],
+              coin: float) -> Decision:
+    idle = {c: share for c, share in shares.items() if c in allowed}
     mine = idle.get(cpu)
     if mine is None or mine >= CROWDED_IDLE or (1.0 - mine) - own < OTHERS_MIN:
         return Decision(STAY)
@@ -108,18 +126,21 @@ def decide(before: Sample, after: Sample, cpu: int, allowed: set[int], coin: flo
 
 
 class Placement(Periodic):
-    """Watches an `auto`-pinned process (`run(stop)`, from a thread of its own) and moves or
-    unpins it as `decide` says; `on_change(cpus)` hears each change (None: unpinned)."""
+    """Watches an `auto`-pinned process (`run(stop)`, from a thread of its own) and pins,
+    frees, moves or unpins it as `decide` says; `on_change(cpus, change)` hears each change
+    (`cpus` None: free or unpinned)."""
 
     name = "placement"
 
     def __init__(self, cpu: int, allowed: set[int],
-                 on_change: Callable[[list[int] | None], None], *,
+                 on_change: Callable[[list[int] | None, str], None], *,
                  sample: Callable[[], Sample] = read,
                  coin: Callable[[], float] = random.random) -> None:
         super().__init__()
-        self.cpu: int | None = cpu
+        self.cpu = cpu
         self.allowed = set(allowed)
+        self.pinned = True
+        self.released = False
         self._on_change = on_change
         self._sample = sample
         self._coin = coin
@@ -133,24 +154,36 @@ class Placement(Periodic):
         return PERIOD_S * random.uniform(0.75, 1.25)  # apart from another crowded process
 
     def run_once(self) -> Decision:
-        if self.cpu is None:
+        if self.released:
             return Decision(STAY)
         now = self._sample()
         last, self._last = self._last, now
         if last is None:
             return Decision(STAY)
-        decision = decide(last, now, self.cpu, self.allowed, self._coin())
-        if decision.action == MOVE and decision.cpu is not None:
+        decision = decide(last, now, self.cpu, self.allowed, self._coin(), pinned=self.pinned)
+        self._apply(decision)
+        return decision
+
+    def _apply(self, decision: Decision) -> None:
+        if decision.action == PIN:
+            affinity.set_all({self.cpu})
+            self.pinned = True
+            self._on_change([self.cpu], PIN)
+        elif decision.action == FREE:
+            affinity.set_all(self.allowed)
+            self.pinned = False
+            self._on_change(None, FREE)
+        elif decision.action == MOVE and decision.cpu is not None:
             affinity.move(decision.cpu)
             log.info("worker moved to a less busy CPU", extra={
                 "action": "placement", "cpus": [decision.cpu], "from": self.cpu})
             self.cpu = decision.cpu
             self._last = None  # the next look measures the new CPU only
-            self._on_change([decision.cpu])
+            self._on_change([decision.cpu], MOVE)
         elif decision.action == UNPIN:
             affinity.unpin(self.allowed)
             log.info("worker unpinned: its threads keep a whole CPU busy", extra={
                 "action": "placement", "cpus": sorted(self.allowed), "from": self.cpu})
-            self.cpu = None
-            self._on_change(None)
-        return decision
+            self.pinned = False
+            self.released = True
+            self._on_change(None, UNPIN)

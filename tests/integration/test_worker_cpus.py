@@ -1,9 +1,10 @@
 """Worker processes pinned to CPUs (TASKLINE_WORKER_CPUS, `taskline worker --cpus`).
 
-Two workers started as they are by default (`auto`) on one host each run every thread on one
-CPU, different CPUs where the machine has two, and run jobs; one whose handler keeps its CPU
-busy is unpinned (taskline.placement), every thread, and its row says so; `none` leaves a worker
-unpinned; a worker given a list runs on exactly those CPUs, as
+Two workers started as they are by default (`auto`) on one host are each given a CPU, different
+CPUs where the machine has two, are left free while idle and run every thread on their CPU
+while busy (taskline.placement); one whose handler keeps a whole CPU busy is unpinned for good,
+every thread, and its row says so; `none` leaves a worker unpinned; a worker given a list runs
+on exactly those CPUs, as
 its `taskline_worker_cpus` gauge says, and every worker's row in `workers` lists its CPUs
 (what the API, the CLI and the dashboard show); one given CPUs it may not use stops at start
 with status 2 and says why. The kernel's account of each thread
@@ -45,32 +46,42 @@ def scrape(port: int) -> str:
         return ""
 
 
-def test_by_default_each_worker_has_a_cpu_of_its_own(settings: Settings, store: Store,
-                                                     dispatcher: Dispatcher,
-                                                     tmp_path: Path) -> None:
+def test_by_default_each_worker_has_a_cpu_of_its_own_while_busy(
+        settings: Settings, store: Store, dispatcher: Dispatcher, tmp_path: Path) -> None:
     logs = tmp_path / "logs"
+    allowed = os.sched_getaffinity(0)
     # TMPDIR: the slot files of this test's workers only, not the host's other workers'.
     env = service_env(settings, TMPDIR=str(tmp_path))
     assert "TASKLINE_WORKER_CPUS" not in env
-    with service(["worker", "--concurrency", "4"], env, logs) as one, \
-            service(["worker", "--concurrency", "4"], env, logs) as two:
+    with service(["worker", "--concurrency", "1"], env, logs) as one, \
+            service(["worker", "--concurrency", "1"], env, logs) as two:
         wait_for(lambda: len(store.list_workers(30)) == 2, timeout=60,
                  message="both workers registered")
-        jobs = [enqueue(store, dispatcher) for _ in range(20)]
+        given = sorted(r["cpus"] for r in logged(logs, "worker pinned"))
+        assert len(given) == 2 and all(len(c) == 1 for c in given)
+        if len(allowed) >= 2:
+            assert given[0] != given[1]
+        # Idle, each is left free: every thread may run on every CPU, and its row says so.
+        wait_for(lambda: all(all(c == allowed for c in thread_cpus(p.pid)) for p in (one, two))
+                 and all(w["cpus"] is None for w in store.list_workers(30)), timeout=20,
+                 message="idle workers free")
+        # Busy (about half a CPU each: 40 ms of computing, then 40 ms asleep, a job), each is
+        # pinned to its own CPU again, every thread, the handler's included.
+        jobs = [enqueue(store, dispatcher, "simulate", {"cpu_ms": 40, "sleep_s": 0.04})
+                for _ in range(200)]
+
+        def pinned() -> list[list[int]] | None:
+            cpus = [thread_cpus(p.pid) for p in (one, two)]
+            if not all(len(c) > 3 and all(t == c[0] for t in c) and len(c[0]) == 1
+                       for c in cpus):
+                return None
+            return sorted(sorted(c[0]) for c in cpus)
+
+        assert wait_for(pinned, timeout=20, message="busy workers pinned") == given
+        wait_for(lambda: sorted(w["cpus"] or [] for w in store.list_workers(30)) == given,
+                 timeout=10, message="their rows show their CPUs")
         wait_for(lambda: all(store.get_job(j.id).status == "succeeded" for j in jobs),
-                 timeout=30, message="the jobs run by pinned workers")
-        pinned = [thread_cpus(proc.pid) for proc in (one, two)]
-        assert all(len(threads) > 4 for threads in pinned)  # the handler threads among them
-        cpus = [threads[0] for threads in pinned]
-        assert all(len(c) == 1 for c in cpus)
-        assert all(t == cpus[i] for i, threads in enumerate(pinned) for t in threads)
-        if len(os.sched_getaffinity(0)) >= 2:
-            assert cpus[0] != cpus[1]
-        assert sorted(r["cpus"] for r in logged(logs, "worker pinned")) == sorted(
-            sorted(c) for c in cpus)
-        # What GET /api/v1/workers, `taskline workers` and the dashboard show (migration 0026).
-        assert sorted(w["cpus"] for w in store.list_workers(30)) == sorted(
-            sorted(c) for c in cpus)
+                 timeout=60, message="the jobs run")
 
 
 def test_a_list_pins_to_those_cpus_and_the_gauge_says_so(settings: Settings, store: Store,
@@ -130,6 +141,6 @@ def test_a_worker_that_keeps_its_cpu_busy_is_unpinned(settings: Settings, store:
         assert all(cpus == allowed for cpus in thread_cpus(proc.pid))
         wait_for(lambda: store.list_workers(30)[0]["cpus"] is None, timeout=10,
                  message="its row shows it unpinned")
-        counted = 'taskline_worker_placement_changes_total{change="unpinned"} 1.0'
+        counted = 'taskline_worker_placement_changes_total{change="unpin"} 1.0'
         wait_for(lambda: counted in scrape(port), timeout=10, message=counted)
         assert store.get_job(job.id).status == "running"  # moved under a running handler

@@ -1,6 +1,7 @@
-"""Where an `auto`-pinned worker belongs (taskline.placement): moved off a CPU other processes
-crowd while another idles, unpinned when its own threads keep its CPU busy, left alone on a
-loaded host; and the real moves, in a child process, reach every thread."""
+"""Where an `auto`-pinned worker belongs (taskline.placement): pinned while busy and free while
+idle, moved off a CPU other processes crowd while another idles, unpinned when its own threads
+keep its CPU busy, left alone on a loaded host; and the real changes, in a child process, reach
+every thread."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import textwrap
 import pytest
 
 from taskline import placement
-from taskline.placement import MOVE, STAY, UNPIN, Decision, Sample, decide
+from taskline.placement import FREE, MOVE, PIN, STAY, UNPIN, Decision, Sample, decide
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 
@@ -46,9 +47,21 @@ def test_a_process_that_keeps_its_cpu_busy_is_unpinned() -> None:
     assert decide(before, after, 0, {0, 1}, coin=0.9) == Decision(UNPIN)
 
 
-def test_an_idle_cpu_stays() -> None:
-    before, after = window(0.01, {0: 0.95, 1: 0.97})
-    assert decide(before, after, 0, {0, 1}, coin=0.0) == Decision(STAY)
+def test_an_idle_process_is_freed_and_a_busy_one_pinned_again() -> None:
+    idle = window(0.01, {0: 0.95, 1: 0.97})
+    assert decide(*idle, 0, {0, 1}, coin=0.0) == Decision(FREE)
+    assert decide(*idle, 0, {0, 1}, coin=0.0, pinned=False) == Decision(STAY)
+    busy = window(0.3, {0: 0.6, 1: 0.9})
+    assert decide(*busy, 0, {0, 1}, coin=0.0, pinned=False) == Decision(PIN)
+    assert decide(*busy, 0, {0, 1}, coin=0.0) == Decision(STAY)
+    between = window(0.15, {0: 0.8, 1: 0.9})  # the band between: as it is
+    assert decide(*between, 0, {0, 1}, coin=0.0) == Decision(STAY)
+    assert decide(*between, 0, {0, 1}, coin=0.0, pinned=False) == Decision(STAY)
+
+
+def test_a_free_process_that_keeps_a_cpu_busy_is_unpinned_for_good() -> None:
+    before, after = window(1.4, {0: 0.3, 1: 0.3})
+    assert decide(before, after, 0, {0, 1}, coin=0.9, pinned=False) == Decision(UNPIN)
 
 
 def test_only_cpus_the_process_may_use_are_targets() -> None:
@@ -87,18 +100,22 @@ CHILD = textwrap.dedent("""
     def placed():
         return sorted({tuple(sorted(os.sched_getaffinity(t))) for t in affinity.threads()})
 
+    def cpus(idle_first, idle_last, ticks):
+        return {first: (idle_first, ticks), last: (idle_last, ticks)}
+
     samples = iter([
-        Sample(0.0, 0.0, {first: (0, 0), last: (0, 0)}),
-        Sample(1.0, 0.3, {first: (2, 100), last: (90, 100)}),  # crowded: to `last`
-        Sample(2.0, 0.3, {first: (2, 100), last: (90, 100)}),  # a new CPU's first look
-        Sample(3.0, 1.3, {first: (2, 200), last: (90, 200)}),  # its own threads: a whole CPU
+        Sample(0.0, 0.0, cpus(0, 0, 0)),
+        Sample(1.0, 0.01, cpus(95, 95, 100)),   # idle: free
+        Sample(2.0, 0.41, cpus(155, 185, 200)),  # busy again: pinned
+        Sample(3.0, 0.71, cpus(157, 275, 300)),  # crowded: to `last`
+        Sample(4.0, 0.71, cpus(157, 275, 300)),  # a new CPU's first look
+        Sample(5.0, 1.71, cpus(157, 275, 400)),  # its own threads: a whole CPU
+        Sample(6.0, 1.71, cpus(257, 375, 500)),  # unpinned for good: nothing more
     ])
     changes = []
-    watch = Placement(first, allowed, changes.append, sample=lambda: next(samples),
-                      coin=lambda: 0.0)
-    looks = []
-    for _ in range(4):
-        looks.append([watch.run_once().action, placed()])
+    watch = Placement(first, allowed, lambda cpus, change: changes.append([cpus, change]),
+                      sample=lambda: next(samples), coin=lambda: 0.0)
+    looks = [[watch.run_once().action, placed()] for _ in range(7)]
     stop.set()
     print(json.dumps({"looks": looks, "changes": changes, "allowed": sorted(allowed),
                       "first": first, "last": last}))
@@ -106,7 +123,8 @@ CHILD = textwrap.dedent("""
 
 
 
-def test_a_move_and_an_unpin_reach_every_thread(tmp_path) -> None:
+
+def test_every_change_reaches_every_thread(tmp_path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                          env=env, check=True, timeout=30)
@@ -114,6 +132,8 @@ def test_a_move_and_an_unpin_reach_every_thread(tmp_path) -> None:
     if len(result["allowed"]) < 2:
         pytest.skip("needs two CPUs")
     first, last, allowed = [result["first"]], [result["last"]], result["allowed"]
-    assert result["looks"] == [["stay", [first]], ["move", [last]], ["stay", [last]],
-                               ["unpin", [allowed]]]  # every thread, each time
-    assert result["changes"] == [last, None]
+    assert result["looks"] == [  # every thread, each time
+        ["stay", [first]], ["free", [allowed]], ["pin", [first]], ["move", [last]],
+        ["stay", [last]], ["unpin", [allowed]], ["stay", [allowed]]]
+    assert result["changes"] == [[None, "free"], [first, "pin"], [last, "move"],
+                                 [None, "unpin"]]
