@@ -151,7 +151,7 @@ def _server_commands(sub: argparse._SubParsersAction) -> None:
                              "registrations (default TASKLINE_HANDLERS; given, it replaces it)")
     worker.add_argument("--cpus", type=_cpus, default=None, metavar="auto|none|LIST",
                         help="pin the process: auto (a CPU of its own per worker process of "
-                             "the host, moved off a crowded one), none (not pinned) or CPUs "
+                             "the host while busy, free while idle), none (not pinned) or CPUs "
                              "such as 0,2-3 (default TASKLINE_WORKER_CPUS, else auto; "
                              "docs/deployment.md)")
     worker.add_argument("--sched", choices=sched_policy.POLICIES, default=None,

@@ -16,9 +16,10 @@ on the host while CPUs last, then a second process per CPU, and so on: each proc
 advisory lock (flock) on one slot file per (round, CPU) in a directory of the user's under the
 temporary directory, which the kernel releases when the process ends, so a restarted worker
 finds its CPU free again. Processes that do not share that directory (separate containers)
-cannot see each other's locks: each then starts from a random CPU, and taskline.placement moves
-a process off a CPU it finds crowded while another idles, or unpins one whose own threads keep
-its CPU busy. `none` (or an empty value) leaves the kernel to place the process's threads.
+cannot see each other's locks: each then starts from a random CPU. taskline.placement then keeps
+a worker pinned to its CPU only while it is busy, moves it off a CPU it finds crowded while
+another idles, and unpins for good one whose own threads keep its CPU busy. `none` (or an
+empty value) leaves the kernel to place the process's threads.
 """
 
 from __future__ import annotations

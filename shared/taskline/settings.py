@@ -144,9 +144,9 @@ class Settings:
     """Ids a worker claims per PostgreSQL round trip; 0 means its concurrency."""
     worker_cpus: str = affinity.AUTO
     """CPUs a worker process is pinned to (taskline.affinity): `auto` (default) gives each
-    worker process of the host one CPU of its own while CPUs last, moved or unpinned when that
-    CPU stops suiting it (taskline.placement); `none` (or empty) leaves it to the kernel; a
-    list (`3`, `0,2`, `0-3`) pins it to those."""
+    worker process of the host one CPU of its own while CPUs last, pinned to it while busy and
+    free while idle, moved or unpinned when that CPU stops suiting it (taskline.placement);
+    `none` (or empty) leaves it to the kernel; a list (`3`, `0,2`, `0-3`) pins it to those."""
     worker_sched: str = sched_policy.BATCH
     """The kernel's scheduling policy of a worker process (taskline.sched_policy): `batch`
     (default: a thread it wakes does not preempt the thread that woke it) or `normal`."""
