@@ -39,6 +39,7 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
     ok, cpus = pinned(settings.worker_cpus)
     if not ok:
         return 2
+    given = assigned(settings.worker_cpus)
     scheduled(settings.worker_sched)
     try:
         worker = Worker(settings, queues, concurrency)
@@ -46,8 +47,8 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
         log.error("cannot start the worker", extra={"action": "start", "error": str(err)})
         return 2
     worker.cpus = None if cpus is None else sorted(cpus)
-    if settings.worker_cpus == affinity.AUTO and cpus is not None:
-        worker.placement = Placement(min(cpus), unpinned, worker.placed)
+    if given is not None:
+        worker.placement = Placement(given, unpinned, worker.placed)
     readiness = worker_readiness(worker)
     try:
         worker.metrics_port = metrics.serve(metrics_port, ready=readiness.answer,
@@ -74,9 +75,9 @@ def run(settings: Settings, queues: Sequence[str], concurrency: int, metrics_por
 
 
 def pinned(spec: str) -> tuple[bool, set[int] | None]:
-    """Pin this process to TASKLINE_WORKER_CPUS before any of the worker's threads starts (they
-    inherit it): (True, the CPUs, or None when not pinned); (False, None) when it cannot be
-    done (logged)."""
+    """Pin this process to a TASKLINE_WORKER_CPUS list before any of the worker's threads
+    starts (they inherit it): (True, the CPUs, or None when not pinned); (False, None) when it
+    cannot be done (logged)."""
     try:
         cpus = affinity.pin(spec)
     except (ConfigError, OSError) as err:
@@ -85,10 +86,22 @@ def pinned(spec: str) -> tuple[bool, set[int] | None]:
         return False, None
     if cpus is not None:
         log.info("worker pinned", extra={"action": "start", "cpus": sorted(cpus)})
-    elif spec == affinity.AUTO and affinity.supported():
-        log.warning("every CPU has its most worker processes pinned to it: not pinned",
-                    extra={"action": "start", "cpus": spec, "per_cpu": affinity.ROUNDS})
     return True, cpus
+
+
+def assigned(spec: str) -> int | None:
+    """`auto`'s CPU for this process, which taskline.placement pins it to while it is busy;
+    None when `spec` is not `auto` or every CPU has a worker process of its own (logged)."""
+    if spec != affinity.AUTO:
+        return None
+    cpu = affinity.assign()
+    if cpu is not None:
+        log.info("worker given a CPU of its own, pinned to it while busy",
+                 extra={"action": "start", "cpus": [cpu]})
+    elif affinity.supported():
+        log.info("every CPU has a worker process of its own: not pinned",
+                 extra={"action": "start", "cpus": spec})
+    return cpu
 
 
 def scheduled(policy: str) -> None:

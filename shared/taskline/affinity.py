@@ -12,10 +12,12 @@ and 25 % less on an AMD EPYC VM, draining 24 % faster (docs/performance.md, chan
 which is small for a job engine's worker.
 
 `auto` gives each worker process one CPU of those it may use, a different one for each process
-on the host while CPUs last, then a second process per CPU, and so on: each process holds an
-advisory lock (flock) on one slot file per (round, CPU) in a directory of the user's under the
-temporary directory, which the kernel releases when the process ends, so a restarted worker
-finds its CPU free again. Processes that do not share that directory (separate containers)
+on the host while CPUs last; processes beyond the CPUs are not pinned, since two busy processes
+pinned to one CPU cannot be balanced by the kernel (4 worker processes on 2 CPUs drained no-op
+jobs 0.83x as fast pinned two to a CPU: docs/performance.md, change 132). Each process holds an
+advisory lock (flock) on one slot file per CPU in a directory of the user's under the temporary
+directory, which the kernel releases when the process ends, so a restarted worker finds its CPU
+free again. Processes that do not share that directory (separate containers)
 cannot see each other's locks: each then starts from a random CPU. taskline.placement then keeps
 a worker pinned to its CPU only while it is busy, moves it off a CPU it finds crowded while
 another idles, and unpins for good one whose own threads keep its CPU busy. `none` (or an
@@ -37,8 +39,6 @@ from taskline.errors import ConfigError
 
 AUTO = "auto"
 NONE = "none"
-ROUNDS = 16
-"""Processes per CPU `auto` spreads before it leaves a process unpinned."""
 _LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 _held: list[int] = []
 """File descriptors of the slot locks this process holds (kept open for its lifetime)."""
@@ -55,32 +55,35 @@ def parse(spec: str) -> set[int]:
     return {cpu for lo, hi in _ranges(spec) for cpu in range(lo, hi + 1)}
 
 
-def pin(spec: str, *, slots_dir: Path | None = None) -> set[int] | None:
-    """Pin every thread of this process, and the threads it starts later, to the CPUs `spec`
-    names (`auto`: one, see the module's docstring); None when `spec` is empty or `none`, or
-    when `auto` found no free slot or no way to pin (not Linux): the process stays unpinned.
-    ConfigError when a CPU list cannot be pinned."""
-    if spec in ("", NONE):
+def pin(spec: str) -> set[int] | None:
+    """Pin every thread of this process, and the threads it starts later, to the CPUs of the
+    list `spec`; None when `spec` is empty, `none` or `auto` (whose CPU `assign` gives and
+    taskline.placement pins while busy). ConfigError when the list cannot be pinned."""
+    if spec in ("", NONE, AUTO):
         return None
     if not supported():
-        if spec == AUTO:
-            return None
         raise ConfigError("TASKLINE_WORKER_CPUS needs Linux (os.sched_setaffinity)")
     allowed = os.sched_getaffinity(0)
-    if spec == AUTO:
-        slot = claim_slot(sorted(allowed), slots_dir or default_slots_dir())
-        if slot is None:
-            return None
-        cpu, lock = slot
-        _held.append(lock)
-        cpus = {cpu}
-    else:
-        cpus = parse(spec)
-        if not cpus <= allowed:
-            raise ConfigError(f"TASKLINE_WORKER_CPUS={spec!r}: CPUs {_text(cpus - allowed)} "
-                              f"are not among this process's CPUs ({_text(allowed)})")
+    cpus = parse(spec)
+    if not cpus <= allowed:
+        raise ConfigError(f"TASKLINE_WORKER_CPUS={spec!r}: CPUs {_text(cpus - allowed)} "
+                          f"are not among this process's CPUs ({_text(allowed)})")
     set_all(cpus)
     return cpus
+
+
+def assign(*, slots_dir: Path | None = None) -> int | None:
+    """`auto`'s CPU for this process: one no other process of the host holds, its slot held
+    until the process ends; None when every CPU it may use is held (more worker processes than
+    CPUs: two busy processes pinned to one CPU could not be balanced by the kernel) or it
+    cannot pin (not Linux). Nothing is pinned here."""
+    if not supported():
+        return None
+    slot = claim_slot(sorted(os.sched_getaffinity(0)), slots_dir or default_slots_dir())
+    if slot is None:
+        return None
+    _held.append(slot[1])
+    return slot[0]
 
 
 def move(cpu: int, *, slots_dir: Path | None = None) -> None:
@@ -121,21 +124,21 @@ def _release_slots() -> None:
 
 
 def claim_slot(cpus: list[int], slots_dir: Path) -> tuple[int, int] | None:
-    """The CPU of the first free slot, round by round, starting each round at a random CPU,
-    and the descriptor holding its lock (until it is closed, or the process ends). None when
-    every slot is taken."""
+    """The CPU of the first free slot, trying the CPUs from a random one on, and the
+    descriptor holding its lock (until it is closed, or the process ends). None when every
+    slot is taken."""
     slots_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     start = random.randrange(len(cpus))
-    order = cpus[start:] + cpus[:start]
-    for round_ in range(ROUNDS):
-        for cpu in order:
-            fd = os.open(slots_dir / f"cpu{cpu}-{round_}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            return cpu, fd
+    for cpu in cpus[start:] + cpus[:start]:
+        # `-0`: the first round's name, which releases that spread several processes per CPU
+        # also lock: both see each other through a rolling deploy.
+        fd = os.open(slots_dir / f"cpu{cpu}-0.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return cpu, fd
     return None
 
 

@@ -139,7 +139,7 @@ class Placement(Periodic):
         super().__init__()
         self.cpu = cpu
         self.allowed = set(allowed)
-        self.pinned = True
+        self.pinned = False  # a worker starts idle
         self.released = False
         self._on_change = on_change
         self._sample = sample

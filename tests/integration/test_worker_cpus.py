@@ -1,14 +1,14 @@
 """Worker processes pinned to CPUs (TASKLINE_WORKER_CPUS, `taskline worker --cpus`).
 
 Two workers started as they are by default (`auto`) on one host are each given a CPU, different
-CPUs where the machine has two, are left free while idle and run every thread on their CPU
-while busy (taskline.placement); one whose handler keeps a whole CPU busy is unpinned for good,
-every thread, and its row says so; `none` leaves a worker unpinned; a worker given a list runs
-on exactly those CPUs, as
-its `taskline_worker_cpus` gauge says, and every worker's row in `workers` lists its CPUs
-(what the API, the CLI and the dashboard show); one given CPUs it may not use stops at start
-with status 2 and says why. The kernel's account of each thread
-(/proc/<pid>/task/<tid>/status) is what is checked, not the worker's own word.
+CPUs where the machine has two, run free while idle and every thread on their CPU while busy
+(taskline.placement); one started when every CPU is given is not pinned, busy or not; one whose
+handler keeps a whole CPU busy is unpinned for good, every thread, and its row says so; `none`
+leaves a worker unpinned; a worker given a list runs on exactly those CPUs, as its
+`taskline_worker_cpus` gauge says, and every worker's row in `workers` lists its CPUs (what the
+API, the CLI and the dashboard show); one given CPUs it may not use stops at start with status 2
+and says why. The kernel's account of each thread (/proc/<pid>/task/<tid>/status) is what is
+checked, not the worker's own word.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from taskline.store.store import Store
 from tests.helpers import enqueue, logged, service, service_env, wait_for
 
 pytestmark = pytest.mark.slow
+
+GIVEN = "worker given a CPU of its own, pinned to it while busy"
+BEYOND = "every CPU has a worker process of its own: not pinned"
 
 
 def thread_cpus(pid: int) -> list[set[int]]:
@@ -57,11 +60,11 @@ def test_by_default_each_worker_has_a_cpu_of_its_own_while_busy(
             service(["worker", "--concurrency", "1"], env, logs) as two:
         wait_for(lambda: len(store.list_workers(30)) == 2, timeout=60,
                  message="both workers registered")
-        given = sorted(r["cpus"] for r in logged(logs, "worker pinned"))
+        given = sorted(r["cpus"] for r in logged(logs, GIVEN))
         assert len(given) == 2 and all(len(c) == 1 for c in given)
         if len(allowed) >= 2:
             assert given[0] != given[1]
-        # Idle, each is left free: every thread may run on every CPU, and its row says so.
+        # Idle, each is free: every thread may run on every CPU, and its row says so.
         wait_for(lambda: all(all(c == allowed for c in thread_cpus(p.pid)) for p in (one, two))
                  and all(w["cpus"] is None for w in store.list_workers(30)), timeout=20,
                  message="idle workers free")
@@ -119,7 +122,7 @@ def test_none_leaves_the_worker_to_the_kernel(settings: Settings, store: Store,
                              message="the worker registered")
         assert worker["cpus"] is None
         assert all(cpus == allowed for cpus in thread_cpus(proc.pid))
-    assert logged(tmp_path, "worker pinned") == []
+    assert logged(tmp_path, GIVEN) == [] and logged(tmp_path, "worker pinned") == []
 
 
 def test_a_worker_that_keeps_its_cpu_busy_is_unpinned(settings: Settings, store: Store,
@@ -131,9 +134,8 @@ def test_a_worker_that_keeps_its_cpu_busy_is_unpinned(settings: Settings, store:
     port = free_port()
     env = service_env(settings, TMPDIR=str(tmp_path), TASKLINE_METRICS_PORT=str(port))
     with service(["worker", "--concurrency", "2"], env, tmp_path) as proc:
-        (worker,) = wait_for(lambda: store.list_workers(30), timeout=60,
-                             message="the worker registered")
-        assert worker["cpus"] is not None and len(worker["cpus"]) == 1
+        wait_for(lambda: store.list_workers(30), timeout=60, message="the worker registered")
+        assert [len(r["cpus"]) for r in logged(tmp_path, GIVEN)] == [1]
         # Pure Python holding the GIL: one CPU's worth of the process's own work.
         job = enqueue(store, dispatcher, "simulate", {"cpu_ms": 30_000}, timeout_s=60)
         wait_for(lambda: logged(tmp_path, "worker unpinned: its threads keep a whole CPU busy"),
@@ -144,3 +146,27 @@ def test_a_worker_that_keeps_its_cpu_busy_is_unpinned(settings: Settings, store:
         counted = 'taskline_worker_placement_changes_total{change="unpin"} 1.0'
         wait_for(lambda: counted in scrape(port), timeout=10, message=counted)
         assert store.get_job(job.id).status == "running"  # moved under a running handler
+
+
+def test_a_worker_beyond_the_cpus_is_not_pinned(settings: Settings, store: Store,
+                                                dispatcher: Dispatcher, tmp_path: Path) -> None:
+    allowed = os.sched_getaffinity(0)
+    slots_dir = tmp_path / f"taskline-cpus-{os.getuid()}"
+    held = [affinity.claim_slot(sorted(allowed), slots_dir) for _ in allowed]  # every CPU's
+    try:
+        assert all(held)
+        env = service_env(settings, TMPDIR=str(tmp_path))
+        with service(["worker", "--concurrency", "1"], env, tmp_path) as proc:
+            wait_for(lambda: store.list_workers(30), timeout=60, message="the worker registered")
+            assert logged(tmp_path, GIVEN) == []
+            assert len(logged(tmp_path, BEYOND)) == 1
+            jobs = [enqueue(store, dispatcher, "simulate", {"cpu_ms": 40, "sleep_s": 0.04})
+                    for _ in range(40)]
+            wait_for(lambda: all(store.get_job(j.id).status == "succeeded" for j in jobs),
+                     timeout=60, message="the jobs run")
+            assert all(cpus == allowed for cpus in thread_cpus(proc.pid))  # busy, still free
+            assert store.list_workers(30)[0]["cpus"] is None
+    finally:
+        for slot in held:
+            if slot:
+                os.close(slot[1])

@@ -31,42 +31,37 @@ def test_a_list_names_its_cpus() -> None:
     assert affinity.parse("5") == {5}
 
 
-def test_slots_give_every_cpu_once_before_any_twice(tmp_path: Path) -> None:
-    locks = []
+def test_slots_give_every_cpu_once_then_none(tmp_path: Path) -> None:
+    slots = [affinity.claim_slot([0, 1, 2], tmp_path) for _ in range(3)]
     try:
-        first = [affinity.claim_slot([0, 1, 2], tmp_path) for _ in range(3)]
-        locks += [slot[1] for slot in first if slot]
-        assert sorted(slot[0] for slot in first if slot) == [0, 1, 2]
-        second = [affinity.claim_slot([0, 1, 2], tmp_path) for _ in range(3)]
-        locks += [slot[1] for slot in second if slot]
-        assert sorted(slot[0] for slot in second if slot) == [0, 1, 2]
-    finally:
-        for fd in locks:
-            os.close(fd)
-
-
-def test_a_slot_is_free_again_once_its_holder_lets_go(tmp_path: Path) -> None:
-    held = affinity.claim_slot([4], tmp_path)
-    assert held is not None
-    again = affinity.claim_slot([4], tmp_path)
-    assert again is not None and again[0] == 4  # the next round's slot
-    os.close(held[1])
-    reclaimed = affinity.claim_slot([4], tmp_path)
-    assert reclaimed is not None
-    assert (tmp_path / "cpu4-0.lock").exists()
-    for fd in (again[1], reclaimed[1]):
-        os.close(fd)
-
-
-def test_every_slot_taken_leaves_none(tmp_path: Path) -> None:
-    slots = [affinity.claim_slot([0, 1], tmp_path) for _ in range(2 * affinity.ROUNDS)]
-    try:
-        assert all(slots)
-        assert affinity.claim_slot([0, 1], tmp_path) is None
+        assert sorted(slot[0] for slot in slots if slot) == [0, 1, 2]
+        assert affinity.claim_slot([0, 1, 2], tmp_path) is None
     finally:
         for slot in slots:
             if slot:
                 os.close(slot[1])
+
+
+def test_a_slot_is_free_again_once_its_holder_lets_go(tmp_path: Path) -> None:
+    held = affinity.claim_slot([4], tmp_path)
+    assert held is not None and held[0] == 4
+    assert affinity.claim_slot([4], tmp_path) is None
+    os.close(held[1])
+    reclaimed = affinity.claim_slot([4], tmp_path)
+    assert reclaimed is not None
+    assert (tmp_path / "cpu4-0.lock").exists()  # the name earlier releases lock too
+    os.close(reclaimed[1])
+
+
+def test_auto_assigns_a_cpu_without_pinning(tmp_path: Path) -> None:
+    before = os.sched_getaffinity(0)
+    cpu = affinity.assign(slots_dir=tmp_path)
+    try:
+        assert cpu in before
+        assert os.sched_getaffinity(0) == before
+        assert affinity.pin("auto") is None
+    finally:
+        affinity.unpin(before)  # gives the slot back
 
 
 def test_pin_refuses_cpus_the_process_may_not_use_and_changes_nothing() -> None:

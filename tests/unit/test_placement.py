@@ -91,7 +91,6 @@ CHILD = textwrap.dedent("""
     from taskline.placement import Placement, Sample
     allowed = os.sched_getaffinity(0)
     first, last = min(allowed), max(allowed)
-    os.sched_setaffinity(0, {first})
     stop = threading.Event()
     threads = [threading.Thread(target=stop.wait) for _ in range(3)]
     for thread in threads:
@@ -105,17 +104,18 @@ CHILD = textwrap.dedent("""
 
     samples = iter([
         Sample(0.0, 0.0, cpus(0, 0, 0)),
-        Sample(1.0, 0.01, cpus(95, 95, 100)),   # idle: free
-        Sample(2.0, 0.41, cpus(155, 185, 200)),  # busy again: pinned
-        Sample(3.0, 0.71, cpus(157, 275, 300)),  # crowded: to `last`
-        Sample(4.0, 0.71, cpus(157, 275, 300)),  # a new CPU's first look
-        Sample(5.0, 1.71, cpus(157, 275, 400)),  # its own threads: a whole CPU
-        Sample(6.0, 1.71, cpus(257, 375, 500)),  # unpinned for good: nothing more
+        Sample(1.0, 0.4, cpus(60, 90, 100)),     # busy: pinned
+        Sample(2.0, 0.41, cpus(155, 185, 200)),  # idle: free
+        Sample(3.0, 0.81, cpus(215, 275, 300)),  # busy again: pinned
+        Sample(4.0, 1.11, cpus(217, 365, 400)),  # crowded: to `last`
+        Sample(5.0, 1.11, cpus(217, 365, 400)),  # a new CPU's first look
+        Sample(6.0, 2.11, cpus(217, 365, 500)),  # its own threads: a whole CPU
+        Sample(7.0, 2.11, cpus(317, 465, 600)),  # unpinned for good: nothing more
     ])
     changes = []
     watch = Placement(first, allowed, lambda cpus, change: changes.append([cpus, change]),
                       sample=lambda: next(samples), coin=lambda: 0.0)
-    looks = [[watch.run_once().action, placed()] for _ in range(7)]
+    looks = [[watch.run_once().action, placed()] for _ in range(8)]
     stop.set()
     print(json.dumps({"looks": looks, "changes": changes, "allowed": sorted(allowed),
                       "first": first, "last": last}))
@@ -132,8 +132,8 @@ def test_every_change_reaches_every_thread(tmp_path) -> None:
     if len(result["allowed"]) < 2:
         pytest.skip("needs two CPUs")
     first, last, allowed = [result["first"]], [result["last"]], result["allowed"]
-    assert result["looks"] == [  # every thread, each time
-        ["stay", [first]], ["free", [allowed]], ["pin", [first]], ["move", [last]],
-        ["stay", [last]], ["unpin", [allowed]], ["stay", [allowed]]]
-    assert result["changes"] == [[None, "free"], [first, "pin"], [last, "move"],
-                                 [None, "unpin"]]
+    assert result["looks"] == [  # every thread, each time; a worker starts free
+        ["stay", [allowed]], ["pin", [first]], ["free", [allowed]], ["pin", [first]],
+        ["move", [last]], ["stay", [last]], ["unpin", [allowed]], ["stay", [allowed]]]
+    assert result["changes"] == [[first, "pin"], [None, "free"], [first, "pin"],
+                                 [last, "move"], [None, "unpin"]]
