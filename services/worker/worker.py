@@ -302,7 +302,7 @@ class Worker:
                                "error": f"{type(err).__name__}: {err}"})
 
     def placed(self, cpus: list[int] | None, change: str) -> None:
-        """The placement pinned, freed, moved or unpinned this process (`cpus` None: not
+        """The placement pinned, freed or moved this process (`cpus` None: not
         pinned now): counted, and recorded in its row of `workers` for `GET /api/v1/workers`
         and the dashboard."""
         self.cpus = cpus

@@ -19,9 +19,9 @@ advisory lock (flock) on one slot file per CPU in a directory of the user's unde
 directory, which the kernel releases when the process ends, so a restarted worker finds its CPU
 free again. Processes that do not share that directory (separate containers)
 cannot see each other's locks: each then starts from a random CPU. taskline.placement then keeps
-a worker pinned to its CPU only while it is busy, moves it off a CPU it finds crowded while
-another idles, and unpins for good one whose own threads keep its CPU busy. `none` (or an
-empty value) leaves the kernel to place the process's threads.
+a worker pinned to its CPU only while it is busy and not saturated, and moves it off a CPU it
+finds crowded while another idles. `none` (or an empty value) leaves the kernel to place the
+process's threads.
 """
 
 from __future__ import annotations
@@ -90,18 +90,11 @@ def move(cpu: int, *, slots_dir: Path | None = None) -> None:
     """Pin every thread of this `auto`-pinned process to `cpu` instead, trading its slot for
     one of `cpu`'s where one is free (taskline.placement; slots are advisory, so it moves
     either way)."""
-    _release_slots()
+    release_slots()
     slot = claim_slot([cpu], slots_dir or default_slots_dir())
     if slot is not None:
         _held.append(slot[1])
     set_all({cpu})
-
-
-def unpin(cpus: set[int]) -> None:
-    """Let every thread of this process run on `cpus` again (those it had before `auto`),
-    giving up its slot."""
-    _release_slots()
-    set_all(cpus)
 
 
 def set_all(cpus: set[int]) -> None:
@@ -118,7 +111,7 @@ def set_all(cpus: set[int]) -> None:
             done.add(tid)
 
 
-def _release_slots() -> None:
+def release_slots() -> None:
     while _held:
         os.close(_held.pop())
 

@@ -202,10 +202,9 @@ WORKER_CPUS = Gauge("taskline_worker_cpus",
                     "CPUs the worker process may run on (1 when TASKLINE_WORKER_CPUS=auto "
                     "pinned it)", ["worker"], multiprocess_mode="livesum")
 PLACEMENT_CHANGES = Counter("taskline_worker_placement_changes_total",
-                            "Changes of an auto-pinned worker process's CPUs: pinned to its CPU "
-                            "once busy (pin), free while idle (free), moved off a crowded CPU "
-                            "(move), unpinned for good because its own threads kept a CPU busy "
-                            "(unpin)", ["change"])
+                            "Changes of an auto worker process's CPUs: pinned to its CPU once "
+                            "busy (pin), freed when idle or when its own threads keep a whole "
+                            "CPU busy (free), moved off a crowded CPU (move)", ["change"])
 CLAIMED_AHEAD = Gauge("taskline_worker_claimed_ahead",
                       "Jobs claimed and leased (status running) waiting for a handler thread",
                       ["worker"], multiprocess_mode="livesum")

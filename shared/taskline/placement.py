@@ -1,24 +1,25 @@
-"""Keeping an `auto`-pinned worker where it runs best: on its CPU while busy, free while idle,
-off a crowded CPU, and unpinned for good when its own work needs more than one CPU.
+"""Keeping an `auto` worker where it runs best: pinned to its CPU while busy, free while idle
+or while its own work could use more than one CPU, and moved off a crowded CPU.
 
 `auto` gives each worker process a CPU (taskline.affinity), because a busy worker's threads then
 hand the GIL and their jobs to one another on one core. Pinning pays only under load and can
-cost otherwise, so the process is pinned to that CPU only while it is busy:
+cost otherwise, so the process is pinned to that CPU only while that pays:
 
-- busy (its own threads use at least BUSY_FROM of a CPU): pinned to its CPU;
-- idle (under IDLE_BELOW): its threads may run on any CPU it may use, so a job that arrives
-  starts on whichever core is free rather than waiting for its own (pinned, the idle pickup's
-  p50 was 10 % slower and its p99 35 % slower: docs/performance.md, change 132);
+- idle (its own threads use under IDLE_BELOW of a CPU): free, its threads may run on any CPU it
+  may use, so a job that arrives starts on whichever core is free rather than waiting for its
+  own (pinned, the idle pickup's p50 was 10 % slower and its p99 35 % slower:
+  docs/performance.md, change 132). A worker starts free;
+- busy (from BUSY_FROM): pinned;
+- saturated (SATURATED or more: handlers computing, in Python or in C extensions that release
+  the GIL and could use several cores): free again, and pinned once more only below REPIN_BELOW,
+  so a process hovering near a whole CPU does not flap;
 - its CPU crowded (idle under CROWDED_IDLE, other processes taking at least OTHERS_MIN of it)
   while another CPU it may use idles (at least TARGET_IDLE): it moves to the idlest CPU, with
   probability one half at each look, so that two crowded processes do not move together.
   Processes that do not share `auto`'s slot directory (separate containers) cannot see each
-  other's CPUs and may start on the same one;
-- its own threads keeping a whole CPU busy (SATURATED: handlers computing, in Python or in C
-  extensions that release the GIL and could use several cores): unpinned for good, and the
-  kernel places its threads as it places an unpinned worker's.
+  other's CPUs and may be given the same one.
 
-It looks about once a second from two cheap reads: the process's CPU time (`os.times`) and
+It looks four times a second from two cheap reads: the process's CPU time (`getrusage`) and
 every CPU's idle time (`/proc/stat`, which in a container is the host's). A CPU kept busy by
 everything together (a loaded host) moves nothing: no CPU is idle enough to be worth a move.
 """
@@ -26,8 +27,8 @@ everything together (a loaded host) moves nothing: no CPU is idle enough to be w
 from __future__ import annotations
 
 import logging
-import os
 import random
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,14 +38,17 @@ from taskline.service import Periodic
 
 log = logging.getLogger(__name__)
 
-PERIOD_S = 1.0
-"""About how often the placement looks (each wait is drawn from 0.75 - 1.25 of it)."""
+PERIOD_S = 0.25
+"""About how often the placement looks (each wait is drawn from 0.75 - 1.25 of it): a drain of
+a few seconds is pinned within half a second of its start. A look costs tens of microseconds."""
 BUSY_FROM = 0.2
-"""The process's own CPU use, in CPUs, from which an idle process is pinned again ..."""
+"""The process's own CPU use, in CPUs, from which a free process is pinned ..."""
+REPIN_BELOW = 0.8
+"""... up to this ..."""
 IDLE_BELOW = 0.1
-"""... and below which a pinned one is left free (between the two it stays as it is)."""
+"""... and below which a pinned one is freed (between the bands it stays as it is) ..."""
 SATURATED = 0.9
-"""The process's own CPU use, in CPUs, from which it is unpinned for good."""
+"""... as from this, where its own threads may want more than one CPU."""
 CROWDED_IDLE = 0.1
 """Its CPU is crowded when idle less than this share of the time ..."""
 OTHERS_MIN = 0.25
@@ -54,7 +58,7 @@ TARGET_IDLE = 0.5
 MOVE_CHANCE = 0.5
 """The chance of moving at a look that finds the CPU crowded and a better one."""
 
-STAY, PIN, FREE, MOVE, UNPIN = "stay", "pin", "free", "move", "unpin"
+STAY, PIN, FREE, MOVE = "stay", "pin", "free", "move"
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class Decision:
 
 def read(stat: str = "/proc/stat") -> Sample:
     """This process's CPU time and every CPU's idle (idle + iowait) and total time, now."""
-    times = os.times()
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, where os.times has ticks
     cpus: dict[int, tuple[int, int]] = {}
     with open(stat, encoding="ascii") as lines:
         for line in lines:
@@ -84,7 +88,7 @@ def read(stat: str = "/proc/stat") -> Sample:
             name, *ticks = line.split()
             values = [int(t) for t in ticks[:8]]  # guest time is counted in user already
             cpus[int(name[3:])] = (values[3] + values[4], sum(values))
-    return Sample(time.monotonic(), times.user + times.system, cpus)
+    return Sample(time.monotonic(), usage.ru_utime + usage.ru_stime, cpus)
 
 
 def idle_shares(before: Sample, after: Sample) -> dict[int, float]:
@@ -104,11 +108,9 @@ def decide(before: Sample, after: Sample, cpu: int, allowed: set[int], coin: flo
     if wall <= 0:
         return Decision(STAY)
     own = (after.own_s - before.own_s) / wall
-    if own >= SATURATED:
-        return Decision(UNPIN)
     if not pinned:
-        return Decision(PIN) if own >= BUSY_FROM else Decision(STAY)
-    if own < IDLE_BELOW:
+        return Decision(PIN) if BUSY_FROM <= own < REPIN_BELOW else Decision(STAY)
+    if own < IDLE_BELOW or own >= SATURATED:
         return Decision(FREE)
     return _crowding(idle_shares(before, after), own, cpu, allowed, coin)
 
@@ -126,9 +128,9 @@ def _crowding(shares: dict[int, float], own: float, cpu: int, allowed: set[int],
 
 
 class Placement(Periodic):
-    """Watches an `auto`-pinned process (`run(stop)`, from a thread of its own) and pins,
-    frees, moves or unpins it as `decide` says; `on_change(cpus, change)` hears each change
-    (`cpus` None: free or unpinned)."""
+    """Watches an `auto` worker process (`run(stop)`, from a thread of its own) and pins, frees
+    or moves it as `decide` says; `on_change(cpus, change)` hears each change (`cpus` None:
+    free)."""
 
     name = "placement"
 
@@ -140,7 +142,6 @@ class Placement(Periodic):
         self.cpu = cpu
         self.allowed = set(allowed)
         self.pinned = False  # a worker starts idle
-        self.released = False
         self._on_change = on_change
         self._sample = sample
         self._coin = coin
@@ -154,8 +155,6 @@ class Placement(Periodic):
         return PERIOD_S * random.uniform(0.75, 1.25)  # apart from another crowded process
 
     def run_once(self) -> Decision:
-        if self.released:
-            return Decision(STAY)
         now = self._sample()
         last, self._last = self._last, now
         if last is None:
@@ -180,10 +179,3 @@ class Placement(Periodic):
             self.cpu = decision.cpu
             self._last = None  # the next look measures the new CPU only
             self._on_change([decision.cpu], MOVE)
-        elif decision.action == UNPIN:
-            affinity.unpin(self.allowed)
-            log.info("worker unpinned: its threads keep a whole CPU busy", extra={
-                "action": "placement", "cpus": sorted(self.allowed), "from": self.cpu})
-            self.pinned = False
-            self.released = True
-            self._on_change(None, UNPIN)

@@ -3,7 +3,7 @@
 Two workers started as they are by default (`auto`) on one host are each given a CPU, different
 CPUs where the machine has two, run free while idle and every thread on their CPU while busy
 (taskline.placement); one started when every CPU is given is not pinned, busy or not; one whose
-handler keeps a whole CPU busy is unpinned for good, every thread, and its row says so; `none`
+handler keeps a whole CPU busy runs free, every thread, and its row says so; `none`
 leaves a worker unpinned; a worker given a list runs on exactly those CPUs, as its
 `taskline_worker_cpus` gauge says, and every worker's row in `workers` lists its CPUs (what the
 API, the CLI and the dashboard show); one given CPUs it may not use stops at start with status 2
@@ -14,6 +14,7 @@ checked, not the worker's own word.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -125,27 +126,26 @@ def test_none_leaves_the_worker_to_the_kernel(settings: Settings, store: Store,
     assert logged(tmp_path, GIVEN) == [] and logged(tmp_path, "worker pinned") == []
 
 
-def test_a_worker_that_keeps_its_cpu_busy_is_unpinned(settings: Settings, store: Store,
-                                                      dispatcher: Dispatcher,
-                                                      tmp_path: Path) -> None:
+def test_a_worker_that_keeps_a_whole_cpu_busy_runs_free(settings: Settings, store: Store,
+                                                        dispatcher: Dispatcher,
+                                                        tmp_path: Path) -> None:
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
         pytest.skip("pinning to one CPU of one changes nothing")
-    port = free_port()
-    env = service_env(settings, TMPDIR=str(tmp_path), TASKLINE_METRICS_PORT=str(port))
+    env = service_env(settings, TMPDIR=str(tmp_path))
     with service(["worker", "--concurrency", "2"], env, tmp_path) as proc:
         wait_for(lambda: store.list_workers(30), timeout=60, message="the worker registered")
         assert [len(r["cpus"]) for r in logged(tmp_path, GIVEN)] == [1]
-        # Pure Python holding the GIL: one CPU's worth of the process's own work.
+        # Pure Python holding the GIL: a whole CPU's worth of the process's own work, which
+        # pinning could not speed up and handlers releasing the GIL could exceed.
         job = enqueue(store, dispatcher, "simulate", {"cpu_ms": 30_000}, timeout_s=60)
-        wait_for(lambda: logged(tmp_path, "worker unpinned: its threads keep a whole CPU busy"),
-                 timeout=40, message="the worker unpinned")
-        assert all(cpus == allowed for cpus in thread_cpus(proc.pid))
-        wait_for(lambda: store.list_workers(30)[0]["cpus"] is None, timeout=10,
-                 message="its row shows it unpinned")
-        counted = 'taskline_worker_placement_changes_total{change="unpin"} 1.0'
-        wait_for(lambda: counted in scrape(port), timeout=10, message=counted)
-        assert store.get_job(job.id).status == "running"  # moved under a running handler
+        wait_for(lambda: store.get_job(job.id).status == "running", timeout=20,
+                 message="the job running")
+        time.sleep(2)  # eight looks of the placement
+        wait_for(lambda: all(cpus == allowed for cpus in thread_cpus(proc.pid))
+                 and store.list_workers(30)[0]["cpus"] is None, timeout=15,
+                 message="the saturated worker free, and its row saying so")
+        assert store.get_job(job.id).status == "running"
 
 
 def test_a_worker_beyond_the_cpus_is_not_pinned(settings: Settings, store: Store,

@@ -61,7 +61,7 @@ def test_auto_assigns_a_cpu_without_pinning(tmp_path: Path) -> None:
         assert os.sched_getaffinity(0) == before
         assert affinity.pin("auto") is None
     finally:
-        affinity.unpin(before)  # gives the slot back
+        affinity.release_slots()
 
 
 def test_pin_refuses_cpus_the_process_may_not_use_and_changes_nothing() -> None:

@@ -1,7 +1,7 @@
-"""Where an `auto`-pinned worker belongs (taskline.placement): pinned while busy and free while
-idle, moved off a CPU other processes crowd while another idles, unpinned when its own threads
-keep its CPU busy, left alone on a loaded host; and the real changes, in a child process, reach
-every thread."""
+"""Where an `auto` worker belongs (taskline.placement): pinned while busy, free while idle and
+while its own threads keep a whole CPU busy, moved off a CPU other processes crowd while another
+idles, left alone on a loaded host; and the real changes, in a child process, reach every
+thread."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from taskline import placement
-from taskline.placement import FREE, MOVE, PIN, STAY, UNPIN, Decision, Sample, decide
+from taskline.placement import FREE, MOVE, PIN, STAY, Decision, Sample, decide
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
 
@@ -42,9 +42,12 @@ def test_a_cpu_busy_with_the_process_itself_is_not_crowded() -> None:
     assert decide(before, after, 0, {0, 1}, coin=0.0) == Decision(STAY)
 
 
-def test_a_process_that_keeps_its_cpu_busy_is_unpinned() -> None:
+def test_a_process_that_keeps_its_cpu_busy_is_freed_and_stays_free() -> None:
     before, after = window(0.95, {0: 0.0, 1: 0.9})
-    assert decide(before, after, 0, {0, 1}, coin=0.9) == Decision(UNPIN)
+    assert decide(before, after, 0, {0, 1}, coin=0.0) == Decision(FREE)
+    for own in (0.85, 1.4):  # near a whole CPU, or above one: free
+        before, after = window(own, {0: 0.3, 1: 0.3})
+        assert decide(before, after, 0, {0, 1}, coin=0.0, pinned=False) == Decision(STAY)
 
 
 def test_an_idle_process_is_freed_and_a_busy_one_pinned_again() -> None:
@@ -57,11 +60,6 @@ def test_an_idle_process_is_freed_and_a_busy_one_pinned_again() -> None:
     between = window(0.15, {0: 0.8, 1: 0.9})  # the band between: as it is
     assert decide(*between, 0, {0, 1}, coin=0.0) == Decision(STAY)
     assert decide(*between, 0, {0, 1}, coin=0.0, pinned=False) == Decision(STAY)
-
-
-def test_a_free_process_that_keeps_a_cpu_busy_is_unpinned_for_good() -> None:
-    before, after = window(1.4, {0: 0.3, 1: 0.3})
-    assert decide(before, after, 0, {0, 1}, coin=0.9, pinned=False) == Decision(UNPIN)
 
 
 def test_only_cpus_the_process_may_use_are_targets() -> None:
@@ -109,8 +107,8 @@ CHILD = textwrap.dedent("""
         Sample(3.0, 0.81, cpus(215, 275, 300)),  # busy again: pinned
         Sample(4.0, 1.11, cpus(217, 365, 400)),  # crowded: to `last`
         Sample(5.0, 1.11, cpus(217, 365, 400)),  # a new CPU's first look
-        Sample(6.0, 2.11, cpus(217, 365, 500)),  # its own threads: a whole CPU
-        Sample(7.0, 2.11, cpus(317, 465, 600)),  # unpinned for good: nothing more
+        Sample(6.0, 2.11, cpus(217, 365, 500)),  # its own threads, a whole CPU: free
+        Sample(7.0, 3.31, cpus(217, 365, 600)),  # more than one CPU now: still free
     ])
     changes = []
     watch = Placement(first, allowed, lambda cpus, change: changes.append([cpus, change]),
@@ -134,6 +132,6 @@ def test_every_change_reaches_every_thread(tmp_path) -> None:
     first, last, allowed = [result["first"]], [result["last"]], result["allowed"]
     assert result["looks"] == [  # every thread, each time; a worker starts free
         ["stay", [allowed]], ["pin", [first]], ["free", [allowed]], ["pin", [first]],
-        ["move", [last]], ["stay", [last]], ["unpin", [allowed]], ["stay", [allowed]]]
+        ["move", [last]], ["stay", [last]], ["free", [allowed]], ["stay", [allowed]]]
     assert result["changes"] == [[first, "pin"], [None, "free"], [first, "pin"],
-                                 [last, "move"], [None, "unpin"]]
+                                 [last, "move"], [None, "free"]]
