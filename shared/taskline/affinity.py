@@ -39,6 +39,8 @@ from taskline.errors import ConfigError
 
 AUTO = "auto"
 NONE = "none"
+SPARES = 64
+"""Worker processes beyond the CPUs that `oversubscribed` can see."""
 _LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 _held: list[int] = []
 """File descriptors of the slot locks this process holds (kept open for its lifetime)."""
@@ -74,16 +76,37 @@ def pin(spec: str) -> set[int] | None:
 
 def assign(*, slots_dir: Path | None = None) -> int | None:
     """`auto`'s CPU for this process: one no other process of the host holds, its slot held
-    until the process ends; None when every CPU it may use is held (more worker processes than
-    CPUs: two busy processes pinned to one CPU could not be balanced by the kernel) or it
-    cannot pin (not Linux). Nothing is pinned here."""
+    until the process ends; None when every CPU it may use is held, or it cannot pin (not
+    Linux). Nothing is pinned here. A process left without a CPU holds a spare slot instead,
+    which tells the others that the host has more worker processes than CPUs (`oversubscribed`)."""
     if not supported():
         return None
-    slot = claim_slot(sorted(os.sched_getaffinity(0)), slots_dir or default_slots_dir())
+    slots_dir = slots_dir or default_slots_dir()
+    slot = claim_slot(sorted(os.sched_getaffinity(0)), slots_dir)
     if slot is None:
+        spare = _lock_first([slots_dir / f"spare-{n}.lock" for n in range(SPARES)])
+        if spare is not None:
+            _held.append(spare[1])
         return None
     _held.append(slot[1])
     return slot[0]
+
+
+def oversubscribed(*, slots_dir: Path | None = None) -> bool:
+    """Whether a worker process of this host (sharing the slots' directory) was left without a
+    CPU: then none should be pinned, since busy processes pinned to CPUs cannot be balanced
+    with the others by the kernel (4 worker processes on 2 CPUs drained no-op jobs 0.91x as
+    fast with two of them pinned; docs/performance.md, change 132)."""
+    slots_dir = slots_dir or default_slots_dir()
+    for n in range(SPARES):
+        path = slots_dir / f"spare-{n}.lock"
+        if not path.exists():
+            continue
+        spare = _lock_first([path])
+        if spare is None:
+            return True  # held by a process without a CPU
+        os.close(spare[1])
+    return False
 
 
 def move(cpu: int, *, slots_dir: Path | None = None) -> None:
@@ -122,16 +145,25 @@ def claim_slot(cpus: list[int], slots_dir: Path) -> tuple[int, int] | None:
     slot is taken."""
     slots_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     start = random.randrange(len(cpus))
-    for cpu in cpus[start:] + cpus[:start]:
-        # `-0`: the first round's name, which releases that spread several processes per CPU
-        # also lock: both see each other through a rolling deploy.
-        fd = os.open(slots_dir / f"cpu{cpu}-0.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    order = cpus[start:] + cpus[:start]
+    # `-0`: the first round's name, which releases that spread several processes per CPU also
+    # lock: both see each other through a rolling deploy.
+    taken = _lock_first([slots_dir / f"cpu{cpu}-0.lock" for cpu in order])
+    return None if taken is None else (order[taken[0]], taken[1])
+
+
+def _lock_first(paths: list[Path]) -> tuple[int, int] | None:
+    """(index, descriptor) of the first of `paths` this call could lock, held; None if all are
+    held by others."""
+    for index, path in enumerate(paths):
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        return cpu, fd
+        return index, fd
     return None
 
 

@@ -145,7 +145,7 @@ class Settings:
     worker_cpus: str = affinity.AUTO
     """CPUs a worker process is pinned to (taskline.affinity): `auto` (default) gives each
     worker process of the host one CPU of its own while CPUs last, pinned to it while busy and
-    free while idle, moved or unpinned when that CPU stops suiting it (taskline.placement);
+    free while idle or saturated, moved off it when crowded (taskline.placement);
     `none` (or empty) leaves it to the kernel; a list (`3`, `0,2`, `0-3`) pins it to those."""
     worker_sched: str = sched_policy.BATCH
     """The kernel's scheduling policy of a worker process (taskline.sched_policy): `batch`

@@ -94,3 +94,20 @@ def test_the_worker_command_takes_a_list_auto_or_none(capsys: pytest.CaptureFixt
         build_parser().parse_args(["worker", "--cpus", "fast"])
     assert exit_.value.code == 2
     assert "auto, none or a CPU list" in capsys.readouterr().err
+
+
+def test_a_process_left_without_a_cpu_makes_the_host_oversubscribed(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    slots = [affinity.claim_slot(cpus, tmp_path) for _ in cpus]  # other processes' CPUs
+    try:
+        assert not affinity.oversubscribed(slots_dir=tmp_path)
+        assert affinity.assign(slots_dir=tmp_path) is None
+        # The spare it now holds (flock: each open file is locked on its own, so a look from
+        # this process finds it taken as another process's would).
+        assert affinity.oversubscribed(slots_dir=tmp_path)
+        affinity.release_slots()
+        assert not affinity.oversubscribed(slots_dir=tmp_path)
+    finally:
+        for slot in slots:
+            if slot:
+                os.close(slot[1])

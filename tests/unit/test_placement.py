@@ -135,3 +135,9 @@ def test_every_change_reaches_every_thread(tmp_path) -> None:
         ["move", [last]], ["stay", [last]], ["free", [allowed]], ["stay", [allowed]]]
     assert result["changes"] == [[first, "pin"], [None, "free"], [first, "pin"],
                                  [last, "move"], [None, "free"]]
+
+
+def test_an_oversubscribed_host_pins_nothing() -> None:
+    busy = window(0.4, {0: 0.3, 1: 0.3})
+    assert decide(*busy, 0, {0, 1}, coin=0.0, pinned=False, oversubscribed=True) == Decision(STAY)
+    assert decide(*busy, 0, {0, 1}, coin=0.0, oversubscribed=True) == Decision(FREE)
