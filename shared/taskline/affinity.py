@@ -12,9 +12,10 @@ and 25 % less on an AMD EPYC VM, draining 24 % faster (docs/performance.md, chan
 which is small for a job engine's worker.
 
 `auto` gives each worker process one CPU of those it may use, a different one for each process
-on the host while CPUs last; processes beyond the CPUs are not pinned, since two busy processes
-pinned to one CPU cannot be balanced by the kernel (4 worker processes on 2 CPUs drained no-op
-jobs 0.83x as fast pinned two to a CPU: docs/performance.md, change 132). Each process holds an
+on the host while CPUs last; with more worker processes than CPUs none is pinned (the ones left
+without a CPU hold spare slots, `oversubscribed`), since busy processes pinned to CPUs cannot be
+balanced with the others by the kernel (4 worker processes on 2 CPUs drained no-op jobs 0.83x
+as fast pinned two to a CPU: docs/performance.md, change 132). Each process holds an
 advisory lock (flock) on one slot file per CPU in a directory of the user's under the temporary
 directory, which the kernel releases when the process ends, so a restarted worker finds its CPU
 free again. Processes that do not share that directory (separate containers)
@@ -82,7 +83,7 @@ def assign(*, slots_dir: Path | None = None) -> int | None:
     if not supported():
         return None
     slots_dir = slots_dir or default_slots_dir()
-    slot = claim_slot(sorted(os.sched_getaffinity(0)), slots_dir)
+    slot = claim_slot(sorted(os.sched_getaffinity(0)), slots_dir)  # makes the directory
     if slot is None:
         spare = _lock_first([slots_dir / f"spare-{n}.lock" for n in range(SPARES)])
         if spare is not None:
@@ -97,11 +98,12 @@ def oversubscribed(*, slots_dir: Path | None = None) -> bool:
     CPU: then none should be pinned, since busy processes pinned to CPUs cannot be balanced
     with the others by the kernel (4 worker processes on 2 CPUs drained no-op jobs 0.91x as
     fast with two of them pinned; docs/performance.md, change 132)."""
-    slots_dir = slots_dir or default_slots_dir()
-    for n in range(SPARES):
-        path = slots_dir / f"spare-{n}.lock"
-        if not path.exists():
-            continue
+    try:
+        spares = [Path(e.path) for e in os.scandir(slots_dir or default_slots_dir())
+                  if e.name.startswith("spare-")]
+    except OSError:
+        return False
+    for path in spares:
         spare = _lock_first([path])
         if spare is None:
             return True  # held by a process without a CPU
@@ -156,7 +158,6 @@ def _lock_first(paths: list[Path]) -> tuple[int, int] | None:
     """(index, descriptor) of the first of `paths` this call could lock, held; None if all are
     held by others."""
     for index, path in enumerate(paths):
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -167,8 +167,11 @@ class Placement(Periodic):
         last, self._last = self._last, now
         if last is None:
             return Decision(STAY)
-        decision = decide(last, now, self.cpu, self.allowed, self._coin(), pinned=self.pinned,
-                          oversubscribed=self._oversubscribed())
+        decision = decide(last, now, self.cpu, self.allowed, self._coin(), pinned=self.pinned)
+        if (decision.action == PIN or (self.pinned and decision.action != FREE)) \
+                and self._oversubscribed():  # read only when busy: a look stays cheap
+            decision = decide(last, now, self.cpu, self.allowed, 0.0, pinned=self.pinned,
+                              oversubscribed=True)
         self._apply(decision)
         return decision
 

@@ -112,7 +112,8 @@ CHILD = textwrap.dedent("""
     ])
     changes = []
     watch = Placement(first, allowed, lambda cpus, change: changes.append([cpus, change]),
-                      sample=lambda: next(samples), coin=lambda: 0.0)
+                      sample=lambda: next(samples), coin=lambda: 0.0,
+                      oversubscribed=lambda: False)
     looks = [[watch.run_once().action, placed()] for _ in range(8)]
     stop.set()
     print(json.dumps({"looks": looks, "changes": changes, "allowed": sorted(allowed),
@@ -141,3 +142,22 @@ def test_an_oversubscribed_host_pins_nothing() -> None:
     busy = window(0.4, {0: 0.3, 1: 0.3})
     assert decide(*busy, 0, {0, 1}, coin=0.0, pinned=False, oversubscribed=True) == Decision(STAY)
     assert decide(*busy, 0, {0, 1}, coin=0.0, oversubscribed=True) == Decision(FREE)
+
+
+def test_the_host_is_read_only_for_a_busy_worker_and_frees_it() -> None:
+    looks = iter([window(0.01, {0: 0.9, 1: 0.9})[0], window(0.01, {0: 0.9, 1: 0.9})[1],
+                  Sample(12.0, 5.41, {0: (150, 200), 1: (160, 200)})])
+    asked: list[bool] = []
+
+    def oversubscribed() -> bool:
+        asked.append(True)
+        return True
+
+    changes: list[object] = []
+    watch = placement.Placement(0, {0, 1}, lambda cpus, change: changes.append(change),
+                                sample=lambda: next(looks), coin=lambda: 0.0,
+                                oversubscribed=oversubscribed)
+    assert watch.run_once() == Decision(STAY)  # the first sample
+    assert watch.run_once() == Decision(STAY) and asked == []  # idle: not read
+    assert watch.run_once() == Decision(STAY) and asked == [True]  # busy, but others wait
+    assert changes == [] and not watch.pinned
