@@ -33,7 +33,7 @@ import os
 import random
 import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from taskline.errors import ConfigError
@@ -123,16 +123,22 @@ def move(cpu: int, *, slots_dir: Path | None = None) -> None:
 
 
 def set_all(cpus: set[int]) -> None:
-    """Set the affinity of every thread, then of any a thread started meanwhile (it inherited
-    its creator's, which may not have been set yet)."""
+    """Set the affinity of every thread of this process to `cpus`."""
+    each_thread(lambda tid: os.sched_setaffinity(tid, cpus))
+
+
+def each_thread(fn: Callable[[int], object]) -> None:
+    """`fn(tid)` for every thread of this process, then for any a thread started meanwhile (it
+    inherited its creator's settings, which may not have been set yet); a thread that ended
+    since the list was read is skipped, any other error raised."""
     done: set[int] = set()
     while True:
         pending = [tid for tid in threads() if tid not in done]
         if not pending:
             return
         for tid in pending:
-            with contextlib.suppress(ProcessLookupError):  # the thread ended since
-                os.sched_setaffinity(tid, cpus)
+            with contextlib.suppress(ProcessLookupError):
+                fn(tid)
             done.add(tid)
 
 
@@ -180,9 +186,7 @@ def allowed_cpus() -> set[int]:
 
 def allowed() -> int:
     """How many CPUs this thread may run on (for a pinned worker, every thread's)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(allowed_cpus()) or os.cpu_count() or 1
 
 
 def default_slots_dir() -> Path:

@@ -157,7 +157,7 @@ class Placement(Periodic):
 
     @property
     def interval_s(self) -> float:
-        return PERIOD_S
+        return PERIOD_S * 1.25  # the longest wait: Periodic takes no wait above it
 
     def next_wait(self) -> float:
         return PERIOD_S * random.uniform(0.75, 1.25)  # apart from another crowded process

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from taskline.affinity import threads
+from taskline.affinity import each_thread
 
 BATCH = "batch"
 NORMAL = "normal"
@@ -36,13 +36,10 @@ def apply(policy: str) -> bool:
     if batch is None or not hasattr(os, "sched_setscheduler"):
         return False
     target = batch if policy == BATCH else os.SCHED_OTHER
-    for tid in threads():
-        try:
-            os.sched_setscheduler(tid, target, os.sched_param(0))
-        except ProcessLookupError:
-            continue  # the thread ended since the list was read
-        except PermissionError:
-            return False
+    try:
+        each_thread(lambda tid: os.sched_setscheduler(tid, target, os.sched_param(0)))
+    except PermissionError:
+        return False
     return True
 
 

@@ -14,7 +14,6 @@ checked, not the worker's own word.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +40,12 @@ def thread_cpus(pid: int) -> list[set[int]]:
             if line.startswith("Cpus_allowed_list:"):
                 found.append(affinity.parse(line.split(":", 1)[1].strip()))
     return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """The user + system CPU time of `pid`, as the kernel accounts it."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scrape(port: int) -> str:
@@ -141,7 +146,11 @@ def test_a_worker_that_keeps_a_whole_cpu_busy_runs_free(settings: Settings, stor
         job = enqueue(store, dispatcher, "simulate", {"cpu_ms": 30_000}, timeout_s=60)
         wait_for(lambda: store.get_job(job.id).status == "running", timeout=20,
                  message="the job running")
-        time.sleep(2)  # eight looks of the placement
+        # Free at its start too: what is checked is the state after the placement has watched
+        # it compute for a while (two seconds of its own CPU, eight looks or more).
+        computed = cpu_seconds(proc.pid) + 2.0
+        wait_for(lambda: cpu_seconds(proc.pid) >= computed, timeout=20,
+                 message="the worker computing")
         wait_for(lambda: all(cpus == allowed for cpus in thread_cpus(proc.pid))
                  and store.list_workers(30)[0]["cpus"] is None, timeout=15,
                  message="the saturated worker free, and its row saying so")
