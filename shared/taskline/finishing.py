@@ -1,15 +1,17 @@
 """Waking at the commit that finishes a job: the `<schema>_finished` channel and its listeners.
 
-Migration 0019's trigger sends a job's id (and its workflow's, for a step) on the channel when an
-UPDATE moves it into succeeded, dead or cancelled; PostgreSQL delivers it at that commit. One
+Migration 0017's trigger sends a job's id (and its workflow's, for a step) on the channel when an
+UPDATE moves it into succeeded, dead or cancelled, if the job is flagged as watched (migration
+0028: an unwatched job's finish sends nothing); PostgreSQL delivers it at that commit. One
 FinishListener per process holds a LISTEN connection and calls back the watches of that id, so
 any number of waiters share one connection and none holds a pooled one. `wait` does the same on
 a connection of its own for one job: `taskline.wait(conn, id, timeout)`, no API needed.
 
-Invariant: a watch is registered before its waiter reads the job's state, so a finish committed
-between the read and the wait still wakes it; a waiter waits (briefly) for the listener to be
-live first, and when the listener reconnects it wakes every watch, because what was sent while
-it was away is lost (a woken waiter reads the state again).
+Invariant: a waiter flags the jobs it waits for (taskline.store.watching) and registers its
+watch before it reads their state, so a finish committed after the read's snapshot signals, and
+wakes it; a waiter waits (briefly) for the listener to be live first, and when the listener
+reconnects it wakes every watch, because what was sent while it was away is lost (a woken waiter
+reads the state again).
 Without a session connection (a transaction-pooling PgBouncer and no direct URL) there is no
 LISTEN: the listener wakes every watch once a second instead.
 """
@@ -27,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from taskline.results import finished, outcome
-from taskline.store import caller
+from taskline.store import caller, watching
 from taskline.store.queries import DEFAULT_SCHEMA, channel
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,12 @@ class FinishListener:
         self._thread: threading.Thread | None = None
         self._listened = False
         """LISTEN was active before: a reconnection wakes every watch."""
+
+    @property
+    def listens(self) -> bool:
+        """Whether signals reach this listener (False: without a session URL it polls, and
+        flagging a job as watched would be a write for nothing)."""
+        return self._url is not None
 
     @property
     def watching(self) -> int:
@@ -167,6 +175,8 @@ def wait(conn: Any, job_id: uuid.UUID | str, timeout: float | None = None, *,
     deadline = None if timeout is None else time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as listen:
         listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel(schema, FINISHED))))
+        watching.watch_finish(lambda name, params: caller.run(listen, name, params, schema),
+                              [job_id])
         while True:
             job = _job(listen, str(job_id), schema)
             if finished(job):

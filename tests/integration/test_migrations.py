@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -90,5 +91,32 @@ def test_the_fence_views_downgrade_to_0002s_and_back(empty_database: str):  # no
                 "SELECT to_regclass('taskline.live_leases_by_id')").scalar() is None
         upgrade(empty_database)
         assert view_reads(engine, "live_leases") == {"taskline.live_leases_by_id"}
+    finally:
+        engine.dispose()
+
+
+def finish_trigger(engine: Any) -> str:
+    with engine.connect() as conn:
+        return conn.exec_driver_sql(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger "
+            "WHERE tgname = 'jobs_finished_notify'").scalar()
+
+
+def test_the_finish_signal_downgrades_to_every_finish_and_back(empty_database: str):  # noqa: F811
+    """Migration 0028: the trigger fires for a watched job only; its downgrade restores 0017's
+    trigger (every finish) and drops `watched`; upgrading again redoes both."""
+    upgrade(empty_database)
+    engine = create_engine(sqlalchemy_url(empty_database))
+    try:
+        assert "watched IS TRUE" in finish_trigger(engine)
+        command.downgrade(alembic_config(empty_database), "0027")
+        assert "watched" not in finish_trigger(engine)
+        assert "'succeeded'" in finish_trigger(engine)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql(
+                "SELECT count(*) FROM information_schema.columns WHERE table_schema = "
+                "'taskline' AND table_name = 'jobs' AND column_name = 'watched'").scalar() == 0
+        upgrade(empty_database)
+        assert "watched IS TRUE" in finish_trigger(engine)
     finally:
         engine.dispose()

@@ -1,7 +1,8 @@
-"""Waiting for a result, woken by the commit that finishes the job: migration 0019's signal, the
-process's FinishListener, `taskline.wait` on a connection, `wait_s` on the API (under gunicorn,
-waiting requests hold no thread: more of them than threads still leave the API answering), and
-Client / AsyncClient `wait` and `wait_workflow` raising JobFailed and JobCancelled."""
+"""Waiting for a result, woken by the commit that finishes the job: migration 0017's signal, sent
+only for a job a waiter flagged (migration 0028), the process's FinishListener, `taskline.wait`
+on a connection, `wait_s` on the API (under gunicorn, waiting requests hold no thread: more of
+them than threads still leave the API answering), and Client / AsyncClient `wait` and
+`wait_workflow` raising JobFailed and JobCancelled."""
 
 from __future__ import annotations
 
@@ -62,37 +63,96 @@ def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dic
 
 # --- the signal and the listener -----------------------------------------------------------
 
-def test_the_listener_fires_at_a_finishing_commit_only(database_url, store):
+def signals(database_url: str) -> psycopg.Connection:
+    """A connection listening on the finish channel itself (not through a FinishListener)."""
+    conn = psycopg.connect(database_url, autocommit=True)
+    conn.execute("LISTEN taskline_finished")
+    return conn
+
+
+def received(conn: psycopg.Connection, seconds: float = 1.0) -> list[str]:
+    """The payloads signalled within `seconds` of the last one (at least `seconds` in all)."""
+    return [note.payload for note in conn.notifies(timeout=seconds)]
+
+
+def watched(store: Any, *ids: uuid.UUID) -> list[bool | None]:
+    with store.engine.connect() as conn:
+        rows = dict(conn.execute(text("SELECT id, watched FROM taskline.jobs WHERE id = ANY(:ids)"),
+                                 {"ids": list(ids)}).all())
+    return [rows[i] for i in ids]
+
+
+def test_only_a_watched_job_signals_and_only_at_its_finishing_commit(database_url, store):
     listener = FinishListener(database_url)
     try:
-        job_id = commit(database_url, {"n": 1})
+        job_id, unwatched = commit(database_url, {"n": 1}), commit(database_url, {"n": 2})
         assert listener.watch([], lambda: None) is not None
         assert listener.live.wait(10)
-        fired = threading.Event()
+        fired, other = threading.Event(), threading.Event()
         listener.watch([str(job_id)], fired.set)
+        listener.watch([str(unwatched)], other.set)
+        store.watch_finish(job_ids=[job_id])
+        assert watched(store, job_id, unwatched) == [True, None]
         with store.engine.begin() as conn:  # a move that finishes nothing
             conn.execute(text("UPDATE taskline.jobs SET priority = 9 WHERE id = :id"),
                          {"id": job_id})
         assert not fired.wait(0.5)
-        assert drain(database_url).succeeded == 1
+        with signals(database_url) as channel:
+            assert drain(database_url).succeeded == 2
+            assert received(channel) == [str(job_id)]  # nothing for the unwatched job
         assert fired.wait(10)
-        assert listener.watching == 0  # a watch fires once
+        assert not other.is_set()
+        assert listener.watching == 1  # a watch fires once; the unwatched job's still waits
+        store.watch_finish(job_ids=[unwatched])  # finished already: nothing to flag
+        assert watched(store, unwatched) == [None]
     finally:
         listener.stop()
 
 
-def test_a_workflow_step_finishing_signals_its_workflow(database_url):
+def test_a_watched_workflow_signals_as_each_step_finishes(database_url, store):
+    steps = [{"id": "a", "job": {"type": "tw.job"}},
+             {"id": "b", "job": {"type": "tw.job"}, "after": ["a"]}]
     with psycopg.connect(database_url) as conn:
-        wf = taskline.submit_workflow(conn, "w", [{"id": "a", "job": {"type": "tw.job"}}])
+        wf = taskline.submit_workflow(conn, "w", steps)
+        other = taskline.submit_workflow(conn, "w2", steps[:1])
     listener = FinishListener(database_url)
     try:
         fired = threading.Event()
         listener.watch([str(wf)], fired.set)
         assert listener.live.wait(10)
-        drain(database_url)
+        store.watch_finish(workflow_ids=[wf])
+        with signals(database_url) as channel:
+            drain(database_url)
+            got = received(channel)
         assert fired.wait(10)
+        ids = [str(r["id"]) for r in store.workflow_steps_page(wf, None, 10)]
+        # Each step's id and its workflow's, at each step's finish; nothing of the unwatched one.
+        assert sorted(got) == sorted([*ids, str(wf), str(wf)])
+        assert str(other) not in got
     finally:
         listener.stop()
+
+
+def test_flagging_waits_only_for_a_held_row_and_never_holds_one_meanwhile(database_url,
+                                                                          store):
+    """A transaction holds step b; flagging the workflow flags a at once and commits, then waits
+    for b alone: the holder can take a next without waiting (a flag statement holding a while it
+    waited for b would deadlock with a holder that wants a next)."""
+    steps = [{"id": "a", "job": {"type": "tw.job"}}, {"id": "b", "job": {"type": "tw.job"}}]
+    with psycopg.connect(database_url) as conn:
+        wf = taskline.submit_workflow(conn, "w", steps)
+    a, b = (uuid.UUID(str(r["id"])) for r in store.workflow_steps_page(wf, None, 10))
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SET lock_timeout = '5s'")
+        holder.execute("UPDATE taskline.jobs SET priority = 5 WHERE id = %s", (b,))
+        thread, out = in_thread(store.watch_finish, workflow_ids=[wf])
+        wait_for(lambda: watched(store, a) == [True], timeout=10)
+        assert thread.is_alive() and watched(store, b) == [None]  # waits for b's holder
+        holder.execute("UPDATE taskline.jobs SET priority = 5 WHERE id = %s", (a,))  # no wait
+        holder.commit()
+    thread.join(10)
+    assert not thread.is_alive() and out == {"value": None}
+    assert watched(store, a, b) == [True, True]
 
 
 # --- taskline.wait on a database connection ------------------------------------------------
@@ -148,9 +208,12 @@ def holds_a_flask_request(app: Any, database_url: str) -> None:
     listener.fire()  # what a reconnection does: the request looks again, and waits on
     wait_for(lambda: listener.watching == 1, timeout=10, message="the request to wait again")
     assert thread.is_alive()
+    with psycopg.connect(database_url) as conn:  # flagged before its first read: signalled
+        assert conn.execute("SELECT watched FROM taskline.jobs WHERE id = %s",
+                            (job_id,)).fetchone() == (True,)
     drain(database_url)
-    thread.join(20)
-    assert out["value"].json["status"] == "succeeded"
+    thread.join(10)  # woken by the finishing commit, not by the end of its 20 s
+    assert not thread.is_alive() and out["value"].json["status"] == "succeeded"
     assert http.get(f"/api/v1/jobs/{uuid.uuid4()}?wait_s=1").status_code == 404
 
 

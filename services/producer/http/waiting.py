@@ -129,12 +129,14 @@ def job_reply(job_id: str) -> Reply:
 
 
 def answer(ids: Iterable[str], seconds: float | None, read: Read,
-           reply: Callable[[], Reply] | None = None) -> Any:
+           reply: Callable[[], Reply] | None = None, *, watch: Callable[[], None]) -> Any:
     """What `read` answers once the watched ids' job (workflow) is finished, or after
     `seconds`; at once without `seconds` or when it is finished already. A request run again
     after a wake-up that did not finish it (a reconnection of the listener) waits on until its
     first deadline (WAIT_UNTIL). `reply` makes the Reply that answers it once woken without
-    running it again (None: it is run again)."""
+    running it again (None: it is run again). `watch` has the finish signalled at its commit
+    (taskline.store.watching): run once, before the first read, so a finish the read does not
+    see yet signals."""
     until = request.environ.get(WAIT_UNTIL)
     if until is not None:
         seconds = until - time.monotonic()
@@ -142,6 +144,8 @@ def answer(ids: Iterable[str], seconds: float | None, read: Read,
         return read()[0]
     ids = [str(i) for i in ids]
     listener: FinishListener = current_app.extensions[EXTENSION].listener()
+    if until is None and listener.listens:
+        watch()  # a request run again flagged its ids on its first run
     # The process's first wait starts its LISTEN; a signal sent before it is live would be
     # missed, so wait for it (not live after this, the wait goes on: its reconnection or its
     # deadline ends it).
@@ -149,11 +153,11 @@ def answer(ids: Iterable[str], seconds: float | None, read: Read,
     parking = request.environ.get(PARKING)
     if parking is None:
         return _on_this_thread(listener, ids, time.monotonic() + seconds, read)
-    watch = listener.watch(ids, parking.wake)
-    view, done = _read_watched(listener, watch, read)
+    watched = listener.watch(ids, parking.wake)
+    view, done = _read_watched(listener, watched, read)
     if done:
         return view
-    raise Parked(watch, seconds, listener, None if reply is None else reply())
+    raise Parked(watched, seconds, listener, None if reply is None else reply())
 
 
 def _read_watched(listener: FinishListener, watch: Watch, read: Read) -> tuple[Any, bool]:

@@ -16,7 +16,7 @@ from taskline import tracing
 from taskline.jobs import Job
 from taskline.jobspec import KEY_CODE, FieldError, JobSpec, parse_batch, parse_job
 from taskline_producer.http import auth, waiting
-from taskline_producer.operations import jobmoves, quotas, reads, replays
+from taskline_producer.operations import jobmoves, quotas, reads, replays, watches
 from taskline_producer.operations.backends import backends
 from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json
@@ -100,7 +100,8 @@ def get_job(job_id: uuid.UUID) -> Response:
     """The job with its history; with `wait_s`, once it is finished or `wait_s` has passed."""
     seconds = waiting.wait_s()
     return jsonify(waiting.answer([str(job_id)], seconds, lambda: _job_detail(job_id),
-                                  lambda: waiting.job_reply(str(job_id))))
+                                  lambda: waiting.job_reply(str(job_id)),
+                                  watch=lambda: watches.watch_job(job_id)))
 
 
 def _job_detail(job_id: uuid.UUID) -> tuple[dict, bool]:

@@ -20,7 +20,7 @@ from taskline import tracing
 from taskline.jobspec import KEY_CODE, FieldError
 from taskline.workflows import WorkflowStatus
 from taskline_producer.http import listcache, waiting
-from taskline_producer.operations import jobmoves, quotas, reads, replays, submission
+from taskline_producer.operations import jobmoves, quotas, reads, replays, submission, watches
 from taskline_producer.operations.backends import backends
 from taskline_producer.schemas import paging, shapes
 from taskline_producer.schemas.body import read_json
@@ -89,7 +89,8 @@ def get_workflow(workflow_id: uuid.UUID) -> Response:
         view = _view(row, workflow_id, after, size)
         return view, view["status"] != WorkflowStatus.RUNNING
 
-    return jsonify(waiting.answer([str(workflow_id)], seconds, read))
+    return jsonify(waiting.answer([str(workflow_id)], seconds, read,
+                                  watch=lambda: watches.watch_workflow(workflow_id)))
 
 
 @bp.get("")

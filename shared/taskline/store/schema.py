@@ -96,6 +96,9 @@ jobs = Table(
     Column("unique_key", Text, nullable=True),
     Column("debounce_key", Text, nullable=True),
     Column("coalesced", JSONB, nullable=True),
+    # True once a waiter asked to be woken by the job's finish: only then does the commit that
+    # finishes it send its id on `<schema>_finished` (migration 0028; taskline.finishing).
+    Column("watched", Boolean, nullable=True),
     CheckConstraint(f"status IN {STATES_SQL}", name="jobs_status_allowed"),
     CheckConstraint("priority BETWEEN 0 AND 9", name="jobs_priority_range"),
     CheckConstraint("attempts >= 0", name="jobs_attempts_nonnegative"),

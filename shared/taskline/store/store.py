@@ -30,7 +30,7 @@ from sqlalchemy.engine import ExceptionContext
 from taskline import flow, transitions
 from taskline.errors import QueueLimitReached, StoreUnavailable
 from taskline.jobs import Job, Status, new_job_id
-from taskline.store import bulk
+from taskline.store import bulk, watching
 from taskline.store.aggregate import Aggregate
 from taskline.store.audit import AuditTrail
 from taskline.store.deadletters import DeadFilter as DeadFilter  # callers import it from here
@@ -399,6 +399,12 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
     def get_job(self, job_id: uuid.UUID, conn: Connection | None = None) -> Job | None:
         rows = self._run("get_job", {"id": job_id}, conn)
         return Job.from_row(rows[0]) if rows else None
+
+    def watch_finish(self, job_ids: Sequence[uuid.UUID | str] = (),
+                     workflow_ids: Sequence[uuid.UUID | str] = ()) -> None:
+        """Have the finish of these jobs (of these workflows' steps) signalled at its commit,
+        before a waiter reads their state (taskline.store.watching)."""
+        watching.watch_finish(self._run, job_ids, workflow_ids)
 
     def get_history(self, job_id: uuid.UUID) -> tuple[list[dict], list[dict]]:
         """A job's (events, leases), oldest first, in one transaction."""

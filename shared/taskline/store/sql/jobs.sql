@@ -429,6 +429,28 @@ ORDER BY id;
 -- One job's state and outcome, by primary key: what taskline.wait reads after each signal.
 SELECT status, result, last_error, attempts FROM taskline.jobs WHERE id = CAST(:id AS uuid);
 
+-- name: watch_finish
+-- Flag as watched the jobs :ids and every step of the workflows :workflow_ids, those not in a state of :finished and not flagged yet, so the commit that finishes one signals it (jobs_finished_notify, migration 0028). Never waits for a row lock: returns the candidates this statement saw but did not flag (their row held by another transaction, or finished meanwhile) for watch_finish_one.
+WITH wanted AS MATERIALIZED (
+    SELECT id FROM taskline.jobs
+    WHERE (id = ANY(CAST(:ids AS uuid[])) OR workflow_id = ANY(CAST(:workflow_ids AS uuid[])))
+      AND watched IS NOT TRUE AND (status <> ALL(CAST(:finished AS text[]))) IS TRUE
+), locked AS MATERIALIZED (
+    SELECT j.id FROM taskline.jobs j JOIN wanted w ON w.id = j.id
+    WHERE j.watched IS NOT TRUE AND (j.status <> ALL(CAST(:finished AS text[]))) IS TRUE
+    FOR UPDATE OF j SKIP LOCKED
+), flagged AS (
+    UPDATE taskline.jobs j SET watched = true FROM locked WHERE j.id = locked.id
+    RETURNING j.id
+)
+SELECT id FROM wanted WHERE id NOT IN (SELECT id FROM flagged);
+
+-- name: watch_finish_one
+-- Flag job :id as watched as watch_finish does, waiting for its row lock: run alone, holding no other lock, it waits for the transaction that holds the row (a settle) and never closes a deadlock cycle with it.
+UPDATE taskline.jobs SET watched = true
+WHERE id = CAST(:id AS uuid) AND watched IS NOT TRUE
+  AND (status <> ALL(CAST(:finished AS text[]))) IS TRUE;
+
 -- name: lock_enqueue_keys
 -- Take the transaction-level locks of the unique and debounce keys :locks (texts built by taskline.uniqueness), in one global order (by hash), so two writers sharing keys wait for each other instead of deadlocking.
 -- Taken by a statement of its own: under READ COMMITTED the lookups that follow take a fresh
