@@ -39,6 +39,9 @@ until its partition expires: migration 0021); Redis must hold no id of an absent
 
 Waiting reads (`GET /api/v1/jobs/{id}?wait_s=`, `wait_violations`): one that answered a
 finished state answered the job's committed end (the state it is in, or dead before a requeue).
+And the commit that finishes a job wakes its waiters (`wake_violations`): a waiting read sent
+before the job's finish and answered with it came back within WAKE_SLACK_S of that finish, not
+at the end of its `wait_s` (a finish nobody signalled is only seen at the next look).
 
 Schedules: each schedule slot enqueues at most one job (`slot_violations`, its own model: a
 slot is a (schedule, instant) pair, and it maps to at most one job). Judged from the jobs'
@@ -210,6 +213,7 @@ class Checker:
             result.violations += [f"job {job_id}: {v}" for v in job_violations(job_id, snap)]
         result.violations += dlq_violations(snap)
         result.violations += wait_violations(requests, snap)
+        result.violations += wake_violations(requests, snap)
         result.violations += flow_violations(snap)
         result.violations += ordering_violations(snap)
         result.violations += retention_violations(snap, self.cluster.settings.retention_s)
@@ -247,7 +251,7 @@ class Checker:
     def snapshot(self) -> Snapshot:
         jobs = {str(r["id"]): r for r in self._query(
             "SELECT id, type, queue, status, attempts, max_retries, updated_at, limit_key, "
-            "run_when, ordering_key, created_at, expires_at FROM taskline.jobs")}
+            "run_when, ordering_key, created_at, expires_at, finished_at FROM taskline.jobs")}
         return Snapshot(
             jobs=jobs,
             events=_grouped(self._query(
@@ -564,6 +568,31 @@ def wait_violations(requests: Iterable[dict], snap: Snapshot) -> list[str]:
         requeued = any(e["event"] == "requeued" for e in snap.events.get(job_id, []))
         if job["status"] != told and not (told == "dead" and requeued):
             found.append(f"job {job_id}: a waiter was told {told}, the job is {job['status']}")
+    return found
+
+
+WAKE_SLACK_S = 3.0
+"""How long after a job's finish its waiters may still be held: well under the workload's
+`wait_s` (8 s), well over a wake-up's path (a notification, one read, the answer)."""
+
+
+def wake_violations(requests: Iterable[dict], snap: Snapshot,
+                    slack_s: float = WAKE_SLACK_S) -> list[str]:
+    """A waiting read sent before its job's last finish (`finished_at`) and answered with that
+    end was answered within `slack_s` of it: the finishing commit woke it."""
+    found = []
+    for entry in requests:
+        told = entry.get("job_status")
+        if entry.get("op") != "wait" or entry.get("status") != 200 or told not in TERMINAL:
+            continue
+        job = snap.jobs.get(entry["path"].split("/")[-1].split("?")[0])
+        if job is None or job["status"] != told or job.get("finished_at") is None:
+            continue
+        finished = job["finished_at"].timestamp()
+        late = entry["recv_wall"] - finished
+        if entry["sent_wall"] < finished and late > slack_s:
+            found.append(f"job {job['id']}: a waiter was answered {late:.1f} s after the "
+                         f"job's finish, which should have woken it")
     return found
 
 
