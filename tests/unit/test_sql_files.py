@@ -23,6 +23,7 @@ OWN_FILES = {
     # The audit judges a job against PostgreSQL's clock (database_now).
     "history.py": {"history.sql", "queues.sql"},
     "queries.py": {"attempts.sql"},  # COMPOSED: settle_releasing from settle's text
+    "watching.py": {"jobs.sql"},  # a waiter's flag on the job's row (jobs.watched)
 }
 """The SQL files whose statements each module of taskline.store names; a module not listed
 names none."""
