@@ -2,13 +2,13 @@
 
 0017's row trigger sent every finished job's id on `<schema>_finished`, waited on or not: a
 plpgsql call and a NOTIFY per job, and at each commit that finished jobs PostgreSQL's
-database-wide NOTIFY lock and queue write. With nobody listening that was 8 % of the machine's
-CPU per job in a drain of Redis round-trip jobs (docs/performance.md, change 133). A waiter now
-flags what it waits for before it reads its state (`watched`: the job, or a workflow's
-unfinished steps; taskline.finishing), and `jobs_finished_notify`'s WHEN clause fires only for
-a flagged row, so an unwatched job's finish costs the clause's test and nothing else. Whatever
-finishes a flagged job (the worker's settle, the reaper, a cancel, a lapse) still signals it at
-that commit, as before.
+database-wide NOTIFY lock and queue write. With nobody listening that was 5 - 8 % of the
+machine's CPU per job in a drain of Redis round-trip jobs (docs/performance.md, change 133). A
+waiter now flags what it waits for before it reads its state (`watched`: the job, or a
+workflow's unfinished steps; taskline.finishing), and `jobs_finished_notify`'s WHEN clause fires
+only for a flagged row, so an unwatched job's finish costs the clause's test and nothing else.
+Whatever finishes a flagged job (the worker's settle, the reaper, a cancel, a lapse) still
+signals it at that commit, as before.
 
 `watched` is a nullable boolean without a default (NULL: nobody asked). Online on a
 100-million-row `jobs`: ADD COLUMN without a default changes the catalog only; the trigger is
