@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
@@ -552,16 +552,20 @@ def execution_overlap_violations(execs: list[dict], leases: list[dict]) -> list[
 TERMINAL = frozenset({"succeeded", "dead", "cancelled"})
 
 
+def finished_waits(requests: Iterable[dict]) -> Iterator[tuple[dict, str, str]]:
+    """(entry, job id, state told) of each waiting read answered 200 with a finished state."""
+    for entry in requests:
+        told = entry.get("job_status")
+        if entry.get("op") == "wait" and entry.get("status") == 200 and told in TERMINAL:
+            yield entry, entry["path"].split("/")[-1].split("?")[0], told
+
+
 def wait_violations(requests: Iterable[dict], snap: Snapshot) -> list[str]:
     """A waiting read (`wait_s`) told a finished state only when it is the job's committed
     end: the job is in that state now, or, told dead, was requeued from the DLQ since (a new
     life); the finish that woke it cannot have been rolled back."""
     found = []
-    for entry in requests:
-        told = entry.get("job_status")
-        if entry.get("op") != "wait" or entry.get("status") != 200 or told not in TERMINAL:
-            continue
-        job_id = entry["path"].split("/")[-1].split("?")[0]
+    for _entry, job_id, told in finished_waits(requests):
         job = snap.jobs.get(job_id)
         if job is None:
             continue  # deleted by retention: judged by retention_violations
@@ -581,17 +585,14 @@ def wake_violations(requests: Iterable[dict], snap: Snapshot,
     """A waiting read sent before its job's last finish (`finished_at`) and answered with that
     end was answered within `slack_s` of it: the finishing commit woke it."""
     found = []
-    for entry in requests:
-        told = entry.get("job_status")
-        if entry.get("op") != "wait" or entry.get("status") != 200 or told not in TERMINAL:
-            continue
-        job = snap.jobs.get(entry["path"].split("/")[-1].split("?")[0])
+    for entry, job_id, told in finished_waits(requests):
+        job = snap.jobs.get(job_id)
         if job is None or job["status"] != told or job.get("finished_at") is None:
             continue
         finished = job["finished_at"].timestamp()
         late = entry["recv_wall"] - finished
         if entry["sent_wall"] < finished and late > slack_s:
-            found.append(f"job {job['id']}: a waiter was answered {late:.1f} s after the "
+            found.append(f"job {job_id}: a waiter was answered {late:.1f} s after the "
                          f"job's finish, which should have woken it")
     return found
 

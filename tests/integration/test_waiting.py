@@ -75,10 +75,11 @@ def received(conn: psycopg.Connection, seconds: float = 1.0) -> list[str]:
     return [note.payload for note in conn.notifies(timeout=seconds)]
 
 
-def watched(store: Any, *ids: uuid.UUID) -> list[bool | None]:
-    with store.engine.connect() as conn:
-        rows = dict(conn.execute(text("SELECT id, watched FROM taskline.jobs WHERE id = ANY(:ids)"),
-                                 {"ids": list(ids)}).all())
+def watched(database_url: str, *ids: uuid.UUID) -> list[bool | None]:
+    """Each job's `watched` flag, in the order of `ids`."""
+    with psycopg.connect(database_url) as conn:
+        rows = dict(conn.execute("SELECT id, watched FROM taskline.jobs WHERE id = ANY(%s)",
+                                 (list(ids),)).fetchall())
     return [rows[i] for i in ids]
 
 
@@ -92,7 +93,7 @@ def test_only_a_watched_job_signals_and_only_at_its_finishing_commit(database_ur
         listener.watch([str(job_id)], fired.set)
         listener.watch([str(unwatched)], other.set)
         store.watch_finish(job_ids=[job_id])
-        assert watched(store, job_id, unwatched) == [True, None]
+        assert watched(database_url, job_id, unwatched) == [True, None]
         with store.engine.begin() as conn:  # a move that finishes nothing
             conn.execute(text("UPDATE taskline.jobs SET priority = 9 WHERE id = :id"),
                          {"id": job_id})
@@ -104,7 +105,7 @@ def test_only_a_watched_job_signals_and_only_at_its_finishing_commit(database_ur
         assert not other.is_set()
         assert listener.watching == 1  # a watch fires once; the unwatched job's still waits
         store.watch_finish(job_ids=[unwatched])  # finished already: nothing to flag
-        assert watched(store, unwatched) == [None]
+        assert watched(database_url, unwatched) == [None]
     finally:
         listener.stop()
 
@@ -146,13 +147,13 @@ def test_flagging_waits_only_for_a_held_row_and_never_holds_one_meanwhile(databa
         holder.execute("SET lock_timeout = '5s'")
         holder.execute("UPDATE taskline.jobs SET priority = 5 WHERE id = %s", (b,))
         thread, out = in_thread(store.watch_finish, workflow_ids=[wf])
-        wait_for(lambda: watched(store, a) == [True], timeout=10)
-        assert thread.is_alive() and watched(store, b) == [None]  # waits for b's holder
+        wait_for(lambda: watched(database_url, a) == [True], timeout=10)
+        assert thread.is_alive() and watched(database_url, b) == [None]  # waits for b's holder
         holder.execute("UPDATE taskline.jobs SET priority = 5 WHERE id = %s", (a,))  # no wait
         holder.commit()
     thread.join(10)
     assert not thread.is_alive() and out == {"value": None}
-    assert watched(store, a, b) == [True, True]
+    assert watched(database_url, a, b) == [True, True]
 
 
 # --- taskline.wait on a database connection ------------------------------------------------
@@ -208,9 +209,7 @@ def holds_a_flask_request(app: Any, database_url: str) -> None:
     listener.fire()  # what a reconnection does: the request looks again, and waits on
     wait_for(lambda: listener.watching == 1, timeout=10, message="the request to wait again")
     assert thread.is_alive()
-    with psycopg.connect(database_url) as conn:  # flagged before its first read: signalled
-        assert conn.execute("SELECT watched FROM taskline.jobs WHERE id = %s",
-                            (job_id,)).fetchone() == (True,)
+    assert watched(database_url, job_id) == [True]  # flagged before its first read: signalled
     drain(database_url)
     thread.join(10)  # woken by the finishing commit, not by the end of its 20 s
     assert not thread.is_alive() and out["value"].json["status"] == "succeeded"
