@@ -195,6 +195,12 @@ def test_the_worker_generic_plans_prune_the_lease_partitions(
                          f"'{{{','.join(map(str, lease_ids))}}}', {lease_ids[0]}, "
                          f"{lease_ids[-1]}, 'w1', 60")
     assert "Subplans Removed" in renew and partitions_scanned(renew) == own, renew
+    lean = generic_plan(store, "settle_succeeded", {
+        "results": "text", "outcome": "text", "lease_ids": "bigint[]", "lease_min": "bigint",
+        "lease_max": "bigint", "worker_id": "text", "status": "text", "event": "text"},
+        f"'{{}}', 'succeeded', '{{{','.join(map(str, lease_ids))}}}', {lease_ids[0]}, "
+        f"{lease_ids[-1]}, 'w1', 'succeeded', 'succeeded'")
+    assert "Subplans Removed" in lean and partitions_scanned(lean) == own, lean
     unbounded = str(queries_for(store.schema)["settle"]).replace(BOUNDS, "")
     whole = settle_plan(store, lease_ids, unbounded)
     assert len(partitions_scanned(whole)) > len(own) + 8, "by the array alone: every partition"

@@ -62,6 +62,10 @@ def settle_params(leases: list[int], transition: transitions.Transition) -> dict
 @pytest.mark.parametrize("name, params", [
     ("settle", lambda leases: settle_params(leases, transitions.succeeded(None))),
     ("settle", lambda leases: settle_params(leases, transitions.handed_back())),
+    ("settle_succeeded", lambda leases: {"lease_ids": leases, "results": "{}",
+                                         "worker_id": "w1", "status": "succeeded",
+                                         "event": "succeeded", "outcome": "succeeded",
+                                         **lease_span(leases)}),
     ("renew_leases", lambda leases: {"lease_ids": leases, "worker_id": "w1", "lease_s": 30,
                                      **lease_span(leases)}),
 ])

@@ -59,6 +59,7 @@ def test_finished_at_is_stamped_by_exactly_the_moves_into_a_terminal_state() -> 
     assert "finished_at = NULL" in queries["requeue_dead_job"]
     assert "finished_at = CASE WHEN CAST(leases.s ->> 'finishes' AS boolean) THEN now() END" in (
         queries["settle"])
+    assert t.SUCCEED.finishes and "finished_at = now()" in queries["settle_succeeded"]
 
 
 def test_only_unstarted_jobs_are_cancelled_outright_and_new_jobs_start_pending_or_waiting(
@@ -162,8 +163,10 @@ def test_the_attempt_fence_and_the_dlq_upsert_are_written_once_in_sql() -> None:
     # settle_releasing and settle_turning are settle's own text, composed at load time
     # (taskline.store.queries), with a workflow step's release or a key's next start in place of
     # its final SELECT.
-    assert sorted(ended) == ["settle", "settle_releasing", "settle_turning"], (
-        "only settle ends an attempt")
+    # settle_succeeded is settle's special case for a batch of plain successes: its effects
+    # are held to settle's by tests/integration/test_settle_succeeded.py.
+    assert sorted(ended) == ["settle", "settle_releasing", "settle_succeeded",
+                             "settle_turning"], "only settle ends an attempt"
 
 
 def test_literal_states_in_sql_agree_with_the_table() -> None:

@@ -415,8 +415,12 @@ class Recorder:
         """Settle these successes; steps they release that can start here at once are claimed
         in the same transaction, one per slot a succeeded step holds. Returns the settled rows,
         those claims and when the claim was sent (monotonic)."""
-        settlements = [self._settlement(r, transitions.succeeded(r.result)) for r in live]
+        if not any(_releases(r) or _passes_turn(r) for r in live):
+            # The common batch: plain jobs, one lean statement (Store.settle_succeeded).
+            return self._store.settle_succeeded(
+                [(r.attempt.lease_id, r.result) for r in live], self._worker_id), [], 0.0
         holding, steps = _holding_slots(live), self._next_steps
+        settlements = [self._settlement(r, transitions.succeeded(r.result)) for r in live]
         if not holding or steps is None or not steps.accepting():
             return self._store.settle(settlements), [], 0.0
         sent_at = time.monotonic()

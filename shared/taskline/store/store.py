@@ -29,7 +29,7 @@ from sqlalchemy.engine import ExceptionContext
 
 from taskline import flow, transitions
 from taskline.errors import QueueLimitReached, StoreUnavailable
-from taskline.jobs import Job, Status, new_job_id
+from taskline.jobs import Job, Outcome, Status, new_job_id
 from taskline.store import bulk, watching
 from taskline.store.aggregate import Aggregate
 from taskline.store.audit import AuditTrail
@@ -790,6 +790,25 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         rows = (self._run(name, params, conn) if conn is not None
                 else self._run_on_driver(name, params))
         return _with_releases(rows)[0] if releasing else [Settled.from_row(r) for r in rows]
+
+    def settle_succeeded(self, successes: Sequence[tuple[int, Any]],
+                         worker_id: str) -> list[Settled]:
+        """`settle` for plain successes of `worker_id`'s attempts, given as (lease id, result):
+        jobs that are no workflow step and have no ordering key. One autocommit statement,
+        `settle_succeeded`, with the same fence and the same effects as `settle` of
+        `transitions.succeeded(result)` for each, without a settlement document."""
+        if not successes:
+            return []
+        lease_ids = [lease_id for lease_id, _ in successes]
+        results = {str(lease_id): result for lease_id, result in successes
+                   if result is not None}
+        move = transitions.SUCCEED
+        rows = self._run_on_driver("settle_succeeded", {
+            "lease_ids": "{" + ",".join(map(str, lease_ids)) + "}", **lease_span(lease_ids),
+            "results": _rows_json(results) if results else "{}", "worker_id": worker_id,
+            "status": move.target.value, "event": move.event.value,
+            "outcome": Outcome.SUCCEEDED.value})
+        return [Settled.from_row(r) for r in rows]
 
     def settle_continuing(self, settlements: Sequence[Settlement], *, worker_id: str,
                           lease_s: float, queues: Sequence[str],
