@@ -286,10 +286,11 @@ class Recorder:
 
     def run(self) -> None:
         more = True
-        while more:
-            batch, more = self._collect()
-            if batch:
-                self._record(batch)
+        with self._store.holding():  # this thread's writes share one connection
+            while more:
+                batch, more = self._collect()
+                if batch:
+                    self._record(batch)
 
     def _collect(self) -> tuple[list[Report | Written], bool]:
         """The next batch: wait for one report, then gather for a few ms; False after stop.
