@@ -71,13 +71,23 @@ def test_the_examples_are_the_ones_run_here() -> None:
         "from django.db import connection, transaction", "import taskline"]
 
 
+def watched(engine: Engine, job_id: Any) -> bool:
+    """Whether a waiter flagged the committed job `job_id` (jobs.watched)."""
+    with engine.connect() as conn:
+        return bool(conn.execute(text("SELECT watched FROM taskline.jobs WHERE id = :id"),
+                                 {"id": job_id}).scalar())
+
+
 def test_waiting_example_returns_the_result_once_a_worker_ran_it(engine: Engine,
                                                                  database_url: str) -> None:
     namespace: dict[str, Any] = {"engine": engine}
     block = library_examples("docs/client.md")[4]
     waiter = threading.Thread(target=exec, args=(block, namespace), daemon=True)
     waiter.start()
-    wait_for(lambda: "job_id" in namespace, message="the example to enqueue")
+    # The example names its job inside the enqueue's transaction: the flag `taskline.wait` sets
+    # before its first read says the enqueue committed and the wait began.
+    wait_for(lambda: "job_id" in namespace and watched(engine, namespace["job_id"]),
+             message="the example to enqueue and wait")
     assert waiter.is_alive()  # waiting: nothing ran the job yet
     assert drain(database_url).succeeded == 1
     waiter.join(30)
