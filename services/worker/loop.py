@@ -112,14 +112,13 @@ class FetchLoop:
     def run(self, stop: threading.Event) -> None:
         failures = 0
         drained = False
-        with self._store.holding():  # this thread's claims share one connection
-            while not stop.is_set():
-                ok, result = guarded("fetch", lambda d=drained: self.run_once(stop, d))
-                drained = bool(result)
-                failures = 0 if ok else failures + 1
-                if failures:
-                    low, cap = ERROR_BACKOFF_S
-                    stop.wait(min(low * 2 ** (failures - 1), cap))
+        while not stop.is_set():
+            ok, result = guarded("fetch", lambda d=drained: self.run_once(stop, d))
+            drained = bool(result)
+            failures = 0 if ok else failures + 1
+            if failures:
+                low, cap = ERROR_BACKOFF_S
+                stop.wait(min(low * 2 ** (failures - 1), cap))
 
     def run_once(self, stop: threading.Event, drained: bool = False) -> bool:
         """One turn; returns whether the queues were found drained (the next turn then waits).

@@ -286,11 +286,10 @@ class Recorder:
 
     def run(self) -> None:
         more = True
-        with self._store.holding():  # this thread's writes share one connection
-            while more:
-                batch, more = self._collect()
-                if batch:
-                    self._record(batch)
+        while more:
+            batch, more = self._collect()
+            if batch:
+                self._record(batch)
 
     def _collect(self) -> tuple[list[Report | Written], bool]:
         """The next batch: wait for one report, then gather for a few ms; False after stop.

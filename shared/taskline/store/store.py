@@ -35,7 +35,6 @@ from taskline.store.aggregate import Aggregate
 from taskline.store.audit import AuditTrail
 from taskline.store.deadletters import DeadFilter as DeadFilter  # callers import it from here
 from taskline.store.deadletters import DeadLetters
-from taskline.store.held import Held
 
 # Kept under the names this module always used (and that bulk, caller and the tests import).
 from taskline.store.params import FIRST_EVENTS as _FIRST_EVENTS
@@ -231,7 +230,6 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
         self._prepare = prepare
         """Whether the statements run straight through psycopg are prepared (see PREPARE):
         never on a transaction pooler's connections."""
-        self._held = Held()
 
     @property
     def partitions(self) -> HistoryPartitions:
@@ -369,51 +367,24 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
             yield run
 
     @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
-        """On this thread, until the block ends, the statements run straight through psycopg
-        share one connection instead of taking one from the pool each (taskline.store.held):
-        for a thread that runs them back to back, as a worker's fetch loops and recorder do."""
-        held = self._held
-        held.depth += 1
-        try:
-            yield
-        finally:
-            held.depth -= 1
-            if not held.depth:
-                held.release()
-
-    @contextlib.contextmanager
     def _driver(self) -> Iterator[psycopg.Connection]:
-        """A pooled connection's psycopg connection, outside any transaction (inside `holding`,
-        this thread's held one when no statement runs on it). Any error discards the connection,
-        which may be broken, in autocommit or inside a transaction: the pool must never hand
-        any of them to a transaction."""
-        held = self._held
-        holding = held.depth > 0 and not held.busy
-        pooled = held.usable(self.engine) if holding else None
-        if pooled is None:
-            # raw_connection() passes the driver's own connect errors through, unwrapped.
-            with translate_errors(), translate_driver_errors(None):
-                pooled = self.engine.raw_connection()
-            if holding:
-                held.keep(pooled)
+        """A pooled connection's psycopg connection, outside any transaction. Any error discards
+        the connection, which may be broken, in autocommit or inside a transaction: the pool
+        must never hand any of them to a transaction."""
+        # raw_connection() passes the driver's own connect errors through, unwrapped.
+        with translate_errors(), translate_driver_errors(None):
+            pooled = self.engine.raw_connection()
         driver = pooled.driver_connection
-        held.busy = held.busy or holding
         try:
             with translate_driver_errors(driver):
                 yield driver
         except BaseException as err:
             pooled.invalidate(err)
-            if holding:
-                held.drop()
             if isinstance(err, StoreUnavailable) and outdated_plan(err.__cause__):
                 self.engine.dispose()  # every pooled connection's plans are outdated alike
             raise
         finally:
-            if holding:
-                held.busy = False
-            if not holding or held.pooled is not pooled:
-                pooled.close()
+            pooled.close()
 
     def get_job_by_key(self, queue: str, key: str, conn: Connection | None = None) -> Job | None:
         rows = self._run("get_job_by_key", {"queue": queue, "idempotency_key": key}, conn)
