@@ -804,8 +804,7 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
                    if result is not None}
         move = transitions.SUCCEED
         rows = self._run_on_driver("settle_succeeded", {
-            "lease_ids": "{" + ",".join(map(str, lease_ids)) + "}", **lease_span(lease_ids),
-            "results": _rows_json(results) if results else "{}", "worker_id": worker_id,
+            **_lease_params(lease_ids), "results": _rows_json(results), "worker_id": worker_id,
             "status": move.target.value, "event": move.event.value,
             "outcome": Outcome.SUCCEEDED.value})
         return [Settled.from_row(r) for r in rows]
@@ -996,10 +995,15 @@ def _claims_in_order(rows: Sequence[Any], ids: Sequence[str]) -> list[Claimed]:
 
 
 def _settle_params(settlements: Sequence[Settlement], lapsed: bool) -> dict[str, Any]:
-    ids = [s.lease_id for s in settlements]
     return {"settlements": _rows_json({str(s.lease_id): s.to_input(lapsed=lapsed)
                                        for s in settlements}),
-            "lease_ids": "{" + ",".join(map(str, ids)) + "}", **lease_span(ids)}
+            **_lease_params([s.lease_id for s in settlements])}
+
+
+def _lease_params(lease_ids: Sequence[int]) -> dict[str, Any]:
+    """The lease ids of a statement that ends attempts (an array literal) and their bounds
+    (lease_span)."""
+    return {"lease_ids": "{" + ",".join(map(str, lease_ids)) + "}", **lease_span(lease_ids)}
 
 
 def lease_span(lease_ids: Sequence[int]) -> dict[str, int]:

@@ -15,11 +15,11 @@
 -- them; live_leases is the same rows with the plain `released_at IS NULL` beside, for the
 -- statements that read open leases by `leased_until` through the open-lease index. Every
 -- statement that ends an attempt is `settle` (a batch of plain successes: its special case
--- `settle_succeeded`, the same effects without a settlement document). Which states a move starts from and goes to is
--- taskline.transitions' table: a statement takes them as parameters (:sources, :target,
--- :event) where a job is found by its primary key. The claim and the promotion keep their
--- states literal, so their partial indexes match under generic plans; a unit test holds those
--- literals to the table.
+-- `settle_succeeded`, the same effects without a settlement document). Which states a move
+-- starts from and goes to is taskline.transitions' table: a statement takes them as
+-- parameters (:sources, :target, :event) where a job is found by its primary key. The claim
+-- and the promotion keep their states literal, so their partial indexes match under generic
+-- plans; a unit test holds those literals to the table.
 -- (The claim keeps `status = 'queued'`: its id list is served by jobs_pending_id, and without
 -- an index on status to choose, a never-analyzed 100,000-job backlog was read whole.)
 
