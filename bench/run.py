@@ -61,7 +61,9 @@ bench/limits.py: --soak-pairs interleaved pairs of an unlimited type's drain bes
 one and alone, a 60 s rate limit, an idle worker waiting on a full budget, and fairness.
 Environment: BENCH_REDIS_URL (default redis://127.0.0.1:6379/9; that logical DB is flushed),
 BENCH_ADMIN_URL (with --shared-postgres), BENCH_WORKER_CONCURRENCY (handler threads, 64),
-BENCH_IO_CASES (drain_io_side_by_side's cases, e.g. "redis 2x8,sleep10 2x8"; all by default).
+BENCH_IO_CASES (drain_io_side_by_side's cases, e.g. "redis 2x8,sleep10 2x8"; all by default),
+BENCH_IO_HANDLERS (its jobs: "redis,sleep10" by default; "noop,redis,sleep10" adds the no-op job),
+BENCH_PEERS (the peers run, e.g. "dramatiq,pgqueuer"; all installed by default).
 """
 
 from __future__ import annotations
@@ -106,7 +108,10 @@ PEER_DRAINS: dict[str, Callable[..., float]] = {
     "celery": peers.celery_drain, "dramatiq": peers.dramatiq_drain,
     "pgqueuer": peers.pgqueuer_drain}
 # drain_io_side_by_side: the handlers (bench/iojobs.py) and the worker processes.
-IO_HANDLERS = ("redis", "sleep10")
+IO_HANDLERS = tuple(h.strip() for h in os.environ.get(
+    "BENCH_IO_HANDLERS", "redis,sleep10").split(",") if h.strip())
+"""The jobs drain_io_side_by_side drains; `noop` too for the no-op job beside the peers at the
+same processes x slots (bench/cpu_table.py's peer columns)."""
 IO_PROCESSES = 2
 IO_SLOTS = 8
 IO_CASES = {c.strip() for c in os.environ.get("BENCH_IO_CASES", "").split(",") if c.strip()}
@@ -224,7 +229,8 @@ def _peers_installed(with_peers: bool) -> set[str]:
         return set()
     if "pgqueuer" not in found:
         print("pgqueuer is not installed (pip install -e '.[bench]'): it does not run")
-    return found
+    wanted = os.environ.get("BENCH_PEERS", ",".join(PEER_DRAINS))
+    return found & {p.strip() for p in wanted.split(",")}
 
 
 def _with_ratios(runs: dict[str, list[float]]) -> dict[str, Any]:

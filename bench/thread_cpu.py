@@ -20,7 +20,7 @@ which side runs first; lower is better, so each ratio is before / after.
 
 Usage: python bench/thread_cpu.py [--before DIR --after DIR | --tree DIR] [--pairs 5]
            [--handler redis] [--slots 8] [--jobs 20000] [--margin 2000]
-           [--after-env BENCH_SET_TASKLINE_WORKER_CPUS=auto]
+           [--after-env BENCH_SET_TASKLINE_WORKER_CPUS=auto] [--maintenance]
            [--out bench-results/thread_cpu.json]
 """
 
@@ -33,6 +33,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,10 @@ _ROLE_OF = (("taskline-fetch", "fetch"), ("taskline-worker", "fetch"),
             ("taskline-lease-keeper", "lease keeper"))
 """Thread names by prefix: the first fetch loop runs on the worker's own thread."""
 
+
+STEPS_RATE = 250
+"""py-spy's samples a second for `--steps`: each sample of the GIL's holder stands for 4 ms of
+Python running."""
 
 POLL_S = 0.1
 """How often the finished jobs are polled for the window's ends (bench/finished.py: cheap reads
@@ -81,31 +86,47 @@ def thread_names(pid: int) -> dict[int, str]:
             for m in re.finditer(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump, re.M)}
 
 
-def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
-    """One drain on this interpreter's taskline: CPU us per job by role, and the servers'."""
+def measure(handler: str, slots: int, jobs: int, margin: int, maintenance: bool = False,
+            steps: Path | None = None) -> dict[str, Any]:
+    """One drain on this interpreter's taskline: CPU us per job by role, and the servers'.
+    `maintenance`: a maintenance process leads through the drain and its CPU is read beside
+    the rest; `steps`: py-spy records the GIL's holder in each worker over the window, into
+    `<stem>.0<suffix>` and `<stem>.1<suffix>` (its figures then carry the profiler's cost)."""
     sys.path.insert(0, str(BENCH))
     import cpu
     import finished
     import scenarios
+    from pyspy import start_recording, stop_recording
     from stack import open_stack, wait_until
 
     import taskline
 
-    with open_stack(False) as stack:
+    with open_stack(False) as stack, ExitStack() as running:
         scenarios._backlog(stack, jobs, job_type=f"bench.{handler}")
-        with stack.workers(2, slots) as procs, finished.taskline(stack, jobs) as succeeded:
-            pids = [p.pid for p in procs]
-            wait_until(lambda: succeeded() >= margin, timeout=120, interval=POLL_S)
-            servers = [cpu.tree_cpu([stack.postmaster_pid() or 0]), cpu.tree_cpu(
-                [stack.redis_pid() or 0]), cpu.machine_cpu_s]
-            names = {tid: name for pid in pids for tid, name in thread_names(pid).items()}
-            start = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
-                     [probe() for probe in servers], time.monotonic())
-            wait_until(lambda: succeeded() >= jobs - margin, timeout=600, interval=POLL_S)
-            end = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
-                   [probe() for probe in servers], time.monotonic())
-            # A handler thread started in the window (one replaced after a timeout) too.
-            names.update({tid: name for pid in pids for tid, name in thread_names(pid).items()})
+        chores = [running.enter_context(stack.process("maintenance")).pid] if maintenance else []
+        if chores:  # its start-up is left out of the window: the workers start once it leads
+            wait_until(lambda: stack.sql("SELECT count(*) FROM taskline.leader_leases")[0][0] > 0,
+                       timeout=60, interval=0.05)
+        procs = running.enter_context(stack.workers(2, slots))
+        succeeded = running.enter_context(finished.taskline(stack, jobs))
+        pids = [p.pid for p in procs]
+        wait_until(lambda: succeeded() >= margin, timeout=120, interval=POLL_S)
+        servers = [cpu.tree_cpu([stack.postmaster_pid() or 0]),
+                   cpu.tree_cpu([stack.redis_pid() or 0]), cpu.machine_cpu_s,
+                   *([cpu.tree_cpu(chores)] if chores else [])]
+        names = {tid: name for pid in pids for tid, name in thread_names(pid).items()}
+        spies = [start_recording(pid, steps.with_name(f"{steps.stem}.{n}{steps.suffix}"),
+                                 rate=STEPS_RATE, gil=True)
+                 for n, pid in enumerate(pids)] if steps else []
+        start = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
+                 [probe() for probe in servers], time.monotonic())
+        wait_until(lambda: succeeded() >= jobs - margin, timeout=600, interval=POLL_S)
+        end = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
+               [probe() for probe in servers], time.monotonic())
+        for spy in spies:
+            stop_recording(spy)
+        # A handler thread started in the window (one replaced after a timeout) too.
+        names.update({tid: name for pid in pids for tid, name in thread_names(pid).items()})
     done = end[1] - start[1]
     by_role = {r: [0.0, 0.0, 0.0] for r in ROLES}
     for before, after in zip(start[0], end[0], strict=True):
@@ -118,10 +139,12 @@ def measure(handler: str, slots: int, jobs: int, margin: int) -> dict[str, Any]:
     result["worker us"] = round(sum(v[0] for v in by_role.values()) / 1e3, 2)
     for r, v in by_role.items():  # switches per job, fewer is better as for CPU
         result[f"{r} waits"], result[f"{r} preempted"] = round(v[1], 3), round(v[2], 3)
-    for label, b, a in zip(("postgres us", "redis us", "machine us"), start[2], end[2],
-                           strict=True):
+    labels = ("postgres us", "redis us", "machine us", "maintenance us")
+    for label, b, a in zip(labels[:len(start[2])], start[2], end[2], strict=True):
         result[label] = round((a - b) * 1e6 / done, 2)
     result["jobs/s"] = round(done / (end[3] - start[3]), 1)
+    if steps:  # the profile's samples are shared over these
+        result["jobs"] = done
     result["taskline"] = str(Path(taskline.__file__).resolve())
     return result
 
@@ -133,7 +156,8 @@ def run_in_tree(tree: Path, args: argparse.Namespace,
     answer = subprocess.run(
         [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()), "--measure",
          "--handler", args.handler, "--slots", str(args.slots), "--jobs", str(args.jobs),
-         "--margin", str(args.margin)], capture_output=True, text=True, cwd=BENCH,
+         "--margin", str(args.margin), *(["--maintenance"] if args.maintenance else [])],
+        capture_output=True, text=True, cwd=BENCH,
         env={**os.environ, **(env or {})})
     if answer.returncode != 0:
         raise RuntimeError(f"thread_cpu.py on {tree} failed:\n{answer.stderr[-2000:]}")
@@ -157,10 +181,14 @@ def main() -> int:
     parser.add_argument("--after-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set for the after side's runs only (BENCH_SET_TASKLINE_X=v sets "
                              "TASKLINE_X for the workers: one setting against its default)")
+    parser.add_argument("--maintenance", action="store_true",
+                        help="a maintenance process runs beside the workers; its CPU is read too")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=Path, help=argparse.SUPPRESS)  # bench/cpu_table.py's
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.handler, args.slots, args.jobs, args.margin)))
+        print(json.dumps(measure(args.handler, args.slots, args.jobs, args.margin,
+                                 args.maintenance, args.steps)))
         return 0
     from pairs import alternating, compared
 
