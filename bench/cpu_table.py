@@ -1,12 +1,13 @@
 """`python bench/cpu_table.py`: where a job's CPU goes, by component and by step, in one table.
 
-For each job (`noop`, `redis`: one Redis round trip, `sleep10`: a 10 ms wait) and each worker
-setup (2 processes x 8 slots and x the default), this checkout drains 20,000 jobs with a
-maintenance process leading beside the workers, and reads over a window in the middle of the
-drain (bench/thread_cpu.py): each worker thread's CPU from the kernel's account, by role (fetch
-loops, handler threads, recorder, lease keeper, the rest), and PostgreSQL's, Redis's,
-maintenance's and the machine's. The cases run interleaved, `--repeat` times; the table gives
-medians in microseconds a job.
+For each job (`noop`, `redis`: one Redis round trip, `sleep10`: a 10 ms wait; any
+bench/benchjobs.py type, `redis_async` its `async def` form) and each worker setup (2 processes
+x 8 slots and x the default), this checkout drains 20,000 jobs with a maintenance process
+leading beside the workers, and reads over a window in the middle of the drain
+(bench/thread_cpu.py): each worker thread's CPU from the kernel's account, by role (fetch loops,
+handler threads, the event loop of `async def` handlers, recorder, lease keeper, the rest), and
+PostgreSQL's, Redis's, maintenance's and the machine's. The cases run interleaved, `--repeat`
+times; the table gives medians in microseconds a job.
 
 The roles are split into steps (fetch, claim, hand-off, the handler's body, settle, Redis
 acknowledgement, renewal, metrics, logging, tracing) by one more drain per case with py-spy
@@ -45,6 +46,7 @@ sys.path.insert(0, str(BENCH))
 from thread_cpu import STEPS_RATE  # noqa: E402
 
 ROLE_OF = (("fetch", ("worker/loop.py",)), ("handlers", ("_work (",)),
+           ("event loop", ("execution/eventloop.py",)),
            ("recorder", ("execution/outcomes.py",)), ("lease keeper", ("execution/leases.py",)))
 """A sample's thread role: the first of these met walking its stack from the thread's root
 (the main thread runs a fetch loop too; a fetch loop's hand-off passes through the runner, but
@@ -66,6 +68,8 @@ STEPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
               ("the loop's own pacing and slots", ())),
     "handlers": (("the job's body", ("benchjobs.py", "iojobs.py")),
                  ("the runner around it", ())),
+    "event loop": (("the job's body", ("benchjobs.py", "iojobs.py")),
+                   ("asyncio and the runner around it", ())),
     "recorder": (("settle (PostgreSQL statement)", ("store/", "sqlalchemy/", "psycopg/")),
                  ("acknowledgement in Redis", ("dispatch/", "redis/")),
                  ("building outcomes, waking waiters", ())),
@@ -130,7 +134,7 @@ def table(cases: dict[str, dict[str, Any]], peers: dict[str, dict[str, Any]]) ->
         lines.append(f"| {label} | " + " | ".join(
             "-" if v is None else f"{v:,.0f}" for v in values) + " |")
 
-    for role in ("fetch", "handlers", "recorder", "lease keeper", "other"):
+    for role in ("fetch", "handlers", "event loop", "recorder", "lease keeper", "other"):
         row(f"worker: {role}", [c["median"].get(f"{role} us") for c in cases.values()])
         for step, _ in STEPS[role] + CROSSING:
             values = [c["python"].get(role, {}).get(step, 0.0) for c in cases.values()]

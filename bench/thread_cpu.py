@@ -1,8 +1,9 @@
 """`python bench/thread_cpu.py`: a worker's CPU per job by thread role, in interleaved pairs of
 two checkouts (or one checkout's runs alone).
 
-A worker process runs its fetch loops, its handler threads, the recorder that writes outcomes,
-the lease keeper, the heartbeat and the deadline thread; py-spy's sampling says which steps
+A worker process runs its fetch loops, its handler threads (and an event loop's thread for
+`async def` handlers), the recorder that writes outcomes, the lease keeper, the heartbeat and
+the deadline thread; py-spy's sampling says which steps
 hold the GIL, not what each thread costs. This reads the kernel's own account instead: for
 every thread of the two worker processes, its CPU time (`/proc/<pid>/task/<tid>/schedstat`, in
 nanoseconds: user and system, the kernel's work of its sockets and futexes included) at the
@@ -38,11 +39,12 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-ROLES = ("fetch", "handlers", "recorder", "lease keeper", "other")
+ROLES = ("fetch", "handlers", "event loop", "recorder", "lease keeper", "other")
 """A worker's threads by role; `other` is every thread not named below (heartbeat, deadlines,
 the metrics server, the main thread while it only waits)."""
 _ROLE_OF = (("taskline-fetch", "fetch"), ("taskline-worker", "fetch"),
-            ("taskline-handler", "handlers"), ("taskline-recorder", "recorder"),
+            ("taskline-handler", "handlers"), ("taskline-asyncio", "event loop"),
+            ("taskline-recorder", "recorder"),
             ("taskline-lease-keeper", "lease keeper"))
 """Thread names by prefix: the first fetch loop runs on the worker's own thread."""
 
