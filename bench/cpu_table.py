@@ -33,17 +33,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-THREAD_CPU = BENCH / "thread_cpu.py"
 sys.path.insert(0, str(BENCH))
 
-from thread_cpu import STEPS_RATE  # noqa: E402
+from thread_cpu import STEPS_RATE, run_measure, steps_file  # noqa: E402
 
 ROLE_OF = (("fetch", ("worker/loop.py",)), ("handlers", ("_work (",)),
            ("event loop", ("execution/eventloop.py",)),
@@ -55,6 +53,8 @@ only a handler thread's root is `Runner._work`)."""
 ROOTS = ("_bootstrap (threading", "_run_module_as_main (")
 """The first frame of a whole stack (a thread's, the main thread's); py-spy, reading a running
 process without stopping it, sometimes gets only the top of a stack."""
+PARTIAL = ("unattributed", "py-spy's partial stacks (no thread root)")
+"""(role, step) of a stack without its root: Python of some role, counted on its own."""
 
 CROSSING = (("metrics", ("prometheus_client", "taskline/metrics.py")),
             ("logging", ("logging/", "taskline/log.py")),
@@ -75,7 +75,6 @@ STEPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
                  ("building outcomes, waking waiters", ())),
     "lease keeper": (("renewal", ()),),
     "other": (("heartbeat, deadlines, the rest", ()),),
-    "unattributed": (("py-spy's partial stacks (no thread root)", ()),),
 }
 """Each role's steps: the first whose marks a sample's stack holds, else the last."""
 
@@ -83,7 +82,7 @@ STEPS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
 def step_of(frames: list[str]) -> tuple[str, str]:
     """(role, step) of one sampled stack, its frames from the thread's root to the leaf."""
     if not any(root in frames[0] for root in ROOTS):
-        return "unattributed", "py-spy's partial stacks (no thread root)"
+        return PARTIAL
     role = next((r for frame in frames for r, marks in ROLE_OF
                  if any(m in frame for m in marks)), "other")
     for step, marks in CROSSING:
@@ -114,15 +113,8 @@ def python_us(collapsed: list[Path], jobs: int, rate: int) -> dict[str, dict[str
 def drain(handler: str, slots: int, args: argparse.Namespace,
           steps: Path | None = None) -> dict[str, Any]:
     """One bench/thread_cpu.py measurement in this interpreter, maintenance running."""
-    answer = subprocess.run(
-        [sys.executable, str(THREAD_CPU), "--measure", "--maintenance", "--handler", handler,
-         "--slots", str(slots), "--jobs", str(args.jobs), "--margin", str(args.margin),
-         *(["--steps", str(steps)] if steps else [])],
-        capture_output=True, text=True, cwd=BENCH)
-    if answer.returncode != 0:
-        raise RuntimeError(f"{handler} 2x{slots} failed:\n{answer.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(answer.stdout.splitlines()[-1])
-    return result
+    return run_measure(sys.executable, handler, slots, args.jobs, args.margin,
+                       maintenance=True, steps=steps)
 
 
 def table(cases: dict[str, dict[str, Any]], peers: dict[str, dict[str, Any]]) -> str:
@@ -141,7 +133,7 @@ def table(cases: dict[str, dict[str, Any]], peers: dict[str, dict[str, Any]]) ->
             if any(v >= 0.5 for v in values):
                 row(f"- {step}", values)
         if role == "other":
-            value = [c["python"].get("unattributed", {}) for c in cases.values()]
+            value = [c["python"].get(PARTIAL[0], {}) for c in cases.values()]
             row("worker: stacks py-spy read in part (Python of any role)",
                 [sum(v.values()) for v in value])
             continue
@@ -199,8 +191,8 @@ def main() -> int:
     for name, (handler, s) in cases.items():
         profile = args.out.with_name(f"{args.out.stem}_{handler}_2x{s}.txt")
         profiled = drain(handler, s, args, steps=profile)
-        spent = python_us([profile.with_name(f"{profile.stem}.{n}{profile.suffix}")
-                           for n in range(2)], profiled["jobs"], STEPS_RATE)
+        spent = python_us([steps_file(profile, n) for n in range(2)], profiled["jobs"],
+                          STEPS_RATE)
         keys = [k for k, v in runs[name][0].items() if isinstance(v, int | float)]
         summary[name] = {"median": {k: statistics.median(r[k] for r in runs[name] if k in r)
                                     for k in keys}, "python": spent, "profiled": profiled}

@@ -53,6 +53,11 @@ STEPS_RATE = 250
 """py-spy's samples a second for `--steps`: each sample of the GIL's holder stands for 4 ms of
 Python running."""
 
+def steps_file(steps: Path, n: int) -> Path:
+    """The py-spy recording of the `n`th worker process for `--steps steps`."""
+    return steps.with_name(f"{steps.stem}.{n}{steps.suffix}")
+
+
 POLL_S = 0.1
 """How often the finished jobs are polled for the window's ends (bench/finished.py: cheap reads
 inside the window). The counts at the two ends are read exactly whenever the polls stop."""
@@ -113,18 +118,18 @@ def measure(handler: str, slots: int, jobs: int, margin: int, maintenance: bool 
         succeeded = running.enter_context(finished.taskline(stack, jobs))
         pids = [p.pid for p in procs]
         wait_until(lambda: succeeded() >= margin, timeout=120, interval=POLL_S)
-        servers = [cpu.tree_cpu([stack.postmaster_pid() or 0]),
-                   cpu.tree_cpu([stack.redis_pid() or 0]), cpu.machine_cpu_s,
-                   *([cpu.tree_cpu(chores)] if chores else [])]
+        servers = {"postgres us": cpu.tree_cpu([stack.postmaster_pid() or 0]),
+                   "redis us": cpu.tree_cpu([stack.redis_pid() or 0]),
+                   "machine us": cpu.machine_cpu_s,
+                   **({"maintenance us": cpu.tree_cpu(chores)} if chores else {})}
         names = {tid: name for pid in pids for tid, name in thread_names(pid).items()}
-        spies = [start_recording(pid, steps.with_name(f"{steps.stem}.{n}{steps.suffix}"),
-                                 rate=STEPS_RATE, gil=True)
+        spies = [start_recording(pid, steps_file(steps, n), rate=STEPS_RATE, gil=True)
                  for n, pid in enumerate(pids)] if steps else []
         start = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
-                 [probe() for probe in servers], time.monotonic())
+                 [probe() for probe in servers.values()], time.monotonic())
         wait_until(lambda: succeeded() >= jobs - margin, timeout=600, interval=POLL_S)
         end = ([thread_ns(pid) for pid in pids], stack.count("succeeded"),
-               [probe() for probe in servers], time.monotonic())
+               [probe() for probe in servers.values()], time.monotonic())
         for spy in spies:
             stop_recording(spy)
         # A handler thread started in the window (one replaced after a timeout) too.
@@ -141,8 +146,7 @@ def measure(handler: str, slots: int, jobs: int, margin: int, maintenance: bool 
     result["worker us"] = round(sum(v[0] for v in by_role.values()) / 1e3, 2)
     for r, v in by_role.items():  # switches per job, fewer is better as for CPU
         result[f"{r} waits"], result[f"{r} preempted"] = round(v[1], 3), round(v[2], 3)
-    labels = ("postgres us", "redis us", "machine us", "maintenance us")
-    for label, b, a in zip(labels[:len(start[2])], start[2], end[2], strict=True):
+    for label, b, a in zip(servers, start[2], end[2], strict=True):
         result[label] = round((a - b) * 1e6 / done, 2)
     result["jobs/s"] = round(done / (end[3] - start[3]), 1)
     if steps:  # the profile's samples are shared over these
@@ -151,19 +155,29 @@ def measure(handler: str, slots: int, jobs: int, margin: int, maintenance: bool 
     return result
 
 
+def run_measure(python: str, handler: str, slots: int, jobs: int, margin: int,
+                maintenance: bool = False, steps: Path | None = None,
+                env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`measure` in a child process of `python` (`env` added to its environment); the JSON
+    object its last line prints."""
+    answer = subprocess.run(
+        [python, str(Path(__file__).resolve()), "--measure", "--handler", handler,
+         "--slots", str(slots), "--jobs", str(jobs), "--margin", str(margin),
+         *(["--maintenance"] if maintenance else []),
+         *(["--steps", str(steps)] if steps else [])],
+        capture_output=True, text=True, cwd=BENCH, env={**os.environ, **(env or {})})
+    if answer.returncode != 0:
+        raise RuntimeError(f"thread_cpu.py --measure with {python} ({handler}, {slots} slots) "
+                           f"failed:\n{answer.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(answer.stdout.splitlines()[-1])
+    return result
+
+
 def run_in_tree(tree: Path, args: argparse.Namespace,
                 env: dict[str, str] | None = None) -> dict[str, Any]:
-    """`measure` under `tree`'s virtualenv (`env` added to its environment); the JSON object
-    its last line prints."""
-    answer = subprocess.run(
-        [str(tree / ".venv" / "bin" / "python"), str(Path(__file__).resolve()), "--measure",
-         "--handler", args.handler, "--slots", str(args.slots), "--jobs", str(args.jobs),
-         "--margin", str(args.margin), *(["--maintenance"] if args.maintenance else [])],
-        capture_output=True, text=True, cwd=BENCH,
-        env={**os.environ, **(env or {})})
-    if answer.returncode != 0:
-        raise RuntimeError(f"thread_cpu.py on {tree} failed:\n{answer.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(answer.stdout.splitlines()[-1])
+    """`measure` under `tree`'s virtualenv (`env` added to its environment)."""
+    result = run_measure(str(tree / ".venv" / "bin" / "python"), args.handler, args.slots,
+                         args.jobs, args.margin, args.maintenance, env=env)
     if not Path(result["taskline"]).is_relative_to(tree.resolve()):
         raise RuntimeError(f"{tree}'s virtualenv imported taskline from {result['taskline']}")
     return result
