@@ -179,8 +179,16 @@ class Dispatcher:
         self.blocking_client.close()
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[object]) -> object:
+        """Run script `name` by its SHA. Straight through `evalsha`, not the Script object's
+        call, which checks the client's class against redis-py's pipelines on every call (a
+        share of a fetch's Python); a Redis that lost its scripts (restarted, failed over)
+        answers NOSCRIPT, and the Script object then loads it and runs it again."""
+        script = self._scripts[name]
         with self._guard():
-            return self._scripts[name](keys=list(keys), args=list(args))
+            try:
+                return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return script(keys=list(keys), args=list(args))
 
     def _blpop(self, key: str, timeout_s: float) -> object:
         return self.blocking_client.blpop([key], timeout=timeout_s)

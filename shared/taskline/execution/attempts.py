@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskline import progress
 from taskline.handlers.registry import JobContext
 from taskline.jobs import Job
 from taskline.store.store import Claimed
@@ -89,8 +88,7 @@ class Attempt:
             if parent_results is not None:
                 ctx.load_parent_results = functools.partial(parent_results, job.id)
         if write_progress is not None:
-            ctx.progress_reporter = progress.Reporter(
-                functools.partial(write_progress, claimed.lease_id, worker_id))
+            ctx.write_progress = functools.partial(write_progress, claimed.lease_id, worker_id)
         attempt = cls(claimed=claimed, ctx=ctx, lease_deadline=sent_at + lease_s - margin_s)
         if job.cancel_requested:
             attempt.request_cancel()

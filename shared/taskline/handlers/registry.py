@@ -35,7 +35,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _registry: dict[str, Handler[Any, Any]] = {}
 _periodic: dict[str, dict[str, Any]] = {}
 _EVENTS_LOCK = threading.Lock()
-"""Guards the lazy creation of JobContext.stop_event against a concurrent stop request."""
+"""Guards what a JobContext makes on first use (its stop_event, against a concurrent stop
+request; its progress reporter, against another thread of the handler reporting)."""
 BUILTIN_MODULES = ("taskline.handlers.builtin", "taskline.handlers.webhook")
 
 
@@ -58,8 +59,12 @@ class JobContext:
     payloads: list[Any] = field(default_factory=list, repr=False)
     """What `coalesced` returns; set by the worker from the claimed row."""
     _parent_results: dict[str, Any] | None = field(default=None, repr=False)
+    write_progress: Callable[[Any], bool] | None = field(default=None, repr=False)
+    """Writes one progress value under the attempt's lease; set by the worker (None: values
+    are only kept on the context)."""
     progress_reporter: progress.Reporter | None = field(default=None, repr=False)
-    """Writes `progress` values for the worker (None: they are only kept on the context)."""
+    """Paces the writes of `write_progress`: made on the first `progress` call, so a job that
+    never reports (most) costs nothing for it; None until then."""
     last_progress: Any = None
     """The last value given to `progress`, validated."""
     _stopped: bool = field(default=False, repr=False)
@@ -123,8 +128,12 @@ class JobContext:
         shown as the job's `progress`. Written at most once a second; the last value is
         written before the attempt's outcome. A bad value raises here and writes nothing."""
         self.last_progress = progress.validate(value)
-        if self.progress_reporter is not None:
-            self.progress_reporter.report(self.last_progress)
+        if self.write_progress is None:
+            return
+        with _EVENTS_LOCK:  # one reporter even if threads of the handler report at once
+            if self.progress_reporter is None:
+                self.progress_reporter = progress.Reporter(self.write_progress)
+        self.progress_reporter.report(self.last_progress)
 
     def on_complete(self, hook: Callable[[Any], None]) -> None:
         """Run `hook(connection)` inside the transaction that records this attempt's success.
