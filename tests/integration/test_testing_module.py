@@ -28,6 +28,7 @@ from taskline.testing import (
     enqueued,
     run_handler,
 )
+from taskline.testing.drain import LOCKED_WAIT_S
 from tests.helpers import wait_for
 from tests.integration.worker_handlers import running_worker
 
@@ -190,6 +191,31 @@ def test_drain_leaves_backoff_alone_when_asked_and_stops_at_max_jobs(database_ur
     assert store.get_job(other).status.value == "queued"
     assert len(drain(database_url, max_jobs=1).jobs) == 1
     assert drain(database_url).succeeded == 1
+
+
+def test_drain_waits_for_a_due_jobs_row_another_transaction_holds(database_url, store):
+    """A waiter flagging the job it waits for holds the job's row for a moment, and the claim
+    skips a held row: drain waits for it rather than end with the job queued; a row held past
+    LOCKED_WAIT_S is left, and a queue with nothing held ends the drain at once."""
+    (job,) = commit_jobs(database_url, ("tt.greet", {"name": "held"}, {}))
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM taskline.jobs WHERE id = %s FOR UPDATE", (job,))
+        threading.Timer(0.3, holder.commit).start()
+        started = time.monotonic()
+        drained = drain(database_url)
+    assert drained.succeeded == 1 and store.get_job(job).status.value == "succeeded"
+    assert time.monotonic() - started >= 0.3  # it waited for the holder's commit
+    (kept,) = commit_jobs(database_url, ("tt.greet", {"name": "kept"}, {}))
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM taskline.jobs WHERE id = %s FOR UPDATE", (kept,))
+        started = time.monotonic()
+        assert drain(database_url).jobs == []
+        waited = time.monotonic() - started
+    assert LOCKED_WAIT_S <= waited < LOCKED_WAIT_S + 2
+    assert store.get_job(kept).status.value == "queued"
+    store.pause_queue("default", "test")  # a due job no claim may take: nothing to wait for
+    started = time.monotonic()
+    assert drain(database_url).jobs == [] and time.monotonic() - started < 1.0
 
 
 def test_drain_runs_a_workflow_in_order_with_parent_results(database_url, store):

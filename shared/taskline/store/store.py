@@ -566,6 +566,12 @@ class Store(DeadLetters, Workflows, Schedules, Workers, AuditTrail, Aggregate):
             rows = run("claim_jobs", _claim_params(ids, worker_id, lease_s, False))
         return _claims_in_order(rows, ids)
 
+    def due_queued_locked(self, queues: Sequence[str], limit: int) -> bool:
+        """Whether a job `claim_due_jobs` would offer from `queues` (among the `limit` first of
+        each) is held by another transaction's row lock now, so that claim skipped it."""
+        return any(self._run("due_queued_locked", {"queue": queue, "limit": limit})[0].locked
+                   for queue in queues)
+
     def claim_keyed(self, ids: Sequence[str], worker_id: str,
                     lease_s: float) -> list[Claimed]:
         """Claim those of `ids` (keyed jobs no flow limit applies to, refused by the plain

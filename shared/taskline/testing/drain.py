@@ -31,6 +31,12 @@ DRAIN_LEASE_S = 3600.0
 """The lease of a drained job: nothing renews it while its handler runs on the caller's
 thread, so it outlasts any handler a test runs; the fence still names it."""
 PROMOTE_BATCH = 1000
+LOCKED_WAIT_S = 5.0
+"""How long a drain waits for a due job's row that another transaction holds (a waiter flags
+the job it waits for, holding its row for a moment) before it ends leaving that job."""
+LOCKED_POLL_S = 0.01
+LOCKED_LOOK = 100
+"""Due jobs of each queue looked at for a held row when a claim found none."""
 OUTCOMES = {Status.SUCCEEDED: "succeeded", Status.RETRYING: "retried",
             Status.SCHEDULED: "retried", Status.QUEUED: "retried", Status.DEAD: "dead",
             Status.CANCELLED: "cancelled"}
@@ -113,19 +119,28 @@ class Drainer:
         return drained
 
     def _claim_next(self) -> tuple[Claimed, float] | None:
-        """The next due job, claimed as a worker dispatching from PostgreSQL claims it."""
-        if self._skip_backoff:
-            self._store.skip_backoff()
-        self._store.promote_due(PROMOTE_BATCH)
-        queues = self._queues if self._queues is not None else sorted(
-            self._store.pending_queues())
-        if not queues:
-            return None
-        sent_at = time.monotonic()
-        claimed = self._store.claim_due_jobs(queues, 1, WORKER_ID, DRAIN_LEASE_S)
-        if not claimed:
-            claimed = self._store.claim_held(queues, 1, WORKER_ID, DRAIN_LEASE_S).claimed
-        return (claimed[0], sent_at) if claimed else None
+        """The next due job, claimed as a worker dispatching from PostgreSQL claims it. That
+        claim skips a row another transaction holds, which a worker finds on its next turn;
+        a drain has none, so it waits for such a row (up to LOCKED_WAIT_S) before ending."""
+        deadline = time.monotonic() + LOCKED_WAIT_S
+        while True:
+            if self._skip_backoff:
+                self._store.skip_backoff()
+            self._store.promote_due(PROMOTE_BATCH)
+            queues = self._queues if self._queues is not None else sorted(
+                self._store.pending_queues())
+            if not queues:
+                return None
+            sent_at = time.monotonic()
+            claimed = self._store.claim_due_jobs(queues, 1, WORKER_ID, DRAIN_LEASE_S)
+            if not claimed:
+                claimed = self._store.claim_held(queues, 1, WORKER_ID, DRAIN_LEASE_S).claimed
+            if claimed:
+                return claimed[0], sent_at
+            if time.monotonic() >= deadline or not self._store.due_queued_locked(
+                    queues, LOCKED_LOOK):
+                return None
+            time.sleep(LOCKED_POLL_S)
 
     def _run(self, claimed: Claimed, sent_at: float) -> dict[str, Any]:
         attempt = Attempt.begin(claimed, WORKER_ID, sent_at, DRAIN_LEASE_S,

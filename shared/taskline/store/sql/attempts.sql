@@ -53,6 +53,23 @@ ORDER BY j.priority DESC, j.created_at, j.id
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
+-- name: due_queued_locked
+-- How many of the jobs due_queued_ids would offer from queue :queue (at most :limit) another transaction's row lock holds now, which due_queued_ids skips: taskline.testing.drain waits them out rather than end with a due job left (a waiter flagging a job `watched` holds its row for a moment). The rows free now are locked for this statement only.
+WITH candidates AS MATERIALIZED (
+    SELECT j.id FROM taskline.jobs j
+    WHERE j.status = 'queued' AND j.queue = :queue
+      AND NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = :queue)
+      AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f WHERE f.scope = 'queue:' || :queue)
+      AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM taskline.flow_limits f))
+      AND j.ordering_key IS NULL
+    ORDER BY j.priority DESC, j.created_at, j.id
+    LIMIT :limit
+), free AS MATERIALIZED (
+    SELECT j.id FROM taskline.jobs j WHERE j.id IN (SELECT id FROM candidates)
+    FOR UPDATE SKIP LOCKED
+)
+SELECT (SELECT count(*) FROM candidates) - (SELECT count(*) FROM free) AS locked;
+
 -- name: notify_ready
 -- Wake the workers that dispatch from PostgreSQL: one notification per queue whose jobs became
 -- queued while Redis could not be told (the payload is the queue's name).
