@@ -32,6 +32,19 @@ WITH claimed AS (
 SELECT claimed.*, leases.lease_id, leases.leased_at, leases.leased_until
 FROM claimed JOIN leases ON leases.job_id = claimed.id;
 
+-- name: due_queued_ctes
+-- Not a statement: the candidates due_queued_ids locks and due_queued_locked counts
+-- (`-- include: due_queued_ctes`), the most urgent queued jobs of queue :queue, at most :limit,
+-- FIFO within a priority, by the gates below.
+SELECT j.id FROM taskline.jobs j
+WHERE j.status = 'queued' AND j.queue = :queue
+  AND NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = :queue)
+  AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f WHERE f.scope = 'queue:' || :queue)
+  AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM taskline.flow_limits f))
+  AND j.ordering_key IS NULL  -- keyed jobs start through the budgeted claim, as their key's head
+ORDER BY j.priority DESC, j.created_at, j.id
+LIMIT :limit
+
 -- name: due_queued_ids
 -- The most urgent queued jobs of one queue, FIFO within a priority, locked until the caller's
 -- transaction ends and skipping those another claimer holds: the candidates claim_jobs is given
@@ -43,27 +56,13 @@ FROM claimed JOIN leases ON leases.job_id = claimed.id;
 -- are left to the budgeted claim (held_candidates), as on the Redis path: a limit on the queue
 -- is checked once too, and the limited types are read once into an array each row is tested
 -- against (an anti-join with flow_limits would be planned like the view).
-SELECT j.id FROM taskline.jobs j
-WHERE j.status = 'queued' AND j.queue = :queue
-  AND NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = :queue)
-  AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f WHERE f.scope = 'queue:' || :queue)
-  AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM taskline.flow_limits f))
-  AND j.ordering_key IS NULL  -- keyed jobs start through the budgeted claim, as their key's head
-ORDER BY j.priority DESC, j.created_at, j.id
-LIMIT :limit
+-- include: due_queued_ctes
 FOR UPDATE SKIP LOCKED;
 
 -- name: due_queued_locked
--- How many of the jobs due_queued_ids would offer from queue :queue (at most :limit) another transaction's row lock holds now, which due_queued_ids skips: taskline.testing.drain waits them out rather than end with a due job left (a waiter flagging a job `watched` holds its row for a moment). The rows free now are locked for this statement only.
+-- How many of the jobs due_queued_ids would offer another transaction's row lock holds now, which due_queued_ids skips: taskline.testing.drain waits them out rather than end with a due job left (a waiter flagging a job `watched` holds its row for a moment). The rows free now are locked for this statement only.
 WITH candidates AS MATERIALIZED (
-    SELECT j.id FROM taskline.jobs j
-    WHERE j.status = 'queued' AND j.queue = :queue
-      AND NOT EXISTS (SELECT 1 FROM taskline.queue_pauses p WHERE p.queue = :queue)
-      AND NOT EXISTS (SELECT 1 FROM taskline.flow_limits f WHERE f.scope = 'queue:' || :queue)
-      AND ('type:' || j.type) <> ALL (ARRAY(SELECT f.scope FROM taskline.flow_limits f))
-      AND j.ordering_key IS NULL
-    ORDER BY j.priority DESC, j.created_at, j.id
-    LIMIT :limit
+-- include: due_queued_ctes
 ), free AS MATERIALIZED (
     SELECT j.id FROM taskline.jobs j WHERE j.id IN (SELECT id FROM candidates)
     FOR UPDATE SKIP LOCKED
