@@ -124,23 +124,29 @@ class Drainer:
         a drain has none, so it waits for such a row (up to LOCKED_WAIT_S) before ending."""
         deadline = time.monotonic() + LOCKED_WAIT_S
         while True:
-            if self._skip_backoff:
-                self._store.skip_backoff()
-            self._store.promote_due(PROMOTE_BATCH)
-            queues = self._queues if self._queues is not None else sorted(
-                self._store.pending_queues())
-            if not queues:
-                return None
-            sent_at = time.monotonic()
-            claimed = self._store.claim_due_jobs(queues, 1, WORKER_ID, DRAIN_LEASE_S)
-            if not claimed:
-                claimed = self._store.claim_held(queues, 1, WORKER_ID, DRAIN_LEASE_S).claimed
-            if claimed:
-                return claimed[0], sent_at
+            claimed, queues = self._claim_once()
+            if claimed is not None or not queues:
+                return claimed
             if time.monotonic() >= deadline or not self._store.due_queued_locked(
                     queues, LOCKED_LOOK):
                 return None
             time.sleep(LOCKED_POLL_S)
+
+    def _claim_once(self) -> tuple[tuple[Claimed, float] | None, list[str]]:
+        """One look: the next due job claimed (with when its claim was sent), if any, and the
+        queues looked in."""
+        if self._skip_backoff:
+            self._store.skip_backoff()
+        self._store.promote_due(PROMOTE_BATCH)
+        queues = self._queues if self._queues is not None else sorted(
+            self._store.pending_queues())
+        if not queues:
+            return None, queues
+        sent_at = time.monotonic()
+        claimed = self._store.claim_due_jobs(queues, 1, WORKER_ID, DRAIN_LEASE_S)
+        if not claimed:
+            claimed = self._store.claim_held(queues, 1, WORKER_ID, DRAIN_LEASE_S).claimed
+        return ((claimed[0], sent_at) if claimed else None), queues
 
     def _run(self, claimed: Claimed, sent_at: float) -> dict[str, Any]:
         attempt = Attempt.begin(claimed, WORKER_ID, sent_at, DRAIN_LEASE_S,
