@@ -72,3 +72,18 @@ def test_nothing_is_written_once_no_lease_is_valid(store: Store, settings: Setti
     lapsing.attempt.lease_deadline = time.monotonic() + 0.2
     assert recorder(store, settings, [])._persist([lapsing], refusing(100, calls)) is None
     assert 2 <= len(calls) <= 4  # retried while the lease was valid, then given up
+
+
+def test_a_refused_write_whose_leases_lapsed_is_given_up_without_a_wait(store: Store,
+                                                                        settings: Settings):
+    calls: list[float] = []
+    lapsing = report(1)
+
+    def refused_as_the_lease_lapses(live: list[Report]) -> Any:
+        calls.append(time.monotonic())
+        lapsing.attempt.lease_deadline = 0.0
+        raise StoreUnavailable("connection refused")
+
+    started = time.monotonic()
+    assert recorder(store, settings, [])._persist([lapsing], refused_as_the_lease_lapses) is None
+    assert len(calls) == 1 and time.monotonic() - started < RETRY_FIRST_WAIT_S

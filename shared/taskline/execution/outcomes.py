@@ -361,16 +361,19 @@ class Recorder:
         The first try runs outside tenacity: nearly every write succeeds at once, and a retry
         loop's state set up for every batch was a measurable share of the recorder's Python
         (docs/performance.md, change 137)."""
+        def lapsed(_state: object = None) -> bool:
+            return not any(r.attempt.lease_valid() for r in reports)
+
         try:
             return self._write_live(reports, write)
         except StoreUnavailable:
-            pass
+            if lapsed():  # as the loop's own stop would: no wait for a batch nobody may write
+                return None
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(StoreUnavailable),
             before=_wait_first,
             wait=tenacity.wait_exponential(multiplier=2 * RETRY_FIRST_WAIT_S, max=1.0),
-            stop=lambda _state: not any(r.attempt.lease_valid() for r in reports),
-            reraise=True)
+            stop=lapsed, reraise=True)
         try:
             for try_ in retrying:
                 with try_:
