@@ -4,7 +4,6 @@ worker's own functions (shown by one spy seeing both a real worker and drain cal
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from taskline.testing import (
     enqueued,
     run_handler,
 )
-from taskline.testing.drain import Drainer
+from taskline.testing.drain import LOCKED_WAIT_S
 from tests.helpers import wait_for
 from tests.integration.worker_handlers import running_worker
 
@@ -194,13 +193,10 @@ def test_drain_leaves_backoff_alone_when_asked_and_stops_at_max_jobs(database_ur
     assert drain(database_url).succeeded == 1
 
 
-def test_drain_waits_for_a_due_jobs_row_another_transaction_holds(database_url, store,
-                                                                  monkeypatch):
+def test_drain_waits_for_a_due_jobs_row_another_transaction_holds(database_url, store):
     """A waiter flagging the job it waits for holds the job's row for a moment, and the claim
     skips a held row: drain waits for it rather than end with the job queued; a row held past
     LOCKED_WAIT_S is left, and a queue with nothing held ends the drain at once."""
-    drain_module = sys.modules[Drainer.__module__]  # the package's `drain` is the function
-    monkeypatch.setattr(drain_module, "LOCKED_WAIT_S", 1.0)  # the bound, without 5 s a run
     (job,) = commit_jobs(database_url, ("tt.greet", {"name": "held"}, {}))
     with psycopg.connect(database_url) as holder:
         holder.execute("SELECT 1 FROM taskline.jobs WHERE id = %s FOR UPDATE", (job,))
@@ -215,7 +211,7 @@ def test_drain_waits_for_a_due_jobs_row_another_transaction_holds(database_url, 
         started = time.monotonic()
         assert drain(database_url).jobs == []
         waited = time.monotonic() - started
-    assert drain_module.LOCKED_WAIT_S <= waited < drain_module.LOCKED_WAIT_S + 2
+    assert LOCKED_WAIT_S <= waited < LOCKED_WAIT_S + 2
     assert store.get_job(kept).status.value == "queued"
     store.pause_queue("default", "test")  # a due job no claim may take: nothing to wait for
     started = time.monotonic()
